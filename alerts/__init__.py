@@ -1,0 +1,1 @@
+"""Alerts: the daily report, its email, and the record of every send."""

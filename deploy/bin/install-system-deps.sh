@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the Debian packages the tests need when they are missing: chromium (browser test of
+# the dashboard) and prometheus (+ promtool) for the Prometheus ingest and alert-rule tests.
+# Needs root for apt-get; as another user it only reports what is missing.
+set -euo pipefail
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v promtool >/dev/null 2>&1 || { [[ " ${missing[*]-} " == *" prometheus "* ]] || missing+=(prometheus); }
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != "0" ]; then
+  echo "install-system-deps: missing ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+  exit 0
+fi
+echo "install-system-deps: apt-get install ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

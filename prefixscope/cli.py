@@ -1,0 +1,101 @@
+"""The ``prefixscope`` command: a thin layer over the library.
+
+Each command parses arguments, calls one library function, prints, and lets
+:class:`~prefixscope.errors.PrefixscopeError` become a one-line message and an exit code
+(see :func:`run`). Commands live in ``prefixscope/commands/``, one module per subject, each with a
+``register(groups)`` function.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+import typer
+
+from prefixscope import __version__
+from prefixscope.cli_common import err
+from prefixscope.errors import PrefixscopeError
+
+app = typer.Typer(
+    name="prefixscope",
+    help=(
+        "Observability, hit-rate analytics and replay for LLM prompt prefix caching (vLLM).\n\n"
+        "Examples:\n\n"
+        "  prefixscope ingest metrics http://localhost:8000/metrics --every 15\n\n"
+        "  prefixscope ingest requests logs/usage.jsonl\n\n"
+        "  prefixscope hitrate --by model --window 1h --json\n\n"
+        "  prefixscope report\n\n"
+        "  prefixscope dashboard"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+ingest_app = typer.Typer(help="Load sources into the DuckDB store (safe to run twice).",
+                         no_args_is_help=True)
+replay_app = typer.Typer(help="Replay captured traffic through the exact cache model or a live vLLM.",
+                         no_args_is_help=True)
+report_app = typer.Typer(help="Hit-rate reports (the report line; the daily report).")
+db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
+app.add_typer(ingest_app, name="ingest")
+app.add_typer(replay_app, name="replay")
+app.add_typer(report_app, name="report")
+app.add_typer(db_app, name="db")
+
+GROUPS = {"app": app, "ingest": ingest_app, "replay": replay_app, "report": report_app, "db": db_app}
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        typer.echo(f"prefixscope {__version__}")
+        raise typer.Exit(0)
+
+
+def _register_all() -> None:
+    import importlib
+    import pkgutil
+
+    import prefixscope.commands as commands
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"prefixscope.commands.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(GROUPS)
+
+
+_register_all()
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
+
+    Expected errors print ``error: <message>`` on stderr and return their class's exit code;
+    usage errors return 2. Never raises for those.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = app(args=args, prog_name="prefixscope", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code or 0)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return int(exc.exit_code)
+    except PrefixscopeError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return int(result) if isinstance(result, int) else 0
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run())

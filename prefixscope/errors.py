@@ -1,0 +1,80 @@
+"""Error types of prefixscope.
+
+One base class, :class:`PrefixscopeError`, and subclasses named for the condition. The CLI turns
+any of them into a one-line message and a non-zero exit code; users never see a traceback for
+an expected condition. Bugs are assertions, not these.
+"""
+
+from __future__ import annotations
+
+
+class PrefixscopeError(Exception):
+    """Base class of every expected error prefixscope raises."""
+
+    exit_code: int = 1
+
+
+class ConfigError(PrefixscopeError):
+    """A configuration value or file is missing or invalid (names the key and the file)."""
+
+    exit_code = 2
+
+
+class UsageError(PrefixscopeError):
+    """Command-line arguments that cannot work together (e.g. ``--start`` after ``--end``)."""
+
+    exit_code = 2
+
+
+class SourceUnavailable(PrefixscopeError):
+    """A source (file, URL, database, server) could not be read at all."""
+
+    exit_code = 3
+
+
+class ParseError(PrefixscopeError):
+    """A record of a source could not be parsed.
+
+    Carries where it happened so that the quarantine and the message can name it:
+
+    Attributes:
+        source: file path or URL of the source.
+        line: 1-based line number in the source, or None when the source has no lines.
+        field: the JSON path or metric/label name at fault, or None.
+        reason: a short human-readable reason. Never contains prompt text or tenant ids.
+    """
+
+    exit_code = 4
+
+    def __init__(self, source: str, line: int | None, reason: str, field: str | None = None):
+        self.source = source
+        self.line = line
+        self.field = field
+        self.reason = reason
+        where = source if line is None else f"{source}:{line}"
+        what = reason if field is None else f"{field}: {reason}"
+        super().__init__(f"{where}: {what}")
+
+
+class NothingIngested(PrefixscopeError):
+    """Every record of every given source was unreadable; the message says why."""
+
+    exit_code = 4
+
+
+class SchemaMismatch(PrefixscopeError):
+    """The database was written by a newer prefixscope (unknown migration) or is not ours."""
+
+    exit_code = 5
+
+
+class StoreLocked(PrefixscopeError):
+    """The DuckDB file stayed locked by another process for longer than the retry budget."""
+
+    exit_code = 6
+
+
+class SimulationError(PrefixscopeError):
+    """A replay configuration the exact simulator cannot model (names the unsupported feature)."""
+
+    exit_code = 7

@@ -1,0 +1,87 @@
+"""Value types shared by the trace readers, the simulator and the output writers.
+
+Ownership: the simulator core defines the semantics; readers fill these records and writers
+consume :class:`RequestResult`. New fields are added last, with defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace, as the simulator sees it.
+
+    Attributes:
+        request_id: unique within the trace (readers derive it from the line or the trace id).
+        arrival_s: seconds since the start of the trace (>= 0); the order of the trace is the
+            order of ``arrival_s`` then file order.
+        num_prompt_tokens: prompt length in tokens (> 0).
+        prompt_token_ids: the exact prompt token ids (length ``num_prompt_tokens``), or None when
+            the reader only provides ``block_keys``.
+        block_keys: for fast mode: one hashable key per *full* engine block of the prompt, chained
+            semantics already applied (equal keys at position i imply equal prefixes up to the end
+            of block i). None when only token ids are known.
+        output_tokens: number of tokens to generate (>= 0).
+        output_token_ids: the real generated ids when known (decode blocks then hash exactly).
+        model: served model name, if the trace says.
+        cache_salt: vLLM ``cache_salt`` (enters the first block's hash only).
+        lora_name, lora_path: LoRA adapter identity (enters every block's hash).
+        skip_reading: the request asks for prompt logprobs: it writes blocks but never reads and
+            is not counted in ``prefix_cache_queries``/``hits`` (vLLM 0.33 ``vllm/v1/request.py``).
+        source: ``file:line`` the request came from (for error messages).
+        attrs: free-form string attributes carried to the outputs (tenant digest, scope,
+            conversation id, layout name...). Never raw tenant ids or prompt text.
+    """
+
+    request_id: str
+    arrival_s: float
+    num_prompt_tokens: int
+    prompt_token_ids: Sequence[int] | None = None
+    block_keys: Sequence[Hashable] | None = None
+    output_tokens: int = 0
+    output_token_ids: Sequence[int] | None = None
+    model: str | None = None
+    cache_salt: str | None = None
+    lora_name: str | None = None
+    lora_path: str | None = None
+    skip_reading: bool = False
+    source: str | None = None
+    attrs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What the simulator says vLLM would have reported for one request.
+
+    Attributes:
+        request_id, arrival_s: copied from the :class:`TraceRequest`.
+        prompt_tokens: the prompt length (``usage.prompt_tokens``).
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens``: tokens hit at the first
+            admission (a multiple of the block size; 0 for skip-read requests).
+        created_cache_tokens: prompt tokens newly written to the cache, in full blocks.
+        completion_tokens: output tokens generated.
+        counted: True when vLLM counts the request in ``prefix_cache_queries``/``hits``
+            (False for skip-read requests).
+        admitted_s: simulated time of the first admission (seconds since trace start).
+        finished_s: simulated time the request finished.
+        num_preemptions: how often it was preempted.
+        rejected_reason: None, or why the request could never run (e.g. longer than the cache
+            can hold); such requests are reported in the summary, never dropped silently.
+        attrs: copied from the trace request.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    created_cache_tokens: int
+    completion_tokens: int
+    counted: bool = True
+    admitted_s: float | None = None
+    finished_s: float | None = None
+    num_preemptions: int = 0
+    rejected_reason: str | None = None
+    attrs: Mapping[str, str] = field(default_factory=dict)

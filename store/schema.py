@@ -1,0 +1,126 @@
+"""Versioned DuckDB schema: every table, view and migration of prefixscope, in one module.
+
+A migration is ``(number, name, statements)``. :func:`store.db.migrate` applies, in number order,
+every migration whose number is not yet recorded in ``schema_migrations``; a database that
+records a number this code does not know raises :class:`~prefixscope.errors.SchemaMismatch`.
+Numbers are never reused and applied migrations are never edited: add a new one.
+
+Reserved numbers, one owner each, so that parallel work never collides:
+1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
+5 scopes and decisions, 6 alerts, 7 live replay, 8 dashboard. Columns documented in
+``docs/schema.md``.
+
+Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
+"not reported", never 0; hit rates are fractions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Migration(NamedTuple):
+    """One schema step: a number (unique, never reused), a name and its DDL statements."""
+
+    number: int
+    name: str
+    statements: tuple[str, ...]
+
+
+_CORE = (
+    """
+    CREATE TABLE IF NOT EXISTS ingest_sources (
+        source_id          VARCHAR PRIMARY KEY,  -- stable id: kind + resolved location
+        kind               VARCHAR NOT NULL,     -- metrics-file, metrics-url, requests, prometheus, ...
+        location           VARCHAR NOT NULL,     -- file path or URL (never credentials)
+        checkpoint_offset  BIGINT,               -- bytes of a file already read (for tailing)
+        checkpoint_line    BIGINT,               -- lines of a file already read
+        fingerprint        VARCHAR,              -- sha256 of the first 4 KiB: detects a replaced file
+        rows_added         BIGINT NOT NULL DEFAULT 0,
+        first_ingest_unix_s DOUBLE,
+        last_ingest_unix_s  DOUBLE,
+        note               VARCHAR               -- e.g. 'legacy metric names (vllm:gpu_prefix_cache_*)'
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS ingest_runs (
+        ingest_run_id     VARCHAR PRIMARY KEY,
+        source_id         VARCHAR NOT NULL,
+        kind              VARCHAR NOT NULL,
+        started_unix_s    DOUBLE NOT NULL,
+        finished_unix_s   DOUBLE,
+        rows_read         BIGINT NOT NULL DEFAULT 0,
+        rows_added        BIGINT NOT NULL DEFAULT 0,
+        rows_duplicate    BIGINT NOT NULL DEFAULT 0,
+        rows_quarantined  BIGINT NOT NULL DEFAULT 0,
+        status            VARCHAR NOT NULL,      -- ok, partial, failed
+        message           VARCHAR
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS quarantine (
+        source_id      VARCHAR NOT NULL,
+        location       VARCHAR NOT NULL,          -- file path or URL
+        line           BIGINT NOT NULL,           -- 1-based; 0 when the source has no lines
+        field          VARCHAR,                   -- JSON path or metric/label name at fault
+        reason         VARCHAR NOT NULL,          -- never holds prompt text or tenant ids
+        ingest_run_id  VARCHAR,
+        at_unix_s      DOUBLE NOT NULL,
+        PRIMARY KEY (source_id, line)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS metric_samples (
+        metric          VARCHAR NOT NULL,  -- canonical sample name, e.g. vllm:prefix_cache_hits_total
+        labels          VARCHAR NOT NULL,  -- JSON object of all labels but instance/job, keys sorted
+        instance        VARCHAR NOT NULL,  -- scrape target (host:port) or the name given to a file
+        model           VARCHAR,           -- label model_name
+        engine          VARCHAR,           -- label engine (data-parallel rank)
+        ts_unix_s       DOUBLE NOT NULL,   -- scrape time, or counter start for a created-zero
+        value           DOUBLE NOT NULL,
+        raw_metric      VARCHAR NOT NULL,  -- name as exposed (differs from metric for legacy names)
+        legacy          BOOLEAN NOT NULL DEFAULT FALSE,
+        created_zero    BOOLEAN NOT NULL DEFAULT FALSE, -- a 0 placed at the counter's _created time
+        source_id       VARCHAR NOT NULL,
+        PRIMARY KEY (metric, labels, instance, ts_unix_s)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS requests (
+        run_id              VARCHAR NOT NULL DEFAULT '',  -- '' for production traffic
+        request_id          VARCHAR NOT NULL,  -- provider id (chatcmpl-...), else source:line
+        source_id           VARCHAR NOT NULL,
+        line                BIGINT,
+        ts_unix_s           DOUBLE,            -- request time (response 'created' or log time)
+        ts_estimated        BOOLEAN NOT NULL DEFAULT FALSE,
+        model               VARCHAR,
+        instance            VARCHAR,
+        endpoint            VARCHAR,           -- completions, chat, messages, responses, ...
+        usage_shape         VARCHAR,           -- openai, vllm-messages, anthropic, bedrock, gemini, ...
+        prompt_tokens       BIGINT,            -- inclusive of cached and cache-write tokens
+        cached_tokens       BIGINT,            -- NULL = not reported; 0 = reported, no hit
+        cache_write_tokens  BIGINT,            -- NULL = not reported
+        completion_tokens   BIGINT,
+        ttft_ms             DOUBLE,
+        latency_ms          DOUBLE,
+        scope               VARCHAR,           -- PUBLIC, TENANT, PRINCIPAL, or NULL
+        tenant_digest       VARCHAR,           -- short HMAC digest of the namespace, never a raw id
+        flags               VARCHAR,           -- comma list, e.g. 'exclusive-input-suspected'
+        PRIMARY KEY (run_id, request_id)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS runs (
+        run_id          VARCHAR PRIMARY KEY,
+        kind            VARCHAR NOT NULL,     -- production, replay-sim, replay-live
+        label           VARCHAR,
+        created_unix_s  DOUBLE,
+        params_json     VARCHAR,              -- the replay parameters, JSON
+        source_id       VARCHAR
+    )
+    """,
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "core tables", _CORE),
+)
