@@ -85,3 +85,48 @@ class RequestResult:
     num_preemptions: int = 0
     rejected_reason: str | None = None
     attrs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyConfig:
+    """Step-based scheduler model settings (vLLM ``--max-num-seqs``,
+    ``--max-num-batched-tokens``, chunked prefill). Defaults are vLLM 0.33's for a GPU server;
+    read the real values from the server when replaying its traffic.
+
+    Attributes:
+        max_num_seqs: cap on running requests.
+        max_num_batched_tokens: token budget per engine step.
+        enable_chunked_prefill: split long prompts across steps.
+        step_time_s: simulated seconds per engine step (pacing against arrival times).
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    step_time_s: float = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How to simulate vLLM's prefix cache.
+
+    Attributes:
+        block_size: tokens per KV block (vLLM default 16; CPU backend multiples of 32).
+        num_gpu_blocks: vLLM's ``num_gpu_blocks`` including the null block 0, or None for an
+            unbounded cache (no eviction).
+        hash_algo: ``sha256`` (vLLM default), ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``, or
+            ``fast`` (collision-checked keys, same hit counts, no vLLM hash values).
+        hash_seed: plays PYTHONHASHSEED (None: vLLM's default seeding).
+        enable_prefix_caching: False gives vLLM's caching-off behaviour (no hits).
+        simulate_output: generate ``output_tokens`` per request (decode blocks get cached).
+        concurrency: None for sequential replay (each request finishes before the next starts,
+            exact); else the step-based scheduler model.
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    hash_algo: str = "sha256"
+    hash_seed: str | None = None
+    enable_prefix_caching: bool = True
+    simulate_output: bool = True
+    concurrency: ConcurrencyConfig | None = None
