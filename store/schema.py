@@ -121,6 +121,54 @@ _CORE = (
     """,
 )
 
+
+_REQUESTS_AND_PRICES = (
+    # Price table, loaded from a TOML file by `prefixscope ingest prices` (ingest/prices.py),
+    # replaced whole in one transaction. One row per model name or alias; prices in `currency`
+    # per million tokens, exact decimals. Formulas: docs/metrics.md "Cost and savings".
+    """
+    CREATE TABLE IF NOT EXISTS prices (
+        model                    VARCHAR PRIMARY KEY,  -- as it appears in requests.model
+        priced_as                VARCHAR NOT NULL,     -- the price-table entry (differs for an alias)
+        currency                 VARCHAR NOT NULL,     -- ISO 4217 code, e.g. USD, INR
+        input_per_mtok           DECIMAL(18, 6) NOT NULL,  -- uncached input
+        cached_input_per_mtok    DECIMAL(18, 6) NOT NULL,  -- cache read
+        cache_write_per_mtok     DECIMAL(18, 6) NOT NULL,  -- cache write (5 min TTL); = input: no premium
+        cache_write_1h_per_mtok  DECIMAL(18, 6) NOT NULL,  -- cache write, 1 h TTL (Anthropic)
+        output_per_mtok          DECIMAL(18, 6) NOT NULL,
+        shadow                   BOOLEAN NOT NULL,     -- a shadow price for a self-hosted model
+        price_source             VARCHAR NOT NULL,     -- label shown wherever the number appears
+        price_file               VARCHAR,              -- file it was loaded from
+        loaded_unix_s            DOUBLE NOT NULL
+    )
+    """,
+    # The part of cache_write_tokens written with a 1 h TTL (Anthropic cache_creation
+    # .ephemeral_1h_input_tokens); NULL when the source does not split writes by TTL.
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS cache_write_1h_tokens BIGINT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
+    Migration(6, "alerts: daily report sends", (
+        """
+        CREATE TABLE IF NOT EXISTS alert_sends (
+            send_id          VARCHAR PRIMARY KEY,  -- uuid hex
+            day              VARCHAR NOT NULL,     -- report day, YYYY-MM-DD in tz
+            tz               VARCHAR NOT NULL,     -- IANA zone of the day boundary
+            recipients       VARCHAR NOT NULL,     -- sorted, comma-separated addresses (the idempotency key with day, tz)
+            subject          VARCHAR NOT NULL,
+            report_status    VARCHAR NOT NULL,     -- worst line status in this email: OK, ALERT, NO DATA, STALE
+            status           VARCHAR NOT NULL,     -- sending (claimed), sent, failed
+            message_id       VARCHAR,              -- the Message-ID header
+            attempts         INTEGER NOT NULL DEFAULT 0,  -- SMTP delivery attempts made
+            error            VARCHAR,              -- last SMTP error (never a password)
+            resend           BOOLEAN NOT NULL DEFAULT FALSE,  -- sent with --resend
+            smtp_host        VARCHAR,              -- host:port used (no credentials)
+            lines_json       VARCHAR,              -- the report lines of this email (model, scope, status, figures)
+            created_unix_s   DOUBLE NOT NULL,      -- claim time
+            finished_unix_s  DOUBLE                -- when sent or given up
+        )
+        """,
+    )),
+    Migration(3, "requests and prices", _REQUESTS_AND_PRICES),
 )
