@@ -171,4 +171,33 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     )),
     Migration(3, "requests and prices", _REQUESTS_AND_PRICES),
+    Migration(2, "metrics and KV events", (
+        # One row per block hash of a KV cache event (AllBlocksCleared: one row, no hash).
+        # Replayed batches repeat (instance, dp_rank, seq, batch_ts_unix_s): the key drops them;
+        # the batch time in the key keeps a restarted publisher's seq 0 apart from the old one.
+        # Token ids and extra keys (which may hold a cache_salt) are never stored.
+        """
+        CREATE TABLE IF NOT EXISTS kv_events (
+            instance           VARCHAR NOT NULL,  -- publisher name (--instance, endpoint host:port, file stem)
+            dp_rank            INTEGER NOT NULL,  -- data-parallel rank of the batch (0 when omitted)
+            seq                BIGINT NOT NULL,   -- ZMQ sequence frame (per publisher, from 0)
+            batch_ts_unix_s    DOUBLE NOT NULL,   -- EventBatch.ts (engine clock)
+            event_index        INTEGER NOT NULL,  -- position of the event in its batch, from 0
+            hash_index         INTEGER NOT NULL,  -- position of the hash in block_hashes, from 0
+            event_type         VARCHAR NOT NULL,  -- BlockStored, BlockRemoved, AllBlocksCleared
+            block_hash         UBIGINT,           -- 64-bit block hash; NULL for AllBlocksCleared
+            parent_block_hash  UBIGINT,           -- chain parent (BlockStored); NULL at a chain root
+            num_tokens         INTEGER,           -- tokens of this block (BlockStored)
+            block_size         INTEGER,           -- BlockStored.block_size
+            medium             VARCHAR,           -- GPU, CPU, ... (NULL when not sent)
+            lora_name          VARCHAR,           -- adapter name (BlockStored), NULL without LoRA
+            group_idx          INTEGER,           -- KV-cache group (NULL when not sent)
+            has_extra_keys     BOOLEAN,           -- BlockStored carried a non-null extra key for this block
+            topic              VARCHAR,           -- ZMQ topic frame
+            received_from      VARCHAR,           -- pub (live), replay, or file
+            source_id          VARCHAR NOT NULL,
+            PRIMARY KEY (instance, dp_rank, seq, batch_ts_unix_s, event_index, hash_index)
+        )
+        """,
+    )),
 )
