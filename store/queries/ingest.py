@@ -26,3 +26,16 @@ def quarantined_lines(con: duckdb.DuckDBPyConnection, *, limit: int = 1000) -> p
     return con.execute(
         "SELECT location, line, field, reason, at_unix_s FROM quarantine "
         "ORDER BY at_unix_s DESC, location, line LIMIT ?", [limit]).df()
+
+
+def ingest_sources(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Every ingested source, most recently ingested first (the dashboard's Data sources page).
+
+    Columns: source_id, kind, location (file or URL), rows_added (rows written, all batches),
+    checkpoint_line (lines read so far; NULL for URLs), first_ingest_unix_s, last_ingest_unix_s
+    (Unix s), note (e.g. the legacy-name notice; NULL when none).
+    """
+    return con.execute(
+        "SELECT source_id, kind, location, rows_added, checkpoint_line, first_ingest_unix_s, "
+        "last_ingest_unix_s, note FROM ingest_sources "
+        "ORDER BY last_ingest_unix_s DESC NULLS LAST, location").df()
