@@ -49,7 +49,11 @@ class AlertsConfig(_Section):
     """``[alerts]``: thresholds and delivery of the daily report (see ``docs/alerts.md``).
 
     ``hit_rate_threshold`` is a fraction in [0, 1]; ``min_query_tokens`` is the volume (prompt
-    tokens per day) under which a day reads NO DATA instead of OK/ALERT.
+    tokens per day) under which a day reads NO DATA instead of OK/ALERT. A metrics source is
+    STALE when its last scrape of the day is older than ``max(stale_min_s, stale_after_scrapes
+    x its median scrape interval)`` at the end of the day. SMTP delivery makes ``smtp_attempts``
+    attempts, waiting ``smtp_backoff_s`` doubled each time. ``timezone`` and the values of
+    ``per_model_threshold`` are checked when the report runs (``alerts/daily.py``).
     """
 
     hit_rate_threshold: float = Field(0.5, ge=0.0, le=1.0)
@@ -57,11 +61,18 @@ class AlertsConfig(_Section):
     min_query_tokens: int = Field(1000, ge=0)
     timezone: str = "UTC"
     dashboard_url: str = "http://localhost:8501"
+    stale_after_scrapes: float = Field(4.0, gt=0.0)
+    stale_min_s: float = Field(900.0, ge=0.0)
+    top_changes: int = Field(5, ge=0)
     smtp_host: str = "localhost"
     smtp_port: int = 25
     smtp_security: str = Field("none", pattern="^(none|starttls|ssl)$")
     smtp_user: str | None = None
     smtp_password_file: str | None = None
+    smtp_ca_file: str | None = None
+    smtp_timeout_s: float = Field(30.0, gt=0.0)
+    smtp_attempts: int = Field(5, ge=1)
+    smtp_backoff_s: float = Field(2.0, ge=0.0)
     mail_from: str = "prefixscope@localhost"
     recipients: list[str] = Field(default_factory=list)
     recipients_by_model: dict[str, list[str]] = Field(default_factory=dict)

@@ -1,0 +1,571 @@
+"""The daily report: per model (and scope, when per-request data carries it) whether the prefix
+cache worked on one calendar day, with its status OK / ALERT / NO DATA / STALE.
+
+Definitions (also in ``docs/alerts.md``, with examples):
+
+1. **The day** is ``[00:00, 24:00)`` of a date in an IANA time zone, as Unix seconds
+   ``[start_s, end_s)``; it is 23 or 25 hours long across a DST change.
+2. **Figures of a model line** come from the vLLM counters when the model has any counter
+   samples in the day (source ``metrics``: ``hit_tokens`` = increase of
+   ``vllm:prefix_cache_hits_total``, ``prompt_tokens`` = increase of
+   ``vllm:prefix_cache_queries_total``, through
+   :func:`store.queries.metrics.hit_rate_by_window` with one window of the day's length), else
+   from production requests (``run_id = ''``) that reported ``cached_tokens`` (source
+   ``requests``: :func:`store.queries.requests.request_hit_rate_by_window`). A **scope line**
+   (model, PUBLIC/TENANT/PRINCIPAL) always comes from requests. ``hit_rate`` = cached / prompt
+   tokens, a fraction, None when prompt tokens are 0.
+3. **Status**, in this order: STALE when a metrics source of the model stopped reporting
+   (point 4); NO DATA when ``prompt_tokens < min_query_tokens`` (a cold restart with 0 of 1
+   queried tokens is not an alert); OK when ``hit_rate >= threshold`` (``per_model_threshold``
+   of the model, else ``hit_rate_threshold``, default 0.5); ALERT below.
+4. **STALE**: an (instance, model) scraped at least once in ``[start_s - 86400, cutoff)``, with
+   ``cutoff = min(end_s, now)``, whose last scrape is earlier than ``cutoff - stale_after_s``,
+   ``stale_after_s = max(stale_min_s, stale_after_scrapes x median_gap_s)``, the median gap
+   between its consecutive scrapes over the same range (0 with a single scrape).
+5. **Changes** are differences of hit rates in percentage points against the previous day and
+   the same weekday one week earlier (each computed the same way over its own local day), None
+   when either side has fewer than ``min_query_tokens``.
+6. **Fell most**: model lines and (model, tenant digest) namespaces from requests whose hit rate
+   fell most since the previous day (both days at or above ``min_query_tokens``), at most
+   ``top_changes`` each, largest fall first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import duckdb
+import pandas as pd
+
+from prefixscope.config import AlertsConfig
+from prefixscope.errors import ConfigError, UsageError
+
+OK = "OK"
+ALERT = "ALERT"
+NO_DATA = "NO DATA"
+STALE = "STALE"
+#: Worst first: the status of an email is that of its worst line.
+SEVERITY: dict[str, int] = {ALERT: 3, STALE: 2, NO_DATA: 1, OK: 0}
+ALERT_HINT = "check the top of the prompt"
+LOOKBACK_S = 86400.0
+PRODUCTION_RUN_ID = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Days and time zones
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_tz(name: str, *, key: str = "--tz") -> ZoneInfo:
+    """The IANA zone ``name`` (e.g. ``Europe/Berlin``, ``UTC``).
+
+    Raises:
+        UsageError: unknown zone (``key`` names the option or config key in the message).
+    """
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise UsageError(f"{key}: unknown time zone {name!r}: use an IANA name such as "
+                         "UTC or Europe/Berlin") from exc
+
+
+def parse_day(text: str) -> date:
+    """``YYYY-MM-DD`` as a date.
+
+    Raises:
+        UsageError: not a date in that form.
+    """
+    try:
+        return date.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise UsageError(f"--date: cannot read {text!r}: use YYYY-MM-DD") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class DayWindow:
+    """One local calendar day as Unix seconds ``[start_s, end_s)``.
+
+    Attributes:
+        day: the local date.
+        tz: IANA zone name.
+        start_s, end_s: Unix seconds of local midnight at the start and the end of the day.
+    """
+
+    day: date
+    tz: str
+    start_s: float
+    end_s: float
+
+    @classmethod
+    def of(cls, day: date, tz: str) -> DayWindow:
+        """The window of ``day`` in zone ``tz`` (raises UsageError for an unknown zone)."""
+        zone = resolve_tz(tz)
+        start = datetime(day.year, day.month, day.day, tzinfo=zone)
+        nxt = day + timedelta(days=1)
+        end = datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone)
+        return cls(day=day, tz=tz, start_s=start.timestamp(), end_s=end.timestamp())
+
+    def shifted(self, days: int) -> DayWindow:
+        """The window of the local date ``days`` later (negative: earlier)."""
+        return DayWindow.of(self.day + timedelta(days=days), self.tz)
+
+    @property
+    def length_s(self) -> float:
+        """Seconds in the day (86400, or 82800 / 90000 across a DST change)."""
+        return self.end_s - self.start_s
+
+
+def default_day(tz: str, *, now_unix_s: float | None = None) -> date:
+    """Yesterday in zone ``tz`` relative to ``now_unix_s`` (default the wall clock)."""
+    now = time.time() if now_unix_s is None else now_unix_s
+    return datetime.fromtimestamp(now, tz=resolve_tz(tz)).date() - timedelta(days=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report's values
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """Token figures of one line over one day.
+
+    Attributes:
+        source: ``metrics`` (vLLM counters) or ``requests`` (per-request usage).
+        prompt_tokens: tokens queried (metrics) or prompt tokens of requests that reported
+            cached_tokens (requests).
+        cached_tokens: tokens served from the prefix cache.
+        hit_rate: cached / prompt, fraction in [0, 1]; None when prompt_tokens is 0.
+        restarts: counter drops seen (metrics only).
+        requests: requests in the day (requests only).
+        coverage: fraction of those requests that reported cached_tokens (requests only).
+    """
+
+    source: str
+    prompt_tokens: int
+    cached_tokens: int
+    hit_rate: float | None
+    restarts: int = 0
+    requests: int | None = None
+    coverage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StaleSource:
+    """A metrics source that stopped reporting (definition 4 of the module docstring).
+
+    Attributes:
+        instance, model: the source.
+        last_ts_unix_s: its last scrape before the cutoff.
+        median_gap_s: median seconds between its scrapes (None with a single scrape).
+        stale_after_s: the silence that makes it stale.
+        cutoff_unix_s: ``min(day end, now)``.
+    """
+
+    instance: str
+    model: str
+    last_ts_unix_s: float
+    median_gap_s: float | None
+    stale_after_s: float
+    cutoff_unix_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A hit-rate fall since the previous day (a model line or a namespace).
+
+    Attributes:
+        model: model name.
+        tenant_digest: the namespace digest (None for a model).
+        scope: scope of the line (None for all scopes).
+        hit_rate, prev_hit_rate: fractions on the day and the day before.
+        change: hit_rate - prev_hit_rate (fraction, negative = fell).
+        prompt_tokens: prompt tokens on the day.
+    """
+
+    model: str
+    tenant_digest: str | None
+    scope: str | None
+    hit_rate: float
+    prev_hit_rate: float
+    change: float
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLine:
+    """One line of the daily report: a model, or a (model, scope) pair.
+
+    Attributes:
+        model: model name.
+        scope: PUBLIC / TENANT / PRINCIPAL, or None for the model's line over all scopes.
+        figures: the day's :class:`Figures` (source ``none`` with zeros when nothing came in).
+        threshold: the OK/ALERT boundary used, fraction.
+        status: OK, ALERT, NO DATA or STALE.
+        text: the report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
+        prev_day, prev_week: figures of the previous day / same weekday a week earlier, same
+            source, or None.
+        change_prev_day, change_prev_week: hit-rate differences (fractions), None when either
+            day is under ``min_query_tokens``.
+        saved, cost_without_cache, currency, shadow_price, price_source: savings of the model
+            on the day from per-request usage and the price table (model lines only; None when
+            not priced or no requests).
+        stale: the stale sources of this model (STALE lines).
+    """
+
+    model: str
+    scope: str | None
+    figures: Figures
+    threshold: float
+    status: str
+    text: str
+    prev_day: Figures | None = None
+    prev_week: Figures | None = None
+    change_prev_day: float | None = None
+    change_prev_week: float | None = None
+    saved: float | None = None
+    cost_without_cache: float | None = None
+    currency: str | None = None
+    shadow_price: bool | None = None
+    price_source: str | None = None
+    stale: tuple[StaleSource, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``model`` or ``model scope``."""
+        return self.model if self.scope is None else f"{self.model} {self.scope}"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(model, scope or '') - identifies the line inside a report."""
+        return (self.model, self.scope or "")
+
+
+@dataclass(frozen=True, slots=True)
+class DailyReport:
+    """The daily report of one local day.
+
+    Attributes:
+        window: the day.
+        generated_unix_s: when it was computed.
+        lines: model lines, each followed by its scope lines; models in name order.
+        fell_models, fell_namespaces: :class:`Change` lists, largest fall first.
+        stale_sources: every stale source (also attached to their model lines).
+        min_query_tokens: the NO DATA volume used.
+        status: the worst line status (NO DATA when there are no lines).
+    """
+
+    window: DayWindow
+    generated_unix_s: float
+    lines: tuple[ReportLine, ...]
+    fell_models: tuple[Change, ...] = ()
+    fell_namespaces: tuple[Change, ...] = ()
+    stale_sources: tuple[StaleSource, ...] = ()
+    min_query_tokens: int = 0
+    status: str = NO_DATA
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready dict (``prefixscope report daily --json``)."""
+        return {
+            "day": self.window.day.isoformat(), "tz": self.window.tz,
+            "start_unix_s": self.window.start_s, "end_unix_s": self.window.end_s,
+            "generated_unix_s": self.generated_unix_s, "status": self.status,
+            "min_query_tokens": self.min_query_tokens,
+            "lines": [line_dict(line) for line in self.lines],
+            "fell_models": [asdict(c) for c in self.fell_models],
+            "fell_namespaces": [asdict(c) for c in self.fell_namespaces],
+            "stale_sources": [asdict(s) for s in self.stale_sources],
+        }
+
+
+def line_dict(line: ReportLine) -> dict[str, object]:
+    """One :class:`ReportLine` as a JSON-ready dict (figures flattened, hit rates fractions)."""
+    d = asdict(line)
+    d["label"] = line.label
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting of the line (the users' format, product-brief.md)
+# ---------------------------------------------------------------------------------------------
+
+
+def percent(hit_rate: float) -> int:
+    """A hit rate as whole percent, rounded down (so that 49.9% never reads ``50%: ALERT``)."""
+    return int(math.floor(hit_rate * 100 + 1e-9))
+
+
+def line_text(fig: Figures, status: str, *, min_query_tokens: int,
+              stale: Sequence[StaleSource] = (), tz: str = "UTC") -> str:
+    """The report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
+
+    ALERT adds ``: check the top of the prompt``; NO DATA says the volume guard; STALE names
+    the silent source and its last scrape (local time in ``tz``).
+    """
+    head = f"{fig.cached_tokens:,} of {fig.prompt_tokens:,} prompt tokens from cache"
+    if fig.hit_rate is not None:
+        head += f" ({percent(fig.hit_rate)}%)"
+    if status == ALERT:
+        return f"{head}: ALERT: {ALERT_HINT}"
+    if status == NO_DATA:
+        return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
+    if status == STALE:
+        zone = resolve_tz(tz)
+        parts = []
+        for s in stale:
+            last = datetime.fromtimestamp(s.last_ts_unix_s, tz=zone)
+            every = f", scraped every {s.median_gap_s:g} s before" if s.median_gap_s else ""
+            parts.append(f"no scrape from {s.instance} after {last:%Y-%m-%d %H:%M}{every}")
+        return f"{head}: STALE: " + "; ".join(parts)
+    return f"{head}: {status}"
+
+
+def status_of(fig: Figures, *, threshold: float, min_query_tokens: int, stale: bool) -> str:
+    """Definition 3 of the module docstring."""
+    if stale:
+        return STALE
+    if fig.prompt_tokens < min_query_tokens or fig.hit_rate is None:
+        return NO_DATA
+    return OK if fig.hit_rate >= threshold else ALERT
+
+
+def threshold_for(cfg: AlertsConfig, model: str) -> float:
+    """``per_model_threshold[model]``, else ``hit_rate_threshold`` (fractions).
+
+    Raises:
+        ConfigError: a per-model threshold outside [0, 1].
+    """
+    value = cfg.per_model_threshold.get(model, cfg.hit_rate_threshold)
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"alerts.per_model_threshold.{model}: {value} is not a fraction in [0, 1]")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering figures through the query modules of H1 (metrics) and H2 (requests, savings)
+# ---------------------------------------------------------------------------------------------
+
+
+def _int(value: object) -> int:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return 0
+    return int(value)
+
+
+def _opt_float(value: object) -> float | None:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def _rate(cached: int, prompt: int) -> float | None:
+    return None if prompt <= 0 else cached / prompt
+
+
+def metric_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, Figures]:
+    """Counter figures per model over the day (one window of the day's length), by model."""
+    from store.queries.metrics import hit_rate_by_window
+
+    df = hit_rate_by_window(con, start_s=w.start_s, end_s=w.end_s, window_s=w.length_s,
+                            by=("model",), origin_s=w.start_s)
+    out: dict[str, Figures] = {}
+    for row in df.itertuples(index=False):
+        if row.model is None or (isinstance(row.model, float) and math.isnan(row.model)):
+            continue
+        hits, queries = _int(row.hit_tokens), _int(row.query_tokens)
+        assert row.model not in out, f"one window per day expected, got two for {row.model}"
+        out[row.model] = Figures("metrics", queries, hits, _rate(hits, queries),
+                                 _int(getattr(row, "restarts", 0)))
+    return out
+
+
+def request_figures(con: duckdb.DuckDBPyConnection, w: DayWindow,
+                    by: tuple[str, ...]) -> dict[tuple, Figures]:
+    """Production-request figures over the day, keyed by the ``by`` columns' values."""
+    from store.queries.requests import request_hit_rate_by_window
+
+    df = request_hit_rate_by_window(con, start_s=w.start_s, end_s=w.end_s, window_s=w.length_s,
+                                    by=by, run_ids=[PRODUCTION_RUN_ID], origin_s=w.start_s)
+    out: dict[tuple, Figures] = {}
+    for row in df.to_dict("records"):
+        key = tuple(None if pd.isna(row[c]) else row[c] for c in by)
+        if key[0] is None:
+            continue
+        prompt = _int(row.get("reported_prompt_tokens"))
+        cached = _int(row.get("cached_tokens"))
+        assert key not in out, f"one window per day expected, got two for {key}"
+        out[key] = Figures("requests", prompt, cached, _rate(cached, prompt),
+                           requests=_int(row.get("requests")),
+                           coverage=_opt_float(row.get("coverage")))
+    return out
+
+
+def savings_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, dict]:
+    """Savings per model over the day (production requests and the price table), by model."""
+    from store.queries.savings import savings_by_model
+
+    df = savings_by_model(con, start_s=w.start_s, end_s=w.end_s, run_ids=[PRODUCTION_RUN_ID])
+    out: dict[str, dict] = {}
+    for row in df.to_dict("records"):
+        if row.get("model") is None or _opt_float(row.get("saved")) is None:
+            continue
+        out[row["model"]] = row
+    return out
+
+
+def stale_sources(con: duckdb.DuckDBPyConnection, w: DayWindow, cfg: AlertsConfig, *,
+                  now_unix_s: float) -> list[StaleSource]:
+    """Definition 4 of the module docstring, for every metrics source."""
+    from store.queries.alerts import scrape_activity
+
+    cutoff = min(w.end_s, now_unix_s)
+    if cutoff <= w.start_s:
+        return []
+    df = scrape_activity(con, start_s=w.start_s - LOOKBACK_S, end_s=cutoff)
+    out: list[StaleSource] = []
+    for row in df.itertuples(index=False):
+        gap = _opt_float(row.median_gap_s)
+        after = max(cfg.stale_min_s, cfg.stale_after_scrapes * (gap or 0.0))
+        if float(row.last_ts_unix_s) < cutoff - after:
+            out.append(StaleSource(instance=row.instance, model=row.model,
+                                   last_ts_unix_s=float(row.last_ts_unix_s), median_gap_s=gap,
+                                   stale_after_s=after, cutoff_unix_s=cutoff))
+    return out
+
+
+@dataclass
+class _DayData:
+    metrics: dict[str, Figures] = field(default_factory=dict)
+    by_model: dict[tuple, Figures] = field(default_factory=dict)
+    by_scope: dict[tuple, Figures] = field(default_factory=dict)
+    by_tenant: dict[tuple, Figures] = field(default_factory=dict)
+
+    def model_figures(self, model: str, source: str | None = None) -> Figures | None:
+        if source in (None, "metrics") and model in self.metrics:
+            return self.metrics[model]
+        if source in (None, "requests"):
+            return self.by_model.get((model,))
+        return None
+
+    def models(self) -> set[str]:
+        return set(self.metrics) | {k[0] for k in self.by_model}
+
+
+def _day_data(con: duckdb.DuckDBPyConnection, w: DayWindow) -> _DayData:
+    return _DayData(metrics=metric_figures(con, w),
+                    by_model=request_figures(con, w, ("model",)),
+                    by_scope=request_figures(con, w, ("model", "scope")),
+                    by_tenant=request_figures(con, w, ("model", "tenant_digest")))
+
+
+def _change(today: Figures | None, before: Figures | None, min_tokens: int) -> float | None:
+    if today is None or before is None or today.hit_rate is None or before.hit_rate is None:
+        return None
+    if today.prompt_tokens < min_tokens or before.prompt_tokens < min_tokens:
+        return None
+    return today.hit_rate - before.hit_rate
+
+
+def _worst(statuses: Iterable[str]) -> str:
+    statuses = list(statuses)
+    return max(statuses, key=lambda s: SEVERITY[s]) if statuses else NO_DATA
+
+
+def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
+                       cfg: AlertsConfig, now_unix_s: float | None = None) -> DailyReport:
+    """Compute the daily report of ``day`` in zone ``tz`` (definitions in the module docstring).
+
+    Args:
+        con: a connection (read-only is enough) with the full schema.
+        day: the local date reported.
+        tz: IANA zone of the day boundary.
+        cfg: thresholds, volume guard, staleness rule, and the models named in the config
+            (``recipients_by_model``, ``per_model_threshold``), which get a NO DATA line when
+            absent.
+        now_unix_s: "now" for the STALE cutoff of a day not yet over (default wall clock).
+
+    Returns:
+        A :class:`DailyReport`.
+
+    Raises:
+        UsageError: unknown zone. ConfigError: a per-model threshold outside [0, 1].
+    """
+    now = time.time() if now_unix_s is None else now_unix_s
+    w = DayWindow.of(day, tz)
+    today = _day_data(con, w)
+    prev = _day_data(con, w.shifted(-1))
+    week = _day_data(con, w.shifted(-7))
+    savings = savings_figures(con, w)
+    stale = stale_sources(con, w, cfg, now_unix_s=now)
+    stale_by_model: dict[str, list[StaleSource]] = {}
+    for s in stale:
+        stale_by_model.setdefault(s.model, []).append(s)
+    min_tokens = cfg.min_query_tokens
+
+    models = (today.models() | prev.models() | week.models() | set(stale_by_model)
+              | set(cfg.recipients_by_model) | set(cfg.per_model_threshold))
+    scopes = sorted({k for d in (today, prev, week) for k in d.by_scope if k[1] is not None},
+                    key=lambda k: (k[0], k[1]))
+
+    lines: list[ReportLine] = []
+    for model in sorted(models):
+        threshold = threshold_for(cfg, model)
+        fig = today.model_figures(model)
+        if fig is None:
+            fig = Figures("none", 0, 0, None)
+        source = fig.source if fig.source != "none" else None
+        p = prev.model_figures(model, source)
+        wk = week.model_figures(model, source)
+        model_stale = tuple(stale_by_model.get(model, ()))
+        status = status_of(fig, threshold=threshold, min_query_tokens=min_tokens,
+                           stale=bool(model_stale))
+        sv = savings.get(model, {})
+        lines.append(ReportLine(
+            model=model, scope=None, figures=fig, threshold=threshold, status=status,
+            text=line_text(fig, status, min_query_tokens=min_tokens, stale=model_stale, tz=tz),
+            prev_day=p, prev_week=wk, change_prev_day=_change(fig, p, min_tokens),
+            change_prev_week=_change(fig, wk, min_tokens),
+            saved=_opt_float(sv.get("saved")),
+            cost_without_cache=_opt_float(sv.get("cost_without_cache")),
+            currency=sv.get("currency"),
+            shadow_price=None if not sv else bool(sv.get("shadow")),
+            price_source=sv.get("price_source"), stale=model_stale))
+        for key in (k for k in scopes if k[0] == model):
+            sfig = today.by_scope.get(key) or Figures("none", 0, 0, None)
+            sp, sw = prev.by_scope.get(key), week.by_scope.get(key)
+            sstatus = status_of(sfig, threshold=threshold, min_query_tokens=min_tokens,
+                                stale=False)
+            lines.append(ReportLine(
+                model=model, scope=key[1], figures=sfig, threshold=threshold, status=sstatus,
+                text=line_text(sfig, sstatus, min_query_tokens=min_tokens, tz=tz),
+                prev_day=sp, prev_week=sw, change_prev_day=_change(sfig, sp, min_tokens),
+                change_prev_week=_change(sfig, sw, min_tokens)))
+
+    fell_models = sorted(
+        (Change(model=ln.model, tenant_digest=None, scope=None,
+                hit_rate=ln.figures.hit_rate, prev_hit_rate=ln.prev_day.hit_rate,
+                change=ln.change_prev_day, prompt_tokens=ln.figures.prompt_tokens)
+         for ln in lines
+         if ln.scope is None and ln.change_prev_day is not None and ln.change_prev_day < 0),
+        key=lambda c: (c.change, c.model))[:cfg.top_changes]
+    fell_ns: list[Change] = []
+    for key, fig in today.by_tenant.items():
+        model, digest = key
+        before = prev.by_tenant.get(key)
+        ch = _change(fig, before, min_tokens)
+        if digest is None or ch is None or ch >= 0:
+            continue
+        fell_ns.append(Change(model=model, tenant_digest=str(digest), scope=None,
+                              hit_rate=fig.hit_rate, prev_hit_rate=before.hit_rate, change=ch,
+                              prompt_tokens=fig.prompt_tokens))
+    fell_ns.sort(key=lambda c: (c.change, c.model, c.tenant_digest))
+
+    return DailyReport(
+        window=w, generated_unix_s=now, lines=tuple(lines), fell_models=tuple(fell_models),
+        fell_namespaces=tuple(fell_ns[:cfg.top_changes]), stale_sources=tuple(stale),
+        min_query_tokens=min_tokens, status=_worst(ln.status for ln in lines))

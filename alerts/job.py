@@ -1,0 +1,298 @@
+"""The daily job: compute the report, split it per recipient group, send each email once, and
+record every send in ``alert_sends``.
+
+Idempotency (``docs/alerts.md#idempotency``): an email is identified by (day, tz, sorted
+recipient list). Before sending, the job *claims* it in one transaction (a ``sending`` row),
+which fails when a ``sent`` row exists or another process claimed it less than
+:data:`CLAIM_TIMEOUT_S` ago; after SMTP it marks the row ``sent`` or ``failed``. So a second run
+for the same day sends nothing, ``--resend`` sends again, a failed send is retried by the next
+run, and a failed attempt is never recorded as sent. The DuckDB write lock is held only for the
+claim and the update, never during SMTP.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from email.message import EmailMessage
+from email.utils import make_msgid
+from pathlib import Path
+
+from alerts.daily import DailyReport, ReportLine, build_daily_report, default_day, line_dict, resolve_tz
+from alerts.mailer import SmtpSettings, SmtpUnavailable, build_message, deliver, new_message_id, smtp_settings
+from alerts.render import render_chart_png, render_html, render_text, subject, worst_line
+from prefixscope.config import AlertsConfig, Settings
+from prefixscope.errors import ConfigError
+from store import db as store_db
+from store.queries import alerts as q
+
+#: A ``sending`` claim older than this (seconds) belongs to a process that died: the next run
+#: may send again.
+CLAIM_TIMEOUT_S = 900.0
+
+SENT = "sent"
+FAILED = "failed"
+SKIPPED = "skipped"
+DRY_RUN = "dry-run"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEmail:
+    """One email of the day: who gets it and which report lines it holds.
+
+    Attributes:
+        recipients: addresses, sorted.
+        lines: the report lines for them (all lines for ``[alerts] recipients``; a model's
+            lines for ``recipients_by_model``; a scope's lines for ``recipients_by_scope``).
+        subject: from :func:`alerts.render.subject`.
+        report_status: the worst status among ``lines`` (NO DATA when empty).
+    """
+
+    recipients: tuple[str, ...]
+    lines: tuple[ReportLine, ...]
+    subject: str
+    report_status: str
+
+    @property
+    def key(self) -> str:
+        """The recipients as stored in ``alert_sends.recipients`` (comma-separated, sorted)."""
+        return ",".join(self.recipients)
+
+
+@dataclass(frozen=True, slots=True)
+class SendOutcome:
+    """What happened to one planned email.
+
+    Attributes:
+        recipients, subject, report_status: as planned.
+        status: ``sent``, ``failed``, ``skipped`` (already sent / being sent) or ``dry-run``.
+        attempts: SMTP attempts made (0 when nothing was sent).
+        message_id: Message-ID header (None when skipped).
+        error: SMTP error (failed), refused recipients (sent), or why it was skipped.
+        send_id: the ``alert_sends`` row (None when nothing was recorded).
+        eml_path: where the message was written with ``eml_dir``.
+    """
+
+    recipients: tuple[str, ...]
+    subject: str
+    report_status: str
+    status: str
+    attempts: int = 0
+    message_id: str | None = None
+    error: str | None = None
+    send_id: str | None = None
+    eml_path: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready dict."""
+        return {"recipients": list(self.recipients), "subject": self.subject,
+                "report_status": self.report_status, "status": self.status,
+                "attempts": self.attempts, "message_id": self.message_id, "error": self.error,
+                "send_id": self.send_id, "eml_path": self.eml_path}
+
+
+@dataclass
+class DailyRun:
+    """Result of :func:`run_daily`: the report and one outcome per planned email."""
+
+    report: DailyReport
+    outcomes: list[SendOutcome] = field(default_factory=list)
+    smtp_where: str | None = None
+
+    @property
+    def failed(self) -> list[SendOutcome]:
+        """Outcomes with status ``failed``."""
+        return [o for o in self.outcomes if o.status == FAILED]
+
+    def as_dict(self) -> dict[str, object]:
+        """The report and the emails, JSON-ready (``--json``)."""
+        d = self.report.as_dict()
+        d["emails"] = [o.as_dict() for o in self.outcomes]
+        return d
+
+    def raise_for_failures(self) -> None:
+        """Raise :class:`~alerts.mailer.SmtpUnavailable` when any email failed (after every
+        other email was tried and every outcome recorded)."""
+        if not self.failed:
+            return
+        parts = [f"to {', '.join(o.recipients)}: {o.error} after {o.attempts} attempt(s)"
+                 for o in self.failed]
+        raise SmtpUnavailable(
+            f"SMTP {self.smtp_where}: {len(self.failed)} report email(s) not sent ("
+            + "; ".join(parts) + "); recorded as failed, not sent: the next run retries them")
+
+
+def plan_emails(report: DailyReport, cfg: AlertsConfig) -> list[PlannedEmail]:
+    """Split the report per recipient: who gets which lines; addresses with the same lines get
+    one email together. Ordered by recipient list.
+
+    Raises:
+        ConfigError: no recipient configured at all.
+    """
+    wanted: dict[str, set[tuple[str, str]]] = {}
+    all_keys = {ln.key for ln in report.lines}
+    for addr in cfg.recipients:
+        wanted.setdefault(addr.strip(), set()).update(all_keys)
+    for model, addrs in cfg.recipients_by_model.items():
+        keys = {ln.key for ln in report.lines if ln.model == model}
+        for addr in addrs:
+            wanted.setdefault(addr.strip(), set()).update(keys)
+    for scope, addrs in cfg.recipients_by_scope.items():
+        keys = {ln.key for ln in report.lines if ln.scope == scope}
+        for addr in addrs:
+            wanted.setdefault(addr.strip(), set()).update(keys)
+    wanted.pop("", None)
+    if not wanted:
+        raise ConfigError("alerts: no recipients: set [alerts] recipients, recipients_by_model "
+                          "or recipients_by_scope to send the daily report")
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    order = {ln.key: i for i, ln in enumerate(report.lines)}
+    for addr, keys in wanted.items():
+        groups.setdefault(tuple(sorted(keys, key=order.__getitem__)), []).append(addr)
+    emails = []
+    for keys, addrs in groups.items():
+        lines = tuple(ln for ln in report.lines if ln.key in set(keys))
+        top = worst_line(lines)
+        emails.append(PlannedEmail(recipients=tuple(sorted(set(addrs))), lines=lines,
+                                   subject=subject(report, lines),
+                                   report_status=top.status if top else "NO DATA"))
+    return sorted(emails, key=lambda e: e.key)
+
+
+def compose(report: DailyReport, email: PlannedEmail, cfg: AlertsConfig, *,
+            now_unix_s: float | None = None) -> EmailMessage:
+    """The MIME message of one planned email (text, HTML, inline chart, headers)."""
+    day = report.window.day.isoformat()
+    png = render_chart_png(report, email.lines)
+    cid = make_msgid(idstring="chart", domain="prefixscope.local")[1:-1] if png else None
+    return build_message(
+        subject=email.subject, mail_from=cfg.mail_from, to=email.recipients,
+        text=render_text(report, email.lines, dashboard_url=cfg.dashboard_url),
+        html=render_html(report, email.lines, dashboard_url=cfg.dashboard_url, chart_cid=cid),
+        png=png, chart_cid=cid, message_id=new_message_id(cfg.mail_from, day),
+        headers={"X-Prefixscope-Day": day, "X-Prefixscope-TZ": report.window.tz,
+                 "X-Prefixscope-Status": email.report_status},
+        date_unix_s=now_unix_s)
+
+
+def _write_eml(msg: EmailMessage, eml_dir: str, day: str, index: int) -> str:
+    path = Path(eml_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / f"prefixscope-daily-{day}-{index + 1}.eml"
+    target.write_bytes(msg.as_bytes())
+    return str(target)
+
+
+def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str | None = None,
+              send: bool = False, resend: bool = False, dry_run: bool = False,
+              eml_dir: str | None = None, now_unix_s: float | None = None,
+              env: Mapping[str, str] | None = None,
+              sleep: Callable[[float], None] = time.sleep) -> DailyRun:
+    """Compute the daily report of ``day`` and, with ``send``, email it once per recipient
+    group and record each send.
+
+    Args:
+        db: the DuckDB file (read for the report; written only for the sends log).
+        settings: configuration (``[alerts]``, ``[store] lock_timeout_s``).
+        day: the local date (default: yesterday in ``tz``).
+        tz: IANA zone (default ``[alerts] timezone``).
+        send: deliver the emails. ``resend`` and ``dry_run`` imply it.
+        resend: send again even when already sent for this day.
+        dry_run: plan and compose the emails (and write them to ``eml_dir``) but neither connect
+            to SMTP nor write the database.
+        eml_dir: also write each composed message there as ``.eml``.
+        now_unix_s: "now" (default wall clock): default day and STALE cutoff.
+        env: environment for the SMTP password (default ``os.environ``).
+        sleep: wait between SMTP retries (tests pass a recorder).
+
+    Returns:
+        A :class:`DailyRun`. SMTP failures do not raise here: call
+        :meth:`DailyRun.raise_for_failures` after printing.
+
+    Raises:
+        UsageError: unknown zone. ConfigError: no recipients, bad SMTP credentials setup.
+        SourceUnavailable, SchemaMismatch, StoreLocked: the database (see ``store/db.py``).
+    """
+    cfg = settings.alerts
+    now = time.time() if now_unix_s is None else now_unix_s
+    tz = tz or cfg.timezone
+    resolve_tz(tz, key="--tz" if tz != cfg.timezone else "alerts.timezone")
+    day = day or default_day(tz, now_unix_s=now)
+    send = send or resend or dry_run
+    lock_s = settings.store.lock_timeout_s
+    with store_db.reader(db, lock_timeout_s=lock_s) as con:
+        report = build_daily_report(con, day=day, tz=tz, cfg=cfg, now_unix_s=now)
+        active = q.active_send_recipients(con, day=day.isoformat(), tz=tz, now_unix_s=now,
+                                          claim_timeout_s=CLAIM_TIMEOUT_S) if send else set()
+    run = DailyRun(report=report)
+    if not send:
+        return run
+    emails = plan_emails(report, cfg)
+    smtp: SmtpSettings | None = None if dry_run else smtp_settings(cfg, env=env)
+    run.smtp_where = smtp.where if smtp else f"{cfg.smtp_host}:{cfg.smtp_port}"
+    day_s = day.isoformat()
+    for i, email in enumerate(emails):
+        base = dict(recipients=email.recipients, subject=email.subject,
+                    report_status=email.report_status)
+        if email.key in active and not resend:
+            run.outcomes.append(SendOutcome(
+                **base, status=SKIPPED,
+                error=f"already sent for {day_s} ({tz}): use --resend to send again"))
+            continue
+        msg = compose(report, email, cfg, now_unix_s=now)
+        eml = _write_eml(msg, eml_dir, day_s, i) if eml_dir else None
+        if dry_run:
+            run.outcomes.append(SendOutcome(**base, status=DRY_RUN,
+                                            message_id=msg["Message-ID"], eml_path=eml))
+            continue
+        assert smtp is not None
+        send_id = uuid.uuid4().hex
+        lines_json = json.dumps([line_dict(ln) for ln in email.lines], default=str)
+        with store_db.writer(db, lock_timeout_s=lock_s) as con:
+            claimed = q.claim_send(
+                con, send_id=send_id, day=day_s, tz=tz, recipients=email.key,
+                subject=email.subject, report_status=email.report_status,
+                message_id=msg["Message-ID"], resend=resend, smtp_host=smtp.where,
+                lines_json=lines_json, now_unix_s=time.time(), claim_timeout_s=CLAIM_TIMEOUT_S)
+        if not claimed:
+            run.outcomes.append(SendOutcome(
+                **base, status=SKIPPED,
+                error=f"already sent or being sent for {day_s} ({tz}) by another run"))
+            continue
+        try:
+            result = deliver(msg, smtp, sleep=sleep)
+        except BaseException as exc:  # a bug or Ctrl-C: never leave the claim looking sent
+            with store_db.writer(db, lock_timeout_s=lock_s) as con:
+                q.finish_send(con, send_id=send_id, status=FAILED, attempts=1,
+                              error=f"interrupted: {type(exc).__name__}", now_unix_s=time.time())
+            raise
+        status = SENT if result.ok else FAILED
+        with store_db.writer(db, lock_timeout_s=lock_s) as con:
+            q.finish_send(con, send_id=send_id, status=status, attempts=result.attempts,
+                          error=result.error, now_unix_s=time.time())
+        run.outcomes.append(SendOutcome(**base, status=status, attempts=result.attempts,
+                                        message_id=msg["Message-ID"], error=result.error,
+                                        send_id=send_id, eml_path=eml))
+    return run
+
+
+def describe_outcomes(outcomes: Sequence[SendOutcome]) -> list[str]:
+    """One human line per outcome (what the CLI prints after the report)."""
+    out = []
+    for o in outcomes:
+        to = ", ".join(o.recipients)
+        if o.status == SENT:
+            extra = f"; {o.error}" if o.error else ""
+            out.append(f"sent to {to}: {o.subject} ({o.message_id}, {o.attempts} attempt(s)){extra}")
+        elif o.status == FAILED:
+            out.append(f"FAILED to {to}: {o.error} after {o.attempts} attempt(s)")
+        elif o.status == SKIPPED:
+            out.append(f"skipped {to}: {o.error}")
+        else:
+            where = f", written to {o.eml_path}" if o.eml_path else ""
+            out.append(f"dry run, would send to {to}: {o.subject}{where}")
+    return out

@@ -1,0 +1,155 @@
+"""Queries of the daily report and alert email (``alerts/``): scrape activity for the STALE
+check, and the ``alert_sends`` log (claim, finish, list).
+
+Hit rates, request figures and savings come from ``store.queries.metrics`` (H1),
+``store.queries.requests`` and ``store.queries.savings`` (H2); only what those modules do not
+answer lives here. Formulas: ``docs/alerts.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import pandas as pd
+
+#: Statuses of a row of ``alert_sends``.
+SEND_SENDING = "sending"
+SEND_SENT = "sent"
+SEND_FAILED = "failed"
+
+
+def scrape_activity(con: duckdb.DuckDBPyConnection, *, start_s: float, end_s: float,
+                    models: Sequence[str] | None = None) -> pd.DataFrame:
+    """When each metrics source (instance, model) was scraped in ``[start_s, end_s)``.
+
+    A scrape time is a distinct ``metric_samples.ts_unix_s`` of the instance with a non-NULL
+    ``model`` label; the 0 placed at a counter's ``_created`` time (``created_zero``) is not a
+    scrape and is left out.
+
+    Args:
+        start_s, end_s: Unix seconds, the half-open range looked at.
+        models: only these model names (None = all).
+
+    Returns:
+        One row per (instance, model), ordered by instance, model: ``instance, model,
+        scrapes`` (distinct scrape times), ``first_ts_unix_s``, ``last_ts_unix_s``,
+        ``median_gap_s`` (median seconds between consecutive scrapes; NULL with fewer than 2).
+    """
+    model_filter = ""
+    params: list[object] = [start_s, end_s]
+    if models is not None:
+        if not models:
+            model_filter = " AND FALSE"
+        else:
+            model_filter = f" AND model IN ({', '.join('?' for _ in models)})"
+            params.extend(models)
+    return con.execute(
+        f"""
+        WITH scrapes AS (
+            SELECT DISTINCT instance, model, ts_unix_s
+            FROM metric_samples
+            WHERE ts_unix_s >= ? AND ts_unix_s < ? AND model IS NOT NULL
+              AND NOT created_zero{model_filter}
+        ), gaps AS (
+            SELECT instance, model, ts_unix_s,
+                   ts_unix_s - lag(ts_unix_s) OVER (
+                       PARTITION BY instance, model ORDER BY ts_unix_s) AS gap_s
+            FROM scrapes
+        )
+        SELECT instance, model,
+               count(*)::BIGINT AS scrapes,
+               min(ts_unix_s) AS first_ts_unix_s,
+               max(ts_unix_s) AS last_ts_unix_s,
+               median(gap_s)::DOUBLE AS median_gap_s
+        FROM gaps
+        GROUP BY instance, model
+        ORDER BY instance, model
+        """, params).df()
+
+
+def active_send_recipients(con: duckdb.DuckDBPyConnection, *, day: str, tz: str,
+                           now_unix_s: float, claim_timeout_s: float) -> set[str]:
+    """Recipient sets (the ``recipients`` column) that must not be mailed again for ``day``.
+
+    A set counts when one of its rows for (``day``, ``tz``) is ``sent``, or is ``sending`` and
+    was claimed less than ``claim_timeout_s`` seconds before ``now_unix_s`` (another process is
+    delivering it right now). A ``failed`` row, or a ``sending`` row older than the timeout (its
+    process died), does not count: the next run tries again.
+    """
+    rows = con.execute(
+        "SELECT DISTINCT recipients FROM alert_sends WHERE day = ? AND tz = ? AND "
+        "(status = ? OR (status = ? AND created_unix_s > ?))",
+        [day, tz, SEND_SENT, SEND_SENDING, now_unix_s - claim_timeout_s]).fetchall()
+    return {r[0] for r in rows}
+
+
+def claim_send(con: duckdb.DuckDBPyConnection, *, send_id: str, day: str, tz: str,
+               recipients: str, subject: str, report_status: str, message_id: str,
+               resend: bool, smtp_host: str, lines_json: str, now_unix_s: float,
+               claim_timeout_s: float) -> bool:
+    """Record the intent to send one email, unless it is already sent or being sent.
+
+    Runs its own transaction (the caller holds a writer connection and no open transaction).
+    Without ``resend``, a set found by :func:`active_send_recipients` is not claimed; with
+    ``resend`` only a fresh ``sending`` claim of another process blocks it.
+
+    Returns:
+        True when a ``sending`` row was inserted (the caller then sends and calls
+        :func:`finish_send`), False when the email must not be sent.
+    """
+    con.execute("BEGIN TRANSACTION")
+    try:
+        if resend:
+            busy = con.execute(
+                "SELECT count(*) FROM alert_sends WHERE day = ? AND tz = ? AND recipients = ? "
+                "AND status = ? AND created_unix_s > ?",
+                [day, tz, recipients, SEND_SENDING, now_unix_s - claim_timeout_s]).fetchone()[0]
+        else:
+            busy = int(recipients in active_send_recipients(
+                con, day=day, tz=tz, now_unix_s=now_unix_s, claim_timeout_s=claim_timeout_s))
+        if busy:
+            con.execute("ROLLBACK")
+            return False
+        con.execute(
+            "INSERT INTO alert_sends (send_id, day, tz, recipients, subject, report_status, "
+            "status, message_id, attempts, error, resend, smtp_host, lines_json, created_unix_s, "
+            "finished_unix_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, ?, NULL)",
+            [send_id, day, tz, recipients, subject, report_status, SEND_SENDING, message_id,
+             resend, smtp_host, lines_json, now_unix_s])
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return True
+
+
+def finish_send(con: duckdb.DuckDBPyConnection, *, send_id: str, status: str, attempts: int,
+                error: str | None, now_unix_s: float) -> None:
+    """Close a claimed send as ``sent`` or ``failed`` with the number of SMTP attempts made and
+    the last error (None when sent)."""
+    assert status in (SEND_SENT, SEND_FAILED), status
+    con.execute(
+        "UPDATE alert_sends SET status = ?, attempts = ?, error = ?, finished_unix_s = ? "
+        "WHERE send_id = ?", [status, attempts, error, now_unix_s, send_id])
+
+
+def alert_sends(con: duckdb.DuckDBPyConnection, *, day: str | None = None,
+                limit: int = 500) -> pd.DataFrame:
+    """The sends log, newest first (what the Alerts dashboard page shows).
+
+    Args:
+        day: only this report day (``YYYY-MM-DD``); None = all days.
+        limit: at most this many rows.
+
+    Returns:
+        Columns ``created_unix_s, finished_unix_s, day, tz, report_status, status, recipients,
+        subject, message_id, attempts, error, resend, smtp_host, send_id, lines_json``.
+    """
+    where = "" if day is None else "WHERE day = ?"
+    params: list[object] = [] if day is None else [day]
+    return con.execute(
+        f"SELECT created_unix_s, finished_unix_s, day, tz, report_status, status, recipients, "
+        f"subject, message_id, attempts, error, resend, smtp_host, send_id, lines_json "
+        f"FROM alert_sends {where} ORDER BY created_unix_s DESC, send_id LIMIT ?",
+        params + [limit]).df()
