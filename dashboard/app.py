@@ -1,0 +1,81 @@
+"""prefixscope dashboard: the router (page config, shared sidebar filters, navigation).
+
+Run with ``prefixscope dashboard [--db PATH]``, or
+``streamlit run dashboard/app.py -- --db PATH`` (or ``PREFIXSCOPE_DB=PATH``).
+
+Each page is one file in ``dashboard/pages/``. It reads the sidebar selection with
+``dashboard.filters.current()`` and the database path with ``dashboard.data.db_path()``, calls
+the cached wrappers of ``dashboard.data`` inside ``with dashboard.data.guard(db):``, and draws
+figures from ``dashboard.figures``. Pages never open the database or write SQL.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:  # `streamlit run dashboard/app.py` puts only dashboard/ on the path
+    sys.path.insert(0, str(_HERE.parent))
+
+# Pages, in menu order: (file relative to this folder, title, Material icon).
+# To add a page: create dashboard/pages/<name>.py and append ONE line below.
+PAGES: list[tuple[str, str, str]] = [
+    ("pages/overview.py", "Overview", ":material/monitoring:"),
+    ("pages/requests.py", "Requests", ":material/receipt_long:"),
+    ("pages/savings.py", "Savings", ":material/savings:"),
+    ("pages/data_sources.py", "Data sources", ":material/database:"),
+    # append one line per page here, e.g. ("pages/replay.py", "Replay", ":material/replay:"),
+]
+
+
+def page_files() -> list[Path]:
+    """Absolute paths of the PAGES files that exist, in menu order (used by the tests)."""
+    return [(_HERE / f) for f, _, _ in PAGES if (_HERE / f).is_file()]
+
+
+def main() -> None:
+    """Draw the shared chrome and run the selected page."""
+    import streamlit as st
+
+    from dashboard import data, filters
+    from dashboard.formatting import fmt_age, fmt_time
+
+    st.set_page_config(page_title="prefixscope", page_icon=":material/cached:", layout="wide")
+    db = data.db_path()
+
+    pages = []
+    missing = []
+    for i, (rel, title, icon) in enumerate(PAGES):
+        path = _HERE / rel
+        if not path.is_file():
+            missing.append(rel)
+            continue
+        pages.append(st.Page(str(path), title=title, icon=icon, default=(i == 0)))
+    nav = st.navigation(pages)
+
+    st.sidebar.markdown("### prefixscope")
+    st.sidebar.caption(f"Database: `{db}`")
+    now_s = time.time()
+    values = {"models": [], "instances": [], "run_ids": [], "min_ts_unix_s": None,
+              "max_ts_unix_s": None}
+    with data.guard(db):
+        values = data.filter_values(db)
+    filters.sidebar(values, now_s=now_s)
+    newest = values.get("max_ts_unix_s")
+    if newest is not None:
+        st.sidebar.caption(f"Newest data: {fmt_time(newest)} ({fmt_age(now_s - newest)} ago)")
+    else:
+        st.sidebar.caption("No data stored yet.")
+    if st.sidebar.button("Refresh now", icon=":material/refresh:",
+                         help=f"Results are cached for {data.CACHE_TTL_S:g} s."):
+        data.clear_cache()
+    st.sidebar.caption(f"Results refresh every {data.CACHE_TTL_S:g} s.")
+    for rel in missing:
+        st.sidebar.caption(f"(page {rel} listed but not found)")
+    nav.run()
+
+
+if __name__ == "__main__":  # streamlit run and AppTest execute this file as __main__
+    main()

@@ -1,0 +1,327 @@
+"""The dashboard's data layer: cached wrappers around ``store.queries``.
+
+Every function here opens ONE read-only connection with :func:`store.db.reader` for its call,
+runs one named query function and closes it (see the locking protocol in ``store/db.py``):
+a connection is never cached or held, so an ingester in another process can take the write lock
+between two calls. Results are cached with ``st.cache_data(ttl=...)``; the TTL is
+``[dashboard] cache_ttl_s`` of the settings (default 15 s), so new data appears at most that
+long after an ingest commits. Pages never call ``store`` themselves and never write SQL.
+
+Lock conflicts are retried inside :func:`store.db.reader` for :data:`LOCK_TIMEOUT_S`; after that
+:class:`~prefixscope.errors.StoreLocked` propagates (a failed call is not cached) and
+:func:`guard` turns it into a "database busy, retrying" notice and a rerun.
+
+Arguments are hashable (tuples, not lists) because they key the cache. ``db`` is the database
+path (part of the key: two databases never share results).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+import pandas as pd
+import streamlit as st
+
+from prefixscope.config import DEFAULT_DB_PATH, load_settings
+from prefixscope.errors import ConfigError, PrefixscopeError, SchemaMismatch, SourceUnavailable, StoreLocked
+from store import db as store_db
+
+LOCK_TIMEOUT_S = 5.0
+"""Seconds a dashboard read keeps retrying a lock before the page shows "database busy"."""
+BUSY_RETRIES = 10
+"""Automatic reruns after a "database busy" notice before the page asks for a manual reload."""
+BUSY_RETRY_DELAY_S = 1.0
+
+
+def _settings_ttl() -> float:
+    try:
+        return float(load_settings().dashboard.cache_ttl_s)
+    except ConfigError:
+        return 15.0
+
+
+CACHE_TTL_S: float = _settings_ttl()
+"""Seconds a query result is reused (``[dashboard] cache_ttl_s``); read once at import."""
+
+
+def alert_threshold(model: str | None = None) -> float:
+    """The OK/ALERT boundary as a fraction: ``[alerts] per_model_threshold[model]`` or
+    ``[alerts] hit_rate_threshold`` (default 0.5). A broken config file falls back to 0.5."""
+    try:
+        alerts = load_settings().alerts
+    except ConfigError:
+        return 0.5
+    if model is not None and model in alerts.per_model_threshold:
+        return float(alerts.per_model_threshold[model])
+    return float(alerts.hit_rate_threshold)
+
+
+def db_path(argv: list[str] | None = None) -> str:
+    """The database the dashboard reads.
+
+    Order: ``--db PATH`` after ``--`` on the ``streamlit run dashboard/app.py -- --db PATH``
+    command line, then ``$PREFIXSCOPE_DB``, then ``data/prefixscope.duckdb``. Command-line
+    arguments are only read when the running script is the dashboard's ``app.py`` (under a test
+    runner ``sys.argv`` belongs to the runner).
+    """
+    args = sys.argv if argv is None else argv
+    if args and os.path.basename(args[0]) == "app.py":
+        for i, a in enumerate(args[1:], start=1):
+            if a == "--db" and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--db="):
+                return a.split("=", 1)[1]
+    return os.environ.get("PREFIXSCOPE_DB") or DEFAULT_DB_PATH
+
+
+@contextlib.contextmanager
+def _reader(db: str) -> Iterator:
+    with store_db.reader(db, lock_timeout_s=LOCK_TIMEOUT_S) as con:
+        yield con
+
+
+def _t(values: tuple[str, ...] | None) -> list[str] | None:
+    return list(values) if values is not None else None
+
+
+def _cached(fn):
+    return st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=512)(fn)
+
+
+# --- filters -------------------------------------------------------------------------------
+
+
+@_cached
+def filter_values(db: str) -> dict:
+    """Choices for the sidebar: union of the metric and request stores.
+
+    Returns:
+        ``models``, ``instances``, ``run_ids`` (sorted lists) and ``min_ts_unix_s``,
+        ``max_ts_unix_s`` (Unix seconds, or None when nothing is stored).
+    """
+    from store.queries import metrics as qm
+    from store.queries import requests as qr
+
+    with _reader(db) as con:
+        m = qm.metric_filter_values(con)
+        r = qr.request_filter_values(con)
+    lows = [v for v in (m.get("min_ts_unix_s"), r.get("min_ts_unix_s")) if v is not None]
+    highs = [v for v in (m.get("max_ts_unix_s"), r.get("max_ts_unix_s")) if v is not None]
+    return {
+        "models": sorted({x for x in [*m.get("models", []), *r.get("models", [])] if x}),
+        "instances": sorted({x for x in [*m.get("instances", []), *r.get("instances", [])] if x}),
+        "run_ids": sorted({x for x in r.get("run_ids", []) if x is not None}),
+        "min_ts_unix_s": min(lows) if lows else None,
+        "max_ts_unix_s": max(highs) if highs else None,
+        "metric_max_ts_unix_s": m.get("max_ts_unix_s"),
+        "request_max_ts_unix_s": r.get("max_ts_unix_s"),
+    }
+
+
+# --- metrics (H1: store/queries/metrics.py) -------------------------------------------------
+
+
+@_cached
+def hit_rate_by_window(db: str, *, start_s: float | None, end_s: float | None, window_s: float,
+                       by: tuple[str, ...] = ("model", "instance"),
+                       models: tuple[str, ...] | None = None,
+                       instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.metrics.hit_rate_by_window`` (counter increases per window; columns
+    ``window_start_s, window_end_s, <by>, hit_tokens, query_tokens, hit_rate, restarts, legacy,
+    external_hit_tokens``)."""
+    from store.queries import metrics as q
+
+    with _reader(db) as con:
+        return q.hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
+                                    by=by, models=_t(models), instances=_t(instances))
+
+
+@_cached
+def hit_rate_totals(db: str, *, start_s: float | None, end_s: float | None,
+                    by: tuple[str, ...] = ("model",), models: tuple[str, ...] | None = None,
+                    instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.metrics.hit_rate_totals`` (``<by>, hit_tokens, query_tokens, hit_rate,
+    legacy, first_ts_unix_s, last_ts_unix_s``)."""
+    from store.queries import metrics as q
+
+    with _reader(db) as con:
+        return q.hit_rate_totals(con, start_s=start_s, end_s=end_s, by=by, models=_t(models),
+                                 instances=_t(instances))
+
+
+@_cached
+def cache_config(db: str, *, instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.metrics.cache_config`` (latest ``cache_config_info`` per instance/engine)."""
+    from store.queries import metrics as q
+
+    with _reader(db) as con:
+        return q.cache_config(con, instances=_t(instances))
+
+
+@_cached
+def last_sample_ts(db: str, *, instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.metrics.last_sample_ts`` (``instance, model, last_ts_unix_s``)."""
+    from store.queries import metrics as q
+
+    with _reader(db) as con:
+        return q.last_sample_ts(con, instances=_t(instances))
+
+
+# --- requests and savings (H2: store/queries/requests.py, savings.py) -----------------------
+
+
+@_cached
+def request_hit_rate_by_window(db: str, *, start_s: float | None, end_s: float | None,
+                               window_s: float, by: tuple[str, ...] = ("model",),
+                               models: tuple[str, ...] | None = None,
+                               instances: tuple[str, ...] | None = None,
+                               run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.requests.request_hit_rate_by_window`` (Σ cached / Σ reported prompt
+    tokens per window, with coverage)."""
+    from store.queries import requests as q
+
+    with _reader(db) as con:
+        return q.request_hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
+                                            by=by, models=_t(models), instances=_t(instances),
+                                            run_ids=_t(run_ids))
+
+
+@_cached
+def request_hit_rates(db: str, *, start_s: float | None, end_s: float | None,
+                      models: tuple[str, ...] | None = None,
+                      instances: tuple[str, ...] | None = None,
+                      run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.requests.request_hit_rates`` (one row per request that reported
+    cached_tokens)."""
+    from store.queries import requests as q
+
+    with _reader(db) as con:
+        return q.request_hit_rates(con, start_s=start_s, end_s=end_s, models=_t(models),
+                                   instances=_t(instances), run_ids=_t(run_ids))
+
+
+@_cached
+def cached_tokens_coverage(db: str, *, start_s: float | None, end_s: float | None,
+                           models: tuple[str, ...] | None = None,
+                           instances: tuple[str, ...] | None = None,
+                           run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.requests.cached_tokens_coverage`` (``model, instance, requests,
+    reported_requests, coverage``)."""
+    from store.queries import requests as q
+
+    with _reader(db) as con:
+        return q.cached_tokens_coverage(con, start_s=start_s, end_s=end_s, models=_t(models),
+                                        instances=_t(instances), run_ids=_t(run_ids))
+
+
+@_cached
+def savings_by_model(db: str, *, start_s: float | None, end_s: float | None,
+                     models: tuple[str, ...] | None = None,
+                     instances: tuple[str, ...] | None = None,
+                     run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.savings.savings_by_model`` (cost without/with cache per model)."""
+    from store.queries import savings as q
+
+    with _reader(db) as con:
+        return q.savings_by_model(con, start_s=start_s, end_s=end_s, models=_t(models),
+                                  instances=_t(instances), run_ids=_t(run_ids))
+
+
+@_cached
+def savings_by_window(db: str, *, start_s: float | None, end_s: float | None, window_s: float,
+                      models: tuple[str, ...] | None = None,
+                      instances: tuple[str, ...] | None = None,
+                      run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.savings.savings_by_window`` (saved per window and model)."""
+    from store.queries import savings as q
+
+    with _reader(db) as con:
+        return q.savings_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
+                                   models=_t(models), instances=_t(instances),
+                                   run_ids=_t(run_ids))
+
+
+# --- ingest bookkeeping (store/queries/ingest.py) ------------------------------------------
+
+
+@_cached
+def ingest_sources(db: str) -> pd.DataFrame:
+    """``store.queries.ingest.ingest_sources`` (every source ingested, newest first)."""
+    from store.queries import ingest as q
+
+    with _reader(db) as con:
+        return q.ingest_sources(con)
+
+
+@_cached
+def quarantined_lines(db: str, *, limit: int = 1000) -> pd.DataFrame:
+    """``store.queries.ingest.quarantined_lines`` (newest first)."""
+    from store.queries import ingest as q
+
+    with _reader(db) as con:
+        return q.quarantined_lines(con, limit=limit)
+
+
+@_cached
+def table_row_counts(db: str) -> dict[str, int]:
+    """``store.queries.ingest.table_row_counts`` (rows per table)."""
+    from store.queries import ingest as q
+
+    with _reader(db) as con:
+        return q.table_row_counts(con)
+
+
+# --- error handling for pages ---------------------------------------------------------------
+
+_BUSY_KEY = "prefixscope.busy_retries"
+
+NO_DATABASE_HINT = (
+    "Create it with `make demo`, or ingest something: "
+    "`prefixscope ingest metrics http://localhost:8000/metrics --db {db}` or "
+    "`prefixscope ingest requests usage.jsonl --db {db}`."
+)
+
+
+def clear_cache() -> None:
+    """Forget every cached result (the sidebar's "Refresh now")."""
+    st.cache_data.clear()
+
+
+@contextlib.contextmanager
+def guard(db: str) -> Iterator[None]:
+    """Run a page body, turning the store's expected errors into messages instead of tracebacks.
+
+    - :class:`StoreLocked` (a writer held the lock past :data:`LOCK_TIMEOUT_S`): a "database
+      busy, retrying" notice, then an automatic rerun after :data:`BUSY_RETRY_DELAY_S`, up to
+      :data:`BUSY_RETRIES` times in a row.
+    - :class:`SourceUnavailable` (no database file): how to create one.
+    - :class:`SchemaMismatch` and any other :class:`PrefixscopeError`: the message, as an error.
+    """
+    try:
+        yield
+    except StoreLocked:
+        n = int(st.session_state.get(_BUSY_KEY, 0))
+        if n < BUSY_RETRIES:
+            st.session_state[_BUSY_KEY] = n + 1
+            st.warning("Database busy: an ingest is writing to it. Retrying…",
+                       icon=":material/hourglass_top:")
+            time.sleep(BUSY_RETRY_DELAY_S)
+            st.rerun()
+        st.session_state[_BUSY_KEY] = 0
+        st.warning("Database still busy after several retries: reload the page in a moment.",
+                   icon=":material/hourglass_top:")
+        return
+    except SourceUnavailable as exc:
+        st.info(f"{exc}\n\n" + NO_DATABASE_HINT.format(db=db), icon=":material/database:")
+        return
+    except SchemaMismatch as exc:
+        st.error(str(exc), icon=":material/error:")
+        return
+    except PrefixscopeError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return
+    st.session_state[_BUSY_KEY] = 0

@@ -1,0 +1,408 @@
+"""Plotly figures of the dashboard: pure functions, DataFrame in, figure out.
+
+No function here reads the store, Streamlit state or the clock; each documents the columns it
+expects (the columns the matching ``store.queries`` function returns) and returns a
+``plotly.graph_objects.Figure``. None computes a hit rate: rates arrive computed by the store's
+queries (formulas in ``docs/metrics.md``) and are only drawn. Times are Unix seconds in, UTC on
+the axes; fractions in [0, 1] are drawn on percent axes.
+
+An empty frame gives an empty figure with a "no data" note (pages normally show their own empty
+state before calling these).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboard.formatting import currency_prefix, fmt_window
+
+# A fixed qualitative palette so that one series keeps its colour across figures of a page.
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
+    "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728",
+)
+HIT_COLOUR = "#2ca02c"
+QUERY_COLOUR = "#9ecae1"
+MISS_COLOUR = "#d62728"
+THRESHOLD_COLOUR = "#d62728"
+_LAYOUT = dict(
+    margin=dict(l=10, r=10, t=50, b=10),
+    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+    hovermode="closest",
+)
+
+
+def _utc(ts_unix_s: pd.Series) -> pd.Series:
+    """Unix seconds -> naive UTC datetimes (plotly draws them as given: UTC wall time)."""
+    return pd.to_datetime(ts_unix_s.astype("float64"), unit="s", utc=True).dt.tz_localize(None)
+
+
+def series_label(df: pd.DataFrame, by: Sequence[str]) -> pd.Series:
+    """One text label per row joining the ``by`` columns: ``'tiny-llama / server-a'``.
+
+    Missing values read ``'(none)'``. With no ``by`` columns every row is ``'all'``.
+    """
+    cols = [c for c in by if c in df.columns]
+    if not cols:
+        return pd.Series(["all"] * len(df), index=df.index, dtype="object")
+    parts = [df[c].astype("object").where(df[c].notna(), "(none)").astype(str) for c in cols]
+    label = parts[0]
+    for p in parts[1:]:
+        label = label + " / " + p
+    return label
+
+
+def _colour_map(labels: Sequence[str]) -> dict[str, str]:
+    return {lab: PALETTE[i % len(PALETTE)] for i, lab in enumerate(sorted(set(labels)))}
+
+
+def _empty(title: str, note: str = "no data in this range") -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, **_LAYOUT)
+    fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=16, color="#888"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instance"),
+                       threshold: float | None = 0.5, window_s: float | None = None,
+                       title: str = "Prefix-cache hit rate") -> go.Figure:
+    """Token hit rate per window, one line per series, with the alert threshold and restarts.
+
+    Args:
+        df: rows of ``store.queries.metrics.hit_rate_by_window``: ``window_start_s`` (Unix s),
+            ``window_end_s``, the ``by`` columns, ``hit_tokens``, ``query_tokens`` (tokens),
+            ``hit_rate`` (fraction in [0, 1], NULL when no queries: drawn as a gap) and
+            ``restarts`` (counter drops in the window: marked with a red x and a dotted line).
+            Oldest first or any order (sorted here).
+        by: columns that name a series (``model``, ``instance``...).
+        threshold: fraction drawn as a dashed line (the OK/ALERT boundary), or None.
+        window_s: window length in seconds, for the title.
+        title: figure title.
+
+    Returns:
+        A line chart, x = window start (UTC), y = hit rate on a 0-100% axis.
+    """
+    suffix = f" per {fmt_window(window_s)} window" if window_s else ""
+    if df.empty:
+        return _empty(title + suffix)
+    d = df.sort_values("window_start_s").copy()
+    d["series"] = series_label(d, by)
+    d["t"] = _utc(d["window_start_s"])
+    colours = _colour_map(d["series"].tolist())
+    fig = go.Figure()
+    for label, g in d.groupby("series", sort=True):
+        fig.add_trace(go.Scatter(
+            x=g["t"], y=g["hit_rate"].astype("float64"), mode="lines+markers", name=str(label),
+            line=dict(color=colours[label], width=2), marker=dict(size=8),
+            connectgaps=False,
+            customdata=g[["hit_tokens", "query_tokens"]].astype("float64").to_numpy(),
+            hovertemplate=("%{x|%Y-%m-%d %H:%M} UTC<br>hit rate %{y:.1%}<br>"
+                           "%{customdata[0]:,.0f} of %{customdata[1]:,.0f} tokens"
+                           f"<extra>{label}</extra>"),
+        ))
+    if "restarts" in d.columns:
+        r = d[d["restarts"].fillna(0) > 0]
+        if not r.empty:
+            fig.add_trace(go.Scatter(
+                x=r["t"], y=[1.04] * len(r), mode="markers", name="restart (counter drop)",
+                marker=dict(symbol="x", size=11, color=MISS_COLOUR),
+                customdata=r[["restarts"]].astype("float64").to_numpy(),
+                hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{customdata[0]:.0f} restart(s)"
+                              "<extra>restart</extra>",
+            ))
+            for t in r["t"].unique():
+                fig.add_vline(x=pd.Timestamp(t).to_pydatetime(), line=dict(color=MISS_COLOUR,
+                              width=1, dash="dot"))
+    if threshold is not None:
+        fig.add_hline(y=float(threshold), line=dict(color=THRESHOLD_COLOUR, width=1, dash="dash"),
+                      annotation_text=f"alert below {float(threshold):.0%}",
+                      annotation_position="bottom right")
+    fig.update_layout(title=title + suffix, **_LAYOUT)
+    fig.update_yaxes(title="hit rate", range=[0, 1.08], tickformat=".0%")
+    fig.update_xaxes(title="window start (UTC)")
+    return fig
+
+
+def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instance"),
+                     window_s: float = 3600.0, title: str = "Query and hit tokens") -> go.Figure:
+    """Query tokens and hit tokens per window as bars, one panel per series.
+
+    Args:
+        df: rows of ``hit_rate_by_window``: ``window_start_s`` (Unix s), the ``by`` columns,
+            ``query_tokens`` and ``hit_tokens`` (tokens; counter increases in the window).
+        by: columns that name a series; each series gets its own panel (rows).
+        window_s: window length in seconds (bar width).
+        title: figure title.
+
+    Returns:
+        Bars: x = window start (UTC), y = tokens; query tokens light, hit tokens green, side by side.
+    """
+    if df.empty:
+        return _empty(title)
+    d = df.sort_values("window_start_s").copy()
+    d["series"] = series_label(d, by)
+    d["t"] = _utc(d["window_start_s"])
+    labels = sorted(d["series"].unique().tolist())
+    n = len(labels)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=labels,
+                        vertical_spacing=min(0.12, 0.3 / max(n, 1)))
+    width_ms = float(window_s) * 1000.0 * 0.4
+    for i, label in enumerate(labels, start=1):
+        g = d[d["series"] == label]
+        common = dict(x=g["t"], width=width_ms, showlegend=(i == 1))
+        fig.add_trace(go.Bar(
+            y=g["query_tokens"].astype("float64"), name="query tokens", marker_color=QUERY_COLOUR,
+            offset=-width_ms, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} query tokens"
+            f"<extra>{label}</extra>", **common), row=i, col=1)
+        fig.add_trace(go.Bar(
+            y=g["hit_tokens"].astype("float64"), name="hit tokens", marker_color=HIT_COLOUR,
+            offset=0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} hit tokens"
+            f"<extra>{label}</extra>", **common), row=i, col=1)
+        fig.update_yaxes(title_text="tokens", tickformat=",.0f", rangemode="tozero", row=i, col=1)
+    fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="overlay",
+                      height=max(320, 230 * n + 90), **_LAYOUT)
+    fig.update_xaxes(title_text="window start (UTC)", row=n, col=1)
+    return fig
+
+
+def request_hit_rate_histogram(df: pd.DataFrame, *, color: str = "model",
+                               bin_size: float = 0.05,
+                               title: str = "Per-request hit rate") -> go.Figure:
+    """Distribution of per-request hit rates (requests that reported cached tokens).
+
+    Args:
+        df: rows of ``store.queries.requests.request_hit_rates``: ``hit_rate`` (fraction in
+            [0, 1], cached_tokens / prompt_tokens of one request) and the ``color`` column.
+        color: column splitting the bars (stacked), e.g. ``model``.
+        bin_size: bin width as a fraction (0.05 = 5 points).
+        title: figure title.
+
+    Returns:
+        A stacked histogram, x = hit rate (0-100%), y = number of requests.
+    """
+    if df.empty:
+        return _empty(title, "no request reported cached tokens in this range")
+    d = df.copy()
+    d["series"] = series_label(d, [color])
+    colours = _colour_map(d["series"].tolist())
+    fig = go.Figure()
+    for label, g in d.groupby("series", sort=True):
+        fig.add_trace(go.Histogram(
+            x=g["hit_rate"].astype("float64"), name=str(label), marker_color=colours[label],
+            xbins=dict(start=0.0, end=1.0 + bin_size, size=bin_size),
+            hovertemplate="hit rate %{x}<br>%{y} requests" f"<extra>{label}</extra>",
+        ))
+    fig.update_layout(title=title, barmode="stack", bargap=0.05, **_LAYOUT)
+    fig.update_xaxes(title="hit rate of the request", tickformat=".0%", range=[0, 1.0 + bin_size])
+    fig.update_yaxes(title="requests", rangemode="tozero")
+    return fig
+
+
+def request_hit_rate_over_time(requests: pd.DataFrame, windows: pd.DataFrame | None = None, *,
+                               color: str = "model", window_s: float | None = None,
+                               threshold: float | None = 0.5,
+                               title: str = "Per-request hit rate over time") -> go.Figure:
+    """Each request's hit rate as a dot, and the token-weighted hit rate per window as a line.
+
+    Args:
+        requests: rows of ``request_hit_rates``: ``ts_unix_s`` (Unix s; rows with none are not
+            drawn), ``hit_rate`` (fraction), ``prompt_tokens``, ``cached_tokens``, the ``color``
+            column, ``request_id``.
+        windows: rows of ``request_hit_rate_by_window`` (``window_start_s``, the ``color`` column,
+            ``hit_rate`` = Σ cached / Σ reported prompt tokens, ``requests``), or None.
+        color: column naming the series.
+        window_s: window length in seconds, for the legend.
+        threshold: fraction drawn as a dashed line, or None.
+        title: figure title.
+
+    Returns:
+        A scatter (requests) plus lines (windows), y on a 0-100% axis.
+    """
+    have_req = not requests.empty and requests["ts_unix_s"].notna().any()
+    have_win = windows is not None and not windows.empty
+    if not have_req and not have_win:
+        return _empty(title, "no request with a time and cached tokens in this range")
+    fig = go.Figure()
+    labels: list[str] = []
+    r = requests[requests["ts_unix_s"].notna()].copy() if have_req else requests.iloc[0:0]
+    if have_req:
+        r["series"] = series_label(r, [color])
+        labels += r["series"].tolist()
+    w = None
+    if have_win:
+        w = windows.sort_values("window_start_s").copy()
+        w["series"] = series_label(w, [color])
+        labels += w["series"].tolist()
+    colours = _colour_map(labels)
+    if have_req:
+        r["t"] = _utc(r["ts_unix_s"])
+        for label, g in r.groupby("series", sort=True):
+            fig.add_trace(go.Scatter(
+                x=g["t"], y=g["hit_rate"].astype("float64"), mode="markers", name=f"{label}: requests",
+                marker=dict(color=colours[label], size=7, opacity=0.6),
+                customdata=g[["cached_tokens", "prompt_tokens"]].astype("float64").to_numpy(),
+                hovertemplate="%{x|%Y-%m-%d %H:%M:%S} UTC<br>hit rate %{y:.1%}<br>"
+                              "%{customdata[0]:,.0f} of %{customdata[1]:,.0f} prompt tokens"
+                              f"<extra>{label}</extra>",
+            ))
+    if w is not None:
+        w["t"] = _utc(w["window_start_s"])
+        name = f"per {fmt_window(window_s)} window" if window_s else "per window"
+        for label, g in w.groupby("series", sort=True):
+            fig.add_trace(go.Scatter(
+                x=g["t"], y=g["hit_rate"].astype("float64"), mode="lines+markers",
+                name=f"{label}: {name}", line=dict(color=colours[label], width=2, shape="hv"),
+                hovertemplate="window from %{x|%Y-%m-%d %H:%M} UTC<br>hit rate %{y:.1%}"
+                              f"<extra>{label}</extra>",
+            ))
+    if threshold is not None:
+        fig.add_hline(y=float(threshold), line=dict(color=THRESHOLD_COLOUR, width=1, dash="dash"))
+    fig.update_layout(title=title, **_LAYOUT)
+    fig.update_yaxes(title="hit rate", range=[-0.03, 1.05], tickformat=".0%")
+    fig.update_xaxes(title="time (UTC)")
+    return fig
+
+
+def coverage_bars(df: pd.DataFrame, *, title: str = "Requests reporting cached_tokens") -> go.Figure:
+    """Share of requests whose usage reported ``cached_tokens``, per model and instance.
+
+    Args:
+        df: rows of ``store.queries.requests.cached_tokens_coverage``: ``model``, ``instance``,
+            ``requests``, ``reported_requests`` (counts) and ``coverage`` (fraction in [0, 1]).
+        title: figure title.
+
+    Returns:
+        Horizontal bars, x = coverage (0-100%); bars under 100% are red.
+    """
+    if df.empty:
+        return _empty(title, "no requests in this range")
+    d = df.copy()
+    d["series"] = series_label(d, ["model", "instance"])
+    d = d.sort_values("series", ascending=False)
+    cov = d["coverage"].astype("float64")
+    colours = [HIT_COLOUR if c >= 0.999999 else MISS_COLOUR for c in cov.fillna(0.0)]
+    text = [f"{c:.0%} ({int(rq):,} of {int(n):,})" for c, rq, n in
+            zip(cov.fillna(0.0), d["reported_requests"], d["requests"])]
+    fig = go.Figure(go.Bar(
+        x=cov, y=d["series"], orientation="h", marker_color=colours, text=text,
+        textposition="auto", hovertemplate="%{y}<br>%{text}<extra></extra>",
+    ))
+    fig.update_layout(title=title, height=max(220, 60 * len(d) + 120), showlegend=False,
+                      **{k: v for k, v in _LAYOUT.items() if k != "legend"})
+    fig.update_xaxes(title="requests that reported cached_tokens", range=[0, 1.0], tickformat=".0%")
+    fig.update_yaxes(title=None, automargin=True)
+    return fig
+
+
+def latency_by_hit(df: pd.DataFrame, *, column: str = "ttft_ms",
+                   title: str = "Time to first token, hit vs miss") -> go.Figure:
+    """Latency of requests that hit the prefix cache beside those that missed (box plots).
+
+    Args:
+        df: rows of ``request_hit_rates``: ``cached_tokens`` (tokens; > 0 is a hit, 0 a miss)
+            and ``column`` (milliseconds; rows without a value are not drawn).
+        column: ``ttft_ms`` or ``latency_ms``.
+        title: figure title.
+
+    Returns:
+        Two boxes (hit, miss) with every point, y in milliseconds.
+    """
+    d = df[df[column].notna()] if column in df.columns else df.iloc[0:0]
+    if d.empty:
+        return _empty(title, f"no request has {column} in this range")
+    fig = go.Figure()
+    for name, mask, colour in (("hit (cached_tokens > 0)", d["cached_tokens"] > 0, HIT_COLOUR),
+                               ("miss (cached_tokens = 0)", d["cached_tokens"] == 0, MISS_COLOUR)):
+        g = d[mask]
+        if g.empty:
+            continue
+        fig.add_trace(go.Box(y=g[column].astype("float64"), name=f"{name}, {len(g):,} requests",
+                             marker_color=colour, boxpoints="all", jitter=0.4, pointpos=0,
+                             hovertemplate="%{y:,.1f} ms<extra></extra>"))
+    fig.update_layout(title=title, showlegend=False,
+                      **{k: v for k, v in _LAYOUT.items() if k != "legend"})
+    fig.update_yaxes(title=f"{column.removesuffix('_ms')} (ms)", rangemode="tozero",
+                     tickformat=",.0f")
+    return fig
+
+
+def _model_label(row: pd.Series) -> str:
+    label = str(row["model"])
+    if bool(row.get("shadow", False)):
+        label += " (shadow price)"
+    return label
+
+
+def savings_by_model_bars(df: pd.DataFrame, *, title: str = "Cost without and with the prefix cache"
+                          ) -> go.Figure:
+    """Cost without the cache beside cost with it, per model (models without a price left out).
+
+    Args:
+        df: rows of ``store.queries.savings.savings_by_model``: ``model``, ``currency``,
+            ``shadow`` (bool: a self-hosted shadow price), ``cost_without_cache``,
+            ``cost_with_cache``, ``saved`` (currency amounts), ``saved_fraction`` (fraction).
+        title: figure title.
+
+    Returns:
+        Grouped horizontal bars; the x axis names the currency when there is only one.
+    """
+    d = df[df["cost_without_cache"].notna()].copy() if not df.empty else df
+    if d.empty:
+        return _empty(title, "no priced model in this range")
+    d["label"] = d.apply(_model_label, axis=1)
+    currencies = sorted({str(c) for c in d["currency"].dropna()})
+    cur = currencies[0] if len(currencies) == 1 else None
+    unit = currency_prefix(cur) if cur else "currency"
+    fig = go.Figure()
+    for col, name, colour in (("cost_without_cache", "without cache", QUERY_COLOUR),
+                              ("cost_with_cache", "with cache", HIT_COLOUR)):
+        fig.add_trace(go.Bar(
+            y=d["label"], x=d[col].astype("float64"), name=name, orientation="h",
+            marker_color=colour,
+            text=[f"{currency_prefix(c)} {v:,.2f}".strip() for c, v in zip(d["currency"], d[col])],
+            textposition="auto",
+            hovertemplate="%{y}<br>" + name + ": %{text}<extra></extra>",
+        ))
+    fig.update_layout(title=title, barmode="group", height=max(260, 90 * len(d) + 140), **_LAYOUT)
+    fig.update_xaxes(title=f"cost ({unit})", rangemode="tozero", tickformat=",.2f")
+    fig.update_yaxes(title=None, automargin=True)
+    return fig
+
+
+def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
+                      title: str = "Saved by the prefix cache") -> go.Figure:
+    """Amount saved per window and model.
+
+    Args:
+        df: rows of ``store.queries.savings.savings_by_window``: ``window_start_s`` (Unix s),
+            ``model``, ``currency``, ``saved`` (currency amount; rows without are not drawn).
+        window_s: window length in seconds, for the title and bar width.
+        title: figure title.
+
+    Returns:
+        Bars, x = window start (UTC), y = amount saved, one colour per model and currency.
+    """
+    d = df[df["saved"].notna()].copy() if not df.empty else df
+    if d.empty:
+        return _empty(title, "no priced requests in this range")
+    d["series"] = d["model"].astype(str) + " (" + d["currency"].map(currency_prefix) + ")"
+    d["t"] = _utc(d["window_start_s"])
+    colours = _colour_map(d["series"].tolist())
+    fig = go.Figure()
+    for label, g in d.groupby("series", sort=True):
+        fig.add_trace(go.Bar(x=g["t"], y=g["saved"].astype("float64"), name=str(label),
+                             marker_color=colours[label], width=float(window_s) * 1000.0 * 0.8,
+                             hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>saved %{y:,.2f}"
+                                           f"<extra>{label}</extra>"))
+    fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="stack",
+                      **_LAYOUT)
+    fig.update_yaxes(title="saved", tickformat=",.2f", rangemode="tozero")
+    fig.update_xaxes(title="window start (UTC)")
+    return fig

@@ -1,0 +1,174 @@
+"""The shared sidebar filters: time range, model, instance, run.
+
+The router (``dashboard/app.py``) draws them once per script run with :func:`sidebar` and stores
+the result in the session; every page reads it back with :func:`current`. The pure helpers
+(:func:`quick_range`, :func:`default_range_label`, :func:`custom_range`) hold the rules and are
+unit-tested without Streamlit.
+
+Rules:
+1. Quick picks are relative to the wall clock: ``1h``, ``6h``, ``24h``, ``7d`` mean the last
+   hour, six hours... up to now; ``all`` is unbounded; ``custom`` is whole UTC days.
+2. The default pick is ``all`` when the newest stored sample or request is older than 24 h (so
+   a database built from past captures shows its data on first open), else ``24h``.
+3. An empty multiselect means "all" (None is passed to the queries), never "none".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+
+QUICK_PICKS: dict[str, float | None] = {
+    "1h": 3600.0,
+    "6h": 6 * 3600.0,
+    "24h": 86400.0,
+    "7d": 7 * 86400.0,
+    "all": None,
+}
+CUSTOM = "custom"
+RANGE_CHOICES: tuple[str, ...] = (*QUICK_PICKS, CUSTOM)
+STALE_AFTER_S = 86400.0
+PRODUCTION_RUN_LABEL = "production"
+_STATE_KEY = "prefixscope.filters"
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """The user's selection, as the query functions take it.
+
+    Attributes:
+        start_s: start of the range, Unix seconds (UTC), or None for unbounded.
+        end_s: end of the range (exclusive), Unix seconds, or None for unbounded.
+        range_label: the pick that produced the range (``1h`` ... ``all``, ``custom``).
+        models: selected model names, or None for all.
+        instances: selected instances, or None for all.
+        run_ids: selected run ids (``''`` = production traffic), or None for all.
+    """
+
+    start_s: float | None
+    end_s: float | None
+    range_label: str
+    models: tuple[str, ...] | None = None
+    instances: tuple[str, ...] | None = None
+    run_ids: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        """A one-line description for captions: ``'last 24h · 2 models · all instances'``."""
+        if self.range_label == "all":
+            when = "all time"
+        elif self.range_label == CUSTOM:
+            from dashboard.formatting import fmt_time
+
+            when = f"{fmt_time(self.start_s)} to {fmt_time(self.end_s)}"
+        else:
+            when = f"last {self.range_label}"
+
+        def part(values: tuple[str, ...] | None, noun: str) -> str:
+            if values is None:
+                return f"all {noun}s"
+            return f"{len(values)} {noun}" + ("" if len(values) == 1 else "s")
+
+        bits = [when, part(self.models, "model"), part(self.instances, "instance")]
+        if self.run_ids is not None:
+            bits.append(part(self.run_ids, "run"))
+        return " · ".join(bits)
+
+
+def quick_range(label: str, *, now_s: float) -> tuple[float | None, float | None]:
+    """The ``(start_s, end_s)`` of a quick pick relative to ``now_s`` (Unix seconds).
+
+    ``all`` gives ``(None, None)``. Raises ValueError for an unknown label.
+    """
+    if label not in QUICK_PICKS:
+        raise ValueError(f"unknown time range {label!r}; choose one of {list(QUICK_PICKS)}")
+    span = QUICK_PICKS[label]
+    if span is None:
+        return None, None
+    return now_s - span, None
+
+
+def default_range_label(max_ts_unix_s: float | None, *, now_s: float) -> str:
+    """``'all'`` when there is no data or the newest data is older than 24 h, else ``'24h'``."""
+    if max_ts_unix_s is None or now_s - float(max_ts_unix_s) > STALE_AFTER_S:
+        return "all"
+    return "24h"
+
+
+def custom_range(first_day: date, last_day: date) -> tuple[float, float]:
+    """Whole UTC days ``first_day`` to ``last_day`` inclusive as ``(start_s, end_s)``."""
+    if last_day < first_day:
+        first_day, last_day = last_day, first_day
+    start = datetime(first_day.year, first_day.month, first_day.day, tzinfo=timezone.utc)
+    end = datetime(last_day.year, last_day.month, last_day.day, tzinfo=timezone.utc) + timedelta(days=1)
+    return start.timestamp(), end.timestamp()
+
+
+def utc_day(ts_unix_s: float) -> date:
+    """The UTC calendar day of a Unix time."""
+    return datetime.fromtimestamp(float(ts_unix_s), tz=timezone.utc).date()
+
+
+def selection(values: Sequence[str]) -> tuple[str, ...] | None:
+    """A multiselect's value as a query filter: empty means all (None)."""
+    return tuple(values) if values else None
+
+
+def run_label(run_id: str) -> str:
+    """How a run id reads in the sidebar: ``''`` is production traffic."""
+    return PRODUCTION_RUN_LABEL if run_id == "" else run_id
+
+
+def sidebar(values: dict, *, now_s: float) -> Filters:
+    """Draw the filter widgets in the sidebar and return the selection (also stored in session).
+
+    Args:
+        values: ``dashboard.data.filter_values`` output: ``models``, ``instances``, ``run_ids``
+            (lists), ``min_ts_unix_s``, ``max_ts_unix_s`` (Unix s or None).
+        now_s: the wall clock, Unix seconds (for quick picks).
+    """
+    import streamlit as st
+
+    st.sidebar.header("Filters")
+    default = default_range_label(values.get("max_ts_unix_s"), now_s=now_s)
+    label = st.sidebar.radio(
+        "Time range", RANGE_CHOICES, index=RANGE_CHOICES.index(default), horizontal=True,
+        key="filter_range",
+        help="Quick picks end now. 'all' is everything stored; 'custom' is whole UTC days.",
+    )
+    if label == CUSTOM:
+        lo = values.get("min_ts_unix_s")
+        hi = values.get("max_ts_unix_s")
+        first = utc_day(lo) if lo is not None else utc_day(now_s)
+        last = utc_day(hi) if hi is not None else utc_day(now_s)
+        picked = st.sidebar.date_input("Days (UTC)", value=(first, last), key="filter_days")
+        days = tuple(picked) if isinstance(picked, (tuple, list)) else (picked,)
+        if len(days) == 1:
+            days = (days[0], days[0])
+        start_s, end_s = custom_range(days[0], days[1])
+    else:
+        start_s, end_s = quick_range(label, now_s=now_s)
+    models = st.sidebar.multiselect("Model", values.get("models") or [], key="filter_models",
+                                    placeholder="All models")
+    instances = st.sidebar.multiselect("Instance", values.get("instances") or [],
+                                       key="filter_instances", placeholder="All instances")
+    run_ids = values.get("run_ids") or []
+    runs: list[str] = []
+    if len(run_ids) > 1:
+        runs = st.sidebar.multiselect("Run", run_ids, key="filter_runs", format_func=run_label,
+                                      placeholder="All runs",
+                                      help="'production' is ingested traffic; other runs are replays.")
+    f = Filters(start_s=start_s, end_s=end_s, range_label=label, models=selection(models),
+                instances=selection(instances), run_ids=selection(runs))
+    st.session_state[_STATE_KEY] = f
+    return f
+
+
+def current() -> Filters:
+    """The selection the router stored for this script run (all data when none was stored)."""
+    import streamlit as st
+
+    f = st.session_state.get(_STATE_KEY)
+    if isinstance(f, Filters):
+        return f
+    return Filters(start_s=None, end_s=None, range_label="all")

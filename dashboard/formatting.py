@@ -1,0 +1,123 @@
+"""Number and time formatting for people: ``94.4%``, ``608,000 tokens``, ``Rs 48.64``.
+
+Values arrive in the store's units (fractions in [0, 1], token counts, currency amounts, Unix
+seconds) and are formatted only here, at the edge, so that every page writes a number the same
+way. Missing values (None or NaN: "not reported") format as an em dash, never as 0.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+MISSING = "—"
+
+# Currency codes shown with the symbol users read in the brief; anything else prints as given.
+_CURRENCY_PREFIX = {"INR": "Rs", "RS": "Rs", "USD": "$", "EUR": "€", "GBP": "£"}
+
+
+def _missing(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(math.isnan(float(value)))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value).strip().lower() in ("", "none", "nan", "null")
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float, or None when it is not a number (shown as given)."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
+    """A fraction in [0, 1] as a percent: ``0.944 -> '94.4%'``; None/NaN -> ``'—'``."""
+    if _missing(fraction):
+        return MISSING
+    x = _number(fraction)
+    return str(fraction) if x is None else f"{x * 100:.{digits}f}%"
+
+
+def fmt_int(value: float | None) -> str:
+    """A count with thousands separators: ``608000 -> '608,000'``; None/NaN -> ``'—'``."""
+    if _missing(value):
+        return MISSING
+    x = _number(value)
+    return str(value) if x is None else f"{round(x):,}"
+
+
+def fmt_tokens(value: float | None) -> str:
+    """A token count: ``608000 -> '608,000 tokens'`` (``'1 token'``); None/NaN -> ``'—'``."""
+    if _missing(value):
+        return MISSING
+    x = _number(value)
+    if x is None:
+        return f"{value} tokens"
+    n = round(x)
+    return f"{n:,} token" + ("" if n == 1 else "s")
+
+
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds with one decimal and separators: ``1234.56 -> '1,234.6'``; None -> ``'—'``."""
+    if _missing(value):
+        return MISSING
+    x = _number(value)
+    return str(value) if x is None else f"{x:,.1f}"
+
+
+def currency_prefix(currency: str | None) -> str:
+    """The symbol shown before an amount: ``'INR' -> 'Rs'``, ``'USD' -> '$'``, else the code."""
+    if not currency:
+        return ""
+    return _CURRENCY_PREFIX.get(currency.strip().upper(), currency.strip())
+
+
+def fmt_money(amount: float | None, currency: str | None) -> str:
+    """An amount with its currency, two decimals: ``(48.64, 'INR') -> 'Rs 48.64'``.
+
+    Symbols of one character attach without a space (``$1,234.50``); codes and ``Rs`` get one.
+    None/NaN -> ``'—'``.
+    """
+    if _missing(amount):
+        return MISSING
+    prefix = currency_prefix(currency)
+    value = float(amount)
+    sign = "-" if value < 0 else ""
+    body = f"{abs(value):,.2f}"
+    if not prefix:
+        return f"{sign}{body}"
+    sep = "" if len(prefix) == 1 and not prefix.isalpha() else " "
+    return f"{sign}{prefix}{sep}{body}"
+
+
+def fmt_time(ts_unix_s: float | None) -> str:
+    """Unix seconds as ``2026-11-28 10:00 UTC``; None/NaN -> ``'—'``."""
+    if _missing(ts_unix_s):
+        return MISSING
+    return datetime.fromtimestamp(float(ts_unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def fmt_age(age_s: float | None) -> str:
+    """A duration in seconds as a rough age: ``'45 s'``, ``'12 min'``, ``'5 h'``, ``'3 days'``."""
+    if _missing(age_s):
+        return MISSING
+    s = max(0.0, float(age_s))
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    if s < 36 * 3600:
+        return f"{s / 3600:.0f} h"
+    return f"{s / 86400:.0f} days"
+
+
+def fmt_window(window_s: float) -> str:
+    """A window length as its usual name: ``300 -> '5m'``, ``3600 -> '1h'``, ``86400 -> '1d'``."""
+    w = float(window_s)
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if w >= size and w % size == 0:
+            return f"{w / size:.0f}{unit}"
+    return f"{w:.0f}s"

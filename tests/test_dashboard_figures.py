@@ -1,0 +1,186 @@
+"""Pure parts of the dashboard: figures (DataFrame in, figure out), formatting, filter rules."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from dashboard import figures
+from dashboard.filters import (Filters, custom_range, default_range_label, quick_range, run_label,
+                               selection)
+from dashboard.formatting import (fmt_age, fmt_int, fmt_money, fmt_ms, fmt_pct, fmt_time, fmt_tokens,
+                                  fmt_window)
+
+T0 = 1795860000.0  # 2026-11-28T10:00:00Z
+
+
+def windows_frame() -> pd.DataFrame:
+    return pd.DataFrame({
+        "window_start_s": [T0, T0 + 3600, T0, T0 + 3600],
+        "window_end_s": [T0 + 3600, T0 + 7200, T0 + 3600, T0 + 7200],
+        "model": ["m1", "m1", "m1", "m1"],
+        "instance": ["a", "a", "b", "b"],
+        "hit_tokens": [7136, 0, 100, 608000],
+        "query_tokens": [11652, 0, 400, 644000],
+        "hit_rate": [7136 / 11652, None, 0.25, 608000 / 644000],
+        "restarts": [0, 0, 0, 1],
+        "legacy": [False, False, True, True],
+        "external_hit_tokens": [0, 0, 0, 0],
+    })
+
+
+def requests_frame() -> pd.DataFrame:
+    return pd.DataFrame({
+        "run_id": ["", "", "", "r1"],
+        "request_id": ["a", "b", "c", "d"],
+        "ts_unix_s": [T0, T0 + 1, None, T0 + 3],
+        "model": ["m1", "m1", "m2", "m2"],
+        "instance": ["i", "i", "i", "j"],
+        "endpoint": ["completions", "chat", "chat", "chat"],
+        "prompt_tokens": [611, 612, 627, 320],
+        "cached_tokens": [0, 576, 608, 288],
+        "hit_rate": [0.0, 576 / 612, 608 / 627, 0.9],
+        "ttft_ms": [None, None, None, None],
+        "latency_ms": [139.4, 85.9, 90.0, 40.0],
+        "scope": [None] * 4,
+        "tenant_digest": [None] * 4,
+    })
+
+
+def test_hit_rate_over_time_one_line_per_series_plus_restart_markers():
+    fig = figures.hit_rate_over_time(windows_frame(), by=("model", "instance"), threshold=0.5,
+                                     window_s=3600)
+    assert isinstance(fig, go.Figure)
+    names = [t.name for t in fig.data]
+    assert names == ["m1 / a", "m1 / b", "restart (counter drop)"]
+    # the NULL hit rate (no queries) is a gap, not 0
+    y = list(fig.data[0].y)
+    assert y[0] == pytest.approx(7136 / 11652) and y[1] != y[1]
+    assert fig.layout.yaxis.tickformat == ".0%"
+    assert "per 1h window" in fig.layout.title.text
+    # threshold line + one restart line
+    assert len(fig.layout.shapes) == 2
+
+
+def test_hit_rate_over_time_without_restarts_column():
+    df = windows_frame().drop(columns=["restarts"])
+    fig = figures.hit_rate_over_time(df, by=("model",), threshold=None)
+    assert [t.name for t in fig.data] == ["m1"]
+    assert len(fig.layout.shapes) == 0
+
+
+def test_tokens_over_time_panels_per_series():
+    fig = figures.tokens_over_time(windows_frame(), by=("model", "instance"), window_s=3600)
+    assert len(fig.data) == 4  # query + hit bars per series
+    assert {t.name for t in fig.data} == {"query tokens", "hit tokens"}
+    assert list(fig.data[1].y) == [7136, 0]
+
+
+def test_histogram_and_over_time():
+    req = requests_frame()
+    h = figures.request_hit_rate_histogram(req)
+    assert [t.name for t in h.data] == ["m1", "m2"]
+    assert h.layout.xaxis.tickformat == ".0%"
+    win = pd.DataFrame({"window_start_s": [T0], "model": ["m1"], "hit_rate": [576 / 1223],
+                        "requests": [2]})
+    o = figures.request_hit_rate_over_time(req, win, window_s=3600)
+    names = [t.name for t in o.data]
+    assert "m1: requests" in names and "m1: per 1h window" in names
+    # the request without a time is not drawn
+    assert sum(len(t.x) for t in o.data if t.name.endswith("requests")) == 3
+
+
+def test_coverage_bars_red_below_full():
+    cov = pd.DataFrame({"model": ["m1", "m2"], "instance": ["i", "i"], "requests": [10, 4],
+                        "reported_requests": [10, 1], "coverage": [1.0, 0.25]})
+    fig = figures.coverage_bars(cov)
+    bar = fig.data[0]
+    colours = dict(zip(bar.y, bar.marker.color))
+    assert colours["m1 / i"] == figures.HIT_COLOUR and colours["m2 / i"] == figures.MISS_COLOUR
+    assert "25% (1 of 4)" in bar.text
+
+
+def test_latency_by_hit_splits_on_cached_tokens():
+    fig = figures.latency_by_hit(requests_frame(), column="latency_ms")
+    assert [t.name for t in fig.data] == ["hit (cached_tokens > 0), 3 requests",
+                                          "miss (cached_tokens = 0), 1 requests"]
+    empty = figures.latency_by_hit(requests_frame(), column="ttft_ms")
+    assert len(empty.data) == 0 and "no request has ttft_ms" in empty.layout.annotations[0].text
+
+
+def test_savings_figures_label_shadow_prices():
+    df = pd.DataFrame({"model": ["tiny", "gpt"], "currency": ["INR", "INR"], "shadow": [True, False],
+                       "price_source": ["demo", "list"], "cost_without_cache": [68.4, None],
+                       "cost_with_cache": [19.76, None], "saved": [48.64, None],
+                       "saved_fraction": [0.711, None]})
+    fig = figures.savings_by_model_bars(df)
+    assert list(fig.data[0].y) == ["tiny (shadow price)"]
+    assert fig.data[0].text[0] == "Rs 68.40" and fig.data[1].text[0] == "Rs 19.76"
+    assert fig.layout.xaxis.title.text == "cost (Rs)"
+    w = pd.DataFrame({"window_start_s": [T0], "model": ["tiny"], "currency": ["INR"], "saved": [48.64],
+                      "cost_without_cache": [68.4], "cost_with_cache": [19.76]})
+    assert figures.savings_over_time(w).data[0].name == "tiny (Rs)"
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: figures.hit_rate_over_time(d),
+    lambda d: figures.tokens_over_time(d),
+    lambda d: figures.request_hit_rate_histogram(d),
+    lambda d: figures.request_hit_rate_over_time(d.assign(ts_unix_s=[])),
+    lambda d: figures.coverage_bars(d),
+    lambda d: figures.latency_by_hit(d),
+    lambda d: figures.savings_by_model_bars(d),
+    lambda d: figures.savings_over_time(d),
+])
+def test_empty_frames_give_a_no_data_figure(fn):
+    fig = fn(pd.DataFrame())
+    assert len(fig.data) == 0
+    assert fig.layout.annotations and "no" in fig.layout.annotations[0].text
+
+
+def test_every_figure_function_documents_its_columns():
+    import inspect
+
+    for name, fn in inspect.getmembers(figures, inspect.isfunction):
+        if name.startswith("_") or fn.__module__ != figures.__name__ or name == "series_label":
+            continue
+        doc = inspect.getdoc(fn) or ""
+        assert "df:" in doc or "requests:" in doc, f"figures.{name} does not document its DataFrame"
+
+
+def test_formatting_for_humans():
+    assert fmt_pct(0.944) == "94.4%"
+    assert fmt_pct(None) == "—" and fmt_pct(float("nan")) == "—"
+    assert fmt_pct(0) == "0.0%"  # reported 0 is not missing
+    assert fmt_int(608000) == "608,000"
+    assert fmt_tokens(608000) == "608,000 tokens" and fmt_tokens(1) == "1 token"
+    assert fmt_money(48.64, "INR") == "Rs 48.64"
+    assert fmt_money(1234.5, "USD") == "$1,234.50"
+    assert fmt_money(-2, "Rs") == "-Rs 2.00"
+    assert fmt_money(None, "INR") == "—"
+    assert fmt_ms(1234.56) == "1,234.6"
+    assert fmt_int("32") == "32" and fmt_int("None") == "—"
+    assert fmt_time(T0) == "2026-11-28 10:00 UTC"
+    assert fmt_age(45) == "45 s" and fmt_age(3 * 86400) == "3 days"
+    assert (fmt_window(300), fmt_window(3600), fmt_window(86400)) == ("5m", "1h", "1d")
+
+
+def test_filter_rules():
+    now = T0 + 10 * 86400
+    assert quick_range("1h", now_s=now) == (now - 3600, None)
+    assert quick_range("all", now_s=now) == (None, None)
+    with pytest.raises(ValueError):
+        quick_range("2h", now_s=now)
+    # data older than 24 h (or none at all) opens on "all", fresh data on "24h"
+    assert default_range_label(T0, now_s=now) == "all"
+    assert default_range_label(None, now_s=now) == "all"
+    assert default_range_label(now - 600, now_s=now) == "24h"
+    assert custom_range(date(2026, 11, 28), date(2026, 11, 28)) == (1795824000.0, 1795910400.0)
+    assert custom_range(date(2026, 11, 29), date(2026, 11, 28)) == (1795824000.0, 1795996800.0)
+    assert selection([]) is None and selection(["a"]) == ("a",)
+    assert run_label("") == "production" and run_label("r1") == "r1"
+    f = Filters(start_s=None, end_s=None, range_label="all", models=("m",))
+    assert f.describe() == "all time · 1 model · all instances"
