@@ -200,4 +200,63 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(5, "scopes: gateway decisions and version events", (
+        # One row per request decided by a cache gateway (docs/scopes.md#decision-log). Never a
+        # raw tenant id or prompt text: namespaces as 16-hex digests, content as a keyed digest.
+        """
+        CREATE TABLE IF NOT EXISTS gateway_decisions (
+            run_id                  VARCHAR NOT NULL DEFAULT '',  -- '' production; replay run id
+            request_id              VARCHAR NOT NULL,  -- joins requests.request_id
+            source_id               VARCHAR NOT NULL,
+            line                    BIGINT,
+            ts_unix_s               DOUBLE NOT NULL,   -- decision time
+            instance                VARCHAR,
+            model                   VARCHAR,
+            scope                   VARCHAR NOT NULL,  -- PUBLIC, TENANT, PRINCIPAL
+            namespace_digest        VARCHAR NOT NULL,  -- 16 hex chars of the HMAC namespace
+            decision                VARCHAR NOT NULL,  -- accept, reject, miss (no candidate)
+            first_mismatch          VARCHAR,           -- first mismatching field (reject)
+            reasons                 VARCHAR NOT NULL DEFAULT '',  -- comma list of mismatching fields
+            candidate_cached_tokens BIGINT NOT NULL,   -- tokens the candidate object could supply
+            accepted_cached_tokens  BIGINT NOT NULL,   -- tokens accepted (0 unless accept)
+            salt_applied            BOOLEAN,           -- forwarded with the derived cache_salt
+            content_digest          VARCHAR,           -- expected identity, short digests
+            model_digest            VARCHAR,
+            tokenizer_digest        VARCHAR,
+            runtime_digest          VARCHAR,
+            adapter_digest          VARCHAR,
+            prompt_bundle_digest    VARCHAR,
+            toolset_digest          VARCHAR,
+            policy_revision         BIGINT,
+            authorization_epoch     BIGINT,
+            cache_epoch             BIGINT,
+            candidate_request_id    VARCHAR,           -- request that stored the candidate
+            candidate_scope         VARCHAR,           -- candidate identity (NULL for a miss)
+            candidate_namespace_digest   VARCHAR,
+            candidate_content_digest     VARCHAR,
+            candidate_model_digest       VARCHAR,
+            candidate_tokenizer_digest   VARCHAR,
+            candidate_runtime_digest     VARCHAR,
+            candidate_adapter_digest     VARCHAR,
+            candidate_prompt_bundle_digest VARCHAR,
+            candidate_toolset_digest     VARCHAR,
+            candidate_policy_revision    BIGINT,
+            candidate_authorization_epoch BIGINT,
+            candidate_cache_epoch        BIGINT,
+            PRIMARY KEY (run_id, request_id)
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS gateway_events (
+            event_id          VARCHAR PRIMARY KEY,  -- sha256 of (run_id, ts, event, namespace, value)
+            run_id            VARCHAR NOT NULL DEFAULT '',
+            source_id         VARCHAR NOT NULL,
+            line              BIGINT,
+            ts_unix_s         DOUBLE NOT NULL,
+            event             VARCHAR NOT NULL,     -- model_upgrade, tokenizer_upgrade, ...
+            namespace_digest  VARCHAR,              -- affected namespace (NULL: all)
+            new_value         VARCHAR               -- new short digest or epoch/revision number
+        )
+        """,
+    )),
 )
