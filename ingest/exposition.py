@@ -1,0 +1,579 @@
+"""vLLM ``/metrics`` expositions (Prometheus text format 0.0.4) into ``metric_samples``.
+
+A source is a ``/metrics`` URL (scraped with httpx, once or every N seconds) or a saved
+exposition file (stamped with its modification time or a given time). Lines are parsed by
+``prometheus_client.parser.text_string_to_metric_families``, **one line at a time**, so that a
+malformed line is quarantined with its line number while every good line is kept (the parser
+gives up on the whole text at the first bad line).
+
+What is kept (see :data:`COUNTER_FAMILIES`, :data:`HISTOGRAM_FAMILIES`, :data:`GAUGE_FAMILIES`;
+names as exposed by vLLM 0.32/0.33, ``vllm/v1/metrics/loggers.py``):
+
+1. Counters (tokens unless noted): ``vllm:prefix_cache_queries_total``, ``..._hits_total``,
+   ``vllm:external_prefix_cache_queries_total`` / ``..._hits_total``, ``vllm:prompt_tokens_total``,
+   ``vllm:prompt_tokens_by_source_total``, ``vllm:prompt_tokens_cached_total``,
+   ``vllm:prompt_tokens_cached_by_source_total``, ``vllm:request_success_total`` (requests),
+   ``vllm:num_preemptions_total`` (preemptions).
+2. Histograms (``_bucket``, ``_sum``, ``_count``): ``vllm:time_to_first_token_seconds``,
+   ``vllm:request_prefill_kv_computed_tokens``.
+3. Gauges: ``vllm:kv_cache_usage_perc`` (fraction 0..1), ``vllm:cache_config_info`` (fixed 1;
+   the cache configuration is in its labels).
+4. Legacy names (vLLM < 0.11) mapped to the canonical ones with ``legacy=TRUE``:
+   ``vllm:gpu_prefix_cache_queries_total``, ``vllm:gpu_prefix_cache_hits_total``,
+   ``vllm:gpu_cache_usage_perc``. The V0 gauges ``vllm:gpu_prefix_cache_hit_rate`` and
+   ``vllm:cpu_prefix_cache_hit_rate`` are stored under their own names and never used as a hit
+   rate. A source that shows legacy names gets the note :data:`LEGACY_NOTE`.
+
+Created-zero samples: prometheus_client exposes each counter's (and histogram's) creation time
+as a separate gauge ``<family>_created`` (0.0.4 text format). For every kept counter or
+histogram series with a ``_created`` time earlier than the scrape, a sample of value 0 is stored
+at the created time with ``created_zero=TRUE``, like Prometheus' created-timestamp zero
+ingestion. So the first scrape after a (re)start counts the tokens since the start, and a
+restart is seen even when the counter has already grown past its old value. See
+``docs/metrics.md#created-zero``.
+
+Labels: every label except ``instance`` and ``job``, as sorted-key JSON; ``model`` and
+``engine`` columns come from ``model_name`` and ``engine``. ``instance`` is the URL's
+host:port, or ``--instance``, or the file name stem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import duckdb
+from prometheus_client.parser import text_string_to_metric_families
+
+from ingest.bookkeeping import (
+    IngestSummary,
+    Quarantined,
+    new_ingest_run_id,
+    record_quarantine,
+    record_run,
+    source_id_for,
+    upsert_source,
+)
+from prefixscope.errors import NothingIngested, SourceUnavailable
+
+LEGACY_NOTE = "legacy metric names (vllm:gpu_prefix_cache_*): vLLM < 0.11"
+V0_GAUGE_NOTE = ("V0 gauge vllm:gpu_prefix_cache_hit_rate stored for reference, never used as "
+                 "a hit rate (hit rates come from counter increases)")
+NOTHING_NOTE = "no vLLM prefix-cache metrics in this exposition (is it a vLLM /metrics page?)"
+
+#: Counter families (name without ``_total``) kept as they are exposed.
+COUNTER_FAMILIES: tuple[str, ...] = (
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits",
+    "vllm:prompt_tokens",
+    "vllm:prompt_tokens_by_source",
+    "vllm:prompt_tokens_cached",
+    "vllm:prompt_tokens_cached_by_source",
+    "vllm:request_success",
+    "vllm:num_preemptions",
+)
+#: Histogram families kept with their ``_bucket``, ``_sum`` and ``_count`` series.
+HISTOGRAM_FAMILIES: tuple[str, ...] = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:request_prefill_kv_computed_tokens",
+)
+#: Gauge families kept as they are exposed.
+GAUGE_FAMILIES: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "vllm:cache_config_info")
+#: Legacy counter families (vLLM < 0.11) -> canonical family.
+LEGACY_COUNTERS: dict[str, str] = {
+    "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",
+    "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
+}
+#: Legacy gauges -> stored name. The V0 hit-rate gauges keep their names (never used).
+LEGACY_GAUGES: dict[str, str] = {
+    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "vllm:gpu_prefix_cache_hit_rate": "vllm:gpu_prefix_cache_hit_rate",
+    "vllm:cpu_prefix_cache_hit_rate": "vllm:cpu_prefix_cache_hit_rate",
+}
+V0_HIT_RATE_GAUGES = frozenset({"vllm:gpu_prefix_cache_hit_rate", "vllm:cpu_prefix_cache_hit_rate"})
+
+QUERIES_METRIC = "vllm:prefix_cache_queries_total"
+HITS_METRIC = "vllm:prefix_cache_hits_total"
+EXTERNAL_QUERIES_METRIC = "vllm:external_prefix_cache_queries_total"
+EXTERNAL_HITS_METRIC = "vllm:external_prefix_cache_hits_total"
+CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+
+_DROPPED_LABELS = frozenset({"instance", "job"})
+_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    metric: str        # canonical sample name stored
+    family: str        # canonical family (the key of its _created time)
+    kind: str          # counter, histogram, gauge
+    legacy: bool
+
+
+def _build_specs() -> tuple[dict[str, _Spec], dict[str, tuple[str, bool]]]:
+    samples: dict[str, _Spec] = {}
+    created: dict[str, tuple[str, bool]] = {}
+    for fam in COUNTER_FAMILIES:
+        samples[fam + "_total"] = _Spec(fam + "_total", fam, "counter", False)
+        created[fam + "_created"] = (fam, False)
+    for raw, fam in LEGACY_COUNTERS.items():
+        samples[raw + "_total"] = _Spec(fam + "_total", fam, "counter", True)
+        created[raw + "_created"] = (fam, True)
+    for fam in HISTOGRAM_FAMILIES:
+        for suffix in ("_bucket", "_sum", "_count"):
+            samples[fam + suffix] = _Spec(fam + suffix, fam, "histogram", False)
+        created[fam + "_created"] = (fam, False)
+    for fam in GAUGE_FAMILIES:
+        samples[fam] = _Spec(fam, fam, "gauge", False)
+    for raw, fam in LEGACY_GAUGES.items():
+        samples[raw] = _Spec(fam, fam, "gauge", True)
+    return samples, created
+
+
+_SAMPLE_SPECS, _CREATED_SPECS = _build_specs()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSample:
+    """One stored sample (a row of ``metric_samples``).
+
+    Attributes:
+        metric: canonical sample name, e.g. ``vllm:prefix_cache_hits_total``.
+        labels: sorted-key JSON of every label but ``instance``/``job`` (``le`` included).
+        instance: scrape target host:port, or the name given to a file.
+        model: label ``model_name`` (None when absent).
+        engine: label ``engine`` (data-parallel rank as a string; None when absent).
+        ts_unix_s: scrape time (or the sample's own timestamp), or the counter's created time
+            for a created-zero sample; Unix seconds.
+        value: sample value (tokens for the token counters; fraction for kv_cache_usage_perc).
+        raw_metric: the name as exposed (differs from ``metric`` for legacy names).
+        legacy: exposed under a legacy (vLLM < 0.11) name.
+        created_zero: a 0 placed at the counter's ``_created`` time.
+    """
+
+    metric: str
+    labels: str
+    instance: str
+    model: str | None
+    engine: str | None
+    ts_unix_s: float
+    value: float
+    raw_metric: str
+    legacy: bool = False
+    created_zero: bool = False
+
+    def row(self, source_id: str) -> tuple:
+        """The sample as a ``metric_samples`` row (column order of
+        :data:`store.queries.metrics.METRIC_SAMPLE_COLUMNS`)."""
+        return (self.metric, self.labels, self.instance, self.model, self.engine, self.ts_unix_s,
+                self.value, self.raw_metric, self.legacy, self.created_zero, source_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpositionRead:
+    """The parse of one exposition (one scrape): kept samples, quarantined lines, notes.
+
+    Attributes:
+        location: URL or file path as given.
+        instance: instance name the samples carry.
+        ts_unix_s: scrape time, Unix seconds.
+        samples: kept samples, created-zero samples included, in line order.
+        problems: malformed or unusable lines (file:line, field, reason).
+        notes: user-visible notes (legacy names, V0 gauge, nothing kept).
+        lines: number of lines in the exposition.
+    """
+
+    location: str
+    instance: str
+    ts_unix_s: float
+    samples: tuple[MetricSample, ...]
+    problems: tuple[Quarantined, ...]
+    notes: tuple[str, ...]
+    lines: int
+
+    @property
+    def legacy(self) -> bool:
+        """True when any kept sample came from a legacy (vLLM < 0.11) name."""
+        return any(s.legacy for s in self.samples)
+
+    @property
+    def note(self) -> str | None:
+        """The notes joined with ``; `` (None when there are none)."""
+        return "; ".join(self.notes) or None
+
+
+@dataclass(frozen=True, slots=True)
+class RawScrape:
+    """The text of one source and when it was taken.
+
+    Attributes:
+        location: URL or file path as given.
+        kind: ``metrics-url`` or ``metrics-file``.
+        text: the exposition text.
+        ts_unix_s: scrape start time (URL), or the file's mtime or the given time.
+        default_instance: host:port of the URL, or the file name stem.
+    """
+
+    location: str
+    kind: str
+    text: str
+    ts_unix_s: float
+    default_instance: str
+
+
+def is_url(source: str) -> bool:
+    """True for ``http://`` and ``https://`` sources."""
+    return source.startswith(("http://", "https://"))
+
+
+def instance_for_url(url: str) -> str:
+    """``host:port`` of a URL (port 80/443 by scheme when absent), as Prometheus' ``instance``."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float = 10.0,
+                client=None) -> RawScrape:
+    """Read one exposition: GET a URL (httpx) or read a file.
+
+    Args:
+        source: ``http(s)://.../metrics`` or a file path.
+        at_unix_s: time to stamp the samples with (default: scrape start for a URL, the file's
+            modification time for a file).
+        timeout_s: HTTP timeout, seconds.
+        client: an ``httpx.Client`` to reuse (a scrape loop keeps one).
+
+    Returns:
+        A :class:`RawScrape`.
+
+    Raises:
+        SourceUnavailable: the URL did not answer 200, or the file cannot be read (the message
+            names the source and why).
+    """
+    if is_url(source):
+        import httpx
+
+        ts = time.time() if at_unix_s is None else at_unix_s
+        try:
+            if client is not None:
+                resp = client.get(source, headers={"Accept": _ACCEPT}, timeout=timeout_s)
+            else:
+                resp = httpx.get(source, headers={"Accept": _ACCEPT}, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise SourceUnavailable(f"cannot scrape {source}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            raise SourceUnavailable(f"cannot scrape {source}: HTTP {resp.status_code}")
+        return RawScrape(source, "metrics-url", resp.text, ts, instance_for_url(source))
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        ts = path.stat().st_mtime if at_unix_s is None else at_unix_s
+    except OSError as exc:
+        raise SourceUnavailable(f"cannot read {source}: {exc.strerror or exc}") from exc
+    return RawScrape(source, "metrics-file", text, ts, path.stem)
+
+
+def _labels_json(labels: dict[str, str], *, drop: Iterable[str] = ()) -> str:
+    dropped = _DROPPED_LABELS.union(drop)
+    return json.dumps({k: labels[k] for k in sorted(labels) if k not in dropped},
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def _reason(exc: Exception, comment: str | None) -> str:
+    if comment:
+        return f"malformed # {comment} line"
+    msg = str(exc)
+    if "label" in msg.lower() or "quote" in msg.lower():
+        return "malformed sample line: invalid label set"
+    if "float" in msg or "Invalid value" in msg:
+        return "malformed sample line: missing or invalid value"
+    if "metric name" in msg:
+        return "malformed sample line: invalid metric name"
+    return "malformed sample line: not Prometheus text format"
+
+
+def _name_of(line: str) -> str | None:
+    head = line.split("{", 1)[0].split(None, 1)
+    name = head[0] if head else ""
+    return name[:200] or None
+
+
+def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float) -> ExpositionRead:
+    """Parse an exposition into the samples a hit-rate board needs (pure: no I/O).
+
+    Every line is given to prometheus_client's text parser on its own; a line it rejects is
+    quarantined (line number, metric name, reason) and the others are kept. Kept samples of a
+    counter or histogram with a non-finite or negative value are quarantined too.
+
+    Args:
+        text: Prometheus text format 0.0.4 (OpenMetrics text mostly parses too).
+        location: URL or file path, for quarantine entries.
+        instance: the instance name to store.
+        ts_unix_s: scrape time, Unix seconds (a sample's own timestamp overrides it).
+
+    Returns:
+        An :class:`ExpositionRead` with the kept samples (canonical names; created-zero
+        samples added) and the problems.
+    """
+    problems: list[Quarantined] = []
+    kept: list[tuple[_Spec, dict[str, str], float, float, str]] = []
+    created: dict[tuple[str, str], float] = {}
+    saw_v0 = False
+    lines = text.splitlines()
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 2 and parts[1] in ("HELP", "TYPE"):
+                try:
+                    list(text_string_to_metric_families(line + "\n"))
+                except Exception as exc:  # noqa: BLE001 - the parser raises several types
+                    problems.append(Quarantined(location, lineno, _reason(exc, parts[1]),
+                                                parts[2][:200] if len(parts) > 2 else None))
+            continue
+        try:
+            families = list(text_string_to_metric_families(line + "\n"))
+            sample = families[0].samples[0]
+        except Exception as exc:  # noqa: BLE001
+            problems.append(Quarantined(location, lineno, _reason(exc, None), _name_of(line)))
+            continue
+        name, labels, value = sample.name, dict(sample.labels), float(sample.value)
+        ts = float(sample.timestamp) if sample.timestamp is not None else ts_unix_s
+        cspec = _CREATED_SPECS.get(name)
+        if cspec is not None:
+            if math.isfinite(value) and value > 0:
+                created[(cspec[0], _labels_json(labels, drop=("le",)))] = value
+            else:
+                problems.append(Quarantined(location, lineno, "created time is not a positive "
+                                            "finite number", name))
+            continue
+        spec = _SAMPLE_SPECS.get(name)
+        if spec is None:
+            continue
+        if spec.kind in ("counter", "histogram") and (not math.isfinite(value) or value < 0):
+            problems.append(Quarantined(location, lineno, f"{spec.kind} value is not a finite "
+                                        "number >= 0", name))
+            continue
+        if name in V0_HIT_RATE_GAUGES:
+            saw_v0 = True
+        kept.append((spec, labels, ts, value, name))
+
+    by_key: dict[tuple[str, str, float], MetricSample] = {}
+    zeros: dict[tuple[str, str], MetricSample] = {}
+    for spec, labels, ts, value, name in kept:
+        labels_json = _labels_json(labels)
+        s = MetricSample(spec.metric, labels_json, instance, labels.get("model_name"),
+                         labels.get("engine"), ts, value, name, spec.legacy, False)
+        key = (spec.metric, labels_json, ts)
+        prior = by_key.get(key)
+        if prior is not None and not prior.legacy:
+            continue  # a canonical name beats its legacy alias in the same scrape
+        by_key[key] = s
+        if spec.kind in ("counter", "histogram"):
+            c = created.get((spec.family, _labels_json(labels, drop=("le",))))
+            if c is not None and c < ts and (spec.metric, labels_json) not in zeros:
+                zeros[(spec.metric, labels_json)] = MetricSample(
+                    spec.metric, labels_json, instance, s.model, s.engine, c, 0.0, name,
+                    spec.legacy, True)
+    samples = tuple(zeros.values()) + tuple(by_key.values())
+    notes: list[str] = []
+    if any(s.legacy for s in samples):
+        notes.append(LEGACY_NOTE)
+    if saw_v0:
+        notes.append(V0_GAUGE_NOTE)
+    if not samples:
+        notes.append(NOTHING_NOTE)
+    return ExpositionRead(location, instance, ts_unix_s, samples, tuple(problems), tuple(notes),
+                          len(lines))
+
+
+def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: str,
+                 started_unix_s: float | None = None) -> IngestSummary:
+    """Write one parsed exposition in one transaction: samples, quarantine, source and run.
+
+    Safe to run twice: the primary key (metric, labels, instance, ts_unix_s) makes a repeated
+    scrape add no rows (they count as duplicates).
+
+    Returns:
+        The :class:`~ingest.bookkeeping.IngestSummary` (``rows_read`` counts kept samples,
+        created-zero samples included).
+    """
+    from store.queries.metrics import insert_metric_samples
+
+    started = time.time() if started_unix_s is None else started_unix_s
+    source_id = source_id_for(kind, read.location)
+    run_id = new_ingest_run_id()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        added = insert_metric_samples(con, [s.row(source_id) for s in read.samples])
+        record_quarantine(con, source_id=source_id, ingest_run_id=run_id,
+                          entries=list(read.problems))
+        summary = IngestSummary(read.location, kind, len(read.samples), added,
+                                len(read.samples) - added, len(read.problems), read.note)
+        upsert_source(con, source_id=source_id, kind=kind, location=read.location,
+                      rows_added=added, note=read.note)
+        status = "ok" if not read.problems else ("partial" if read.samples else "failed")
+        record_run(con, source_id=source_id, kind=kind, started_unix_s=started, summary=summary,
+                   status=status, ingest_run_id=run_id)
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return summary
+
+
+def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: str | None = None,
+                      at_unix_s: float | None = None) -> IngestSummary:
+    """Read, parse and store one exposition (file or URL) on an open read-write connection.
+
+    Args:
+        con: read-write connection, not inside a transaction.
+        source: ``/metrics`` URL or exposition file path.
+        instance: instance name (default: the URL's host:port or the file name stem).
+        at_unix_s: time to stamp the scrape with (default: now for a URL, mtime for a file).
+
+    Returns:
+        The :class:`~ingest.bookkeeping.IngestSummary` of the scrape.
+
+    Raises:
+        SourceUnavailable: the source cannot be read at all.
+    """
+    raw = read_source(source, at_unix_s=at_unix_s)
+    read = fetch_samples(raw.text, location=source, instance=instance or raw.default_instance,
+                         ts_unix_s=raw.ts_unix_s)
+    return save_samples(con, read, kind=raw.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeOutcome:
+    """One stored scrape: its summary and the lines it quarantined (file:line, field, reason)."""
+
+    summary: IngestSummary
+    problems: tuple[Quarantined, ...] = ()
+
+
+def nothing_error(outcomes: Sequence[ScrapeOutcome], errors: Sequence[str]) -> NothingIngested:
+    """The error for "no source gave a kept sample", listing each source's reason."""
+    reasons = list(errors) + [f"{o.summary.source}: {o.summary.note or 'nothing kept'}"
+                              for o in outcomes if o.summary.rows_read == 0]
+    return NothingIngested("nothing could be read: " + "; ".join(reasons))
+
+
+def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None = None,
+                   at_unix_s: float | None = None) -> tuple[list[ScrapeOutcome], list[str]]:
+    """One scrape of every source, each stored in its own short write transaction.
+
+    Returns:
+        ``(outcomes, errors)``: one :class:`ScrapeOutcome` per readable source in the given
+        order, and one message per source that could not be read.
+
+    Raises:
+        NothingIngested: no source gave a single kept sample (the message lists each reason).
+    """
+    from store import db as store_db
+
+    outcomes: list[ScrapeOutcome] = []
+    errors: list[str] = []
+    for source in sources:
+        try:
+            raw = read_source(source, at_unix_s=at_unix_s)
+        except SourceUnavailable as exc:
+            errors.append(str(exc))
+            continue
+        read = fetch_samples(raw.text, location=source,
+                             instance=instance or raw.default_instance, ts_unix_s=raw.ts_unix_s)
+        with store_db.writer(db_path) as con:
+            outcomes.append(ScrapeOutcome(save_samples(con, read, kind=raw.kind), read.problems))
+    if not any(o.summary.rows_read > 0 for o in outcomes):
+        raise nothing_error(outcomes, errors)
+    return outcomes, errors
+
+
+@dataclass
+class ScrapeLoopResult:
+    """What a scrape loop did: every stored scrape, and the failures (one message each)."""
+
+    outcomes: list[ScrapeOutcome] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    rounds: int = 0
+
+
+def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
+                instance: str | None = None, max_scrapes: int | None = None,
+                stop: threading.Event | None = None,
+                on_scrape: Callable[[ScrapeOutcome], None] | None = None,
+                on_error: Callable[[str], None] | None = None,
+                timeout_s: float | None = None) -> ScrapeLoopResult:
+    """Scrape every source every ``every_s`` seconds until stopped.
+
+    Each round reads every source over HTTP first, then stores each scrape in its own short
+    write transaction (the database lock is held for milliseconds; see ``store/db.py``). Rounds
+    start at ``t0 + k * every_s``; a round that overruns skips the missed starts. A source that
+    fails in a round is reported through ``on_error`` and retried next round.
+
+    Args:
+        db_path: DuckDB file.
+        sources: URLs (files work too, each round re-reads them).
+        every_s: seconds between round starts (> 0).
+        instance: instance name for every source (default: host:port per URL).
+        max_scrapes: stop after this many rounds (None: until ``stop`` or KeyboardInterrupt).
+        stop: an event that ends the loop (set by a SIGTERM handler in the CLI).
+        on_scrape, on_error: callbacks per stored scrape / per failure.
+        timeout_s: HTTP timeout (default ``min(10, every_s)``).
+
+    Returns:
+        A :class:`ScrapeLoopResult`.
+    """
+    import httpx
+
+    from store import db as store_db
+
+    if every_s <= 0:
+        raise ValueError("every_s must be > 0")
+    stop = stop or threading.Event()
+    result = ScrapeLoopResult()
+    t0 = time.monotonic()
+    k = 0
+    with httpx.Client() as client:
+        try:
+            while not stop.is_set():
+                for source in sources:
+                    try:
+                        raw = read_source(source, client=client,
+                                          timeout_s=timeout_s or min(10.0, every_s))
+                    except SourceUnavailable as exc:
+                        result.errors.append(str(exc))
+                        if on_error:
+                            on_error(str(exc))
+                        continue
+                    read = fetch_samples(raw.text, location=source,
+                                         instance=instance or raw.default_instance,
+                                         ts_unix_s=raw.ts_unix_s)
+                    with store_db.writer(db_path) as con:
+                        outcome = ScrapeOutcome(save_samples(con, read, kind=raw.kind),
+                                                read.problems)
+                    result.outcomes.append(outcome)
+                    if on_scrape:
+                        on_scrape(outcome)
+                result.rounds += 1
+                if max_scrapes is not None and result.rounds >= max_scrapes:
+                    break
+                k = max(k + 1, int((time.monotonic() - t0) / every_s) + 1)
+                stop.wait(max(0.0, t0 + k * every_s - time.monotonic()))
+        except KeyboardInterrupt:
+            pass
+    return result

@@ -1,0 +1,400 @@
+"""Queries on vLLM counter and gauge samples: hit rate per window, counter increases, cache config.
+
+The rules (``docs/metrics.md``; vLLM's counters: ``vllm/v1/metrics/loggers.py``, 0.32/0.33):
+
+1. A **series** is (metric, labels, instance). Its samples are ordered by ``ts_unix_s``.
+2. The **increase** of a sample is ``value - previous value`` of the same series; when the value
+   dropped (a restart) it is the new ``value`` (counting from 0), never negative. The first
+   sample of a series has no increase.
+3. An increase is attributed to the window that contains the **later** sample. No
+   extrapolation, no interpolation: the tokens counted between a sample before a gap and the
+   first sample after it all land in the window of the latter.
+4. A window is ``[origin_s + k * window_s, origin_s + (k + 1) * window_s)``; ``start_s`` and
+   ``end_s`` clip on the later sample's time (``start_s <= ts < end_s``), while the previous
+   sample may lie before ``start_s``. Windows without any sample are absent (not zero).
+5. Hits and queries are summed over series (engines, instances) in a group, then
+   ``hit_rate = sum(hits increases) / sum(queries increases)``, NULL when no query tokens.
+   Never a ratio of cumulative totals, never a gauge.
+
+Relation to PromQL: for a window [a, b), ``sum of increases`` equals Prometheus'
+``increase()`` **without extrapolation** over a range that starts at the last sample before
+``a`` and ends at the last sample before ``b`` (Prometheus' own counter-reset rule also counts a
+drop as the new value). Summed over consecutive windows it equals the total increase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from prefixscope.errors import UsageError
+
+QUERIES_METRIC = "vllm:prefix_cache_queries_total"
+HITS_METRIC = "vllm:prefix_cache_hits_total"
+EXTERNAL_HITS_METRIC = "vllm:external_prefix_cache_hits_total"
+CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+
+#: Column order of rows given to :func:`insert_metric_samples`.
+METRIC_SAMPLE_COLUMNS: tuple[str, ...] = (
+    "metric", "labels", "instance", "model", "engine", "ts_unix_s", "value", "raw_metric",
+    "legacy", "created_zero", "source_id",
+)
+_BY_ALLOWED = ("model", "instance", "engine")
+
+
+def _by_columns(by: Sequence[str]) -> list[str]:
+    cols = list(by)
+    for c in cols:
+        if c not in _BY_ALLOWED:
+            raise UsageError(f"cannot group counters by {c!r}: use one of {', '.join(_BY_ALLOWED)}")
+    if len(set(cols)) != len(cols):
+        raise UsageError(f"repeated grouping column in {cols}")
+    return cols
+
+
+def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) -> int:
+    """Insert sample rows (tuples in :data:`METRIC_SAMPLE_COLUMNS` order); rows whose key
+    (metric, labels, instance, ts_unix_s) already exists are skipped.
+
+    Runs inside the caller's transaction.
+
+    Returns:
+        The number of rows added.
+    """
+    if not rows:
+        return 0
+    df = pd.DataFrame.from_records(list(rows), columns=list(METRIC_SAMPLE_COLUMNS))
+    df = df.astype({"metric": object, "labels": object, "instance": object, "model": object,
+                    "engine": object, "ts_unix_s": "float64", "value": "float64",
+                    "raw_metric": object, "legacy": bool, "created_zero": bool,
+                    "source_id": object})
+    cols = ", ".join(METRIC_SAMPLE_COLUMNS)
+    con.register("_prefixscope_samples_in", df)
+    try:
+        added = con.execute(
+            f"INSERT INTO metric_samples ({cols}) SELECT {cols} FROM _prefixscope_samples_in "
+            "ON CONFLICT DO NOTHING").fetchone()[0]
+    finally:
+        con.unregister("_prefixscope_samples_in")
+    return int(added)
+
+
+def _filters(*, models: Sequence[str] | None, instances: Sequence[str] | None,
+             end_s: float | None) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if models is not None:
+        clauses.append("list_contains(?::VARCHAR[], model)")
+        params.append(list(models))
+    if instances is not None:
+        clauses.append("list_contains(?::VARCHAR[], instance)")
+        params.append(list(instances))
+    if end_s is not None:
+        clauses.append("ts_unix_s < ?")
+        params.append(float(end_s))
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: float | None,
+                   models: Sequence[str] | None,
+                   instances: Sequence[str] | None) -> tuple[str, list[Any]]:
+    """SQL defining CTE ``inc``: one row per sample that has a predecessor in its series,
+    with columns metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy, increase,
+    is_reset. Implements rules 1-4 of the module docstring."""
+    where, params = _filters(models=models, instances=instances, end_s=end_s)
+    start_clause = ""
+    start_params: list[Any] = []
+    if start_s is not None:
+        start_clause = " AND ts_unix_s >= ?"
+        start_params = [float(start_s)]
+    sql = f"""
+        base AS (
+            SELECT metric, labels, instance, model, engine, ts_unix_s, value, legacy
+            FROM metric_samples
+            WHERE list_contains(?::VARCHAR[], metric){where}
+        ),
+        steps AS (
+            SELECT metric, instance, model, engine, ts_unix_s, value, legacy,
+                   lag(value) OVER w AS prev_value,
+                   lag(ts_unix_s) OVER w AS prev_ts_unix_s
+            FROM base
+            WINDOW w AS (PARTITION BY metric, labels, instance ORDER BY ts_unix_s)
+        ),
+        inc AS (
+            SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy,
+                   CASE WHEN value < prev_value THEN value ELSE value - prev_value END AS increase,
+                   value < prev_value AS is_reset
+            FROM steps
+            WHERE prev_value IS NOT NULL{start_clause}
+        )"""
+    return sql, [list(metrics), *params, *start_params]
+
+
+def _window_expr() -> str:
+    return "(? + floor((ts_unix_s - ?) / ?) * ?)"
+
+
+def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                       end_s: float | None = None, window_s: float = 3600,
+                       by: Sequence[str] = ("model", "instance"),
+                       models: Sequence[str] | None = None,
+                       instances: Sequence[str] | None = None,
+                       origin_s: float = 0.0) -> pd.DataFrame:
+    """Token-weighted prefix-cache hit rate per window from counter increases.
+
+    ``hit_tokens`` = sum of increases of ``vllm:prefix_cache_hits_total`` and ``query_tokens``
+    = sum of increases of ``vllm:prefix_cache_queries_total`` over the series of the group whose
+    later sample falls in the window (rules in the module docstring).
+
+    Args:
+        start_s, end_s: keep increases whose later sample has ``start_s <= ts < end_s``
+            (Unix seconds; None = unbounded).
+        window_s: window length in seconds (300, 3600, 86400 on the dashboard).
+        by: grouping columns, any of ``model``, ``instance``, ``engine`` (may be empty).
+        models, instances: filters (None = all).
+        origin_s: windows start at ``origin_s + k * window_s`` (0 = aligned to the UTC epoch).
+
+    Returns:
+        DataFrame ordered by window then group: ``window_start_s, window_end_s, <by>,
+        hit_tokens, query_tokens`` (tokens, BIGINT), ``hit_rate`` (fraction, NaN/None when
+        ``query_tokens`` is 0), ``restarts`` (drops seen in the queries counter's series),
+        ``legacy`` (any sample came from a ``vllm:gpu_prefix_cache_*`` name),
+        ``external_hit_tokens`` (increase of ``vllm:external_prefix_cache_hits_total``; local
+        plus external hit rate = (hit + external) / query).
+
+    Raises:
+        UsageError: unknown grouping column or ``window_s <= 0``.
+    """
+    if window_s <= 0:
+        raise UsageError("window_s must be > 0")
+    cols = _by_columns(by)
+    cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC, EXTERNAL_HITS_METRIC),
+                                 start_s=start_s, end_s=end_s, models=models, instances=instances)
+    sel = "".join(f", {c}" for c in cols)
+    sql = f"""
+        WITH {cte},
+        win AS (
+            SELECT {_window_expr()} AS window_start_s{sel}, metric, increase, is_reset, legacy
+            FROM inc
+        ),
+        agg AS (
+            SELECT window_start_s{sel},
+                   coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS hits,
+                   coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS queries,
+                   coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS external_hits,
+                   count(*) FILTER (WHERE metric = ? AND is_reset) AS restarts,
+                   bool_or(legacy) FILTER (WHERE metric <> ?) AS legacy
+            FROM win
+            GROUP BY ALL
+        )
+        SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
+               CAST(round(hits) AS BIGINT) AS hit_tokens,
+               CAST(round(queries) AS BIGINT) AS query_tokens,
+               CASE WHEN queries > 0 THEN hits / queries END AS hit_rate,
+               restarts,
+               coalesce(legacy, false) AS legacy,
+               CAST(round(external_hits) AS BIGINT) AS external_hit_tokens
+        FROM agg
+        ORDER BY window_start_s{sel}
+    """
+    w = float(window_s)
+    o = float(origin_s)
+    all_params = [*params, o, o, w, w, HITS_METRIC, QUERIES_METRIC, EXTERNAL_HITS_METRIC,
+                  QUERIES_METRIC, EXTERNAL_HITS_METRIC, w]
+    return con.execute(sql, all_params).df()
+
+
+def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                    end_s: float | None = None, by: Sequence[str] = ("model",),
+                    models: Sequence[str] | None = None,
+                    instances: Sequence[str] | None = None) -> pd.DataFrame:
+    """Hit rate over a whole time range per group (one row per group).
+
+    Same increases as :func:`hit_rate_by_window` (its windows summed), so
+    ``hit_rate = sum(hit increases) / sum(query increases)`` over the range.
+
+    Returns:
+        DataFrame ordered by group: ``<by>, hit_tokens, query_tokens`` (tokens), ``hit_rate``
+        (fraction, None when no query tokens), ``legacy`` (bool), ``first_ts_unix_s`` (the
+        earliest sample an increase was measured from, possibly before ``start_s``),
+        ``last_ts_unix_s`` (the latest sample counted).
+    """
+    cols = _by_columns(by)
+    cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC), start_s=start_s, end_s=end_s,
+                                 models=models, instances=instances)
+    sel = ", ".join(cols)
+    group = f"GROUP BY {sel}" if cols else ""
+    lead = f"{sel}, " if cols else ""
+    order = f"ORDER BY {sel}" if cols else ""
+    sql = f"""
+        WITH {cte},
+        agg AS (
+            SELECT {lead}
+                   coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS hits,
+                   coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS queries,
+                   bool_or(legacy) AS legacy,
+                   min(prev_ts_unix_s) AS first_ts_unix_s,
+                   max(ts_unix_s) AS last_ts_unix_s
+            FROM inc
+            {group}
+        )
+        SELECT {lead}CAST(round(hits) AS BIGINT) AS hit_tokens,
+               CAST(round(queries) AS BIGINT) AS query_tokens,
+               CASE WHEN queries > 0 THEN hits / queries END AS hit_rate,
+               coalesce(legacy, false) AS legacy, first_ts_unix_s, last_ts_unix_s
+        FROM agg
+        WHERE last_ts_unix_s IS NOT NULL
+        {order}
+    """
+    return con.execute(sql, [*params, HITS_METRIC, QUERIES_METRIC]).df()
+
+
+def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
+                               start_s: float | None = None, end_s: float | None = None,
+                               window_s: float = 3600, by: Sequence[str] = ("model", "instance"),
+                               models: Sequence[str] | None = None,
+                               instances: Sequence[str] | None = None,
+                               origin_s: float = 0.0) -> pd.DataFrame:
+    """Increase of any stored counter per window (same rules as :func:`hit_rate_by_window`).
+
+    Args:
+        metric: canonical sample name, e.g. ``vllm:num_preemptions_total`` (a histogram's
+            ``_count``/``_sum`` works too).
+
+    Returns:
+        DataFrame ``window_start_s, window_end_s, <by>, increase`` (the counter's unit, DOUBLE),
+        ordered by window then group.
+    """
+    if window_s <= 0:
+        raise UsageError("window_s must be > 0")
+    cols = _by_columns(by)
+    cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
+                                 instances=instances)
+    sel = "".join(f", {c}" for c in cols)
+    sql = f"""
+        WITH {cte},
+        win AS (SELECT {_window_expr()} AS window_start_s{sel}, increase FROM inc)
+        SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
+               sum(increase) AS increase
+        FROM win
+        GROUP BY ALL
+        ORDER BY window_start_s{sel}
+    """
+    w = float(window_s)
+    o = float(origin_s)
+    return con.execute(sql, [*params, o, o, w, w, w]).df()
+
+
+def gauge_series(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: float | None = None,
+                 end_s: float | None = None, models: Sequence[str] | None = None,
+                 instances: Sequence[str] | None = None) -> pd.DataFrame:
+    """Samples of a gauge (e.g. ``vllm:kv_cache_usage_perc``, a fraction 0..1), oldest first.
+
+    Returns:
+        DataFrame ``ts_unix_s, model, instance, engine, value``.
+    """
+    where, params = _filters(models=models, instances=instances, end_s=end_s)
+    if start_s is not None:
+        where += " AND ts_unix_s >= ?"
+        params.append(float(start_s))
+    return con.execute(
+        "SELECT ts_unix_s, model, instance, engine, value FROM metric_samples "
+        f"WHERE metric = ? AND NOT created_zero{where} "
+        "ORDER BY ts_unix_s, instance, engine", [metric, *params]).df()
+
+
+def cache_config(con: duckdb.DuckDBPyConnection, *,
+                 instances: Sequence[str] | None = None) -> pd.DataFrame:
+    """The latest ``vllm:cache_config_info`` labels per instance and engine.
+
+    ``model`` is the latest ``model_name`` seen on any sample of that instance and engine
+    (cache_config_info itself has no model label).
+
+    Returns:
+        DataFrame ``instance, model, engine, block_size`` (tokens per block),
+        ``num_gpu_blocks`` (blocks, the null block included), ``hash_algo``,
+        ``enable_prefix_caching`` (bool), ``ts_unix_s`` (scrape of that config), ordered by
+        instance and engine. Integers are NULL when the label is "None" or absent.
+    """
+    where, params = _filters(models=None, instances=instances, end_s=None)
+    sql = f"""
+        WITH cfg AS (
+            SELECT instance, engine, labels, ts_unix_s,
+                   row_number() OVER (PARTITION BY instance, engine
+                                      ORDER BY ts_unix_s DESC, labels) AS rn
+            FROM metric_samples
+            WHERE metric = ?{where}
+        ),
+        models AS (
+            SELECT instance, engine, arg_max(model, ts_unix_s) AS model
+            FROM metric_samples
+            WHERE model IS NOT NULL{where}
+            GROUP BY instance, engine
+        )
+        SELECT cfg.instance, models.model, cfg.engine,
+               TRY_CAST(json_extract_string(cfg.labels, '$.block_size') AS BIGINT) AS block_size,
+               TRY_CAST(json_extract_string(cfg.labels, '$.num_gpu_blocks') AS BIGINT)
+                   AS num_gpu_blocks,
+               json_extract_string(cfg.labels, '$.prefix_caching_hash_algo') AS hash_algo,
+               lower(json_extract_string(cfg.labels, '$.enable_prefix_caching')) = 'true'
+                   AS enable_prefix_caching,
+               cfg.ts_unix_s
+        FROM cfg
+        LEFT JOIN models ON models.instance = cfg.instance
+             AND models.engine IS NOT DISTINCT FROM cfg.engine
+        WHERE cfg.rn = 1
+        ORDER BY cfg.instance, cfg.engine
+    """
+    return con.execute(sql, [CACHE_CONFIG_METRIC, *params, *params]).df()
+
+
+def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Values for the dashboard's filters, from the stored samples (created-zero samples aside).
+
+    Returns:
+        ``{"models": [...], "instances": [...], "min_ts_unix_s": float | None,
+        "max_ts_unix_s": float | None}``, lists sorted ascending.
+    """
+    models = [r[0] for r in con.execute(
+        "SELECT DISTINCT model FROM metric_samples WHERE model IS NOT NULL ORDER BY model"
+    ).fetchall()]
+    instances = [r[0] for r in con.execute(
+        "SELECT DISTINCT instance FROM metric_samples ORDER BY instance").fetchall()]
+    lo, hi = con.execute(
+        "SELECT min(ts_unix_s), max(ts_unix_s) FROM metric_samples WHERE NOT created_zero"
+    ).fetchone()
+    return {"models": models, "instances": instances,
+            "min_ts_unix_s": None if lo is None else float(lo),
+            "max_ts_unix_s": None if hi is None else float(hi)}
+
+
+def last_sample_ts(con: duckdb.DuckDBPyConnection, *,
+                   instances: Sequence[str] | None = None) -> pd.DataFrame:
+    """Latest scrape per instance and model (for staleness checks).
+
+    Returns:
+        DataFrame ``instance, model, last_ts_unix_s`` (Unix seconds), ordered by instance, model.
+        Samples without a model label (cache_config_info) count for every model of their
+        instance only through the model-labelled samples of the same scrape.
+    """
+    where, params = _filters(models=None, instances=instances, end_s=None)
+    return con.execute(
+        "SELECT instance, model, max(ts_unix_s) AS last_ts_unix_s FROM metric_samples "
+        f"WHERE NOT created_zero AND model IS NOT NULL{where} "
+        "GROUP BY instance, model ORDER BY instance, model", params).df()
+
+
+def source_notes(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Notes recorded on metric sources (e.g. the legacy-name notice).
+
+    Returns:
+        DataFrame ``source_id, kind, location, note, last_ingest_unix_s`` for metric sources
+        (kinds ``metrics-file``, ``metrics-url``, ``prometheus``) with a note, newest first.
+    """
+    return con.execute(
+        "SELECT source_id, kind, location, note, last_ingest_unix_s FROM ingest_sources "
+        "WHERE kind IN ('metrics-file', 'metrics-url', 'prometheus') AND note IS NOT NULL "
+        "ORDER BY last_ingest_unix_s DESC").df()
