@@ -259,4 +259,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(7, "live replay: run-scoped counter deltas", (
+        # One row per (live replay run, instance, counter): the /metrics counters scraped
+        # before and after the run (both expositions are also ingested into metric_samples).
+        # Values are summed over every series of the counter (model_name, engine, ...).
+        """
+        CREATE TABLE IF NOT EXISTS live_run_counters (
+            run_id            VARCHAR NOT NULL,  -- runs.run_id (kind replay-live)
+            instance          VARCHAR NOT NULL,  -- server host:port (the scrape instance)
+            metric            VARCHAR NOT NULL,  -- counter as exposed, e.g. vllm:prefix_cache_hits_total
+            before_value      DOUBLE,            -- cumulative since server start, at before_ts
+            after_value       DOUBLE,
+            delta             DOUBLE NOT NULL,   -- after - before; after alone if the counter dropped (restart)
+            before_ts_unix_s  DOUBLE NOT NULL,
+            after_ts_unix_s   DOUBLE NOT NULL,
+            settled           BOOLEAN NOT NULL,  -- queries delta reached the run's prompt tokens in time
+            PRIMARY KEY (run_id, instance, metric)
+        )
+        """,
+    )),
 )
