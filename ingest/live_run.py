@@ -1,0 +1,86 @@
+"""Ingest a live replay run directory (written by ``replay.live.run_live``).
+
+Everything goes through the ordinary ingest paths, so a live run looks exactly like production
+traffic of its server, tagged with its run id:
+
+1. ``requests.jsonl`` through :func:`ingest.usage.ingest_usage_file` (``run_id`` on every row);
+2. ``metrics_before.prom`` and ``metrics_after.prom`` through
+   :func:`ingest.exposition.ingest_exposition`, stamped with their scrape times and the server's
+   instance (host:port), so the hit-rate queries see the run's window like any two scrapes;
+3. the ``runs`` row (kind ``replay-live``, parameters as JSON) and the run-scoped counter deltas
+   (``live_run_counters``) through :func:`store.queries.replay_live.save_live_run`.
+
+Safe to run twice (every step is idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from ingest.bookkeeping import IngestSummary
+from prefixscope.errors import ParseError, SourceUnavailable
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRunIngest:
+    """What :func:`ingest_live_run` stored: the run id and one summary per file."""
+
+    run_id: str
+    requests: IngestSummary
+    metrics: tuple[IngestSummary, ...]
+    counter_rows: int
+
+
+def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]
+                    ) -> LiveRunIngest:
+    """Ingest one live replay run directory on an open read-write connection.
+
+    Raises:
+        SourceUnavailable: the directory has no ``run.json``.
+        ParseError: ``run.json`` is not valid JSON or lacks ``run_id``/``instance``.
+    """
+    from ingest.exposition import ingest_exposition
+    from ingest.usage import ingest_usage_file
+    from store.queries.replay_live import save_live_run
+
+    d = Path(run_dir)
+    manifest = d / "run.json"
+    if not manifest.is_file():
+        raise SourceUnavailable(f"{d}: no run.json (not a live replay run directory)")
+    try:
+        doc = json.loads(manifest.read_text())
+    except ValueError as exc:
+        raise ParseError(str(manifest), None, f"not valid JSON ({exc.msg})") from exc
+    for key in ("run_id", "instance"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise ParseError(str(manifest), None, "missing or empty", field=f"$.{key}")
+    run_id, instance = doc["run_id"], doc["instance"]
+    req_summary = ingest_usage_file(con, d / "requests.jsonl", run_id=run_id, instance=instance,
+                                    default_model=doc.get("model") or None)
+    metric_summaries = []
+    for name, ts_key in (("metrics_before.prom", "before_ts_unix_s"),
+                         ("metrics_after.prom", "after_ts_unix_s")):
+        if (d / name).is_file() and doc.get(ts_key) is not None:
+            metric_summaries.append(ingest_exposition(con, str(d / name), instance=instance,
+                                                      at_unix_s=float(doc[ts_key])))
+    n = 0
+    if doc.get("before_ts_unix_s") is not None and doc.get("after_ts_unix_s") is not None:
+        n = save_live_run(
+            con, run_id=run_id, label=doc.get("params", {}).get("label"),
+            created_unix_s=float(doc.get("started_unix_s") or doc["before_ts_unix_s"]),
+            params=doc.get("params", {}), instance=instance,
+            before=doc.get("before_totals", {}), after=doc.get("after_totals", {}),
+            deltas=doc.get("deltas", {}), before_ts_unix_s=float(doc["before_ts_unix_s"]),
+            after_ts_unix_s=float(doc["after_ts_unix_s"]), settled=bool(doc.get("settled")),
+        )
+    else:
+        save_live_run(con, run_id=run_id, label=doc.get("params", {}).get("label"),
+                      created_unix_s=float(doc.get("started_unix_s") or 0.0),
+                      params=doc.get("params", {}), instance=instance, before={}, after={},
+                      deltas={}, before_ts_unix_s=0.0, after_ts_unix_s=0.0, settled=False)
+    return LiveRunIngest(run_id, req_summary, tuple(metric_summaries), n)

