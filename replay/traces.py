@@ -1,0 +1,600 @@
+"""Trace readers: files of recorded traffic -> lazily yielded :class:`~replay.types.TraceRequest`.
+
+Formats (``format=``; ``auto`` guesses from the first record):
+
+``mooncake``
+    Mooncake FAST'25 / Alibaba Qwen-Bailian JSONL, one request per line:
+    ``{"timestamp", "input_length", "output_length", "hash_ids"}``; one id per
+    ``hash_id_block_size`` tokens (512 Mooncake, 16 Bailian). ``timestamp`` is milliseconds
+    (seconds when the line has ``chat_id``, as in Bailian). Arrival = timestamp minus the first
+    line's. Each id expands to tokens determined by the id alone (``replay/trace_hashids.py``).
+``kv-cache-tester``
+    WEKA/kv-cache-tester conversation JSON (a file, or a directory of ``*.json``): 64-token ids
+    local to the conversation; sub-agent requests are their own requests with arrival = the
+    sub-agent entry's ``t`` + their own ``t`` and attrs ``subagent``. Conversations of a
+    directory are replayed one after the other (sorted by file name), each starting
+    :data:`CONVERSATION_GAP_S` after the previous one's last arrival.
+``token-ids``
+    JSONL ``{"prompt_token_ids": [...], "output_tokens": n, "t": s, "cache_salt": ...}``
+    (optional ``request_id``, ``model``, ``lora_name``, ``lora_path``, ``output_token_ids``,
+    ``prompt_logprobs``/``skip_reading``; ``prompt`` as a token-id list is accepted too).
+``chat``
+    JSONL of OpenAI chat-completions request bodies (``messages``, ``tools``, ``model``,
+    ``max_tokens``...), bare or wrapped as ``request_body``/``body``/``request`` (so the
+    pydantic-ai capture lines read as they are), with optional ``t`` (seconds from the trace
+    start), ``request_id``, ``conversation``, ``output_tokens``, ``response_text`` (the recorded
+    reply: its tokens plus the template's end-of-turn token become ``output_token_ids``, so the
+    decode blocks are cached as vLLM would cache them). Anthropic ``/v1/messages``
+    bodies are converted to the OpenAI shape first. A layout (``replay/layouts.py``) is applied,
+    then the chat template of ``tokenizer_dir`` renders it and the tokenizer counts the tokens
+    (``replay/tokenization.py``).
+
+``output_tokens="trace"`` keeps each request's output length; ``"0"`` sets it to 0 (then no
+decode blocks are simulated). A malformed record is reported in ``problems`` with file, line and
+field and skipped, or raises :class:`~prefixscope.errors.ParseError` when ``strict``. Reading is
+lazy: requests are produced as the simulator pulls them (kv-cache-tester reads one conversation
+file at a time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefixscope.errors import ConfigError, ParseError, SourceUnavailable, UsageError
+from replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
+from replay.types import TraceRequest
+
+FORMATS = ("auto", "mooncake", "kv-cache-tester", "token-ids", "chat")
+OUTPUT_TOKENS_CHOICES = ("trace", "0")
+#: Seconds between the last arrival of one kv-cache-tester conversation and the next one's start.
+CONVERSATION_GAP_S = 1.0
+#: kv-cache-tester's id block size (tokens per hash id).
+KV_CACHE_TESTER_BLOCK_SIZE = 64
+#: Namespace offset per kv-cache-tester conversation (ids are local to a conversation).
+_NAMESPACE_BITS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class TraceProblem:
+    """A trace record that was skipped (same fields as an ingest quarantine entry).
+
+    Attributes:
+        location: file path.
+        line: 1-based line (JSONL) or request index + 1 (JSON conversation files).
+        reason: short reason; never prompt text.
+        field: JSON path at fault, if known.
+    """
+
+    location: str
+    line: int
+    reason: str
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.location}:{self.line}"
+        return f"{where}: {self.field}: {self.reason}" if self.field else f"{where}: {self.reason}"
+
+
+@dataclass
+class TraceReadResult:
+    """What :func:`read_trace` returns.
+
+    Attributes:
+        requests: the requests, in trace order, produced lazily.
+        problems: skipped records, filled *while* ``requests`` is consumed.
+        format: the format used (resolved when ``auto``).
+        stats: counters filled while reading: ``requests``, ``skipped``, ``chain_violations``
+            (hash ids seen again in another context, given a fresh alias).
+    """
+
+    requests: Iterator[TraceRequest]
+    problems: list[TraceProblem]
+    format: str
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class _Bad(Exception):
+    def __init__(self, field: str | None, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+def _int_field(obj: Mapping[str, Any], name: str, *, minimum: int = 0, path: str = "$") -> int:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not value.is_integer()):
+        raise _Bad(f"{path}.{name}", "missing or not an integer")
+    if value < minimum:
+        raise _Bad(f"{path}.{name}", f"must be >= {minimum}")
+    return int(value)
+
+
+def _num_field(obj: Mapping[str, Any], name: str, *, path: str = "$") -> float:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _Bad(f"{path}.{name}", "missing or not a number")
+    return float(value)
+
+
+def _id_list(obj: Mapping[str, Any], name: str, *, path: str = "$") -> list[int]:
+    ids = obj.get(name)
+    # type() is int excludes bool and float; map/set keep this check at C speed.
+    if not isinstance(ids, list) or not set(map(type, ids)) <= {int} or (ids and min(ids) < 0):
+        raise _Bad(f"{path}.{name}", "missing or not a list of non-negative integers")
+    return ids
+
+
+class _Reader:
+    """Shared bookkeeping of one read: problems, strictness, output-token policy, stats."""
+
+    def __init__(self, path: Path, *, strict: bool, output_tokens: str, limit: int | None):
+        self.path = path
+        self.location = str(path)
+        self.strict = strict
+        self.keep_output = output_tokens == "trace"
+        self.limit = limit
+        self.problems: list[TraceProblem] = []
+        self.stats = {"requests": 0, "skipped": 0, "chain_violations": 0}
+
+    def bad(self, location: str, line: int, exc: _Bad) -> None:
+        if self.strict:
+            raise ParseError(location, line, exc.reason, exc.field)
+        self.problems.append(TraceProblem(location, line, exc.reason, exc.field))
+        self.stats["skipped"] += 1
+
+    def done(self) -> bool:
+        return self.limit is not None and self.stats["requests"] >= self.limit
+
+    def jsonl(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(line number, object) for every non-blank line; bad JSON is reported here."""
+        with open(self.path, encoding="utf-8") as fh:
+            for lineno, text in enumerate(fh, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    self.bad(self.location, lineno, _Bad(None, f"not valid JSON ({exc.msg})"))
+                    continue
+                if not isinstance(obj, dict):
+                    self.bad(self.location, lineno, _Bad("$", "not a JSON object"))
+                    continue
+                yield lineno, obj
+
+
+# --------------------------------------------------------------------------------------------
+# Mooncake / Bailian
+# --------------------------------------------------------------------------------------------
+
+
+def _read_mooncake(r: _Reader, *, hash_id_block_size: int, block_size: int,
+                   vocab_size: int | None) -> Iterator[TraceRequest]:
+    chain = IdChain()
+    s = hash_id_block_size
+    first_ts: float | None = None
+    stem = r.path.stem
+    serial = 0
+    for lineno, obj in r.jsonl():
+        if r.done():
+            return
+        try:
+            n = _int_field(obj, "input_length", minimum=1)
+            out = _int_field(obj, "output_length", minimum=0) if "output_length" in obj else 0
+            ids = _id_list(obj, "hash_ids")
+            if len(ids) * s < n:
+                raise _Bad("$.hash_ids", f"{len(ids)} ids of {s} tokens cover fewer than "
+                                         f"input_length={n} tokens (wrong --hash-id-block-size?)")
+            ts = _num_field(obj, "timestamp")
+            seconds = ts if "chat_id" in obj else ts / 1000.0
+            if first_ts is None:
+                first_ts = seconds
+            arrival = seconds - first_ts
+            if arrival < 0:
+                raise _Bad("$.timestamp", "earlier than the first record's timestamp")
+        except _Bad as exc:
+            r.bad(r.location, lineno, exc)
+            continue
+        ids = ids[: -(-n // s)]  # ignore ids past the prompt
+        before = chain.violations
+        canon = chain.canonical(ids)
+        r.stats["chain_violations"] += chain.violations - before
+        attrs = {"trace": stem}
+        if "chat_id" in obj:
+            attrs["conversation"] = str(obj["chat_id"])
+        serial += 1
+        r.stats["requests"] += 1
+        yield TraceRequest(
+            request_id=f"{stem}:{lineno}",
+            arrival_s=arrival,
+            num_prompt_tokens=n,
+            prompt_token_ids=ExpandedTokens(canon, s, n, serial=serial, vocab_size=vocab_size),
+            block_keys=block_keys_for(canon, s, n, block_size, serial=serial),
+            output_tokens=out if r.keep_output else 0,
+            source=f"{r.location}:{lineno}",
+            attrs=attrs,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# kv-cache-tester
+# --------------------------------------------------------------------------------------------
+
+
+def _conversation_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.json") if p.is_file())
+        if not files:
+            raise SourceUnavailable(f"{path}: no *.json conversation files")
+        return files
+    return [path]
+
+
+def _flatten_conversation(r: _Reader, file: Path, doc: Mapping[str, Any]) \
+        -> list[tuple[float, int, int, Mapping[str, Any], str | None]]:
+    """(arrival, order, index, request object, sub-agent id) for every request of one file."""
+    items: list[tuple[float, int, int, Mapping[str, Any], str | None]] = []
+    reqs = doc.get("requests")
+    if not isinstance(reqs, list):
+        r.bad(str(file), 1, _Bad("$.requests", "missing or not a list"))
+        return items
+    order = 0
+    for idx, req in enumerate(reqs):
+        if not isinstance(req, dict):
+            r.bad(str(file), idx + 1, _Bad(f"$.requests[{idx}]", "not an object"))
+            continue
+        if req.get("type") == "subagent":
+            try:
+                t0 = _num_field(req, "t", path=f"$.requests[{idx}]")
+                sub = req.get("requests")
+                if not isinstance(sub, list):
+                    raise _Bad(f"$.requests[{idx}].requests", "missing or not a list")
+            except _Bad as exc:
+                r.bad(str(file), idx + 1, exc)
+                continue
+            agent = str(req.get("agent_id", f"agent-{idx}"))
+            for sidx, sreq in enumerate(sub):
+                path = f"$.requests[{idx}].requests[{sidx}]"
+                try:
+                    if not isinstance(sreq, dict):
+                        raise _Bad(path, "not an object")
+                    t = t0 + _num_field(sreq, "t", path=path)
+                except _Bad as exc:
+                    r.bad(str(file), idx + 1, exc)
+                    continue
+                items.append((t, order, idx, {**sreq, "_path": path}, agent))
+                order += 1
+            continue
+        try:
+            t = _num_field(req, "t", path=f"$.requests[{idx}]")
+        except _Bad as exc:
+            r.bad(str(file), idx + 1, exc)
+            continue
+        items.append((t, order, idx, {**req, "_path": f"$.requests[{idx}]"}, None))
+        order += 1
+    items.sort(key=lambda it: (it[0], it[1]))
+    return items
+
+
+def _read_kv_cache_tester(r: _Reader, *, block_size: int,
+                          vocab_size: int | None) -> Iterator[TraceRequest]:
+    s = KV_CACHE_TESTER_BLOCK_SIZE
+    chain = IdChain()
+    start_s = 0.0
+    serial = 0
+    for k, file in enumerate(_conversation_files(r.path)):
+        if r.done():
+            return
+        try:
+            doc = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            r.bad(str(file), exc.lineno, _Bad(None, f"not valid JSON ({exc.msg})"))
+            continue
+        except OSError as exc:
+            raise SourceUnavailable(f"{file}: cannot read ({exc.strerror})") from exc
+        if not isinstance(doc, dict):
+            r.bad(str(file), 1, _Bad("$", "not a JSON object"))
+            continue
+        if doc.get("block_size", s) != s:
+            r.bad(str(file), 1, _Bad("$.block_size", f"expected {s}"))
+            continue
+        conversation = str(doc.get("id", file.stem))
+        offset = k << _NAMESPACE_BITS
+        last = 0.0
+        for t, _order, idx, req, agent in _flatten_conversation(r, file, doc):
+            if r.done():
+                return
+            path = req["_path"]
+            try:
+                n = _int_field(req, "in", minimum=1, path=path)
+                out = _int_field(req, "out", minimum=0, path=path) if "out" in req else 0
+                ids = _id_list(req, "hash_ids", path=path)
+                if len(ids) * s > n:
+                    raise _Bad(f"{path}.hash_ids", f"{len(ids)} ids of {s} tokens exceed in={n}")
+            except _Bad as exc:
+                r.bad(str(file), idx + 1, exc)
+                continue
+            before = chain.violations
+            canon = chain.canonical(ids, offset)
+            r.stats["chain_violations"] += chain.violations - before
+            serial += 1
+            r.stats["requests"] += 1
+            last = max(last, t)
+            attrs = {"trace": "kv-cache-tester", "conversation": conversation}
+            if agent is not None:
+                attrs["subagent"] = agent
+            model = req.get("model")
+            yield TraceRequest(
+                request_id=f"{file.stem}:{path}",
+                arrival_s=start_s + t,
+                num_prompt_tokens=n,
+                prompt_token_ids=ExpandedTokens(canon, s, n, serial=serial, vocab_size=vocab_size),
+                block_keys=block_keys_for(canon, s, n, block_size, serial=serial),
+                output_tokens=out if r.keep_output else 0,
+                model=model if isinstance(model, str) else None,
+                source=f"{file}:{idx + 1}",
+                attrs=attrs,
+            )
+        start_s += last + CONVERSATION_GAP_S
+
+
+# --------------------------------------------------------------------------------------------
+# token-id JSONL
+# --------------------------------------------------------------------------------------------
+
+
+def _opt_str(obj: Mapping[str, Any], name: str) -> str | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _Bad(f"$.{name}", "must be a non-empty string")
+    return value
+
+
+def _cache_salt(obj: Mapping[str, Any], path: str = "$") -> str | None:
+    """vLLM's ``validate_cache_salt`` rule (0.33 ``vllm/entrypoints/generate/base/protocol.py``):
+    absent/null, or 1-128 characters without ``@``, ``/``, ``\\`` or NUL."""
+    salt = obj.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not 0 < len(salt) <= 128 or any(c in salt for c in "@/\\\0"):
+        raise _Bad(f"{path}.cache_salt", "vLLM rejects it (1-128 characters, no @ / \\ or NUL)")
+    return salt
+
+
+def _arrival(obj: Mapping[str, Any], previous: float) -> float:
+    for name in ("t", "arrival_s"):
+        if name in obj:
+            t = _num_field(obj, name)
+            if t < 0:
+                raise _Bad(f"$.{name}", "must be >= 0 (seconds from the trace start)")
+            return t
+    return previous
+
+
+def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
+    stem = r.path.stem
+    previous = 0.0
+    for lineno, obj in r.jsonl():
+        if r.done():
+            return
+        try:
+            ids = obj.get("prompt_token_ids", obj.get("prompt"))
+            name = "prompt_token_ids" if "prompt_token_ids" in obj else "prompt"
+            if not isinstance(ids, list) or not ids or not set(map(type, ids)) <= {int} \
+                    or min(ids) < 0:
+                raise _Bad(f"$.{name}", "missing, empty or not a list of token ids")
+            out = _int_field(obj, "output_tokens", minimum=0) if "output_tokens" in obj else 0
+            out_ids = obj.get("output_token_ids")
+            if out_ids is not None and not (isinstance(out_ids, list) and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in out_ids)):
+                raise _Bad("$.output_token_ids", "not a list of token ids")
+            if out_ids is not None and "output_tokens" not in obj:
+                out = len(out_ids)
+            arrival = _arrival(obj, previous)
+            salt = _cache_salt(obj)
+            model = _opt_str(obj, "model")
+            lora_name = _opt_str(obj, "lora_name")
+            lora_path = _opt_str(obj, "lora_path")
+            skip = bool(obj.get("skip_reading")) or obj.get("prompt_logprobs") is not None
+        except _Bad as exc:
+            r.bad(r.location, lineno, exc)
+            continue
+        previous = arrival
+        rid = obj.get("request_id")
+        r.stats["requests"] += 1
+        yield TraceRequest(
+            request_id=str(rid) if rid is not None else f"{stem}:{lineno}",
+            arrival_s=arrival,
+            num_prompt_tokens=len(ids),
+            prompt_token_ids=ids,
+            output_tokens=out if r.keep_output else 0,
+            output_token_ids=out_ids if r.keep_output else None,
+            model=model,
+            cache_salt=salt,
+            lora_name=lora_name,
+            lora_path=lora_path,
+            skip_reading=skip,
+            source=f"{r.location}:{lineno}",
+            attrs={"trace": stem},
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# chat-completions request JSONL
+# --------------------------------------------------------------------------------------------
+
+
+def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
+               layout: Any) -> Iterator[TraceRequest]:
+    from replay.chat_requests import chat_body, output_tokens_of
+    from replay.tokenization import load_chat_tokenizer
+
+    tok = load_chat_tokenizer(tokenizer_dir)
+    end_of_turn = tok.end_of_turn
+    stem = r.path.stem
+    previous = 0.0
+    for lineno, obj in r.jsonl():
+        if r.done():
+            return
+        try:
+            body = chat_body(obj)
+            if layout is not None:
+                body = layout.apply(body)
+            arrival = _arrival(obj, previous)
+            salt = _cache_salt(body) or _cache_salt(obj)
+            out = output_tokens_of(obj, body)
+            out_ids = None
+            response_text = obj.get("response_text")
+            if response_text is not None:
+                if not isinstance(response_text, str):
+                    raise _Bad("$.response_text", "not a string")
+                # The reply as the model would emit it, ending with the template's end-of-turn.
+                out_ids = tok.encode(response_text + end_of_turn)
+                if "output_tokens" not in obj:
+                    out = len(out_ids)
+            ids = tok.encode_chat(body["messages"], tools=body.get("tools"))
+            if not ids:
+                raise _Bad("$.messages", "renders to an empty prompt")
+        except _Bad as exc:
+            r.bad(r.location, lineno, exc)
+            continue
+        except ValueError as exc:  # chat_body's own validation
+            r.bad(r.location, lineno, _Bad(getattr(exc, "field", None), str(exc)))
+            continue
+        previous = arrival
+        rid = obj.get("request_id")
+        attrs = {"trace": stem}
+        if obj.get("conversation") is not None:
+            attrs["conversation"] = str(obj["conversation"])
+        if layout is not None:
+            attrs["layout"] = layout.name
+        model = body.get("model")
+        logprobs = body.get("prompt_logprobs") is not None or (
+            bool(body.get("echo")) and body.get("logprobs") not in (None, False))
+        r.stats["requests"] += 1
+        yield TraceRequest(
+            request_id=str(rid) if rid is not None else f"{stem}:{lineno}",
+            arrival_s=arrival,
+            num_prompt_tokens=len(ids),
+            prompt_token_ids=ids,
+            output_tokens=out if r.keep_output else 0,
+            output_token_ids=out_ids if r.keep_output else None,
+            model=model if isinstance(model, str) else None,
+            cache_salt=salt,
+            skip_reading=logprobs,
+            source=f"{r.location}:{lineno}",
+            attrs=attrs,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Guess a trace's format from its first record (``kv-cache-tester`` for a directory or a
+    ``.json`` file with ``requests``).
+
+    Raises:
+        SourceUnavailable: the path does not exist or is empty.
+        UsageError: the first record matches no format (give ``--format``).
+    """
+    p = Path(path)
+    if p.is_dir():
+        return "kv-cache-tester"
+    if not p.exists():
+        raise SourceUnavailable(f"{p}: no such file")
+    with open(p, encoding="utf-8") as fh:
+        head = fh.read(1 << 16)
+    stripped = head.lstrip()
+    if not stripped:
+        raise SourceUnavailable(f"{p}: empty file")
+    first_line = stripped.splitlines()[0]
+    try:
+        obj = json.loads(first_line)
+    except json.JSONDecodeError:
+        obj = None
+    if obj is None and stripped.startswith("{") and '"requests"' in head:
+        return "kv-cache-tester"
+    if isinstance(obj, dict):
+        if "hash_ids" in obj and "input_length" in obj:
+            return "mooncake"
+        if "requests" in obj and "block_size" in obj:
+            return "kv-cache-tester"
+        if "prompt_token_ids" in obj or isinstance(obj.get("prompt"), list):
+            return "token-ids"
+        for key in ("messages", "request_body", "body", "request"):
+            if key in obj:
+                return "chat"
+    raise UsageError(f"{p}: cannot tell the trace format from its first record: give --format "
+                     f"({', '.join(FORMATS[1:])})")
+
+
+def read_trace(path: str | os.PathLike[str], *, format: str = "auto",
+               hash_id_block_size: int = 512, block_size: int = 16,
+               tokenizer_dir: str | os.PathLike[str] | None = None,
+               output_tokens: str = "trace", strict: bool = False, layout: Any = None,
+               vocab_size: int | None = None, limit: int | None = None) -> TraceReadResult:
+    """Open a trace and return its requests as a lazy iterator.
+
+    Args:
+        path: trace file (or a directory of kv-cache-tester conversation files).
+        format: one of :data:`FORMATS`.
+        hash_id_block_size: tokens per hash id for ``mooncake`` (512 Mooncake, 16 Bailian).
+        block_size: the engine block size the ``block_keys`` (fast mode) are made for.
+        tokenizer_dir: tokenizer for ``chat`` (default: the bundled ``data/tiny-tokenizer``).
+        output_tokens: ``"trace"`` (simulate the trace's output lengths) or ``"0"``.
+        strict: raise on the first malformed record instead of skipping it.
+        layout: a :class:`replay.layouts.Layout` applied to ``chat`` requests before rendering.
+        vocab_size: map hash-id tokens into a vocabulary (live replay); None keeps raw values.
+        limit: stop after this many requests (a slice of a big trace).
+
+    Returns:
+        :class:`TraceReadResult`; its ``problems`` fill up as ``requests`` is consumed.
+
+    Raises:
+        SourceUnavailable: the path does not exist.
+        UsageError: unknown format or option values; a layout given for a non-chat trace.
+        ParseError: (when ``strict``) the first malformed record, with file, line and field.
+        ConfigError: the tokenizer directory cannot be used (``chat``).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise SourceUnavailable(f"{p}: no such file or directory")
+    if format not in FORMATS:
+        raise UsageError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
+    if output_tokens not in OUTPUT_TOKENS_CHOICES:
+        raise UsageError(f"--output-tokens must be 'trace' or '0', not {output_tokens!r}")
+    if block_size <= 0 or hash_id_block_size <= 0:
+        raise UsageError("block sizes must be positive")
+    if vocab_size is not None and vocab_size <= 16:
+        raise UsageError("vocab_size must be > 16")
+    if limit is not None and limit < 0:
+        raise UsageError("limit must be >= 0")
+    fmt = detect_format(p) if format == "auto" else format
+    if layout is not None and fmt != "chat":
+        raise UsageError(f"a layout applies to chat-request traces only, not {fmt}")
+    if p.is_dir() and fmt != "kv-cache-tester":
+        raise UsageError(f"{p} is a directory: only kv-cache-tester traces can be directories")
+    r = _Reader(p, strict=strict, output_tokens=output_tokens, limit=limit)
+    if fmt == "mooncake":
+        it = _read_mooncake(r, hash_id_block_size=hash_id_block_size, block_size=block_size,
+                            vocab_size=vocab_size)
+    elif fmt == "kv-cache-tester":
+        it = _read_kv_cache_tester(r, block_size=block_size, vocab_size=vocab_size)
+    elif fmt == "token-ids":
+        it = _read_token_ids(r)
+    else:
+        if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
+            raise ConfigError(f"--tokenizer {tokenizer_dir}: not a directory")
+        it = _read_chat(r, tokenizer_dir=tokenizer_dir, layout=layout)
+    return TraceReadResult(requests=it, problems=r.problems, format=fmt, stats=r.stats)
