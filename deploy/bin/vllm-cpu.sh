@@ -14,7 +14,10 @@
 #   PREFIXSCOPE_WHEELS_DIR  local wheel dir holding torch-2.13.0+cpu (default /opt/wheels); when
 #                           it has no torch wheel, PyTorch's CPU index is used instead
 #   HOST, PORT              serve address (default 127.0.0.1:8011)
-#   KV_EVENTS_ENDPOINT      if set, serve publishes ZMQ KV events there (e.g. tcp://*:5557)
+#   KV_EVENTS_ENDPOINT      if set, serve publishes ZMQ KV events there (e.g. tcp://*:5557:
+#                           with '*' vLLM binds; with a concrete host it connects)
+#   KV_EVENTS_REPLAY_ENDPOINT  optional replay socket (e.g. tcp://*:5558)
+#   MAX_MODEL_LEN, MAX_NUM_SEQS, SERVED_MODEL_NAME, VLLM_CPU_KVCACHE_SPACE (GiB)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -129,7 +132,9 @@ cmd_serve() {
     --dtype float32 --max-num-seqs "${MAX_NUM_SEQS:-4}" --enforce-eager
     --host "$HOST" --port "$PORT")
   if [[ -n "${KV_EVENTS_ENDPOINT:-}" ]]; then
-    args+=(--kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"$KV_EVENTS_ENDPOINT\", \"topic\": \"kv-events\"}")
+    local replay=""
+    [[ -n "${KV_EVENTS_REPLAY_ENDPOINT:-}" ]] && replay=", \"replay_endpoint\": \"$KV_EVENTS_REPLAY_ENDPOINT\""
+    args+=(--kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"$KV_EVENTS_ENDPOINT\", \"topic\": \"kv-events\"$replay}")
   fi
   exec "$VENV/bin/vllm" "${args[@]}" "$@"
 }
@@ -161,6 +166,6 @@ case "${1:-}" in
   serve) shift; cmd_serve "$@" ;;
   status) shift; cmd_status "$@" ;;
   -h|--help|help|"")
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' ;;
+    sed -n "2,22p" "$0" | sed 's/^# \{0,1\}//' ;;
   *) die "unknown subcommand '$1' (install, build-model, serve, status)" ;;
 esac
