@@ -166,6 +166,6 @@ case "${1:-}" in
   serve) shift; cmd_serve "$@" ;;
   status) shift; cmd_status "$@" ;;
   -h|--help|help|"")
-    sed -n "2,22p" "$0" | sed 's/^# \{0,1\}//' ;;
+    sed -n "2,20p" "$0" | sed 's/^# \{0,1\}//' ;;
   *) die "unknown subcommand '$1' (install, build-model, serve, status)" ;;
 esac
