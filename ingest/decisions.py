@@ -1,0 +1,363 @@
+"""Gateway decision-log ingest: JSONL into ``gateway_decisions`` and ``gateway_events``.
+
+One line = one record (format in ``docs/scopes.md#decision-log``):
+
+- a **decision** (``"record": "decision"``, the default): what a cache gateway decided for one
+  request — time, request id, scope, namespace digest, decision (``accept``, ``reject``,
+  ``miss``), reasons, candidate and accepted cached tokens, and the short digests of the expected
+  and the candidate identity;
+- a **version event** (``"record": "event"``): a model, tokenizer or adapter upgrade, a policy
+  revocation, an epoch bump or a worker restart.
+
+Privacy by construction: every record is decoded against a closed schema (unknown keys are
+quarantined, so a ``tenant`` or ``prompt`` key can never slip into a table), namespaces must be
+16 lowercase hex characters, digests hex, revisions and epochs integers. A quarantine reason
+names the field, never its value.
+
+Decisions join the usage rows of ``requests`` on ``(run_id, request_id)``
+(``store/queries/scopes.py``). Ingesting is safe to run twice: primary keys plus the file
+checkpoint (``ingest/bookkeeping.py``) make a second run add nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import duckdb
+import msgspec
+
+from ingest.bookkeeping import (
+    Checkpoint,
+    IngestSummary,
+    Quarantined,
+    fingerprint_upto,
+    new_ingest_run_id,
+    record_quarantine,
+    record_run,
+    resume_offset,
+    source_id_for,
+    upsert_source,
+)
+from prefixscope.errors import NothingIngested, SourceUnavailable
+from replay.identity import ALL_REASONS, IDENTITY_FIELDS
+
+KIND = "decisions"
+FORMAT_VERSION = 1
+
+#: Version events a decision log (or a replay trace) may carry.
+EVENT_KINDS = ("model_upgrade", "tokenizer_upgrade", "runtime_upgrade", "adapter_upgrade",
+               "prompt_bundle_upgrade", "toolset_upgrade", "policy_revocation",
+               "authorization_epoch_bump", "cache_epoch_bump", "worker_restart")
+
+NsDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
+ShortHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{0,64}$")]
+Tokens = Annotated[int, msgspec.Meta(ge=0)]
+Epoch = Annotated[int, msgspec.Meta(ge=0)]
+Scope = Literal["PUBLIC", "TENANT", "PRINCIPAL"]
+Reason = Literal[ALL_REASONS]  # type: ignore[valid-type]
+RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{0,128}$")]
+RequestId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,200}$")]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:/@+-]{1,200}$")]
+
+
+class ShortIdentity(msgspec.Struct, forbid_unknown_fields=True):
+    """Short digests of an identity (expected or candidate); every field optional."""
+
+    scope: Scope | None = None
+    namespace_digest: NsDigest | None = None
+    content_digest: ShortHex | None = None
+    model_digest: ShortHex | None = None
+    tokenizer_digest: ShortHex | None = None
+    runtime_digest: ShortHex | None = None
+    adapter_digest: ShortHex | None = None
+    prompt_bundle_digest: ShortHex | None = None
+    toolset_digest: ShortHex | None = None
+    policy_revision: Epoch | None = None
+    authorization_epoch: Epoch | None = None
+    cache_epoch: Epoch | None = None
+
+
+class DecisionLine(msgspec.Struct, forbid_unknown_fields=True):
+    """One decision record (``docs/scopes.md#decision-log``)."""
+
+    ts_unix_s: float
+    request_id: RequestId
+    scope: Scope
+    namespace_digest: NsDigest
+    decision: Literal["accept", "reject", "miss"]
+    candidate_cached_tokens: Tokens
+    accepted_cached_tokens: Tokens
+    reasons: list[Reason] = []
+    first_mismatch: Reason | None = None
+    record: Literal["decision"] = "decision"
+    v: Literal[1] = 1
+    run_id: RunId | None = None
+    instance: Name | None = None
+    model: Name | None = None
+    salt_applied: bool | None = None
+    candidate_request_id: RequestId | None = None
+    expected: ShortIdentity | None = None
+    candidate: ShortIdentity | None = None
+
+
+class EventLine(msgspec.Struct, forbid_unknown_fields=True):
+    """One version event record (``docs/scopes.md#decision-log``)."""
+
+    record: Literal["event"]
+    ts_unix_s: float
+    event: Literal[EVENT_KINDS]  # type: ignore[valid-type]
+    v: Literal[1] = 1
+    run_id: RunId | None = None
+    namespace_digest: NsDigest | None = None
+    new_value: ShortHex | Epoch | None = None
+
+
+class _Head(msgspec.Struct):
+    record: str = "decision"
+
+
+_head = msgspec.json.Decoder(_Head)
+_dec_decision = msgspec.json.Decoder(DecisionLine)
+_dec_event = msgspec.json.Decoder(EventLine)
+
+_SHORT_FIELDS = tuple(f for f in IDENTITY_FIELDS if f not in ("scope", "namespace"))
+DECISION_COLUMNS = (
+    "run_id", "request_id", "source_id", "line", "ts_unix_s", "instance", "model", "scope",
+    "namespace_digest", "decision", "first_mismatch", "reasons", "candidate_cached_tokens",
+    "accepted_cached_tokens", "salt_applied",
+    *_SHORT_FIELDS,
+    "candidate_request_id", "candidate_scope", "candidate_namespace_digest",
+    *(f"candidate_{f}" for f in _SHORT_FIELDS),
+)
+EVENT_COLUMNS = ("event_id", "run_id", "source_id", "line", "ts_unix_s", "event",
+                 "namespace_digest", "new_value")
+
+
+class _Bad(Exception):
+    def __init__(self, field: str | None, reason: str):
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
+    text = str(exc)
+    field = None
+    if " - at `" in text:
+        text, _, where = text.partition(" - at `")
+        field = where.rstrip("`").removeprefix("$.") or None
+    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
+        return _Bad(None, "not a JSON object")
+    if text.startswith("Object contains unknown field"):
+        # name the field (a key), never a value
+        return _Bad(text.split("`")[1] if "`" in text else None, "unknown field")
+    if text.startswith("Invalid enum value"):
+        text = "not one of the allowed values"  # msgspec quotes the value: never store it
+    elif "'" in text and "regex" not in text:
+        text = text.split("'", 1)[0].strip() or "invalid value"
+    return _Bad(field, text[:200])
+
+
+def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) -> tuple:
+    reasons = list(rec.reasons)
+    if rec.decision == "reject":
+        if not reasons:
+            raise _Bad("reasons", "a reject needs at least one reason")
+        if rec.first_mismatch is not None and rec.first_mismatch != reasons[0]:
+            raise _Bad("first_mismatch", "must equal the first entry of reasons")
+        if rec.accepted_cached_tokens != 0:
+            raise _Bad("accepted_cached_tokens", "must be 0 for a reject")
+    else:
+        if reasons or rec.first_mismatch is not None:
+            raise _Bad("reasons", f"must be empty for {rec.decision}")
+    if rec.decision == "miss" and (rec.candidate_cached_tokens or rec.candidate is not None):
+        raise _Bad("candidate", "a miss has no candidate")
+    if rec.accepted_cached_tokens > rec.candidate_cached_tokens:
+        raise _Bad("accepted_cached_tokens", "exceeds candidate_cached_tokens")
+    if rec.ts_unix_s != rec.ts_unix_s or rec.ts_unix_s < 0:
+        raise _Bad("ts_unix_s", "not a time")
+    exp = rec.expected or ShortIdentity()
+    cand = rec.candidate or ShortIdentity()
+    if exp.scope is not None and exp.scope != rec.scope:
+        raise _Bad("expected.scope", "differs from scope")
+    if exp.namespace_digest is not None and exp.namespace_digest != rec.namespace_digest:
+        raise _Bad("expected.namespace_digest", "differs from namespace_digest")
+    return (
+        rec.run_id if rec.run_id is not None else run_id, rec.request_id, source_id, line,
+        float(rec.ts_unix_s), rec.instance, rec.model, rec.scope, rec.namespace_digest,
+        rec.decision, reasons[0] if reasons else None, ",".join(reasons),
+        rec.candidate_cached_tokens, rec.accepted_cached_tokens, rec.salt_applied,
+        *(getattr(exp, f) for f in _SHORT_FIELDS),
+        rec.candidate_request_id, cand.scope, cand.namespace_digest,
+        *(getattr(cand, f) for f in _SHORT_FIELDS),
+    )
+
+
+def _event_row(rec: EventLine, *, source_id: str, line: int, run_id: str) -> tuple:
+    rid = rec.run_id if rec.run_id is not None else run_id
+    value = None if rec.new_value is None else str(rec.new_value)
+    eid = hashlib.sha256("\x00".join(
+        [rid, repr(float(rec.ts_unix_s)), rec.event, rec.namespace_digest or "", value or ""]
+    ).encode()).hexdigest()
+    return (eid, rid, source_id, line, float(rec.ts_unix_s), rec.event, rec.namespace_digest, value)
+
+
+def parse_line(raw: bytes, *, source_id: str = "", line: int = 0,
+               run_id: str = "") -> tuple[str, tuple]:
+    """Decode and validate one JSONL line (pure).
+
+    Returns:
+        ``("decision", row)`` or ``("event", row)``, rows in :data:`DECISION_COLUMNS` /
+        :data:`EVENT_COLUMNS` order.
+
+    Raises:
+        _Bad: with the field at fault and a reason that never quotes the value.
+    """
+    try:
+        head = _head.decode(raw)
+        if head.record == "event":
+            return "event", _event_row(_dec_event.decode(raw), source_id=source_id, line=line,
+                                       run_id=run_id)
+        if head.record != "decision":
+            raise _Bad("record", "must be 'decision' or 'event'")
+        return "decision", _decision_row(_dec_decision.decode(raw), source_id=source_id,
+                                         line=line, run_id=run_id)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _msgspec_error(exc) from None
+
+
+@dataclass
+class DecisionBatch:
+    """Rows and quarantine entries read from one file, and where reading stopped."""
+
+    decisions: list[tuple]
+    events: list[tuple]
+    quarantined: list[Quarantined]
+    checkpoint: Checkpoint
+    lines_read: int
+
+
+def fetch_decisions(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
+                    run_id: str = "") -> DecisionBatch:
+    """Read a decision log from ``start`` to its last complete line (only reads).
+
+    A final line without a newline is left for the next run (the file may still be written).
+
+    Raises:
+        SourceUnavailable: the file cannot be opened.
+    """
+    location = str(path)
+    decisions: list[tuple] = []
+    events: list[tuple] = []
+    bad: list[Quarantined] = []
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise SourceUnavailable(f"{location}: cannot read: {exc.strerror}") from exc
+    with fh:
+        fh.seek(start.offset)
+        offset, lineno, n = start.offset, start.line, 0
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break
+            offset += len(raw)
+            lineno += 1
+            if not raw.strip():
+                continue
+            n += 1
+            try:
+                kind, row = parse_line(raw, source_id=source_id, line=lineno, run_id=run_id)
+            except _Bad as exc:
+                bad.append(Quarantined(location, lineno, exc.reason, exc.field))
+                continue
+            (events if kind == "event" else decisions).append(row)
+    fp = fingerprint_upto(path, offset) if offset else None
+    return DecisionBatch(decisions, events, bad, Checkpoint(offset, lineno, fp), n)
+
+
+def save_decisions(con: duckdb.DuckDBPyConnection, decisions: list[tuple],
+                   events: list[tuple]) -> int:
+    """Insert decision and event rows (existing keys skipped); returns rows added. Runs inside
+    the caller's transaction."""
+    before = _count(con)
+    if decisions:
+        cols = ", ".join(DECISION_COLUMNS)
+        marks = ", ".join("?" for _ in DECISION_COLUMNS)
+        con.executemany(f"INSERT INTO gateway_decisions ({cols}) VALUES ({marks}) "
+                        "ON CONFLICT DO NOTHING", decisions)
+    if events:
+        cols = ", ".join(EVENT_COLUMNS)
+        marks = ", ".join("?" for _ in EVENT_COLUMNS)
+        con.executemany(f"INSERT INTO gateway_events ({cols}) VALUES ({marks}) "
+                        "ON CONFLICT DO NOTHING", events)
+    return _count(con) - before
+
+
+def _count(con: duckdb.DuckDBPyConnection) -> int:
+    return int(con.execute("SELECT (SELECT count(*) FROM gateway_decisions) + "
+                           "(SELECT count(*) FROM gateway_events)").fetchone()[0])
+
+
+def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
+                          run_id: str | None = None) -> IngestSummary:
+    """Ingest one gateway decision log (JSONL) into ``gateway_decisions``/``gateway_events``.
+
+    Args:
+        con: read-write connection (migrated).
+        path: the JSONL file; read from its checkpoint when ingested before.
+        run_id: for lines without ``run_id`` (default ``''``: production traffic). Replay
+            decision logs carry the replay's run id so they join its usage rows.
+
+    Returns:
+        An :class:`IngestSummary` (``rows_added`` counts decisions + events).
+
+    Raises:
+        SourceUnavailable: the file cannot be read.
+        NothingIngested: the file has lines and every one was quarantined.
+    """
+    started = time.time()
+    location = str(path)
+    if not Path(location).is_file():
+        raise SourceUnavailable(f"{location}: no such file")
+    source_id = source_id_for(KIND, location)
+    start = resume_offset(con, source_id, location)
+    batch = fetch_decisions(location, start=start, source_id=source_id, run_id=run_id or "")
+    good = len(batch.decisions) + len(batch.events)
+    ingest_run_id = new_ingest_run_id()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        added = save_decisions(con, batch.decisions, batch.events)
+        record_quarantine(con, source_id=source_id, ingest_run_id=ingest_run_id,
+                          entries=batch.quarantined)
+        upsert_source(con, source_id=source_id, kind=KIND, location=location, rows_added=added,
+                      checkpoint=batch.checkpoint)
+        summary = IngestSummary(location, KIND, good, added, good - added,
+                                len(batch.quarantined))
+        status = "ok" if not batch.quarantined else ("partial" if good else "failed")
+        record_run(con, source_id=source_id, kind=KIND, started_unix_s=started, summary=summary,
+                   status=status, ingest_run_id=ingest_run_id)
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    if batch.lines_read and not good:
+        first = batch.quarantined[0]
+        raise NothingIngested(
+            f"{location}: all {batch.lines_read} lines quarantined; first at line {first.line}"
+            f"{' field ' + first.field if first.field else ''}: {first.reason}")
+    return summary
+
+
+def iter_decision_files(paths: list[str]) -> Iterator[str]:
+    """Expand directories to their ``*.jsonl`` files (sorted); files are yielded as given."""
+    for p in paths:
+        if Path(p).is_dir():
+            yield from (str(x) for x in sorted(Path(p).glob("*.jsonl")))
+        else:
+            yield p

@@ -1,0 +1,437 @@
+"""Queries on cache scope and acceptance: gateway decisions joined to usage rows.
+
+Tables: ``gateway_decisions`` and ``gateway_events`` (migration 5, ``ingest/decisions.py``),
+joined to ``requests`` on ``(run_id, request_id)``. Definitions (``docs/scopes.md#formulas``):
+
+- Every request of either table is one row of the join. ``scope`` and ``namespace_digest`` come
+  from the decision when there is one, else from the usage row (``requests.scope``,
+  ``requests.tenant_digest``); a request with neither has scope ``UNSCOPED``.
+- ``cached_tokens`` (= **saved prefill tokens**) are the tokens the engine reported from cache
+  (usage ``cached_tokens``); ``hit_rate`` = Σ cached_tokens / Σ prompt_tokens over requests that
+  reported cached tokens (a fraction, NULL when that sum is 0).
+- ``accepted_cached_tokens`` / ``candidate_cached_tokens``: what the gateway accepted / could
+  have supplied, from the decision log.
+- A rejection's class follows its first mismatching field: ``cross_scope`` (scope, namespace,
+  salt), ``version`` (model, tokenizer, runtime, adapter, prompt bundle, toolset digests, policy
+  revision), ``generation`` (authorization epoch, cache epoch), ``collision`` (content digest).
+- The three invariants (each must be 0) are computed from the logged digests, not from the
+  gateway's own verdict, plus the usage join:
+  *cross-scope acceptance* = accepts whose candidate scope or namespace differs from the
+  request's, plus rejects of class cross_scope whose usage still shows cached tokens;
+  *wrong-version acceptance* = accepts whose candidate content/version digests or policy
+  revision differ, plus rejects of class version/collision with cached tokens;
+  *old-generation use* = accepts whose candidate authorization or cache epoch differs, plus
+  rejects of class generation with cached tokens. Candidate fields absent from a log are not
+  compared (such accepts are counted as ``unverifiable_accepts``).
+
+Filters: ``start_s <= ts_unix_s < end_s`` (None = unbounded); ``run_ids``, ``models``,
+``instances``, ``scopes``, ``namespaces`` (None = all). Windows ``[window_start_s,
+window_start_s + window_s)`` aligned to ``origin_s + k * window_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from prefixscope.errors import UsageError
+from replay.identity import GENERATION_FIELDS, SCOPE_FIELDS, VERSION_FIELDS
+
+CROSS_SCOPE_REASONS = [*SCOPE_FIELDS, "salt"]
+VERSION_REASONS = [*VERSION_FIELDS]
+GENERATION_REASONS = [*GENERATION_FIELDS]
+COLLISION_REASONS = ["content_digest"]
+#: Short digest columns compared for wrong-version acceptance (expected vs candidate_*).
+_VERSION_COLUMNS = ("content_digest", "model_digest", "tokenizer_digest", "runtime_digest",
+                    "adapter_digest", "prompt_bundle_digest", "toolset_digest", "policy_revision")
+INVARIANTS = ("cross_scope_acceptance", "wrong_version_acceptance", "old_generation_use")
+GROUPABLE = ("scope", "namespace_digest", "model", "instance", "run_id")
+
+_JOINED = """
+    SELECT COALESCE(d.run_id, r.run_id) AS run_id,
+           COALESCE(d.request_id, r.request_id) AS request_id,
+           COALESCE(r.ts_unix_s, d.ts_unix_s) AS ts_unix_s,
+           COALESCE(d.model, r.model) AS model,
+           COALESCE(d.instance, r.instance) AS instance,
+           COALESCE(d.scope, r.scope, 'UNSCOPED') AS scope,
+           COALESCE(d.namespace_digest, r.tenant_digest) AS namespace_digest,
+           d.decision, d.first_mismatch, d.reasons,
+           d.candidate_cached_tokens, d.accepted_cached_tokens, d.candidate_request_id,
+           r.prompt_tokens, r.cached_tokens,
+           d.request_id IS NOT NULL AS has_decision, r.request_id IS NOT NULL AS has_usage,
+           d.* EXCLUDE (run_id, request_id, ts_unix_s, model, instance, scope, namespace_digest,
+                        decision, first_mismatch, reasons, candidate_cached_tokens,
+                        accepted_cached_tokens, candidate_request_id, source_id, line)
+    FROM gateway_decisions d
+    FULL OUTER JOIN requests r ON d.run_id = r.run_id AND d.request_id = r.request_id
+"""
+
+_CLASS = """CASE
+    WHEN decision <> 'reject' THEN NULL
+    WHEN list_contains(?, first_mismatch) THEN 'cross_scope'
+    WHEN list_contains(?, first_mismatch) THEN 'version'
+    WHEN list_contains(?, first_mismatch) THEN 'generation'
+    ELSE 'collision' END"""
+_CLASS_PARAMS = [CROSS_SCOPE_REASONS, VERSION_REASONS, GENERATION_REASONS]
+
+
+def _filters(*, start_s: float | None, end_s: float | None, run_ids: Sequence[str] | None,
+             models: Sequence[str] | None = None, instances: Sequence[str] | None = None,
+             scopes: Sequence[str] | None = None,
+             namespaces: Sequence[str] | None = None) -> tuple[str, list[Any]]:
+    parts = ["TRUE"]
+    params: list[Any] = []
+    if start_s is not None:
+        parts.append("ts_unix_s >= ?")
+        params.append(float(start_s))
+    if end_s is not None:
+        parts.append("ts_unix_s < ?")
+        params.append(float(end_s))
+    for col, values in (("run_id", run_ids), ("model", models), ("instance", instances),
+                        ("scope", scopes), ("namespace_digest", namespaces)):
+        if values is not None:
+            parts.append(f"list_contains(?, {col})")
+            params.append(list(values))
+    return " AND ".join(parts), params
+
+
+def _base(where: str) -> str:
+    return f"SELECT * FROM ({_JOINED}) j WHERE ts_unix_s IS NOT NULL AND {where}"
+
+
+def _by(by: Sequence[str]) -> list[str]:
+    cols = list(by)
+    bad = [c for c in cols if c not in GROUPABLE]
+    if bad:
+        raise UsageError(f"cannot group scopes by {bad}: choose from {list(GROUPABLE)}")
+    return cols
+
+
+_AGG = """
+    count(*) AS requests,
+    count(*) FILTER (WHERE has_decision) AS decided_requests,
+    count(*) FILTER (WHERE cached_tokens IS NOT NULL) AS reported_requests,
+    COALESCE(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
+    COALESCE(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0)::BIGINT
+        AS reported_prompt_tokens,
+    COALESCE(sum(cached_tokens), 0)::BIGINT AS cached_tokens,
+    COALESCE(sum(accepted_cached_tokens), 0)::BIGINT AS accepted_cached_tokens,
+    COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS candidate_cached_tokens,
+    count(*) FILTER (WHERE decision = 'accept') AS accepts,
+    count(*) FILTER (WHERE decision = 'reject') AS rejects,
+    count(*) FILTER (WHERE decision = 'miss') AS misses
+"""
+_RATE = """, cached_tokens AS saved_prefill_tokens,
+    CASE WHEN reported_prompt_tokens > 0
+         THEN cached_tokens::DOUBLE / reported_prompt_tokens END AS hit_rate"""
+
+
+def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                             end_s: float | None = None, window_s: float = 3600,
+                             by: Sequence[str] = ("scope",),
+                             run_ids: Sequence[str] | None = None,
+                             models: Sequence[str] | None = None,
+                             instances: Sequence[str] | None = None,
+                             scopes: Sequence[str] | None = None,
+                             namespaces: Sequence[str] | None = None,
+                             origin_s: float = 0.0) -> pd.DataFrame:
+    """Hit rate and saved prefill tokens by scope (and/or namespace digest) per time window.
+
+    Args:
+        by: grouping columns from :data:`GROUPABLE` (``scope``, ``namespace_digest``, ...).
+        window_s: window length in seconds (> 0).
+
+    Returns:
+        Columns ``window_start_s, window_end_s, <by...>, requests, decided_requests,
+        reported_requests, prompt_tokens, reported_prompt_tokens, cached_tokens`` (tokens),
+        ``accepted_cached_tokens, candidate_cached_tokens`` (tokens), ``accepts, rejects,
+        misses`` (requests), ``saved_prefill_tokens`` (= cached_tokens) and ``hit_rate``
+        (fraction, NULL when no reported prompt tokens). Oldest window first.
+
+    Raises:
+        UsageError: ``window_s`` not positive or a ``by`` column not groupable.
+    """
+    if not window_s or window_s <= 0:
+        raise UsageError(f"window_s must be positive, got {window_s}")
+    cols = _by(by)
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
+                             instances=instances, scopes=scopes, namespaces=namespaces)
+    sel = "".join(f", {c}" for c in cols)
+    sql = f"""
+        WITH w AS (SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *
+                   FROM ({_base(where)})),
+             a AS (SELECT window_start_s{sel}, {_AGG} FROM w GROUP BY ALL)
+        SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
+               * EXCLUDE (window_start_s{sel}){_RATE}
+        FROM a ORDER BY window_start_s{sel}
+    """
+    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *params,
+         float(window_s)]
+    return con.execute(sql, p).df()
+
+
+def hit_rate_by_scope_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                             end_s: float | None = None, by: Sequence[str] = ("scope",),
+                             run_ids: Sequence[str] | None = None,
+                             models: Sequence[str] | None = None,
+                             instances: Sequence[str] | None = None,
+                             scopes: Sequence[str] | None = None,
+                             namespaces: Sequence[str] | None = None) -> pd.DataFrame:
+    """As :func:`hit_rate_by_scope_window` over the whole range: one row per group, largest
+    ``prompt_tokens`` first."""
+    cols = _by(by)
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
+                             instances=instances, scopes=scopes, namespaces=namespaces)
+    sel = ", ".join(cols)
+    sql = f"""
+        WITH a AS (SELECT {sel}, {_AGG} FROM ({_base(where)}) GROUP BY ALL)
+        SELECT *{_RATE} FROM a ORDER BY prompt_tokens DESC, {sel}
+    """
+    return con.execute(sql, params).df()
+
+
+def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                                end_s: float | None = None, window_s: float = 3600,
+                                run_ids: Sequence[str] | None = None,
+                                scopes: Sequence[str] | None = None,
+                                namespaces: Sequence[str] | None = None,
+                                origin_s: float = 0.0) -> pd.DataFrame:
+    """Rejected candidates per window and first mismatching field.
+
+    Returns:
+        Columns ``window_start_s, window_end_s, reason`` (first mismatching field),
+        ``reason_class`` (cross_scope, version, generation, collision), ``rejects`` (requests),
+        ``lost_candidate_tokens`` (Σ candidate_cached_tokens of those rejects). Oldest first.
+    """
+    if not window_s or window_s <= 0:
+        raise UsageError(f"window_s must be positive, got {window_s}")
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
+                             namespaces=namespaces)
+    sql = f"""
+        WITH w AS (SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *,
+                          {_CLASS} AS reason_class
+                   FROM ({_base(where)}) WHERE decision = 'reject')
+        SELECT window_start_s, window_start_s + ? AS window_end_s,
+               first_mismatch AS reason, reason_class, count(*) AS rejects,
+               COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS lost_candidate_tokens
+        FROM w GROUP BY ALL ORDER BY window_start_s, reason
+    """
+    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *_CLASS_PARAMS,
+         *params, float(window_s)]
+    return con.execute(sql, p).df()
+
+
+def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                             end_s: float | None = None, window_s: float = 3600,
+                             run_ids: Sequence[str] | None = None,
+                             scopes: Sequence[str] | None = None,
+                             namespaces: Sequence[str] | None = None,
+                             origin_s: float = 0.0) -> pd.DataFrame:
+    """Version-mismatch misses beside ordinary misses, per window.
+
+    Returns:
+        Columns ``window_start_s, window_end_s``, ``ordinary_miss_requests`` (decision ``miss``:
+        no candidate), ``ordinary_miss_tokens`` (Σ prompt − cached over requests that were not
+        rejected and reported cached tokens), ``version_mismatch_requests`` and
+        ``version_mismatch_tokens`` (rejects of class version: count and Σ candidate tokens),
+        ``other_reject_requests`` and ``other_reject_tokens`` (cross_scope, generation,
+        collision), ``accepts``. Oldest first.
+    """
+    if not window_s or window_s <= 0:
+        raise UsageError(f"window_s must be positive, got {window_s}")
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
+                             namespaces=namespaces)
+    sql = f"""
+        WITH w AS (SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *,
+                          {_CLASS} AS reason_class
+                   FROM ({_base(where)}))
+        SELECT window_start_s, window_start_s + ? AS window_end_s,
+               count(*) FILTER (WHERE decision = 'miss') AS ordinary_miss_requests,
+               COALESCE(sum(prompt_tokens - cached_tokens) FILTER (
+                   WHERE decision IS DISTINCT FROM 'reject' AND cached_tokens IS NOT NULL),
+                   0)::BIGINT AS ordinary_miss_tokens,
+               count(*) FILTER (WHERE reason_class = 'version') AS version_mismatch_requests,
+               COALESCE(sum(candidate_cached_tokens) FILTER (WHERE reason_class = 'version'),
+                        0)::BIGINT AS version_mismatch_tokens,
+               count(*) FILTER (WHERE decision = 'reject' AND reason_class <> 'version')
+                   AS other_reject_requests,
+               COALESCE(sum(candidate_cached_tokens) FILTER (
+                   WHERE decision = 'reject' AND reason_class <> 'version'), 0)::BIGINT
+                   AS other_reject_tokens,
+               count(*) FILTER (WHERE decision = 'accept') AS accepts
+        FROM w GROUP BY ALL ORDER BY window_start_s
+    """
+    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *_CLASS_PARAMS,
+         *params, float(window_s)]
+    return con.execute(sql, p).df()
+
+
+def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                            end_s: float | None = None, run_ids: Sequence[str] | None = None,
+                            limit: int = 10) -> pd.DataFrame:
+    """Namespaces with the most rejected candidates.
+
+    Returns:
+        Columns ``namespace_digest, scope, requests, rejects, reject_fraction`` (rejects /
+        decided requests), ``top_reason`` (most frequent first mismatch),
+        ``lost_candidate_tokens``. Most rejects first, at most ``limit`` rows.
+    """
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    sql = f"""
+        WITH b AS ({_base(where)})
+        SELECT namespace_digest, scope, count(*) AS requests,
+               count(*) FILTER (WHERE decision = 'reject') AS rejects,
+               count(*) FILTER (WHERE decision = 'reject')::DOUBLE
+                   / NULLIF(count(*) FILTER (WHERE has_decision), 0) AS reject_fraction,
+               mode(first_mismatch) FILTER (WHERE decision = 'reject') AS top_reason,
+               COALESCE(sum(candidate_cached_tokens) FILTER (WHERE decision = 'reject'),
+                        0)::BIGINT AS lost_candidate_tokens
+        FROM b WHERE namespace_digest IS NOT NULL
+        GROUP BY namespace_digest, scope
+        HAVING count(*) FILTER (WHERE decision = 'reject') > 0
+        ORDER BY rejects DESC, namespace_digest LIMIT ?
+    """
+    return con.execute(sql, [*params, int(limit)]).df()
+
+
+def _differs(cols: Sequence[str]) -> str:
+    return " OR ".join(f"(candidate_{c} IS NOT NULL AND {c} IS NOT NULL AND candidate_{c} <> {c})"
+                       for c in cols)
+
+
+def _invariant_predicates() -> dict[str, tuple[str, list[Any]]]:
+    used_after_reject = "decision = 'reject' AND COALESCE(cached_tokens, 0) > 0"
+    return {
+        "cross_scope_acceptance": (
+            f"(decision = 'accept' AND ({_differs(['scope', 'namespace_digest'])})) OR "
+            f"({used_after_reject} AND list_contains(?, first_mismatch))",
+            [CROSS_SCOPE_REASONS]),
+        "wrong_version_acceptance": (
+            f"(decision = 'accept' AND ({_differs(_VERSION_COLUMNS)})) OR "
+            f"({used_after_reject} AND list_contains(?, first_mismatch))",
+            [VERSION_REASONS + COLLISION_REASONS]),
+        "old_generation_use": (
+            f"(decision = 'accept' AND ({_differs(['authorization_epoch', 'cache_epoch'])})) OR "
+            f"({used_after_reject} AND list_contains(?, first_mismatch))",
+            [GENERATION_REASONS]),
+    }
+
+
+def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                     end_s: float | None = None,
+                     run_ids: Sequence[str] | None = None) -> dict[str, int]:
+    """The three numbers that must be 0, plus context.
+
+    Returns:
+        ``{"cross_scope_acceptance", "wrong_version_acceptance", "old_generation_use"}``
+        (requests violating each invariant, see the module docstring), ``"decided_requests"``
+        (requests with a decision) and ``"unverifiable_accepts"`` (accepts logged without a
+        candidate identity).
+    """
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    preds = _invariant_predicates()
+    sel = []
+    p: list[Any] = []
+    for name in INVARIANTS:
+        pred, pp = preds[name]
+        sel.append(f"count(*) FILTER (WHERE {pred}) AS {name}")
+        p.extend(pp)
+    sql = f"""
+        SELECT {', '.join(sel)},
+               count(*) FILTER (WHERE has_decision) AS decided_requests,
+               count(*) FILTER (WHERE decision = 'accept' AND candidate_scope IS NULL
+                                AND candidate_namespace_digest IS NULL) AS unverifiable_accepts
+        FROM ({_base(where)})
+    """
+    row = con.execute(sql, [*p, *params]).fetchone()
+    names = [*INVARIANTS, "decided_requests", "unverifiable_accepts"]
+    return {n: int(v or 0) for n, v in zip(names, row)}
+
+
+def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
+                         start_s: float | None = None, end_s: float | None = None,
+                         run_ids: Sequence[str] | None = None, limit: int = 1000) -> pd.DataFrame:
+    """The requests behind one invariant count (drill-down), newest first.
+
+    Returns:
+        Columns ``run_id, request_id, ts_unix_s, scope, namespace_digest, decision,
+        first_mismatch, reasons, candidate_request_id, candidate_scope,
+        candidate_namespace_digest, candidate_cached_tokens, accepted_cached_tokens,
+        prompt_tokens, cached_tokens``.
+
+    Raises:
+        UsageError: unknown invariant name.
+    """
+    preds = _invariant_predicates()
+    if invariant not in preds:
+        raise UsageError(f"unknown invariant {invariant!r}: choose from {list(INVARIANTS)}")
+    pred, pp = preds[invariant]
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    sql = f"""
+        SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
+               reasons, candidate_request_id, candidate_scope, candidate_namespace_digest,
+               candidate_cached_tokens, accepted_cached_tokens, prompt_tokens, cached_tokens
+        FROM ({_base(where)}) WHERE {pred}
+        ORDER BY ts_unix_s DESC, request_id LIMIT ?
+    """
+    return con.execute(sql, [*params, *pp, int(limit)]).df()
+
+
+def decision_rows(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                  end_s: float | None = None, run_ids: Sequence[str] | None = None,
+                  decisions: Sequence[str] | None = None, reason: str | None = None,
+                  namespaces: Sequence[str] | None = None, limit: int = 1000) -> pd.DataFrame:
+    """Decisions joined to usage, one row per request, newest first (for tables and CSV).
+
+    Returns:
+        Columns ``run_id, request_id, ts_unix_s, scope, namespace_digest, decision,
+        first_mismatch, reasons, candidate_cached_tokens, accepted_cached_tokens, prompt_tokens,
+        cached_tokens, candidate_request_id``.
+    """
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids,
+                             namespaces=namespaces)
+    extra = ""
+    p: list[Any] = []
+    if decisions is not None:
+        extra += " AND list_contains(?, decision)"
+        p.append(list(decisions))
+    if reason is not None:
+        extra += " AND list_contains(string_split(reasons, ','), ?)"
+        p.append(reason)
+    sql = f"""
+        SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
+               reasons, candidate_cached_tokens, accepted_cached_tokens, prompt_tokens,
+               cached_tokens, candidate_request_id
+        FROM ({_base(where)}) WHERE has_decision{extra}
+        ORDER BY ts_unix_s DESC, request_id LIMIT ?
+    """
+    return con.execute(sql, [*params, *p, int(limit)]).df()
+
+
+def gateway_events(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                   end_s: float | None = None,
+                   run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Version events (upgrades, revocations, epoch bumps, restarts), oldest first.
+
+    Returns:
+        Columns ``run_id, ts_unix_s, event, namespace_digest, new_value``.
+    """
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    sql = f"""SELECT run_id, ts_unix_s, event, namespace_digest, new_value FROM gateway_events
+              WHERE {where} ORDER BY ts_unix_s, event"""
+    return con.execute(sql, params).df()
+
+
+def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Values for the dashboard's filters: ``run_ids``, ``scopes``, ``namespaces`` (sorted) and
+    ``min_ts_unix_s``/``max_ts_unix_s`` over decisions (None when there are none)."""
+    row = con.execute("""
+        SELECT list(DISTINCT run_id ORDER BY run_id), list(DISTINCT scope ORDER BY scope),
+               list(DISTINCT namespace_digest ORDER BY namespace_digest),
+               min(ts_unix_s), max(ts_unix_s)
+        FROM gateway_decisions""").fetchone()
+    return {"run_ids": list(row[0] or []), "scopes": list(row[1] or []),
+            "namespaces": list(row[2] or []), "min_ts_unix_s": row[3], "max_ts_unix_s": row[4]}
