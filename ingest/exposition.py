@@ -138,7 +138,7 @@ def _build_specs() -> tuple[dict[str, _Spec], dict[str, tuple[str, bool]]]:
     return samples, created
 
 
-_SAMPLE_SPECS, _CREATED_SPECS = _build_specs()
+SAMPLE_SPECS, CREATED_SPECS = _build_specs()
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +285,8 @@ def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float
     return RawScrape(source, "metrics-file", text, ts, path.stem)
 
 
-def _labels_json(labels: dict[str, str], *, drop: Iterable[str] = ()) -> str:
+def encode_labels(labels: dict[str, str], *, drop: Iterable[str] = ()) -> str:
+    """Labels as stored: sorted-key compact JSON without ``instance``, ``job`` and ``drop``."""
     dropped = _DROPPED_LABELS.union(drop)
     return json.dumps({k: labels[k] for k in sorted(labels) if k not in dropped},
                       separators=(",", ":"), ensure_ascii=False)
@@ -353,15 +354,15 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float) 
             continue
         name, labels, value = sample.name, dict(sample.labels), float(sample.value)
         ts = float(sample.timestamp) if sample.timestamp is not None else ts_unix_s
-        cspec = _CREATED_SPECS.get(name)
+        cspec = CREATED_SPECS.get(name)
         if cspec is not None:
             if math.isfinite(value) and value > 0:
-                created[(cspec[0], _labels_json(labels, drop=("le",)))] = value
+                created[(cspec[0], encode_labels(labels, drop=("le",)))] = value
             else:
                 problems.append(Quarantined(location, lineno, "created time is not a positive "
                                             "finite number", name))
             continue
-        spec = _SAMPLE_SPECS.get(name)
+        spec = SAMPLE_SPECS.get(name)
         if spec is None:
             continue
         if spec.kind in ("counter", "histogram") and (not math.isfinite(value) or value < 0):
@@ -375,7 +376,7 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float) 
     by_key: dict[tuple[str, str, float], MetricSample] = {}
     zeros: dict[tuple[str, str], MetricSample] = {}
     for spec, labels, ts, value, name in kept:
-        labels_json = _labels_json(labels)
+        labels_json = encode_labels(labels)
         s = MetricSample(spec.metric, labels_json, instance, labels.get("model_name"),
                          labels.get("engine"), ts, value, name, spec.legacy, False)
         key = (spec.metric, labels_json, ts)
@@ -384,7 +385,7 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float) 
             continue  # a canonical name beats its legacy alias in the same scrape
         by_key[key] = s
         if spec.kind in ("counter", "histogram"):
-            c = created.get((spec.family, _labels_json(labels, drop=("le",))))
+            c = created.get((spec.family, encode_labels(labels, drop=("le",))))
             if c is not None and c < ts and (spec.metric, labels_json) not in zeros:
                 zeros[(spec.metric, labels_json)] = MetricSample(
                     spec.metric, labels_json, instance, s.model, s.engine, c, 0.0, name,

@@ -1,0 +1,244 @@
+"""vLLM counters for a time range from a Prometheus-compatible query API into ``metric_samples``.
+
+Works with anything that serves Prometheus' HTTP API (``/api/v1/query``,
+``/api/v1/query_range``): Prometheus, Thanos, Mimir, VictoriaMetrics. Queries go through
+prometheus-api-client's :class:`~prometheus_api_client.PrometheusConnect`.
+
+Two modes:
+
+1. **raw** (default): range-vector queries (``{__name__=~"..."}[Ns]`` evaluated at the end of
+   each chunk, :meth:`PrometheusConnect.get_metric_range_data`) return every stored sample with
+   its own scrape time and value, so the hit rate equals the one computed from direct scrapes of
+   the same server (same samples).
+2. **step** (``--step``): :meth:`PrometheusConnect.custom_query_range` returns the latest value
+   at each step (Prometheus' 5-minute lookback). Times move to the step grid, and a restart
+   whose counter outgrows its old value within one step cannot be seen; use it for downsampled
+   long-term stores.
+
+The same families as the exposition ingester are kept (:mod:`ingest.exposition`), legacy names
+mapped the same way. Labels are kept minus ``job`` and the instance label; ``instance`` is the
+value of ``--instance-label`` (default ``instance``). ``<family>_created`` series, which
+Prometheus stores as gauges when it scrapes the 0.0.4 text format, become created-zero samples
+exactly as in a direct scrape. (A Prometheus that scrapes OpenMetrics may not store them; then
+the first sample of each process in the range is the baseline and its tokens are not counted.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import datetime, timezone
+
+from ingest.bookkeeping import Quarantined
+from ingest.exposition import (
+    CREATED_SPECS,
+    SAMPLE_SPECS,
+    V0_HIT_RATE_GAUGES,
+    V0_GAUGE_NOTE,
+    LEGACY_NOTE,
+    ExpositionRead,
+    MetricSample,
+    ScrapeOutcome,
+    encode_labels,
+    instance_for_url,
+    save_samples,
+)
+from prefixscope.errors import NothingIngested, SourceUnavailable
+
+KIND = "prometheus"
+
+
+def series_selector() -> str:
+    """The PromQL selector of every kept sample name and ``_created`` series:
+    ``{__name__=~"vllm:(a|b|...)"}`` (names sorted)."""
+    names = sorted(set(SAMPLE_SPECS) | set(CREATED_SPECS))
+    tails = [n.removeprefix("vllm:") for n in names]
+    return '{__name__=~"vllm:(' + "|".join(tails) + ')"}'
+
+
+def _connect(url: str, timeout_s: float):
+    from prometheus_api_client import PrometheusConnect
+
+    return PrometheusConnect(url=url.rstrip("/"), disable_ssl=False, timeout=timeout_s)
+
+
+def _dt(ts_unix_s: float) -> datetime:
+    return datetime.fromtimestamp(ts_unix_s, tz=timezone.utc)
+
+
+def query_range(url: str, *, start_s: float, end_s: float, step_s: float | None = None,
+                timeout_s: float = 30.0) -> list[dict]:
+    """Series and values of the kept families over ``[start_s, end_s]`` (one API call).
+
+    Args:
+        url: base URL of the API (``http://host:9090``, Thanos/Mimir/VictoriaMetrics prefix).
+        start_s, end_s: range, Unix seconds (raw mode rounds both to whole seconds, as
+            prometheus-api-client does).
+        step_s: None for raw samples; else the query_range step in seconds.
+
+    Returns:
+        The API's ``result`` list: ``{"metric": {labels, "__name__"}, "values": [[ts, "v"], ...]}``.
+
+    Raises:
+        SourceUnavailable: the API cannot be reached or rejects the query.
+    """
+    import requests
+    from prometheus_api_client import PrometheusApiClientException
+
+    con = _connect(url, timeout_s)
+    try:
+        if step_s is None:
+            if round(end_s) <= round(start_s):
+                return []
+            return con.get_metric_range_data(series_selector(), start_time=_dt(start_s),
+                                             end_time=_dt(end_s))
+        return con.custom_query_range(series_selector(), start_time=_dt(start_s),
+                                      end_time=_dt(end_s), step=f"{step_s:g}s")
+    except (requests.RequestException, PrometheusApiClientException) as exc:
+        raise SourceUnavailable(f"cannot query {url}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        con.close()
+
+
+def samples_from_series(result: list[dict], *, location: str, default_instance: str,
+                        instance_label: str = "instance", ts_unix_s: float | None = None
+                        ) -> ExpositionRead:
+    """Turn API series into stored samples (pure), with created-zero samples.
+
+    A ``<family>_created`` series gives one created-zero sample per distinct created time for
+    every series of that family with the same labels (``le`` aside) and instance, when the
+    series has a sample after that time.
+
+    Returns:
+        An :class:`~ingest.exposition.ExpositionRead` (``lines`` = number of series).
+    """
+    problems: list[Quarantined] = []
+    created: dict[tuple[str, str, str], set[float]] = {}
+    kept: list[tuple] = []
+    saw_v0 = False
+    for series in result:
+        labels = {k: str(v) for k, v in series.get("metric", {}).items()}
+        name = labels.pop("__name__", "")
+        instance = labels.get(instance_label) or default_instance
+        for drop in ("job", instance_label):
+            labels.pop(drop, None)
+        values = series.get("values") or []
+        cspec = CREATED_SPECS.get(name)
+        if cspec is not None:
+            key = (cspec[0], encode_labels(labels, drop=("le",)), instance)
+            for _, v in values:
+                c = float(v)
+                if math.isfinite(c) and c > 0:
+                    created.setdefault(key, set()).add(c)
+            continue
+        spec = SAMPLE_SPECS.get(name)
+        if spec is None:
+            continue
+        if name in V0_HIT_RATE_GAUGES:
+            saw_v0 = True
+        labels_json = encode_labels(labels)
+        for ts, v in values:
+            value = float(v)
+            if spec.kind in ("counter", "histogram") and (not math.isfinite(value) or value < 0):
+                problems.append(Quarantined(location, 0, f"{spec.kind} value is not a finite "
+                                            f"number >= 0 at {float(ts):.3f}", name))
+                continue
+            kept.append((spec, labels_json, instance, labels.get("model_name"),
+                         labels.get("engine"), float(ts), value, name))
+    by_key: dict[tuple, MetricSample] = {}
+    last_ts: dict[tuple, float] = {}
+    for spec, labels_json, instance, model, engine, ts, value, name in kept:
+        key = (spec.metric, labels_json, instance, ts)
+        prior = by_key.get(key)
+        if prior is not None and not prior.legacy:
+            continue
+        by_key[key] = MetricSample(spec.metric, labels_json, instance, model, engine, ts, value,
+                                   name, spec.legacy, False)
+        skey = (spec, labels_json, instance, model, engine, name)
+        last_ts[skey] = max(ts, last_ts.get(skey, ts))
+    zeros: dict[tuple, MetricSample] = {}
+    for (spec, labels_json, instance, model, engine, name), latest in last_ts.items():
+        if spec.kind not in ("counter", "histogram"):
+            continue
+        sans_le = encode_labels(json.loads(labels_json), drop=("le",))
+        for c in created.get((spec.family, sans_le, instance), ()):
+            if c < latest and (spec.metric, labels_json, instance, c) not in by_key:
+                zeros[(spec.metric, labels_json, instance, c)] = MetricSample(
+                    spec.metric, labels_json, instance, model, engine, c, 0.0, name,
+                    spec.legacy, True)
+    samples = tuple(zeros.values()) + tuple(by_key.values())
+    notes: list[str] = []
+    if any(s.legacy for s in samples):
+        notes.append(LEGACY_NOTE)
+    if saw_v0:
+        notes.append(V0_GAUGE_NOTE)
+    if not samples:
+        notes.append("no vLLM prefix-cache series in this range")
+    return ExpositionRead(location, default_instance,
+                          time.time() if ts_unix_s is None else ts_unix_s, samples,
+                          tuple(problems), tuple(notes), len(result))
+
+
+def _merge(a, b):
+    from ingest.bookkeeping import IngestSummary
+
+    if a is None:
+        return b
+    notes = []
+    for n in (a.note, b.note):
+        for part in (n or "").split("; "):
+            if part and part not in notes:
+                notes.append(part)
+    return IngestSummary(a.source, a.kind, a.rows_read + b.rows_read, a.rows_added + b.rows_added,
+                         a.rows_duplicate + b.rows_duplicate,
+                         a.rows_quarantined + b.rows_quarantined, "; ".join(notes) or None)
+
+
+def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: float,
+                            step_s: float | None = None, instance_label: str = "instance",
+                            chunk_s: float = 3600.0, timeout_s: float = 30.0) -> ScrapeOutcome:
+    """Pull ``[start_s, end_s]`` from a Prometheus-compatible API and store it, chunk by chunk.
+
+    Each chunk (``chunk_s`` seconds, default 1 h) is one query and one short write transaction;
+    chunk edges may return a sample twice (Prometheus 2 ranges are closed) and the primary key
+    keeps it once. Running it again over the same range adds nothing.
+
+    Args:
+        db_path: DuckDB file.
+        url: base URL of the query API.
+        start_s, end_s: range, Unix seconds.
+        step_s: None for raw samples (exact), else sample every ``step_s`` seconds.
+        instance_label: label naming the vLLM instance (dropped from the stored labels).
+        chunk_s: seconds per query.
+
+    Returns:
+        One :class:`~ingest.exposition.ScrapeOutcome` for the whole range.
+
+    Raises:
+        SourceUnavailable: the API cannot be reached or rejects the query.
+        NothingIngested: no kept series in the range.
+    """
+    from store import db as store_db
+
+    if chunk_s <= 0:
+        raise ValueError("chunk_s must be > 0")
+    default_instance = instance_for_url(url)
+    total = None
+    problems: list[Quarantined] = []
+    lo = float(start_s)
+    while lo < end_s:
+        hi = min(float(end_s), lo + chunk_s)
+        result = query_range(url, start_s=lo, end_s=hi, step_s=step_s, timeout_s=timeout_s)
+        read = samples_from_series(result, location=url, default_instance=default_instance,
+                                   instance_label=instance_label)
+        if read.samples or read.problems:
+            with store_db.writer(db_path) as con:
+                total = _merge(total, save_samples(con, read, kind=KIND))
+            problems.extend(read.problems)
+        lo = hi
+    if total is None or total.rows_read == 0:
+        raise NothingIngested(
+            f"nothing could be read: {url} has no vLLM prefix-cache series between "
+            f"{_dt(start_s).isoformat()} and {_dt(end_s).isoformat()}")
+    return ScrapeOutcome(total, tuple(problems))
