@@ -98,12 +98,16 @@ class ConcurrencyConfig:
         max_num_batched_tokens: token budget per engine step.
         enable_chunked_prefill: split long prompts across steps.
         step_time_s: simulated seconds per engine step (pacing against arrival times).
+        long_prefill_token_threshold: vLLM ``--long-prefill-token-threshold`` (tokens; 0 = no
+            cap): a prefill chunk is capped at this many tokens when more than one request is
+            eligible (``vllm/v1/core/sched/scheduler.py``, 0.32).
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
     step_time_s: float = 0.02
+    long_prefill_token_threshold: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,8 @@ class SimConfig:
         simulate_output: generate ``output_tokens`` per request (decode blocks get cached).
         concurrency: None for sequential replay (each request finishes before the next starts,
             exact); else the step-based scheduler model.
+        max_model_len: vLLM ``--max-model-len`` in tokens, or None (no limit). A request whose
+            prompt reaches it is rejected; output is cut so prompt + output <= max_model_len.
     """
 
     block_size: int = 16
@@ -130,3 +136,4 @@ class SimConfig:
     enable_prefix_caching: bool = True
     simulate_output: bool = True
     concurrency: ConcurrencyConfig | None = None
+    max_model_len: int | None = None

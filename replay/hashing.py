@@ -1,0 +1,291 @@
+"""Block hashing identical to vLLM's prefix cache (vLLM 0.32 and 0.33).
+
+Rules (vLLM ``vllm/v1/core/kv_cache_utils.py``: ``hash_block_tokens``,
+``resolve_none_hash_seed``, ``init_none_hash``, ``generate_block_hash_extra_keys``,
+``get_request_block_hasher``; ``vllm/utils/hashing.py``; read in 0.32.0 and 0.33.0):
+
+1. A prompt is cut into blocks of ``block_size`` tokens; only *full* blocks get a hash.
+2. Block i's hash is ``H_i = h(serialize((H_{i-1}, tuple(tokens of block i), extra_keys_i)))``
+   with ``H_{-1} = NONE_HASH``; ``extra_keys_i`` is None when the block has none. ``H_i`` is the
+   raw digest (32 bytes for the SHA-256 variants, 16 for xxh3-128), so it names the whole prefix.
+3. Serialisation: pickle at the highest protocol (5) for ``sha256`` and ``xxhash``; canonical
+   CBOR (cbor2) for ``sha256_cbor`` and ``xxhash_cbor``.
+4. ``NONE_HASH = h(serialize(seed))``. The seed is PYTHONHASHSEED when set (here: the ``seed``
+   argument); otherwise ``"vllm-none-hash"`` for the SHA-256 variants and, for the xxhash
+   variants, a random 32-byte hex string drawn once per process (``os.urandom(32).hex()``), as
+   vLLM does on purpose. Hit counts never depend on the seed; hash *values* do.
+5. Extra keys, in this order: ``("lora", name, path)`` on every block of a LoRA request, then
+   ``("cache_salt", salt)`` on the first block only (when the salt is non-empty). Multimodal and
+   prompt-embedding keys are not modelled (see docs/replay.md).
+
+The ``fast`` algorithm is not vLLM's: it keys each block by ``(parent, tokens)`` where ``parent``
+is a 64-bit integer naming the prefix (Python's tuple hash of the parent key) and ``tokens`` is
+the block's token tuple, compared in full by the dict. Hit counts are identical to vLLM's; the
+values are not vLLM hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import cbor2
+
+from prefixscope.errors import SimulationError
+
+#: vLLM's fixed seed for the SHA-256 variants when PYTHONHASHSEED is unset (0.32 and 0.33).
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+
+#: Hash algorithms with vLLM-identical values (``--prefix-caching-hash-algo``).
+VLLM_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+#: All algorithms the simulator accepts: vLLM's plus ``fast`` (same hits, not vLLM's values).
+ALGOS = (*VLLM_ALGOS, "fast")
+
+_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL  # 5 on CPython 3.8+, as in vLLM
+_RANDOM_XXHASH_SEED: str | None = None  # drawn once per process, like vLLM's engine core
+
+
+def _sha256(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def _xxhash(obj: Any) -> bytes:
+    import xxhash
+
+    return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL))
+
+
+def _xxhash_cbor(obj: Any) -> bytes:
+    import xxhash
+
+    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+
+
+_HASH_FNS: dict[str, Callable[[Any], bytes]] = {
+    "sha256": _sha256,
+    "sha256_cbor": _sha256_cbor,
+    "xxhash": _xxhash,
+    "xxhash_cbor": _xxhash_cbor,
+}
+
+
+def check_algo(algo: str) -> str:
+    """Return ``algo`` if the simulator knows it, else raise :class:`SimulationError`."""
+    if algo not in ALGOS:
+        raise SimulationError(
+            f"unknown hash algorithm {algo!r}: expected one of {', '.join(ALGOS)}"
+        )
+    return algo
+
+
+def hash_function(algo: str) -> Callable[[Any], bytes]:
+    """vLLM's hash function ``algo`` (``vllm/utils/hashing.py``): object -> raw digest bytes.
+
+    Raises:
+        SimulationError: ``algo`` is not one of :data:`VLLM_ALGOS`.
+    """
+    try:
+        return _HASH_FNS[algo]
+    except KeyError:
+        raise SimulationError(
+            f"hash algorithm {algo!r} has no vLLM hash values: expected one of "
+            f"{', '.join(VLLM_ALGOS)}"
+        ) from None
+
+
+def resolve_none_hash_seed(algo: str, seed: str | None = None) -> str:
+    """The seed string NONE_HASH is derived from (vLLM ``resolve_none_hash_seed``, 0.32/0.33).
+
+    Args:
+        algo: one of :data:`VLLM_ALGOS`.
+        seed: the server's PYTHONHASHSEED, or None when it was unset. The environment of *this*
+            process is deliberately not read: it says nothing about the server's.
+
+    Returns:
+        ``seed`` if given; else ``"vllm-none-hash"`` for the SHA-256 variants; else (xxhash
+        variants) a random 64-character hex string, the same for the whole process.
+    """
+    global _RANDOM_XXHASH_SEED
+    hash_function(algo)
+    if seed is not None:
+        return seed
+    if algo.startswith("xxhash"):
+        if _RANDOM_XXHASH_SEED is None:
+            _RANDOM_XXHASH_SEED = os.urandom(32).hex()
+        return _RANDOM_XXHASH_SEED
+    return DEFAULT_NONE_HASH_SEED
+
+
+def none_hash(algo: str = "sha256", seed: str | None = None) -> bytes:
+    """NONE_HASH, the parent of every chain's first block: ``h(serialize(seed string))``.
+
+    Golden value (sha256, seed unset): ``066b1e89...d71198`` (docs/replay.md).
+    """
+    return hash_function(algo)(resolve_none_hash_seed(algo, seed))
+
+
+def block_extra_keys(
+    block_index: int,
+    *,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+    lora_path: str | None = None,
+) -> tuple[tuple[str, ...], ...] | None:
+    """Extra keys of block ``block_index`` (vLLM ``generate_block_hash_extra_keys``, 0.32/0.33).
+
+    Order: LoRA ``("lora", name, path)`` on every block, then ``("cache_salt", salt)`` on block 0
+    only when the salt is non-empty. Returns None when the block has no extra keys.
+    """
+    keys: list[tuple[str, ...]] = []
+    if lora_name is not None:
+        keys.append(("lora", lora_name, lora_path))  # type: ignore[arg-type]
+    if block_index == 0 and cache_salt:
+        keys.append(("cache_salt", cache_salt))
+    return tuple(keys) if keys else None
+
+
+def hash_block_tokens(
+    hash_fn: Callable[[Any], bytes],
+    parent_block_hash: bytes,
+    block_token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None = None,
+) -> bytes:
+    """One chain step: ``hash_fn((parent, tuple(tokens), extra_keys))`` (vLLM ``hash_block_tokens``).
+
+    ``parent_block_hash`` must already be NONE_HASH for a chain's first block.
+    """
+    return hash_fn((parent_block_hash, tuple(block_token_ids), extra_keys))
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    *,
+    block_size: int,
+    algo: str = "sha256",
+    seed: str | None = None,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+    lora_path: str | None = None,
+) -> list[bytes]:
+    """vLLM's block hashes of a prompt: one raw digest per *full* block, in chain order.
+
+    Args:
+        token_ids: the prompt's token ids (ints).
+        block_size: tokens per block (> 0).
+        algo: one of :data:`VLLM_ALGOS`.
+        seed: the server's PYTHONHASHSEED (None: unset).
+        cache_salt, lora_name, lora_path: the request's extra-key inputs.
+
+    Returns:
+        ``len(token_ids) // block_size`` digests (32 bytes for SHA-256, 16 for xxh3-128).
+
+    Raises:
+        SimulationError: unknown algorithm or block size < 1.
+    """
+    hasher = BlockHasher(
+        algo=algo, block_size=block_size, seed=seed, cache_salt=cache_salt,
+        lora_name=lora_name, lora_path=lora_path,
+    )
+    out: list[Hashable] = []
+    hasher.extend(out, token_ids, 0)
+    return out  # type: ignore[return-value]
+
+
+def int_block_hash(digest: bytes) -> int:
+    """The KV-events form of a digest: its low 8 bytes read big-endian, an unsigned 64-bit int.
+
+    vLLM ``maybe_convert_block_hash`` with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` (default).
+    """
+    return int.from_bytes(digest, "big") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+class BlockHasher:
+    """Computes a request's block keys incrementally, as vLLM's request block hasher does.
+
+    vLLM hashes all full prompt blocks when a request arrives and each block that fills with
+    generated tokens later (``get_request_block_hasher``). :meth:`extend` appends the keys of the
+    blocks that became full to a request's key list.
+
+    Keys are raw digests for the vLLM algorithms and ``(parent_int, tokens_tuple)`` tuples for
+    ``fast``.
+    """
+
+    __slots__ = ("algo", "block_size", "extra_first", "extra_rest", "_fn", "_root", "_fast")
+
+    def __init__(
+        self,
+        *,
+        algo: str = "sha256",
+        block_size: int,
+        seed: str | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+    ) -> None:
+        check_algo(algo)
+        if block_size < 1:
+            raise SimulationError(f"block_size must be >= 1, got {block_size}")
+        self.algo = algo
+        self.block_size = block_size
+        self.extra_first = block_extra_keys(
+            0, cache_salt=cache_salt, lora_name=lora_name, lora_path=lora_path
+        )
+        self.extra_rest = block_extra_keys(
+            1, cache_salt=cache_salt, lora_name=lora_name, lora_path=lora_path
+        )
+        self._fast = algo == "fast"
+        if self._fast:
+            self._fn = None
+            # The root names the extra keys (salt on the first block, LoRA on all): chaining
+            # carries them into every later key, which gives the same equalities as vLLM's.
+            self._root = hash(("prefixscope-fast-root", self.extra_first, self.extra_rest))
+        else:
+            self._fn = hash_function(algo)
+            self._root = none_hash(algo, seed)
+
+    def extend(self, keys: list[Hashable], token_ids: Sequence[int], num_tokens: int) -> None:
+        """Append to ``keys`` the keys of every full block of ``token_ids`` not yet in ``keys``.
+
+        Args:
+            keys: the request's key list so far (block i at index i); extended in place.
+            token_ids: all the request's tokens (prompt then output), at least ``num_tokens``.
+            num_tokens: tokens to consider (0 means ``len(token_ids)``).
+        """
+        bs = self.block_size
+        n = num_tokens or len(token_ids)
+        start = len(keys) * bs
+        if start + bs > n:
+            return
+        if self._fast:
+            parent = hash(keys[-1]) if keys else self._root
+            append = keys.append
+            for i in range(start, n - bs + 1, bs):
+                key = (parent, tuple(token_ids[i:i + bs]))
+                append(key)
+                parent = hash(key)
+            return
+        fn = self._fn
+        parent = keys[-1] if keys else self._root
+        extra_first, extra_rest = self.extra_first, self.extra_rest
+        append = keys.append
+        if start == 0:
+            parent = fn((parent, tuple(token_ids[0:bs]), extra_first))
+            append(parent)
+            start = bs
+        if fn is _sha256:
+            # The default algorithm, inlined: pickle protocol 5 then SHA-256 (same bytes).
+            dumps, sha = pickle.dumps, hashlib.sha256
+            for i in range(start, n - bs + 1, bs):
+                parent = sha(dumps((parent, tuple(token_ids[i:i + bs]), extra_rest), 5)).digest()
+                append(parent)
+            return
+        for i in range(start, n - bs + 1, bs):
+            parent = fn((parent, tuple(token_ids[i:i + bs]), extra_rest))
+            append(parent)

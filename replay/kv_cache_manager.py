@@ -1,0 +1,276 @@
+"""vLLM's KVCacheManager for one full-attention group: lookup, allocation, caching, free.
+
+A port of the behaviours of ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``,
+``allocate_slots``, ``free``, ``reset_prefix_cache``) and ``FullAttentionManager`` in
+``vllm/v1/core/single_type_kv_cache_manager.py`` (``find_longest_cache_hit``,
+``get_num_blocks_to_allocate``, ``cache_blocks``), vLLM 0.32.0 (same rules in 0.33.0), without
+speculative decoding, KV connectors, sliding windows or hybrid groups.
+
+Rules (each asserted by a narrated test in ``tests/test_replay_core_manager.py``):
+
+1. Lookup only when caching is on and the request does not skip reading (prompt logprobs).
+   At most ``floor((num_tokens - 1) / block_size)`` blocks can hit (the last token is always
+   recomputed); the walk stops at the first key not in the map; hits are whole blocks.
+2. Allocation is all-or-nothing: it needs ``cdiv(tokens needing a slot, B) - blocks held - hit
+   blocks`` new blocks plus the hit blocks that sit in the free queue (reference count 0),
+   and fails (returns None, touching nothing) when the pool has fewer free blocks. With
+   ``full_sequence_must_fit`` (vLLM's default ``scheduler_reserve_full_isl`` at admission) the
+   whole current sequence must fit, not just the scheduled chunk.
+3. Order on success: touch the hit blocks, pop new blocks from the free queue, then register the
+   keys of every block full of *scheduled* tokens (at most ``request.num_tokens``): blocks are
+   cached at scheduling time, before the forward pass.
+4. Free visits the request's blocks in reverse (tail first), see :class:`~replay.block_pool.BlockPool`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from replay.block_pool import BlockPool
+from replay.hashing import BlockHasher
+
+#: Token id used for generated tokens when a trace has no output ids (never a real id: a
+#: prompt can never contain it, so placeholder decode blocks are never hit by a prompt).
+PLACEHOLDER_OUTPUT_TOKEN = -1
+
+
+class SimRequest:
+    """A request's mutable state in the simulator (the part of vLLM's ``Request`` that matters).
+
+    Attributes:
+        request_id: unique id.
+        num_prompt_tokens: prompt length in tokens.
+        num_tokens: prompt plus generated tokens appended so far (vLLM ``Request.num_tokens``).
+        num_computed_tokens: tokens whose KV is computed or scheduled.
+        block_keys: one key per full block of the current tokens, in chain order (vLLM
+            ``Request.block_hashes``).
+        token_ids: prompt then generated token ids, or None in block-key mode.
+        max_tokens: tokens to generate (>= 1 in vLLM; 0 is treated as 1 for caching).
+        num_output_tokens: generated so far.
+        skip_reading: do not look up (prompt logprobs); still writes.
+        num_preemptions: times preempted.
+        cached_tokens: hit tokens at the first admission (-1 before it).
+    """
+
+    __slots__ = (
+        "request_id", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "block_keys",
+        "token_ids", "max_tokens", "num_output_tokens", "skip_reading", "num_preemptions",
+        "cached_tokens", "hasher", "output_token_ids", "trace", "admitted_s", "block_size",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        *,
+        block_size: int,
+        prompt_token_ids: Sequence[int] | None = None,
+        prompt_block_keys: Sequence[Hashable] | None = None,
+        num_prompt_tokens: int | None = None,
+        hasher: BlockHasher | None = None,
+        max_tokens: int = 1,
+        output_token_ids: Sequence[int] | None = None,
+        skip_reading: bool = False,
+        trace: object = None,
+    ) -> None:
+        """Build the request and compute the keys of its full prompt blocks.
+
+        Either ``prompt_token_ids`` with a ``hasher`` (vLLM hashing or ``fast``), or
+        ``prompt_block_keys`` (one chained key per full block) with ``num_prompt_tokens``.
+        """
+        self.request_id = request_id
+        self.block_size = block_size
+        self.max_tokens = max_tokens
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.skip_reading = skip_reading
+        self.num_preemptions = 0
+        self.cached_tokens = -1
+        self.output_token_ids = output_token_ids
+        self.trace = trace
+        self.admitted_s: float | None = None
+        self.hasher = hasher
+        if prompt_token_ids is not None:
+            assert hasher is not None
+            self.token_ids = list(prompt_token_ids)
+            self.num_prompt_tokens = len(self.token_ids)
+            self.block_keys: list[Hashable] = []
+            hasher.extend(self.block_keys, self.token_ids, 0)
+        else:
+            assert prompt_block_keys is not None and num_prompt_tokens is not None
+            self.token_ids = None
+            self.num_prompt_tokens = num_prompt_tokens
+            self.block_keys = list(prompt_block_keys)
+            assert len(self.block_keys) == num_prompt_tokens // block_size, (
+                f"{request_id}: {len(self.block_keys)} block keys for "
+                f"{num_prompt_tokens} tokens at block size {block_size}"
+            )
+        self.num_tokens = self.num_prompt_tokens
+
+    def append_output_tokens(self, count: int) -> None:
+        """Append ``count`` generated tokens and key every block they fill (vLLM
+        ``Request.append_output_token_ids`` then the block hasher).
+
+        Generated ids come from ``output_token_ids`` when known, else the placeholder id; in
+        block-key mode every new full block gets a fresh key that nothing else can match.
+        """
+        if count <= 0:
+            return
+        start = self.num_output_tokens
+        self.num_output_tokens += count
+        self.num_tokens += count
+        if self.token_ids is not None:
+            known = self.output_token_ids
+            if known is not None and start < len(known):
+                part = list(known[start:start + count])
+                part.extend([PLACEHOLDER_OUTPUT_TOKEN] * (count - len(part)))
+                self.token_ids.extend(part)
+            else:
+                self.token_ids.extend([PLACEHOLDER_OUTPUT_TOKEN] * count)
+            self.hasher.extend(self.block_keys, self.token_ids, 0)
+        else:
+            keys = self.block_keys
+            for _ in range(self.num_tokens // self.block_size - len(keys)):
+                keys.append(object())
+
+    def release_tokens(self) -> None:
+        """Drop the token list once the request finished (memory bounded by running requests)."""
+        self.token_ids = None
+        self.block_keys = []
+        self.output_token_ids = None
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints."""
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """vLLM's KV-cache manager for one full-attention group (see the module rules).
+
+    Args:
+        num_gpu_blocks: vLLM ``num_gpu_blocks`` including the null block, or None (unbounded).
+        block_size: tokens per block.
+        enable_caching: vLLM ``--enable-prefix-caching``.
+        max_model_len: cap on token slots per request (None: no cap).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_gpu_blocks: int | None,
+        block_size: int,
+        enable_caching: bool = True,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len if max_model_len is not None else 1 << 62
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching=enable_caching)
+        self.req_to_blocks: dict[str, list[int]] = {}
+        self.num_cached_block: dict[str, int] = {}
+
+    # -- rule 1 ------------------------------------------------------------------------------
+    def get_computed_blocks(self, request: SimRequest) -> tuple[list[int], int]:
+        """Longest cached prefix: ``(hit block ids, hit tokens)`` (vLLM ``get_computed_blocks``)."""
+        if not self.enable_caching or request.skip_reading:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        get = self.block_pool._first.get
+        hits: list[int] = []
+        append = hits.append
+        for key in request.block_keys[:max_blocks]:
+            b = get(key)
+            if b is None:
+                break
+            append(b)
+        return hits, len(hits) * self.block_size
+
+    # -- rule 2 ------------------------------------------------------------------------------
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[int]
+    ) -> int:
+        """Blocks the pool must provide so the request has ``num_tokens`` slots (vLLM
+        ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``): new blocks plus hit blocks
+        that are eviction candidates (they leave the free queue when touched)."""
+        num_required = cdiv(num_tokens, self.block_size)
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_block:
+            return max(num_required - num_held, 0)
+        num_new = max(num_required - len(new_computed_blocks) - num_held, 0)
+        ref = self.block_pool.ref_cnt
+        return num_new + sum(1 for b in new_computed_blocks if ref[b] == 0)
+
+    def allocate_slots(
+        self,
+        request: SimRequest,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Sequence[int] | None = None,
+        *,
+        full_sequence_must_fit: bool = False,
+    ) -> list[int] | None:
+        """Give the request slots for ``num_new_tokens`` more tokens; None if the pool is short.
+
+        vLLM ``KVCacheManager.allocate_slots`` (rules 2 and 3). Returns the newly allocated block
+        ids (hit blocks are not included), or None with nothing changed.
+        """
+        new_computed = new_computed_blocks or ()
+        rid = request.request_id
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed, self.max_model_len)
+        free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            full_num_tokens = min(request.num_tokens, self.max_model_len)
+            if self.get_num_blocks_to_allocate(rid, full_num_tokens, new_computed) > free:
+                return None
+        num_tokens_need_slot = min(total_computed + num_new_tokens, self.max_model_len)
+        if self.get_num_blocks_to_allocate(rid, num_tokens_need_slot, new_computed) > free:
+            return None
+        req_blocks = self.req_to_blocks.get(rid)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[rid] = []
+        if new_computed_blocks and rid not in self.num_cached_block:
+            assert self.enable_caching and not req_blocks
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+            self.num_cached_block[rid] = len(req_blocks)
+        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return new_blocks
+
+    # -- rule 3 ------------------------------------------------------------------------------
+    def cache_blocks(self, request: SimRequest, num_tokens: int) -> None:
+        """Register every block full of the first ``num_tokens`` tokens (vLLM ``cache_blocks``)."""
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            self.req_to_blocks[rid], request.block_keys, num_cached, num_full
+        )
+        self.num_cached_block[rid] = num_full
+
+    # -- rule 4 ------------------------------------------------------------------------------
+    def free(self, request: SimRequest) -> None:
+        """Return the request's blocks to the pool, tail first (vLLM ``KVCacheManager.free``)."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, [])
+        self.num_cached_block.pop(rid, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def reset_prefix_cache(self) -> bool:
+        """Clear every cached key if no block is in use (vLLM ``reset_prefix_cache``)."""
+        return self.block_pool.reset_prefix_cache()
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block ids in position order (vLLM ``get_block_ids``)."""
+        return list(self.req_to_blocks.get(request_id, ()))
+
+    @property
+    def usage(self) -> float:
+        """KV-cache usage fraction, vLLM ``kv_cache_usage_perc``."""
+        return self.block_pool.usage
