@@ -51,7 +51,6 @@ NO_DATA = "NO DATA"
 STALE = "STALE"
 #: Worst first: the status of an email is that of its worst line.
 SEVERITY: dict[str, int] = {ALERT: 3, STALE: 2, NO_DATA: 1, OK: 0}
-ALERT_HINT = "check the top of the prompt"
 LOOKBACK_S = 86400.0
 PRODUCTION_RUN_ID = ""
 
@@ -296,42 +295,51 @@ def line_dict(line: ReportLine) -> dict[str, object]:
 
 
 def percent(hit_rate: float) -> int:
-    """A hit rate as whole percent, rounded down (so that 49.9% never reads ``50%: ALERT``)."""
+    """A hit rate as whole percent, rounded down (so that 49.9% never reads ``50%: ALERT``),
+    as :func:`store.queries.requests.percent_floor` does for token counts."""
     return int(math.floor(hit_rate * 100 + 1e-9))
 
 
-def line_text(fig: Figures, status: str, *, min_query_tokens: int,
+def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: int,
               stale: Sequence[StaleSource] = (), tz: str = "UTC") -> str:
     """The report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
 
-    ALERT adds ``: check the top of the prompt``; NO DATA says the volume guard; STALE names
-    the silent source and its last scrape (local time in ``tz``).
+    OK and ALERT lines are exactly :func:`store.queries.requests.format_report_line`'s (the
+    line ``prefixscope report`` prints; ALERT adds ``: check the top of the prompt``). NO DATA
+    names the volume guard; STALE names the silent source and its last scrape (local time in
+    ``tz``).
     """
+    from store.queries.requests import format_report_line, percent_floor
+
+    if status in (OK, ALERT):
+        fstatus, text = format_report_line(fig.cached_tokens, fig.prompt_tokens, threshold)
+        assert fstatus == status, (fstatus, status)
+        return text
     head = f"{fig.cached_tokens:,} of {fig.prompt_tokens:,} prompt tokens from cache"
-    if fig.hit_rate is not None:
-        head += f" ({percent(fig.hit_rate)}%)"
-    if status == ALERT:
-        return f"{head}: ALERT: {ALERT_HINT}"
+    if fig.prompt_tokens > 0:
+        head += f" ({percent_floor(fig.cached_tokens, fig.prompt_tokens)}%)"
     if status == NO_DATA:
         return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
-    if status == STALE:
-        zone = resolve_tz(tz)
-        parts = []
-        for s in stale:
-            last = datetime.fromtimestamp(s.last_ts_unix_s, tz=zone)
-            every = f", scraped every {s.median_gap_s:g} s before" if s.median_gap_s else ""
-            parts.append(f"no scrape from {s.instance} after {last:%Y-%m-%d %H:%M}{every}")
-        return f"{head}: STALE: " + "; ".join(parts)
-    return f"{head}: {status}"
+    assert status == STALE, status
+    zone = resolve_tz(tz)
+    parts = []
+    for s in stale:
+        last = datetime.fromtimestamp(s.last_ts_unix_s, tz=zone)
+        every = f", scraped every {s.median_gap_s:g} s before" if s.median_gap_s else ""
+        parts.append(f"no scrape from {s.instance} after {last:%Y-%m-%d %H:%M}{every}")
+    return f"{head}: STALE: " + "; ".join(parts)
 
 
 def status_of(fig: Figures, *, threshold: float, min_query_tokens: int, stale: bool) -> str:
-    """Definition 3 of the module docstring."""
+    """Definition 3 of the module docstring (OK/ALERT as
+    :func:`store.queries.requests.format_report_line`: OK when cached >= threshold x prompt)."""
+    from store.queries.requests import format_report_line
+
     if stale:
         return STALE
-    if fig.prompt_tokens < min_query_tokens or fig.hit_rate is None:
+    if fig.prompt_tokens < min_query_tokens or fig.prompt_tokens <= 0:
         return NO_DATA
-    return OK if fig.hit_rate >= threshold else ALERT
+    return format_report_line(fig.cached_tokens, fig.prompt_tokens, threshold)[0]
 
 
 def threshold_for(cfg: AlertsConfig, model: str) -> float:
@@ -527,7 +535,8 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
         sv = savings.get(model, {})
         lines.append(ReportLine(
             model=model, scope=None, figures=fig, threshold=threshold, status=status,
-            text=line_text(fig, status, min_query_tokens=min_tokens, stale=model_stale, tz=tz),
+            text=line_text(fig, status, threshold=threshold, min_query_tokens=min_tokens,
+                           stale=model_stale, tz=tz),
             prev_day=p, prev_week=wk, change_prev_day=_change(fig, p, min_tokens),
             change_prev_week=_change(fig, wk, min_tokens),
             saved=_opt_float(sv.get("saved")),
@@ -542,7 +551,8 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
                                 stale=False)
             lines.append(ReportLine(
                 model=model, scope=key[1], figures=sfig, threshold=threshold, status=sstatus,
-                text=line_text(sfig, sstatus, min_query_tokens=min_tokens, tz=tz),
+                text=line_text(sfig, sstatus, threshold=threshold, min_query_tokens=min_tokens,
+                               tz=tz),
                 prev_day=sp, prev_week=sw, change_prev_day=_change(sfig, sp, min_tokens),
                 change_prev_week=_change(sfig, sw, min_tokens)))
 

@@ -34,12 +34,13 @@ _STATUS_COLOUR = {OK: "#1a7f37", ALERT: "#cf222e", NO_DATA: "#6e7781", STALE: "#
 
 
 def worst_line(lines: Sequence[ReportLine]) -> ReportLine | None:
-    """The line the subject names: worst status, then lowest hit rate, then name."""
+    """The line the subject names: worst status, then model lines before scope lines, then
+    lowest hit rate, then name."""
     if not lines:
         return None
-    return min(lines, key=lambda ln: (-SEVERITY[ln.status],
+    return min(lines, key=lambda ln: (-SEVERITY[ln.status], ln.scope is not None,
                                       ln.figures.hit_rate if ln.figures.hit_rate is not None else 2.0,
-                                      ln.scope is not None, ln.label))
+                                      ln.label))
 
 
 def _fmt_pct(rate: float | None) -> str:
@@ -82,7 +83,7 @@ def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> s
     else:
         figure = f"{percent(top.figures.hit_rate)}% hit rate"
     more = sum(1 for ln in lines if ln.status == top.status) - 1
-    extra = f" (+{more} more)" if more > 0 else ""
+    extra = f" (+{more} more)" if more > 0 and top.status != OK else ""
     return f"{SUBJECT_PREFIX} {top.status} {top.label} {figure}{extra} {day}"
 
 
@@ -228,7 +229,7 @@ def render_chart_png(report: DailyReport, lines: Sequence[ReportLine] | None = N
         return None
     lines.reverse()  # matplotlib draws the first bar at the bottom
     n = len(lines)
-    fig = Figure(figsize=(6.4, 0.9 + 0.42 * n), dpi=100)
+    fig = Figure(figsize=(6.4, 1.2 + 0.42 * n), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     height = 0.26
     series = (("week before", lambda ln: rate(ln.prev_week), "#d0d7de", -height),
@@ -249,7 +250,8 @@ def render_chart_png(report: DailyReport, lines: Sequence[ReportLine] | None = N
     ax.set_xlim(0, 110)
     ax.set_xticks([0, 25, 50, 75, 100], ["0%", "25%", "50%", "75%", "100%"], fontsize=8)
     ax.set_title("Prefix-cache hit rate (tokens); dashed: threshold", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right", frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / n), ncol=3,
+              frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
