@@ -31,7 +31,9 @@ window_start_s + window_s)`` aligned to ``origin_s + k * window_s``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -435,3 +437,12 @@ def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         FROM gateway_decisions""").fetchone()
     return {"run_ids": list(row[0] or []), "scopes": list(row[1] or []),
             "namespaces": list(row[2] or []), "min_ts_unix_s": row[3], "max_ts_unix_s": row[4]}
+
+
+def record_replay_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str,
+                      params: Mapping[str, Any]) -> None:
+    """Register a gateway replay in ``runs`` (kind ``replay-sim``; kept when it exists)."""
+    con.execute(
+        "INSERT INTO runs (run_id, kind, label, created_unix_s, params_json, source_id) "
+        "VALUES (?, 'replay-sim', ?, ?, ?, NULL) ON CONFLICT DO NOTHING",
+        [run_id, label, time.time(), json.dumps(dict(params), sort_keys=True)])

@@ -1,0 +1,35 @@
+"""Digesting helpers for ingesters that meet raw tenant ids (privacy rule, ``docs/scopes.md``).
+
+No raw tenant id reaches a table, a metric label or a log line. An ingester that reads a usage
+log carrying a raw tenant id (``tenant``, ``user``) either drops it (``ingest/usage.py`` does)
+or turns it into the same namespace digest the gateway logs, with the server-side key:
+
+    key = load_hmac_key()                 # PREFIXSCOPE_HMAC_KEY_FILE / [identity] hmac_key_file
+    row.tenant_digest = digest_tenant(raw_tenant_id, key)
+
+so usage rows and gateway decisions of one tenant group together (``tenant_digest`` ==
+``gateway_decisions.namespace_digest`` for TENANT-scoped requests).
+"""
+
+from __future__ import annotations
+
+from replay.identity import load_hmac_key, namespace_digest, namespace_for
+from replay.identity import TENANT as _TENANT
+
+__all__ = ["digest_tenant", "load_hmac_key"]
+
+
+def digest_tenant(raw_id: str, key: bytes) -> str:
+    """The 16-hex namespace digest of a TENANT-scoped tenant id: the first 16 hex characters of
+    HMAC-SHA256(key, "prefixscope/namespace/v1" NUL "TENANT" NUL raw_id).
+
+    Args:
+        raw_id: the trusted tenant id as the log carries it (never stored).
+        key: the server-side HMAC key (:func:`load_hmac_key`, at least 32 bytes).
+
+    Raises:
+        ValueError: empty ``raw_id``.
+    """
+    if not raw_id:
+        raise ValueError("empty tenant id")
+    return namespace_digest(namespace_for(key, scope=_TENANT, tenant_id=raw_id))
