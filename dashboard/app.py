@@ -26,6 +26,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("pages/requests.py", "Requests", ":material/receipt_long:"),
     ("pages/savings.py", "Savings", ":material/savings:"),
     ("pages/data_sources.py", "Data sources", ":material/database:"),
+    ("pages/alerts.py", "Alerts", ":material/notifications:"),
     # append one line per page here, e.g. ("pages/replay.py", "Replay", ":material/replay:"),
 ]
 
