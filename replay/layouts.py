@@ -9,7 +9,7 @@ applied in order to every request of a chat trace (``replay sim --layout``, ``re
     transforms:
       - type: move_lines         # move matching lines out of the system prompt
         pattern: '^- Current date: .*$'   # Python regex, tested against each line
-        to: last_user_end        # only target in v1: the end of the last user message
+        to: last_user_end        # or first_user_end (see MoveLines)
         separator: "\\n\\n"      # put between the user text and the moved lines (default "\\n")
       - type: sort_tools         # sort the tool list by function name
       - type: canonical_tool_json  # sort the keys of every tool schema, recursively
@@ -37,14 +37,17 @@ from prefixscope.errors import ConfigError, SourceUnavailable
 
 
 class MoveLines(BaseModel):
-    """Move every line of the system message(s) that matches ``pattern`` to the end of the last
-    user message (joined with newlines, after ``separator``). No match: the request is
-    unchanged. Lines keep their order; the system text loses them (and their line breaks)."""
+    """Move every line of the system message(s) that matches ``pattern`` to the end of a user
+    message (joined with newlines, after ``separator``): the last one (``to: last_user_end``,
+    the usual advice "volatile content last") or the first one (``to: first_user_end``: the
+    moved text then stays at the same place in every later turn of the conversation, so the
+    history, including cached replies, remains a prefix). No match: the request is unchanged.
+    Lines keep their order; the system text loses them (and their line breaks)."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["move_lines"]
     pattern: str
-    to: Literal["last_user_end"] = "last_user_end"
+    to: Literal["last_user_end", "first_user_end"] = "last_user_end"
     separator: str = "\n"
 
     @field_validator("pattern")
@@ -74,7 +77,8 @@ class MoveLines(BaseModel):
                 m["content"] = "\n".join(kept)
         if not moved:
             return body
-        for m in reversed(messages):
+        order = reversed(messages) if self.to == "last_user_end" else iter(messages)
+        for m in order:
             if m.get("role") == "user":
                 text = _text_of(m.get("content"))
                 m["content"] = (text or "") + self.separator + "\n".join(moved)

@@ -1,6 +1,7 @@
 """Trace readers: files of recorded traffic -> lazily yielded :class:`~replay.types.TraceRequest`.
 
-Formats (``format=``; ``auto`` guesses from the first record):
+Formats (``format=``; ``auto`` guesses from the first record; any file may be
+gzip-compressed, ``.gz``):
 
 ``mooncake``
     Mooncake FAST'25 / Alibaba Qwen-Bailian JSONL, one request per line:
@@ -12,7 +13,7 @@ Formats (``format=``; ``auto`` guesses from the first record):
     WEKA/kv-cache-tester conversation JSON (a file, or a directory of ``*.json``): 64-token ids
     local to the conversation; sub-agent requests are their own requests with arrival = the
     sub-agent entry's ``t`` + their own ``t`` and attrs ``subagent``. Conversations of a
-    directory are replayed one after the other (sorted by file name), each starting
+    directory (``*.json`` and ``*.json.gz``) are replayed one after the other (sorted by file name), each starting
     :data:`CONVERSATION_GAP_S` after the previous one's last arrival.
 ``token-ids``
     JSONL ``{"prompt_token_ids": [...], "output_tokens": n, "t": s, "cache_salt": ...}``
@@ -38,6 +39,7 @@ file at a time).
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -99,6 +101,13 @@ class TraceReadResult:
     stats: dict[str, int] = field(default_factory=dict)
 
 
+def open_text(path: Path):
+    """Open a trace file as UTF-8 text; ``.gz`` files are decompressed on the fly."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 class _Bad(Exception):
     def __init__(self, field: str | None, reason: str) -> None:
         super().__init__(reason)
@@ -137,6 +146,7 @@ class _Reader:
     def __init__(self, path: Path, *, strict: bool, output_tokens: str, limit: int | None):
         self.path = path
         self.location = str(path)
+        self.stem = path.name.split(".")[0] or path.name
         self.strict = strict
         self.keep_output = output_tokens == "trace"
         self.limit = limit
@@ -154,7 +164,7 @@ class _Reader:
 
     def jsonl(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(line number, object) for every non-blank line; bad JSON is reported here."""
-        with open(self.path, encoding="utf-8") as fh:
+        with open_text(self.path) as fh:
             for lineno, text in enumerate(fh, start=1):
                 if not text.strip():
                     continue
@@ -179,7 +189,7 @@ def _read_mooncake(r: _Reader, *, hash_id_block_size: int, block_size: int,
     chain = IdChain()
     s = hash_id_block_size
     first_ts: float | None = None
-    stem = r.path.stem
+    stem = r.stem
     serial = 0
     for lineno, obj in r.jsonl():
         if r.done():
@@ -229,9 +239,11 @@ def _read_mooncake(r: _Reader, *, hash_id_block_size: int, block_size: int,
 
 def _conversation_files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.glob("*.json") if p.is_file())
+        files = sorted((p for p in path.iterdir()
+                        if p.is_file() and p.name.endswith((".json", ".json.gz"))),
+                       key=lambda p: p.name)
         if not files:
-            raise SourceUnavailable(f"{path}: no *.json conversation files")
+            raise SourceUnavailable(f"{path}: no *.json or *.json.gz conversation files")
         return files
     return [path]
 
@@ -292,7 +304,8 @@ def _read_kv_cache_tester(r: _Reader, *, block_size: int,
         if r.done():
             return
         try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
+            with open_text(file) as fh:
+                doc = json.load(fh)
         except json.JSONDecodeError as exc:
             r.bad(str(file), exc.lineno, _Bad(None, f"not valid JSON ({exc.msg})"))
             continue
@@ -304,7 +317,8 @@ def _read_kv_cache_tester(r: _Reader, *, block_size: int,
         if doc.get("block_size", s) != s:
             r.bad(str(file), 1, _Bad("$.block_size", f"expected {s}"))
             continue
-        conversation = str(doc.get("id", file.stem))
+        stem = file.name.split(".")[0]
+        conversation = str(doc.get("id", stem))
         offset = k << _NAMESPACE_BITS
         last = 0.0
         for t, _order, idx, req, agent in _flatten_conversation(r, file, doc):
@@ -331,7 +345,7 @@ def _read_kv_cache_tester(r: _Reader, *, block_size: int,
                 attrs["subagent"] = agent
             model = req.get("model")
             yield TraceRequest(
-                request_id=f"{file.stem}:{path}",
+                request_id=f"{stem}:{path}",
                 arrival_s=start_s + t,
                 num_prompt_tokens=n,
                 prompt_token_ids=ExpandedTokens(canon, s, n, serial=serial, vocab_size=vocab_size),
@@ -380,7 +394,7 @@ def _arrival(obj: Mapping[str, Any], previous: float) -> float:
 
 
 def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
-    stem = r.path.stem
+    stem = r.stem
     previous = 0.0
     for lineno, obj in r.jsonl():
         if r.done():
@@ -439,7 +453,7 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
 
     tok = load_chat_tokenizer(tokenizer_dir)
     end_of_turn = tok.end_of_turn
-    stem = r.path.stem
+    stem = r.stem
     previous = 0.0
     for lineno, obj in r.jsonl():
         if r.done():
@@ -513,7 +527,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         return "kv-cache-tester"
     if not p.exists():
         raise SourceUnavailable(f"{p}: no such file")
-    with open(p, encoding="utf-8") as fh:
+    with open_text(p) as fh:
         head = fh.read(1 << 16)
     stripped = head.lstrip()
     if not stripped:

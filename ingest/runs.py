@@ -1,0 +1,121 @@
+"""Replay runs: ingest a simulated run's directory and register the run in ``runs``.
+
+A run directory (``replay/runner.py``: ``run.json``, ``requests.jsonl``, ``metrics/*.prom``)
+goes in through the *normal* ingest functions, exactly as production files would:
+
+1. ``requests.jsonl`` with :func:`ingest.usage.ingest_usage_file` (rows keyed by run id and
+   request id; the run's instance and model);
+2. every exposition snapshot with :func:`ingest.exposition.ingest_exposition`, stamped with its
+   snapshot time from the manifest, instance = the run id;
+3. the run itself with :func:`save_run` (one ``runs`` row: kind ``replay-sim``, label,
+   created time, parameters and summary as JSON).
+
+Ingesting the same directory twice adds nothing (file checkpoints, primary keys, and
+``save_run`` keeps the first row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ingest.bookkeeping import IngestSummary
+from ingest.exposition import ingest_exposition
+from ingest.usage import ingest_usage_file
+
+
+@dataclass
+class RunIngest:
+    """What ingesting one run directory did.
+
+    Attributes:
+        run_id: the run.
+        usage: summary of the usage file ingest.
+        metrics: one summary per exposition snapshot.
+        run_added: True when the ``runs`` row was new.
+    """
+
+    run_id: str
+    usage: IngestSummary
+    metrics: list[IngestSummary] = field(default_factory=list)
+    run_added: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: rows added per kind."""
+        return {
+            "run_id": self.run_id,
+            "requests_added": self.usage.rows_added,
+            "requests_quarantined": self.usage.rows_quarantined,
+            "metric_snapshots": len(self.metrics),
+            "metric_samples_added": sum(m.rows_added for m in self.metrics),
+            "run_added": self.run_added,
+        }
+
+
+def save_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label: str | None,
+             created_unix_s: float | None, params: dict[str, Any] | None,
+             source_id: str | None = None) -> bool:
+    """Insert one ``runs`` row; an existing ``run_id`` is kept unchanged.
+
+    Args:
+        run_id: the run's id (also the ``run_id`` of its ``requests`` rows).
+        kind: ``replay-sim``, ``replay-live`` or ``production``.
+        label: short human name.
+        created_unix_s: when the run was made (Unix seconds).
+        params: parameters and summary, stored as JSON text in ``params_json``.
+        source_id: the ingest source it came from (the run directory), if any.
+
+    Returns:
+        True when the row was added.
+    """
+    before = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    con.execute(
+        "INSERT INTO runs (run_id, kind, label, created_unix_s, params_json, source_id) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+        [run_id, kind, label, created_unix_s,
+         None if params is None else json.dumps(params, sort_keys=True, default=str), source_id])
+    return before == 0
+
+
+def ingest_run_dir(con: duckdb.DuckDBPyConnection,
+                   run_dir: str | os.PathLike[str]) -> RunIngest:
+    """Ingest a replay run directory (see the module docstring) on a read-write connection.
+
+    Raises:
+        SourceUnavailable: no ``run.json``, or an output file it lists is missing.
+        ConfigError: ``run.json`` is not valid JSON.
+    """
+    from prefixscope.errors import SourceUnavailable
+    from replay.runner import read_manifest
+
+    d = Path(run_dir)
+    doc = read_manifest(d)
+    run_id = str(doc["run_id"])
+    instance = str(doc.get("instance") or run_id)
+    files = doc.get("files") or {}
+    usage_path = d / files.get("usage", "requests.jsonl")
+    if not usage_path.is_file():
+        raise SourceUnavailable(f"{usage_path}: listed in {d / 'run.json'} but missing")
+    usage = ingest_usage_file(con, str(usage_path), run_id=run_id, instance=instance,
+                              default_model=doc.get("model"))
+    metrics = []
+    for entry in files.get("metrics", []):
+        path = d / entry["path"]
+        if not path.is_file():
+            raise SourceUnavailable(f"{path}: listed in {d / 'run.json'} but missing")
+        metrics.append(ingest_exposition(con, str(path), instance=instance,
+                                         at_unix_s=float(entry["at_unix_s"])))
+    params = dict(doc.get("params") or {})
+    params["summary"] = doc.get("summary")
+    params["layout"] = doc.get("layout")
+    params["model"] = doc.get("model")
+    params["t0_unix_s"] = doc.get("t0_unix_s")
+    added = save_run(con, run_id=run_id, kind=str(doc.get("kind", "replay-sim")),
+                     label=doc.get("label"), created_unix_s=doc.get("created_unix_s"),
+                     params=params, source_id=f"replay-run:{d.resolve()}")
+    return RunIngest(run_id=run_id, usage=usage, metrics=metrics, run_added=added)
