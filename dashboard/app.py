@@ -27,6 +27,9 @@ PAGES: list[tuple[str, str, str]] = [
     ("pages/savings.py", "Savings", ":material/savings:"),
     ("pages/data_sources.py", "Data sources", ":material/database:"),
     ("pages/alerts.py", "Alerts", ":material/notifications:"),
+    ("pages/scopes.py", "Scopes", ":material/shield_person:"),
+    ("pages/rejections.py", "Rejections", ":material/block:"),
+    ("pages/invariants.py", "Invariants", ":material/verified_user:"),
     # append one line per page here, e.g. ("pages/replay.py", "Replay", ":material/replay:"),
 ]
 
