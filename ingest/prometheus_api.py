@@ -102,19 +102,23 @@ def query_range(url: str, *, start_s: float, end_s: float, step_s: float | None 
 
 
 def samples_from_series(result: list[dict], *, location: str, default_instance: str,
-                        instance_label: str = "instance", ts_unix_s: float | None = None
-                        ) -> ExpositionRead:
+                        instance_label: str = "instance", ts_unix_s: float | None = None,
+                        step_s: float | None = None) -> ExpositionRead:
     """Turn API series into stored samples (pure), with created-zero samples.
 
-    A ``<family>_created`` series gives one created-zero sample per distinct created time for
-    every series of that family with the same labels (``le`` aside) and instance, when the
-    series has a sample after that time.
+    A ``<family>_created`` series gives one created-zero sample per distinct created time ``C``
+    for every series of that family with the same labels (``le`` aside) and instance, when the
+    series has a sample after that time. Raw samples: the zero is placed at ``C``. Step samples
+    (``step_s``): values sit on the step grid, so the old process's last value can be reported
+    at steps after ``C`` (when Prometheus saw no failed scrape in between); the zero is then
+    placed at ``max(C, S - step_s / 2)``, where ``S`` is the first step that shows ``C``: after
+    every step of the old process and before the new process's first value.
 
     Returns:
         An :class:`~ingest.exposition.ExpositionRead` (``lines`` = number of series).
     """
     problems: list[Quarantined] = []
-    created: dict[tuple[str, str, str], set[float]] = {}
+    created: dict[tuple[str, str, str], dict[float, float]] = {}  # C -> first step showing C
     kept: list[tuple] = []
     saw_v0 = False
     for series in result:
@@ -127,10 +131,11 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
         cspec = CREATED_SPECS.get(name)
         if cspec is not None:
             key = (cspec[0], encode_labels(labels, drop=("le",)), instance)
-            for _, v in values:
+            for ts, v in values:
                 c = float(v)
                 if math.isfinite(c) and c > 0:
-                    created.setdefault(key, set()).add(c)
+                    seen = created.setdefault(key, {})
+                    seen[c] = min(float(ts), seen.get(c, math.inf))
             continue
         spec = SAMPLE_SPECS.get(name)
         if spec is None:
@@ -162,10 +167,11 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
         if spec.kind not in ("counter", "histogram"):
             continue
         sans_le = encode_labels(json.loads(labels_json), drop=("le",))
-        for c in created.get((spec.family, sans_le, instance), ()):
-            if c < latest and (spec.metric, labels_json, instance, c) not in by_key:
-                zeros[(spec.metric, labels_json, instance, c)] = MetricSample(
-                    spec.metric, labels_json, instance, model, engine, c, 0.0, name,
+        for c, first_seen in created.get((spec.family, sans_le, instance), {}).items():
+            at = c if step_s is None else max(c, first_seen - step_s / 2)
+            if at < latest and (spec.metric, labels_json, instance, at) not in by_key:
+                zeros[(spec.metric, labels_json, instance, at)] = MetricSample(
+                    spec.metric, labels_json, instance, model, engine, at, 0.0, name,
                     spec.legacy, True)
     samples = tuple(zeros.values()) + tuple(by_key.values())
     notes: list[str] = []
@@ -231,7 +237,7 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
         hi = min(float(end_s), lo + chunk_s)
         result = query_range(url, start_s=lo, end_s=hi, step_s=step_s, timeout_s=timeout_s)
         read = samples_from_series(result, location=url, default_instance=default_instance,
-                                   instance_label=instance_label)
+                                   instance_label=instance_label, step_s=step_s)
         if read.samples or read.problems:
             with store_db.writer(db_path) as con:
                 total = _merge(total, save_samples(con, read, kind=KIND))

@@ -73,6 +73,7 @@ class ExpositionServer:
         self.requests = 0
         self._lock = threading.Lock()
         self._fixed: str | None = None
+        self._use_fixed = False
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,13 +82,16 @@ class ExpositionServer:
                     self.send_error(404)
                     return
                 with server._lock:
-                    if server._fixed is not None:
+                    if server._use_fixed:
                         body = server._fixed
                     else:
                         body = server.texts[min(server.requests, len(server.texts) - 1)]
                     server.requests += 1
                 if callable(body):
                     body = body()
+                if body is None:
+                    self.send_error(503)
+                    return
                 data = body.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -104,10 +108,11 @@ class ExpositionServer:
         self.hostport = f"127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def set_text(self, text: str) -> None:
-        """Serve ``text`` to every request from now on."""
+    def set_text(self, text: str | None) -> None:
+        """Serve ``text`` to every request from now on (None: answer 503, a server that is down)."""
         with self._lock:
             self._fixed = text
+            self._use_fixed = True
 
     def __enter__(self) -> ExpositionServer:
         self._thread.start()

@@ -160,10 +160,10 @@ def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], source: Sour
     table = Table(title=f"prefix-cache hit rate ({source.value})")
     table.add_column("window start (UTC)", no_wrap=True)
     for c in cols:
-        table.add_column(c)
+        table.add_column(c, no_wrap=True)
     table.add_column("hit tokens", justify="right")
     table.add_column("query tokens", justify="right")
-    table.add_column("hit rate", justify="right")
+    table.add_column("hit rate", justify="right", no_wrap=True)
     table.add_column("notes")
     for r in rows:
         rate = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
