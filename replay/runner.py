@@ -228,7 +228,7 @@ def run_sim(spec: SimRunSpec, out_dir: str | os.PathLike[str] | None = None, *,
 
 
 def _default_label(spec: SimRunSpec, layout: Layout | None) -> str:
-    name = Path(spec.trace).stem or "trace"
+    name = Path(spec.trace).name.split(".")[0] or "trace"
     cap = "unbounded" if spec.capacity_blocks is None else f"{spec.capacity_blocks} blocks"
     parts = [name, f"B={spec.block_size}", cap]
     if layout is not None:
@@ -312,7 +312,7 @@ def run_compare(*, trace: str, layout_a: str | None = None, layout_b: str | None
         raise UsageError("runs A and B would be identical: give --layout-b (or --layout-a) or "
                          "--capacity-blocks-b")
     started = time.time()
-    base = label or Path(trace).stem
+    base = label or Path(trace).name.split(".")[0] or "trace"
     compare_id = new_run_id(f"compare-{base}", now_unix_s=started)
     root = Path(out_dir) if out_dir is not None else Path("out") / "replay" / compare_id
     runs: list[SimRunResult] = []

@@ -1,0 +1,147 @@
+"""Queries on replay runs (table ``runs`` joined with their ``requests`` and ``prices``).
+
+Definitions (``docs/replay.md`` "Outputs" and ``docs/metrics.md`` "Cost and savings"):
+
+- A run's requests are the ``requests`` rows with its ``run_id``.
+- ``hit_rate`` = Σ cached_tokens / Σ prompt_tokens over the run's requests that reported
+  cached tokens (a simulated run reports them all); NULL when that sum is 0.
+- Cost, in the price table's currency, per million tokens at the model's price row (``prices``;
+  ``shadow`` marks a self-hosted model's shadow price), with P prompt, C cached, W cache-write
+  (NULL counts 0) and O completion tokens::
+
+      cost_without_cache = (P * input + O * output) / 1e6
+      cost_with_cache    = ((P - C - W) * input + C * cached_input + W * cache_write
+                            + O * output) / 1e6
+      saved              = cost_without_cache - cost_with_cache
+
+  NULL when the run's model has no price row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import pandas as pd
+
+from prefixscope.errors import UsageError
+
+
+def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = None,
+                run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per run (newest first), with its totals and cost.
+
+    Args:
+        kinds: only these kinds (``replay-sim``, ``replay-live``...); None = every kind.
+        run_ids: only these runs; None = all.
+
+    Returns:
+        Columns ``run_id, label, kind, created_unix_s, params_json`` (the run's parameters and
+        summary, JSON text), ``model``, ``first_ts_unix_s``, ``last_ts_unix_s``, ``requests``,
+        ``prompt_tokens``, ``cached_tokens``, ``cache_write_tokens``, ``completion_tokens``
+        (tokens), ``hit_rate`` (fraction or NULL), ``currency``, ``shadow``, ``price_source``,
+        ``cost_without_cache``, ``cost_with_cache``, ``saved`` (DOUBLE, currency units; NULL
+        without a price). ``model`` is the run's most frequent model.
+    """
+    where = ["TRUE"]
+    params: list = []
+    if kinds is not None:
+        where.append("list_contains(?::VARCHAR[], r.kind)")
+        params.append([str(k) for k in kinds])
+    if run_ids is not None:
+        where.append("list_contains(?::VARCHAR[], r.run_id)")
+        params.append([str(x) for x in run_ids])
+    sql = f"""
+        WITH agg AS (
+            SELECT q.run_id, q.model,
+                   count(*) AS requests,
+                   sum(q.prompt_tokens) AS prompt_tokens,
+                   sum(q.cached_tokens) AS cached_tokens,
+                   sum(CASE WHEN q.cached_tokens IS NOT NULL THEN q.prompt_tokens END)
+                       AS reported_prompt_tokens,
+                   sum(coalesce(q.cache_write_tokens, 0)) AS cache_write_tokens,
+                   sum(coalesce(q.completion_tokens, 0)) AS completion_tokens,
+                   min(q.ts_unix_s) AS first_ts_unix_s, max(q.ts_unix_s) AS last_ts_unix_s
+            FROM requests q
+            WHERE q.run_id IN (SELECT run_id FROM runs)
+            GROUP BY q.run_id, q.model
+        ), costed AS (
+            SELECT a.*, p.currency, p.shadow, p.price_source,
+                   (a.prompt_tokens * p.input_per_mtok
+                    + a.completion_tokens * p.output_per_mtok) / 1e6 AS cost_without_cache,
+                   ((a.prompt_tokens - coalesce(a.cached_tokens, 0) - a.cache_write_tokens)
+                        * p.input_per_mtok
+                    + coalesce(a.cached_tokens, 0) * p.cached_input_per_mtok
+                    + a.cache_write_tokens * p.cache_write_per_mtok
+                    + a.completion_tokens * p.output_per_mtok) / 1e6 AS cost_with_cache
+            FROM agg a LEFT JOIN prices p ON p.model = a.model
+        ), per_run AS (
+            SELECT run_id,
+                   arg_max(model, requests) AS model,
+                   min(first_ts_unix_s) AS first_ts_unix_s,
+                   max(last_ts_unix_s) AS last_ts_unix_s,
+                   sum(requests) AS requests, sum(prompt_tokens) AS prompt_tokens,
+                   sum(cached_tokens) AS cached_tokens,
+                   sum(reported_prompt_tokens) AS reported_prompt_tokens,
+                   sum(cache_write_tokens) AS cache_write_tokens,
+                   sum(completion_tokens) AS completion_tokens,
+                   -- one currency per run when every model is priced in it, else NULL cost
+                   CASE WHEN count(DISTINCT currency) = 1 AND count(currency) = count(*)
+                        THEN any_value(currency) END AS currency,
+                   bool_or(shadow) AS shadow,
+                   string_agg(DISTINCT price_source, '; ') AS price_source,
+                   CASE WHEN count(DISTINCT currency) = 1 AND count(currency) = count(*)
+                        THEN sum(cost_without_cache) END AS cost_without_cache,
+                   CASE WHEN count(DISTINCT currency) = 1 AND count(currency) = count(*)
+                        THEN sum(cost_with_cache) END AS cost_with_cache
+            FROM costed GROUP BY run_id
+        )
+        SELECT r.run_id, r.label, r.kind, r.created_unix_s, r.params_json, p.model,
+               p.first_ts_unix_s, p.last_ts_unix_s,
+               coalesce(p.requests, 0) AS requests, p.prompt_tokens, p.cached_tokens,
+               p.cache_write_tokens, p.completion_tokens,
+               CAST(p.cached_tokens AS DOUBLE) / NULLIF(p.reported_prompt_tokens, 0) AS hit_rate,
+               p.currency, p.shadow, p.price_source,
+               CAST(p.cost_without_cache AS DOUBLE) AS cost_without_cache,
+               CAST(p.cost_with_cache AS DOUBLE) AS cost_with_cache,
+               CAST(p.cost_without_cache - p.cost_with_cache AS DOUBLE) AS saved
+        FROM runs r LEFT JOIN per_run p ON p.run_id = r.run_id
+        WHERE {" AND ".join(where)}
+        ORDER BY r.created_unix_s DESC NULLS LAST, r.run_id
+    """
+    return con.execute(sql, params).df()
+
+
+def replay_run_windows(con: duckdb.DuckDBPyConnection, *, run_ids: Sequence[str],
+                       window_s: float = 300.0) -> pd.DataFrame:
+    """Hit rate per window of *run time* (seconds since each run's first request), per run, so
+    runs placed at different times line up.
+
+    Returns:
+        Columns ``run_id, window_start_s`` (seconds since the run's first request),
+        ``window_end_s``, ``requests``, ``prompt_tokens``, ``cached_tokens`` (tokens),
+        ``hit_rate`` (fraction or NULL). Ordered by run, then window.
+
+    Raises:
+        UsageError: ``window_s`` is not positive.
+    """
+    if not window_s or window_s <= 0:
+        raise UsageError(f"window_s must be positive, got {window_s}")
+    sql = """
+        WITH q AS (
+            SELECT run_id, ts_unix_s - min(ts_unix_s) OVER (PARTITION BY run_id) AS rel_s,
+                   prompt_tokens, cached_tokens
+            FROM requests
+            WHERE list_contains(?::VARCHAR[], run_id) AND ts_unix_s IS NOT NULL
+        )
+        SELECT run_id, floor(rel_s / ?) * ? AS window_start_s,
+               floor(rel_s / ?) * ? + ? AS window_end_s,
+               count(*) AS requests, sum(prompt_tokens) AS prompt_tokens,
+               sum(cached_tokens) AS cached_tokens,
+               CAST(sum(cached_tokens) AS DOUBLE)
+                   / NULLIF(sum(CASE WHEN cached_tokens IS NOT NULL THEN prompt_tokens END), 0)
+                   AS hit_rate
+        FROM q GROUP BY ALL ORDER BY run_id, window_start_s
+    """
+    w = float(window_s)
+    return con.execute(sql, [[str(r) for r in run_ids], w, w, w, w, w]).df()
