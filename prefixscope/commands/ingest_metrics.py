@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from prefixscope.cli_common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
-from prefixscope.errors import UsageError
+from prefixscope.errors import NothingIngested, UsageError
 from prefixscope.times import parse_duration, parse_time
 
 _MAX_PROBLEMS_SHOWN = 20
@@ -201,6 +201,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
         _print_kv(outcome, quiet=as_json)
         if as_json:
             print_json([_outcome_json(outcome)])
+        if outcome.summary.rows_read == 0 and not outcome.problems:
+            raise NothingIngested(f"nothing could be read: {outcome.summary.note}")
 
 
 def _print_kv(outcome, *, quiet: bool) -> None:

@@ -46,11 +46,11 @@ def insert_kv_event_rows(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) 
     """
     if not rows:
         return 0
-    df = pd.DataFrame.from_records(list(rows), columns=list(KV_EVENT_COLUMNS))
-    for col in ("block_hash", "parent_block_hash"):
-        df[col] = pd.array([None if v is None or v != v else int(v) for v in df[col]],
-                           dtype="UInt64")
-    df = df.astype(_DTYPES)
+    # column by column from the Python values: a hash column must never pass through float64
+    # (hashes are 64-bit; a float keeps 53 bits)
+    columns = list(zip(*rows))
+    df = pd.DataFrame({name: pd.array(list(values), dtype=_DTYPES[name])
+                       for name, values in zip(KV_EVENT_COLUMNS, columns)})
     cols = ", ".join(KV_EVENT_COLUMNS)
     con.register("_prefixscope_kv_in", df)
     try:
