@@ -39,11 +39,18 @@ def page_files() -> list[Path]:
     return [(_HERE / f) for f, _, _ in PAGES if (_HERE / f).is_file()]
 
 
+def url_path(rel: str) -> str:
+    """The URL path of a page: its file name without ``.py`` (``/data_sources``). The first page
+    is also the default page, served at ``/``."""
+    return Path(rel).stem
+
+
 def main() -> None:
     """Draw the shared chrome and run the selected page."""
     import streamlit as st
 
     from dashboard import data, filters
+    from prefixscope.errors import PrefixscopeError
     from dashboard.formatting import fmt_age, fmt_time
 
     st.set_page_config(page_title="prefixscope", page_icon=":material/cached:", layout="wide")
@@ -56,7 +63,8 @@ def main() -> None:
         if not path.is_file():
             missing.append(rel)
             continue
-        pages.append(st.Page(str(path), title=title, icon=icon, default=(i == 0)))
+        pages.append(st.Page(str(path), title=title, icon=icon, default=(i == 0),
+                             url_path=None if i == 0 else url_path(rel)))
     nav = st.navigation(pages)
 
     st.sidebar.markdown("### prefixscope")
@@ -64,8 +72,10 @@ def main() -> None:
     now_s = time.time()
     values = {"models": [], "instances": [], "run_ids": [], "min_ts_unix_s": None,
               "max_ts_unix_s": None}
-    with data.guard(db):
+    try:
         values = data.filter_values(db)
+    except PrefixscopeError:
+        pass  # the page runs the same reads inside data.guard, which explains the problem
     filters.sidebar(values, now_s=now_s)
     newest = values.get("max_ts_unix_s")
     if newest is not None:

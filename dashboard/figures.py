@@ -30,10 +30,20 @@ QUERY_COLOUR = "#9ecae1"
 MISS_COLOUR = "#d62728"
 THRESHOLD_COLOUR = "#d62728"
 _LAYOUT = dict(
-    margin=dict(l=10, r=10, t=50, b=10),
-    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+    margin=dict(l=10, r=10, t=60, b=10),
+    legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
     hovermode="closest",
 )
+
+
+def _time_range(starts_s: pd.Series, window_s: float | None) -> list | None:
+    """An x range (naive UTC datetimes) from half a window before the first start to one and a
+    half windows after the last, so a single window is not drawn on a millisecond axis."""
+    if starts_s.empty or not window_s:
+        return None
+    lo = float(starts_s.min()) - 0.5 * float(window_s)
+    hi = float(starts_s.max()) + 1.5 * float(window_s)
+    return [pd.Timestamp(lo, unit="s").to_pydatetime(), pd.Timestamp(hi, unit="s").to_pydatetime()]
 
 
 def _utc(ts_unix_s: pd.Series) -> pd.Series:
@@ -124,9 +134,9 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
         fig.add_hline(y=float(threshold), line=dict(color=THRESHOLD_COLOUR, width=1, dash="dash"),
                       annotation_text=f"alert below {float(threshold):.0%}",
                       annotation_position="bottom right")
-    fig.update_layout(title=title + suffix, **_LAYOUT)
+    fig.update_layout(title=title + suffix, height=420, **_LAYOUT)
     fig.update_yaxes(title="hit rate", range=[0, 1.08], tickformat=".0%")
-    fig.update_xaxes(title="window start (UTC)")
+    fig.update_xaxes(title="window start (UTC)", range=_time_range(d["window_start_s"], window_s))
     return fig
 
 
@@ -153,7 +163,7 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
     n = len(labels)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=labels,
                         vertical_spacing=min(0.12, 0.3 / max(n, 1)))
-    width_ms = float(window_s) * 1000.0 * 0.4
+    width_ms = float(window_s) * 1000.0 * 0.4  # two bars side by side, centred on the window start
     for i, label in enumerate(labels, start=1):
         g = d[d["series"] == label]
         common = dict(x=g["t"], width=width_ms, showlegend=(i == 1))
@@ -163,11 +173,12 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
             f"<extra>{label}</extra>", **common), row=i, col=1)
         fig.add_trace(go.Bar(
             y=g["hit_tokens"].astype("float64"), name="hit tokens", marker_color=HIT_COLOUR,
-            offset=0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} hit tokens"
+            offset=0.0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} hit tokens"
             f"<extra>{label}</extra>", **common), row=i, col=1)
         fig.update_yaxes(title_text="tokens", tickformat=",.0f", rangemode="tozero", row=i, col=1)
     fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="overlay",
                       height=max(320, 230 * n + 90), **_LAYOUT)
+    fig.update_xaxes(range=_time_range(d["window_start_s"], window_s))
     fig.update_xaxes(title_text="window start (UTC)", row=n, col=1)
     return fig
 
@@ -404,5 +415,5 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
     fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="stack",
                       **_LAYOUT)
     fig.update_yaxes(title="saved", tickformat=",.2f", rangemode="tozero")
-    fig.update_xaxes(title="window start (UTC)")
+    fig.update_xaxes(title="window start (UTC)", range=_time_range(d["window_start_s"], window_s))
     return fig

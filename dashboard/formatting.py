@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
+import pandas as pd
+
 MISSING = "—"
 
 # Currency codes shown with the symbol users read in the brief; anything else prints as given.
@@ -17,7 +19,7 @@ _CURRENCY_PREFIX = {"INR": "Rs", "RS": "Rs", "USD": "$", "EUR": "€", "GBP": "�
 
 
 def _missing(value: object) -> bool:
-    if value is None:
+    if value is None or value is pd.NA or value is pd.NaT:
         return True
     try:
         return bool(math.isnan(float(value)))  # type: ignore[arg-type]
@@ -93,11 +95,12 @@ def fmt_money(amount: float | None, currency: str | None) -> str:
     return f"{sign}{prefix}{sep}{body}"
 
 
-def fmt_time(ts_unix_s: float | None) -> str:
-    """Unix seconds as ``2026-11-28 10:00 UTC``; None/NaN -> ``'—'``."""
+def fmt_time(ts_unix_s: float | None, *, seconds: bool = False) -> str:
+    """Unix seconds as ``2026-11-28 10:00 UTC`` (``10:00:05`` with ``seconds``); None -> ``'—'``."""
     if _missing(ts_unix_s):
         return MISSING
-    return datetime.fromtimestamp(float(ts_unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    pattern = "%Y-%m-%d %H:%M:%S UTC" if seconds else "%Y-%m-%d %H:%M UTC"
+    return datetime.fromtimestamp(float(ts_unix_s), tz=timezone.utc).strftime(pattern)
 
 
 def fmt_age(age_s: float | None) -> str:

@@ -162,7 +162,7 @@ def test_formatting_for_humans():
     assert fmt_money(-2, "Rs") == "-Rs 2.00"
     assert fmt_money(None, "INR") == "—"
     assert fmt_ms(1234.56) == "1,234.6"
-    assert fmt_int("32") == "32" and fmt_int("None") == "—"
+    assert fmt_int("32") == "32" and fmt_int("None") == "—" and fmt_int(pd.NA) == "—"
     assert fmt_time(T0) == "2026-11-28 10:00 UTC"
     assert fmt_age(45) == "45 s" and fmt_age(3 * 86400) == "3 days"
     assert (fmt_window(300), fmt_window(3600), fmt_window(86400)) == ("5m", "1h", "1d")

@@ -63,4 +63,4 @@ with data.guard(db):
     st.subheader("Tables")
     counts = data.table_row_counts(db)
     st.dataframe(pd.DataFrame({"table": list(counts), "rows": [fmt_int(v) for v in counts.values()]}),
-                 hide_index=True)
+                 hide_index=True, height=35 * (len(counts) + 1) + 3)

@@ -70,7 +70,7 @@ with data.guard(db):
     latest = (per_model[per_model["query_tokens"].fillna(0) > 0]
               .sort_values("window_start_s").groupby("model", dropna=False).tail(1)
               .sort_values("model"))
-    cols = st.columns(max(1, min(4, len(latest))))
+    cols = st.columns(4)
     for i, (_, row) in enumerate(latest.iterrows()):
         model = row["model"]
         threshold = data.alert_threshold(model)

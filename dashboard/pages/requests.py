@@ -101,7 +101,7 @@ with data.guard(db):
     else:
         shown = requests.sort_values("ts_unix_s", ascending=False, na_position="last").head(500)
         st.dataframe(pd.DataFrame({
-            "time": shown["ts_unix_s"].map(fmt_time),
+            "time": shown["ts_unix_s"].map(lambda t: fmt_time(t, seconds=True)),
             "model": shown["model"],
             "instance": shown["instance"],
             "endpoint": shown["endpoint"],
