@@ -93,11 +93,16 @@ def dashboard_link(base_url: str, report: DailyReport) -> str:
         {"day": report.window.day.isoformat(), "tz": report.window.tz})
 
 
+def _compare(name: str, fig: Figures | None, change: float | None) -> str:
+    if fig is None or fig.hit_rate is None:
+        return f"{name} no data"
+    pp = "" if change is None else f" ({_fmt_pp(change)})"
+    return f"{name} {_fmt_pct(fig.hit_rate)}{pp}"
+
+
 def _detail(ln: ReportLine) -> str:
-    parts = [f"previous day {_fmt_pct(ln.prev_day.hit_rate) if ln.prev_day else 'n/a'}"
-             f" ({_fmt_pp(ln.change_prev_day)})",
-             f"week before {_fmt_pct(ln.prev_week.hit_rate) if ln.prev_week else 'n/a'}"
-             f" ({_fmt_pp(ln.change_prev_week)})"]
+    parts = [_compare("previous day", ln.prev_day, ln.change_prev_day),
+             _compare("week before", ln.prev_week, ln.change_prev_week)]
     if ln.saved is not None:
         price = "shadow price" if ln.shadow_price else "price"
         parts.append(f"saved {_fmt_money(ln.saved, ln.currency)} ({price})")
@@ -250,8 +255,13 @@ def render_chart_png(report: DailyReport, lines: Sequence[ReportLine] | None = N
     ax.set_xlim(0, 110)
     ax.set_xticks([0, 25, 50, 75, 100], ["0%", "25%", "50%", "75%", "100%"], fontsize=8)
     ax.set_title("Prefix-cache hit rate (tokens); dashed: threshold", fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / n), ncol=3,
-              frameon=False)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color="#d0d7de", label="week before"),
+               Patch(color="#8c959f", label="previous day"),
+               Patch(color="#24292f", label=f"{report.window.day.isoformat()} (colour: status)")]
+    ax.legend(handles=handles, fontsize=7, loc="upper center",
+              bbox_to_anchor=(0.5, -0.12 - 0.3 / n), ncol=3, frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
