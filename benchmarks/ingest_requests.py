@@ -1,0 +1,169 @@
+"""Benchmark: `prefixscope ingest requests` against DuckDB's own `read_json` on the same file.
+
+Generates N realistic usage lines (default 1,000,000) in a temporary folder: vLLM chat and
+completions responses as a gateway would log them (prefixscope usage-log records wrapping the
+response, with a short generated answer text), a few final stream chunks and Anthropic-shaped
+/v1/messages responses. Then, each in its own child process so that peak memory is measured
+separately (`resource.getrusage(RUSAGE_SELF).ru_maxrss` of that child):
+
+1. baseline: DuckDB `CREATE TABLE raw AS SELECT * FROM read_json(file)` into a fresh database
+   file (DuckDB parses and stores every field; it does no normalisation);
+2. ours: `ingest.usage.ingest_usage_file` into a fresh, migrated database file (parse,
+   normalise, checkpoint, insert with the primary key);
+3. ours again on the same file and database (the re-ingest: nothing new to read).
+
+Prints rows/s, seconds and peak RSS of each, and the ratios ours / baseline. Target: our rows/s
+at least 0.5x the baseline's.
+
+    .venv/bin/python benchmarks/ingest_requests.py [--lines 1000000] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WORDS = ("the cache prefix block token model request answer legal case file page question "
+         "summary section clause court party ruling evidence").split()
+
+
+def generate(path: Path, n: int, seed: int = 7) -> int:
+    """Write ``n`` usage lines to ``path``; returns the file size in bytes."""
+    rnd = random.Random(seed)
+    t0 = 1_795_000_000.0
+    models = ("llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "mistral-7b-instruct")
+    instances = ("vllm-a:8000", "vllm-b:8000", "vllm-c:8000")
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(n):
+            ts = t0 + i * 0.05
+            model = models[i % 3]
+            prompt = rnd.randint(200, 8000)
+            cached = (rnd.randint(0, prompt - 1) // 16) * 16 if rnd.random() < 0.8 else 0
+            out = rnd.randint(5, 300)
+            answer = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(5, 25)))
+            kind = i % 20
+            if kind < 14:  # chat completion in a log record
+                resp = {"id": f"chatcmpl-{i:016x}", "object": "chat.completion",
+                        "created": int(ts), "model": model,
+                        "choices": [{"index": 0, "message": {"role": "assistant",
+                                                             "content": answer},
+                                     "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": prompt, "total_tokens": prompt + out,
+                                  "completion_tokens": out,
+                                  "prompt_tokens_details": {"cached_tokens": cached,
+                                                            "created_cache_tokens": 0}}}
+                rec = {"ts_unix_s": ts, "request_id": resp["id"], "model": model,
+                       "instance": instances[i % 3], "endpoint": "chat",
+                       "ttft_ms": round(rnd.uniform(20, 900), 1),
+                       "latency_ms": round(rnd.uniform(200, 9000), 1), "response": resp}
+            elif kind < 18:  # completions response, no details object (not reported)
+                rec = {"id": f"cmpl-{i:016x}", "object": "text_completion", "created": int(ts),
+                       "model": model, "choices": [{"index": 0, "text": answer,
+                                                    "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": prompt, "total_tokens": prompt + out,
+                                 "completion_tokens": out, "prompt_tokens_details": None}}
+            elif kind == 18:  # final usage chunk of a stream
+                rec = {"id": f"chatcmpl-{i:016x}", "object": "chat.completion.chunk",
+                       "created": int(ts), "model": model, "choices": [],
+                       "usage": {"prompt_tokens": prompt, "total_tokens": prompt + out,
+                                 "completion_tokens": out,
+                                 "prompt_tokens_details": {"cached_tokens": cached}}}
+            else:  # vLLM /v1/messages (Anthropic shape, exclusive input)
+                rec = {"id": f"msg_{i:016x}", "type": "message", "role": "assistant",
+                       "model": model, "content": [{"type": "text", "text": answer}],
+                       "usage": {"input_tokens": prompt - cached, "output_tokens": out,
+                                 "cache_read_input_tokens": cached,
+                                 "cache_creation_input_tokens": 0},
+                       "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))}
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    return path.stat().st_size
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _baseline(path: str, db: str, q: mp.Queue) -> None:
+    import duckdb
+
+    con = duckdb.connect(db)
+    t = time.perf_counter()
+    con.execute("CREATE TABLE raw AS SELECT * FROM read_json(?, format = 'newline_delimited')",
+                [path])
+    rows = con.execute("SELECT count(*) FROM raw").fetchone()[0]
+    con.close()
+    q.put({"rows": rows, "seconds": time.perf_counter() - t, "peak_rss_mb": _peak_rss_mb()})
+
+
+def _ours(path: str, db: str, q: mp.Queue) -> None:
+    from ingest.usage import ingest_usage_file
+    from store import db as store_db
+
+    with store_db.writer(db) as con:
+        t = time.perf_counter()
+        s = ingest_usage_file(con, path)
+        dt = time.perf_counter() - t
+    q.put({"rows": s.rows_read, "rows_added": s.rows_added, "quarantined": s.rows_quarantined,
+           "seconds": dt, "peak_rss_mb": _peak_rss_mb()})
+
+
+def _child(target, *args) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, q))
+    p.start()
+    result = q.get()
+    p.join()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--keep", help="folder to keep the generated file and databases in")
+    args = ap.parse_args(argv)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prefixscope-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        data = work / "usage.jsonl"
+        t = time.perf_counter()
+        size = generate(data, args.lines)
+        print(f"generated {args.lines:,} lines, {size / 1e6:.1f} MB in "
+              f"{time.perf_counter() - t:.1f} s: {data}")
+        import duckdb
+
+        print(f"python {sys.version.split()[0]}, duckdb {duckdb.__version__}, "
+              f"{os.cpu_count()} CPUs (DuckDB uses all of them; our parse is one thread)")
+        base = _child(_baseline, str(data), str(work / "baseline.duckdb"))
+        ours = _child(_ours, str(data), str(work / "ours.duckdb"))
+        again = _child(_ours, str(data), str(work / "ours.duckdb"))
+        for name, r in (("duckdb read_json (baseline)", base), ("prefixscope ingest", ours),
+                        ("prefixscope re-ingest", again)):
+            rate = r["rows"] / r["seconds"] if r["rows"] else 0.0
+            print(f"{name:<28} rows {r['rows']:>9,}  {r['seconds']:7.2f} s  "
+                  f"{rate:>11,.0f} rows/s  peak RSS {r['peak_rss_mb']:7.1f} MB")
+        ratio = (ours["rows"] / ours["seconds"]) / (base["rows"] / base["seconds"])
+        print(f"ratio rows/s ours / baseline: {ratio:.2f}x (target >= 0.5x)")
+        print(f"ratio peak RSS ours / baseline: {ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}x")
+        print(f"re-ingest added {again['rows_added']} rows (expected 0); first ingest "
+              f"added {ours['rows_added']:,}, quarantined {ours['quarantined']}")
+        return 0 if ratio >= 0.5 else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,474 @@
+"""Queries on per-request usage (table ``requests``): per-request hit rate, coverage, the
+report line.
+
+Definitions (``docs/metrics.md`` "Per-request hit rate and coverage"):
+
+- A request *reported* cached tokens when ``cached_tokens IS NOT NULL`` (0 counts as reported).
+- ``hit_rate`` = Σ cached_tokens / Σ prompt_tokens over the **reported** requests only
+  (``reported_prompt_tokens``); NULL when that sum is 0. A fraction in [0, 1].
+- ``coverage`` = reported requests / all requests; NULL when there are no requests.
+
+Filters: ``start_s``/``end_s`` select ``start_s <= ts_unix_s < end_s`` (None = unbounded);
+``models``/``instances``/``run_ids`` are lists (None = all). Windows are
+``[window_start_s, window_start_s + window_s)`` aligned to ``origin_s + k * window_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from prefixscope.errors import UsageError
+
+#: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
+GROUPABLE = ("model", "instance", "run_id", "endpoint", "usage_shape", "scope", "tenant_digest")
+
+
+def _by_columns(by: Sequence[str]) -> list[str]:
+    cols = list(by)
+    bad = [c for c in cols if c not in GROUPABLE]
+    if bad:
+        raise UsageError(f"cannot group requests by {bad}: choose from {list(GROUPABLE)}")
+    return cols
+
+
+def _where(start_s: float | None, end_s: float | None, models: Sequence[str] | None,
+           instances: Sequence[str] | None, run_ids: Sequence[str] | None,
+           alias: str = "") -> tuple[str, list]:
+    """WHERE clause and its parameters for the common filters."""
+    a = f"{alias}." if alias else ""
+    parts = ["TRUE"]
+    params: list = []
+    if start_s is not None:
+        parts.append(f"{a}ts_unix_s >= ?")
+        params.append(float(start_s))
+    if end_s is not None:
+        parts.append(f"{a}ts_unix_s < ?")
+        params.append(float(end_s))
+    for col, values in (("model", models), ("instance", instances), ("run_id", run_ids)):
+        if values is not None:
+            parts.append(f"list_contains(?::VARCHAR[], {a}{col})")
+            params.append([str(v) for v in values])
+    return " AND ".join(parts), params
+
+
+def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
+    """Insert an Arrow batch of request rows; existing (run_id, request_id) keys are skipped
+    (also duplicates inside the batch: the first is kept).
+
+    Args:
+        batch: Arrow table whose columns are ``columns`` (comma-separated ``requests`` columns),
+            built by ``ingest.usage.rows_to_arrow``.
+
+    Returns:
+        Rows added.
+    """
+    name = "_prefixscope_request_batch"
+    con.register(name, batch)
+    try:
+        row = con.execute(
+            f"INSERT INTO requests ({columns}) SELECT {columns} FROM {name} "
+            "ON CONFLICT DO NOTHING").fetchone()
+    finally:
+        con.unregister(name)
+    return int(row[0]) if row else 0
+
+
+def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
+    """Insert an Arrow batch of request rows that are all expected to be new (plain INSERT,
+    about twice as fast as :func:`insert_request_rows` on DuckDB 1.x-2.x).
+
+    Returns:
+        Rows added (= the batch's rows).
+
+    Raises:
+        duckdb.ConstraintException: a key already exists or repeats in the batch; the caller's
+            transaction is then aborted and must be rolled back (then use
+            :func:`insert_request_rows`).
+    """
+    name = "_prefixscope_request_batch"
+    con.register(name, batch)
+    row = con.execute(  # on failure the view stays registered; the next register replaces it
+        f"INSERT INTO requests ({columns}) SELECT {columns} FROM {name}").fetchone()
+    con.unregister(name)
+    return int(row[0]) if row else 0
+
+
+_AGG = """
+    count(*) AS requests,
+    count(cached_tokens) AS reported_requests,
+    CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+    CAST(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT)
+        AS reported_prompt_tokens,
+    CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens
+"""
+_RATES = """
+    CAST(cached_tokens AS DOUBLE) / NULLIF(reported_prompt_tokens, 0) AS hit_rate,
+    CAST(reported_requests AS DOUBLE) / NULLIF(requests, 0) AS coverage
+"""
+
+
+def request_hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                               end_s: float | None = None, window_s: float = 3600,
+                               by: Sequence[str] = ("model",),
+                               models: Sequence[str] | None = None,
+                               instances: Sequence[str] | None = None,
+                               run_ids: Sequence[str] | None = None,
+                               origin_s: float = 0.0) -> pd.DataFrame:
+    """Per-request hit rate and coverage per time window (requests with a time only).
+
+    Returns:
+        Columns ``window_start_s, window_end_s, <by...>, requests, reported_requests,
+        prompt_tokens, reported_prompt_tokens, cached_tokens`` (tokens), ``hit_rate``
+        (Σ cached / reported_prompt_tokens, fraction, NULL when 0), ``coverage`` (reported /
+        requests). Oldest window first, then by the ``by`` columns.
+
+    Raises:
+        UsageError: ``window_s`` not positive, or a ``by`` column not in :data:`GROUPABLE`.
+    """
+    if not window_s or window_s <= 0:
+        raise UsageError(f"window_s must be positive, got {window_s}")
+    cols = _by_columns(by)
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    sel = "".join(f", {c}" for c in cols)
+    sql = f"""
+        WITH w AS (
+            SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s{sel},
+                   prompt_tokens, cached_tokens
+            FROM requests WHERE ts_unix_s IS NOT NULL AND {where}
+        ), a AS (
+            SELECT window_start_s{sel}, {_AGG} FROM w GROUP BY ALL
+        )
+        SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
+               requests, reported_requests, prompt_tokens, reported_prompt_tokens,
+               cached_tokens, {_RATES}
+        FROM a ORDER BY window_start_s{sel}
+    """
+    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *params,
+         float(window_s)]
+    return con.execute(sql, p).df()
+
+
+def request_hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                            end_s: float | None = None, by: Sequence[str] = ("model",),
+                            models: Sequence[str] | None = None,
+                            instances: Sequence[str] | None = None,
+                            run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per-request hit rate and coverage over the whole range, per group.
+
+    Returns:
+        Columns ``<by...>, requests, reported_requests, prompt_tokens, reported_prompt_tokens,
+        cached_tokens, hit_rate, coverage, first_ts_unix_s, last_ts_unix_s``; ordered by the
+        ``by`` columns (NULLs last). ``by=()`` gives one overall row (none without requests).
+    """
+    cols = _by_columns(by)
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    sel = "".join(f"{c}, " for c in cols)
+    group = f"GROUP BY {', '.join(cols)}" if cols else ""
+    order = f"ORDER BY {', '.join(c + ' NULLS LAST' for c in cols)}" if cols else ""
+    sql = f"""
+        WITH a AS (
+            SELECT {sel}{_AGG}, min(ts_unix_s) AS first_ts_unix_s,
+                   max(ts_unix_s) AS last_ts_unix_s
+            FROM requests WHERE {where} {group}
+        )
+        SELECT {sel}requests, reported_requests, prompt_tokens, reported_prompt_tokens,
+               cached_tokens, {_RATES}, first_ts_unix_s, last_ts_unix_s
+        FROM a WHERE requests > 0 {order}
+    """
+    return con.execute(sql, params).df()
+
+
+def request_hit_rates(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                      end_s: float | None = None, models: Sequence[str] | None = None,
+                      instances: Sequence[str] | None = None,
+                      run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per request that reported cached tokens (the histogram's data).
+
+    Returns:
+        Columns ``run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
+        cached_tokens, hit_rate`` (cached / prompt, NULL when prompt is 0), ``ttft_ms,
+        latency_ms, scope, tenant_digest``; oldest first.
+    """
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    return con.execute(f"""
+        SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
+               cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
+               ttft_ms, latency_ms, scope, tenant_digest
+        FROM requests WHERE cached_tokens IS NOT NULL AND {where}
+        ORDER BY ts_unix_s NULLS LAST, run_id, request_id
+    """, params).df()
+
+
+def request_hit_rate_histogram(con: duckdb.DuckDBPyConnection, *, bins: int = 20,
+                               start_s: float | None = None, end_s: float | None = None,
+                               models: Sequence[str] | None = None,
+                               instances: Sequence[str] | None = None,
+                               run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Distribution of per-request hit rate in ``bins`` equal bins over [0, 1].
+
+    A request with hit rate exactly 1 falls in the last bin; rates above 1 (client-side
+    token counts) are clipped into it too.
+
+    Returns:
+        Columns ``bin_start, bin_end`` (fractions), ``requests``; all bins, lowest first.
+
+    Raises:
+        UsageError: ``bins`` < 1.
+    """
+    if bins < 1:
+        raise UsageError(f"bins must be at least 1, got {bins}")
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    return con.execute(f"""
+        WITH r AS (
+            SELECT least(CAST(floor(CAST(cached_tokens AS DOUBLE) / prompt_tokens * ?) AS BIGINT),
+                         ? - 1) AS b
+            FROM requests
+            WHERE cached_tokens IS NOT NULL AND prompt_tokens > 0 AND {where}
+        ), g AS (SELECT range AS b FROM range(?))
+        SELECT g.b / ? AS bin_start, (g.b + 1) / ? AS bin_end, count(r.b) AS requests
+        FROM g LEFT JOIN r ON r.b = g.b GROUP BY g.b ORDER BY g.b
+    """, [bins, bins, *params, bins, float(bins), float(bins)]).df()
+
+
+def cached_tokens_coverage(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                           end_s: float | None = None, models: Sequence[str] | None = None,
+                           instances: Sequence[str] | None = None,
+                           run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """How many requests reported ``cached_tokens``, per model and instance.
+
+    Returns:
+        Columns ``model, instance, requests, reported_requests, coverage`` (fraction);
+        ordered by model, instance (NULLs last).
+    """
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    return con.execute(f"""
+        SELECT model, instance, count(*) AS requests, count(cached_tokens) AS reported_requests,
+               CAST(count(cached_tokens) AS DOUBLE) / count(*) AS coverage
+        FROM requests WHERE {where}
+        GROUP BY model, instance ORDER BY model NULLS LAST, instance NULLS LAST
+    """, params).df()
+
+
+def request_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
+    """Values for the dashboard's filters.
+
+    Returns:
+        ``{"models": [...], "instances": [...], "run_ids": [...]}`` (sorted, NULLs dropped) and
+        ``"min_ts_unix_s"``/``"max_ts_unix_s"`` (None without timed requests).
+    """
+    def distinct(col: str) -> list[str]:
+        return [r[0] for r in con.execute(
+            f"SELECT DISTINCT {col} FROM requests WHERE {col} IS NOT NULL ORDER BY 1").fetchall()]
+
+    lo, hi = con.execute("SELECT min(ts_unix_s), max(ts_unix_s) FROM requests").fetchone()
+    return {"models": distinct("model"), "instances": distinct("instance"),
+            "run_ids": distinct("run_id"), "min_ts_unix_s": lo, "max_ts_unix_s": hi}
+
+
+def request_flag_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                        end_s: float | None = None) -> pd.DataFrame:
+    """Requests per flag (``exclusive-input-suspected``, ``cache-exceeds-prompt``, ...).
+
+    Returns:
+        Columns ``flag, requests``; most frequent first.
+    """
+    where, params = _where(start_s, end_s, None, None, None)
+    return con.execute(f"""
+        SELECT flag, count(*) AS requests
+        FROM (SELECT unnest(string_split(flags, ',')) AS flag FROM requests
+              WHERE flags IS NOT NULL AND {where})
+        GROUP BY flag ORDER BY requests DESC, flag
+    """, params).df()
+
+
+# ---------------------------------------------------------------------------------------------
+# The report line
+# ---------------------------------------------------------------------------------------------
+
+#: Default report range: this many seconds ending at the newest data point.
+DEFAULT_REPORT_RANGE_S = 86400.0
+ALERT_HINT = "check the top of the prompt"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLine:
+    """One line of ``prefixscope report``.
+
+    Attributes:
+        model: the model, or None for the overall line.
+        cached_tokens: tokens served from cache (counter hits, or Σ cached_tokens).
+        prompt_tokens: the denominator (counter queries, or Σ prompt_tokens of reporting requests).
+        hit_rate: cached / prompt, fraction in [0, 1] (None when prompt is 0).
+        status: ``OK`` (hit_rate >= threshold) or ``ALERT``.
+        text: ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
+        source: ``counters`` or ``requests``.
+        requests, reported_requests: request counts (requests source only, else None).
+        legacy: True when counters came from the old ``vllm:gpu_prefix_cache_*`` names.
+    """
+
+    model: str | None
+    cached_tokens: int
+    prompt_tokens: int
+    hit_rate: float | None
+    status: str
+    text: str
+    source: str
+    requests: int | None = None
+    reported_requests: int | None = None
+    legacy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    """Lines plus the range and source actually used (``start_s``/``end_s`` Unix seconds,
+    half-open)."""
+
+    lines: list[ReportLine]
+    source: str
+    start_s: float | None
+    end_s: float | None
+
+
+def percent_floor(cached_tokens: int, prompt_tokens: int) -> int:
+    """The report's percentage: floor(100 * cached / prompt) in integer arithmetic, so that a
+    rate just under the threshold never prints as the threshold (49.9% -> 49)."""
+    return (int(cached_tokens) * 100) // int(prompt_tokens)
+
+
+def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float) -> tuple[str, str]:
+    """(status, text) of one report line; status ALERT when cached / prompt < threshold.
+
+    Raises:
+        ValueError: prompt_tokens is not positive.
+    """
+    if prompt_tokens <= 0:
+        raise ValueError("a report line needs prompt tokens")
+    status = "OK" if int(cached_tokens) >= threshold * int(prompt_tokens) else "ALERT"
+    text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
+            f"({percent_floor(cached_tokens, prompt_tokens)}%): {status}")
+    if status == "ALERT":
+        text += f": {ALERT_HINT}"
+    return status, text
+
+
+def _num(x) -> int:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return 0
+    return int(round(float(x)))
+
+
+def _has_counters(con: duckdb.DuckDBPyConnection) -> bool:
+    try:
+        row = con.execute("SELECT count(*) FROM metric_samples").fetchone()
+    except duckdb.CatalogException:
+        return False
+    return bool(row and row[0])
+
+
+def _counter_lines(con, start_s, end_s, threshold) -> list[ReportLine]:
+    from store.queries.metrics import hit_rate_totals  # H1's module; imported lazily
+
+    df = hit_rate_totals(con, start_s=start_s, end_s=end_s, by=("model",))
+    lines: list[ReportLine] = []
+    total_hit = total_query = 0
+    any_legacy = False
+    for row in df.itertuples(index=False):
+        hit, query = _num(row.hit_tokens), _num(row.query_tokens)
+        if query <= 0:
+            continue
+        legacy = bool(getattr(row, "legacy", False))
+        any_legacy |= legacy
+        status, text = format_report_line(hit, query, threshold)
+        lines.append(ReportLine(row.model, hit, query, hit / query, status, text, "counters",
+                                legacy=legacy))
+        total_hit += hit
+        total_query += query
+    if lines:
+        status, text = format_report_line(total_hit, total_query, threshold)
+        lines.append(ReportLine(None, total_hit, total_query, total_hit / total_query, status,
+                                text, "counters", legacy=any_legacy))
+    return lines
+
+
+def _request_lines(con, start_s, end_s, threshold) -> list[ReportLine]:
+    lines: list[ReportLine] = []
+    for by in (("model",), ()):
+        df = request_hit_rate_totals(con, start_s=start_s, end_s=end_s, by=by)
+        for row in df.itertuples(index=False):
+            cached, prompt = _num(row.cached_tokens), _num(row.reported_prompt_tokens)
+            if prompt <= 0:
+                continue
+            status, text = format_report_line(cached, prompt, threshold)
+            lines.append(ReportLine(getattr(row, "model", None) if by else None, cached, prompt,
+                                    cached / prompt, status, text, "requests",
+                                    requests=int(row.requests),
+                                    reported_requests=int(row.reported_requests)))
+    return lines
+
+
+def report_lines(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                 end_s: float | None = None, threshold: float = 0.5,
+                 source: str = "auto") -> list[ReportLine]:
+    """The report lines, per model then one overall line (``model`` None).
+
+    See :func:`report` for the range and source rules; this returns only the lines.
+    """
+    return report(con, start_s=start_s, end_s=end_s, threshold=threshold, source=source).lines
+
+
+def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+           end_s: float | None = None, threshold: float = 0.5,
+           source: str = "auto") -> ReportResult:
+    """Build the report: per model and overall, cached of prompt tokens and OK/ALERT.
+
+    Range: ``[start_s, end_s)``. When both are None the range is the
+    :data:`DEFAULT_REPORT_RANGE_S` (24 h) ending just after the newest data point of the
+    source (so the newest point is included); with only one given, the other is unbounded.
+
+    Source: ``counters`` = vLLM counter increases (``store.queries.metrics.hit_rate_totals``:
+    Δhits / Δqueries, restarts handled); ``requests`` = Σ cached_tokens / Σ prompt_tokens over
+    requests that reported cached tokens; ``auto`` = counters when there are counter samples
+    giving query tokens in the range, else requests.
+
+    Args:
+        threshold: ALERT below this hit rate (fraction in [0, 1]).
+
+    Returns:
+        :class:`ReportResult`; ``lines`` is empty when the range has no prompt tokens.
+
+    Raises:
+        UsageError: unknown source, threshold outside [0, 1], or start after end.
+    """
+    if source not in ("auto", "counters", "requests"):
+        raise UsageError(f"unknown source {source!r}: use auto, counters or requests")
+    if not 0.0 <= threshold <= 1.0:
+        raise UsageError(f"threshold must be a fraction in [0, 1], got {threshold}")
+    if start_s is not None and end_s is not None and start_s >= end_s:
+        raise UsageError("--start must be before --end")
+
+    def default_range(newest: float | None) -> tuple[float | None, float | None]:
+        if start_s is not None or end_s is not None or newest is None:
+            return start_s, end_s
+        end = math.nextafter(float(newest), math.inf)
+        return end - DEFAULT_REPORT_RANGE_S, end
+
+    use_counters = source == "counters" or (source == "auto" and _has_counters(con))
+    if use_counters:
+        newest = None
+        if start_s is None and end_s is None:
+            newest = con.execute("SELECT max(ts_unix_s) FROM metric_samples").fetchone()[0]
+        lo, hi = default_range(newest)
+        lines = _counter_lines(con, lo, hi, threshold)
+        if lines or source == "counters":
+            return ReportResult(lines, "counters", lo, hi)
+    newest = None
+    if start_s is None and end_s is None:
+        newest = con.execute("SELECT max(ts_unix_s) FROM requests").fetchone()[0]
+    lo, hi = default_range(newest)
+    return ReportResult(_request_lines(con, lo, hi, threshold), "requests", lo, hi)
