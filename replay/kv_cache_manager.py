@@ -29,9 +29,10 @@ from collections.abc import Hashable, Sequence
 from replay.block_pool import BlockPool
 from replay.hashing import BlockHasher
 
-#: Token id used for generated tokens when a trace has no output ids (never a real id: a
-#: prompt can never contain it, so placeholder decode blocks are never hit by a prompt).
-PLACEHOLDER_OUTPUT_TOKEN = -1
+#: Token id used for generated tokens when a trace has no output ids: -2**62, never a real id
+#: nor one of the synthetic tail tokens of the hash-id readers, so no prompt can contain it and
+#: placeholder decode blocks are never hit by a prompt.
+PLACEHOLDER_OUTPUT_TOKEN = -(1 << 62)
 
 
 class SimRequest:

@@ -24,6 +24,7 @@ from replay.types import TraceRequest
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "vllm_parity" / "drive_kv_cache_manager.py"
 SHARED_MOONCAKE = Path("/work/shared/data/traces/mooncake")
+SHARED_KVCT = Path("/work/shared/data/traces/kv-cache-tester")
 
 
 def vllm_venv() -> Path:
@@ -65,10 +66,67 @@ def run_vllm_driver(cases: list[dict], *, timeout_s: float = 1800) -> dict:
 
 
 def mooncake_path(name: str = "conversation_trace.jsonl") -> Path:
-    """A Mooncake trace: the repository's copy under ``data/`` if present, else the shared pack."""
-    for p in sorted((ROOT / "data").glob(f"**/{name}")):
-        return p
+    """A Mooncake trace: the repository's copy under ``data/`` (gzip or plain) if present,
+    else the shared data pack."""
+    for pattern in (f"**/{name}", f"**/{name}.gz"):
+        for p in sorted((ROOT / "data").glob(pattern)):
+            return p
     return SHARED_MOONCAKE / name
+
+
+def kvct_path(name: str) -> Path:
+    """A kv-cache-tester conversation trace (``trace_NNNN.json``): repository copy first."""
+    for pattern in (f"**/{name}", f"**/{name}.gz"):
+        for p in sorted((ROOT / "data").glob(pattern)):
+            return p
+    return SHARED_KVCT / name
+
+
+def _open_text(path: Path):
+    import gzip
+
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(
+        path, encoding="utf-8")
+
+
+def kvct_interleaved(names: Sequence[str], *, max_requests: int | None = None) -> list[dict]:
+    """Parent requests of several kv-cache-tester conversations, interleaved round-robin, in the
+    driver's JSON form: ids namespaced per conversation (``conv << 32 | id``) and one
+    request-unique id appended for the partial tail (the traces give ids for full 64-token
+    blocks only). Keys: ``id, hash_ids, input_length, hash_block_size (64), output_tokens``."""
+    convs = []
+    for c, name in enumerate(names):
+        with _open_text(kvct_path(name)) as f:
+            d = json.load(f)
+        convs.append([(c, r) for r in d["requests"] if r.get("type", "n") == "n"])
+    out: list[dict] = []
+    serial = 0
+    while any(convs) and (max_requests is None or len(out) < max_requests):
+        for conv in convs:
+            if not conv:
+                continue
+            c, r = conv.pop(0)
+            ids = [(c << 32) | h for h in r["hash_ids"]]
+            if r["in"] > 64 * len(ids):
+                ids.append((1 << 40) + serial)
+            out.append({"id": f"c{c}-{serial}", "hash_ids": ids, "input_length": r["in"],
+                        "hash_block_size": 64, "output_tokens": r["out"]})
+            serial += 1
+    return out
+
+
+def driver_to_trace(reqs: Sequence[dict], *, block_size: int, mode: str = "tokens") -> list[TraceRequest]:
+    """TraceRequests of the driver's hash-id JSON requests (same expansion as the driver)."""
+    out = []
+    for r in reqs:
+        s = r.get("hash_block_size", 512)
+        toks = expand_hash_ids(r["hash_ids"], r["input_length"], s) if mode != "keys" else None
+        keys = (mooncake_block_keys(r["hash_ids"], r["input_length"], block_size, s)
+                if mode != "tokens" else None)
+        out.append(TraceRequest(request_id=r["id"], arrival_s=0.0,
+                                num_prompt_tokens=r["input_length"], prompt_token_ids=toks,
+                                block_keys=keys, output_tokens=r.get("output_tokens", 0)))
+    return out
 
 
 def expand_hash_ids(hash_ids: Sequence[int], input_length: int, hash_block_size: int) -> list[int]:
@@ -95,7 +153,7 @@ def mooncake_block_keys(hash_ids: Sequence[int], input_length: int, block_size: 
 
 def mooncake_lines(path: Path, start: int = 0, count: int | None = None) -> Iterator[tuple[int, dict]]:
     """``(line index, record)`` of a Mooncake JSONL slice."""
-    with open(path, encoding="utf-8") as f:
+    with _open_text(path) as f:
         n = 0
         for i, line in enumerate(f):
             if i < start:

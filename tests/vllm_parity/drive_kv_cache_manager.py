@@ -26,7 +26,7 @@ import os
 import sys
 import time
 
-PLACEHOLDER_OUTPUT_TOKEN = -1
+PLACEHOLDER_OUTPUT_TOKEN = -(1 << 62)  # as replay/kv_cache_manager.py
 
 
 def expand_hash_ids(hash_ids, input_length, hash_block_size):
@@ -38,8 +38,11 @@ def expand_hash_ids(hash_ids, input_length, hash_block_size):
 
 def read_mooncake(spec):
     """Requests of a Mooncake JSONL slice: spec {path, start, count, hash_block_size}."""
+    import gzip
+
     reqs = []
-    with open(spec["path"], encoding="utf-8") as f:
+    opener = gzip.open if spec["path"].endswith(".gz") else open
+    with opener(spec["path"], "rt", encoding="utf-8") as f:
         for i, line in enumerate(f):
             if i < spec.get("start", 0):
                 continue
