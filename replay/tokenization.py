@@ -17,7 +17,10 @@ tokenizer directory, so no model hub is ever contacted and ``transformers`` is n
   (``vllm/entrypoints/chat_utils.py``, ``parse_chat_messages`` and ``_postprocess_messages``):
   a list of content parts becomes its text parts joined with a newline, ``None`` becomes ``""``,
   tool-call ``arguments`` strings are parsed to JSON objects; tools become
-  ``{"type", "function": {"name", "description", "parameters"}}``.
+  ``{"type", "function": {"name", "description", "parameters"}}``. Checked: the rendered text
+  and token ids equal ``transformers`` 5.19 ``apply_chat_template`` on this tokenizer (plain,
+  tool-call and tools chats; ``tests/test_replay_io_tokenization.py`` when transformers is
+  installed).
 
 ``HF_HUB_OFFLINE=1`` is set on import as a guard for any library that might look for a hub.
 """
@@ -176,18 +179,21 @@ def normalise_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def normalise_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """One tool definition as vLLM passes it to the template (pydantic ``model_dump`` of
-    ``ChatCompletionToolsParam``): ``{"type": "function", "function": {"name", "description",
-    "parameters"}}`` with missing fields as None, keys in that order."""
+    """One tool definition as vLLM 0.32 passes it to the template (``model_dump`` of
+    ``ChatCompletionToolsParam``, ``vllm/entrypoints/openai/chat_completion/protocol.py`` and
+    ``FunctionDefinition`` in ``vllm/entrypoints/generate/base/protocol.py``):
+    ``{"type": "function", "function": {"name", "description", "parameters"[, "strict"]}}``,
+    missing ``description``/``parameters`` as None, ``strict`` only when set, keys in that
+    order."""
     fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-    return {
-        "type": tool.get("type", "function"),
-        "function": {
-            "name": fn.get("name"),
-            "description": fn.get("description"),
-            "parameters": fn.get("parameters"),
-        },
+    function = {
+        "name": fn.get("name"),
+        "description": fn.get("description"),
+        "parameters": fn.get("parameters"),
     }
+    if fn.get("strict") is not None:
+        function["strict"] = fn["strict"]
+    return {"type": tool.get("type", "function"), "function": function}
 
 
 def _read_template(directory: Path, config: Mapping[str, Any]) -> str:
