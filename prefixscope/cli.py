@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import click
 import typer
 
 from prefixscope import __version__
@@ -75,25 +74,26 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
     Expected errors print ``error: <message>`` on stderr and return their class's exit code;
-    usage errors return 2. Never raises for those.
+    usage errors (unknown option, bad value) print Click's usage message and return 2. Never
+    raises for those.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = app(args=args, prog_name="prefixscope", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code or 0)
-    except click.exceptions.Abort:
-        err.print("aborted")
-        return 130
-    except click.ClickException as exc:
-        exc.show()
-        return int(exc.exit_code)
+        app(args=args, prog_name="prefixscope", standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        err.print(str(code), markup=False, highlight=False)
+        return 1
     except PrefixscopeError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    return int(result) if isinstance(result, int) else 0
+    return 0
 
 
 def main() -> None:

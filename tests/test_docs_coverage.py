@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import click
 import pytest
 import typer.main
 
@@ -30,8 +29,8 @@ def _command_paths() -> list[str]:
     root = typer.main.get_command(app)
     paths: list[str] = []
 
-    def walk(cmd: click.Command, prefix: list[str]) -> None:
-        if isinstance(cmd, click.Group):
+    def walk(cmd, prefix: list[str]) -> None:
+        if getattr(cmd, "commands", None):
             for name, sub in cmd.commands.items():
                 walk(sub, prefix + [name])
         else:
