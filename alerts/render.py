@@ -104,7 +104,7 @@ def _detail(ln: ReportLine) -> str:
     parts = [_compare("previous day", ln.prev_day, ln.change_prev_day),
              _compare("week before", ln.prev_week, ln.change_prev_week)]
     if ln.saved is not None:
-        price = "shadow price" if ln.shadow_price else "price"
+        price = "shadow price" if ln.shadow_price else "list price"
         parts.append(f"saved {_fmt_money(ln.saved, ln.currency)} ({price})")
     src = {"metrics": "vLLM counters", "requests": "per-request usage"}.get(ln.figures.source)
     if src:

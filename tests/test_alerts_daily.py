@@ -335,3 +335,29 @@ def test_report_json_has_no_raw_tenant_ids(con, tmp_path):
 
     text = json.dumps(_report(con).as_dict(), default=str)
     assert "acme-corp-secret" not in text
+
+
+def test_legal_research_example_line_and_savings(con, tmp_path):
+    """The product brief's example: a 32,000-token prefix, 20 questions of 200 tokens, 500-token
+    answers, the first a miss; Rs 0.10 / 0.02 / 0.40 per 1,000 input / cached / output tokens.
+    The day reads 608,000 of 644,000 (94%): OK, and saves Rs 68.40 - Rs 19.76 = Rs 48.64."""
+    from ingest.prices import load_prices
+    from tests.alerts_support import usage_line
+
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[models."legal-research"]\ncurrency = "INR"\ninput = 100.0\n'
+                      'cached_input = 20.0\noutput = 400.0\nsource = "product brief example"\n')
+    load_prices(con, prices)
+    lines = [usage_line(request_id=f"q{i}", ts_unix_s=local_ts(DAY, 9 + i / 10),
+                        model="legal-research", prompt_tokens=32_200,
+                        cached_tokens=0 if i == 0 else 32_000, completion_tokens=500)
+             for i in range(20)]
+    ingest_usage_lines(con, tmp_path / "legal.jsonl", lines)
+    line = _line(_report(con), "legal-research")
+    assert line.text == "608,000 of 644,000 prompt tokens from cache (94%): OK"
+    assert line.currency == "INR" and line.shadow_price is False
+    assert line.cost_without_cache == pytest.approx(68.40)
+    assert line.saved == pytest.approx(48.64)
+    from alerts.render import render_text
+
+    assert "saved INR 48.64 (list price)" in render_text(_report(con))
