@@ -72,9 +72,28 @@ def _ingest(db: str, run_dirs: list[Path]) -> list[dict[str, Any]]:
 
 
 def _price(model: str, prices_file: str | None):
-    from replay.pricing import price_for_model
+    """The :class:`replay.compare.Price` of ``model`` from the price table file (``--prices``,
+    else ``[pricing] prices_file``), or None when the file or the model is missing."""
+    from ingest.prices import read_price_file
+    from prefixscope.config import load_settings
+    from prefixscope.errors import SourceUnavailable
+    from replay.compare import Price
 
-    return price_for_model(model, prices_file)
+    path = prices_file or load_settings().pricing.prices_file
+    try:
+        rows = read_price_file(path)
+    except SourceUnavailable:
+        if prices_file:
+            raise
+        return None
+    for r in rows:
+        if r.model == model:
+            return Price(model=r.priced_as, currency=r.currency, input_per_mtok=r.input_per_mtok,
+                         cached_input_per_mtok=r.cached_input_per_mtok,
+                         cache_write_per_mtok=r.cache_write_per_mtok,
+                         output_per_mtok=r.output_per_mtok, shadow=r.shadow,
+                         price_source=r.price_source)
+    return None
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
@@ -205,6 +224,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
             "--model", help="Model name (also the price-table entry used for cost).")] = None,
         prices: Annotated[str | None, typer.Option(
             "--prices", help="Price table TOML (default: [pricing] prices_file).")] = None,
+        price_as: Annotated[str | None, typer.Option(
+            "--price-as", help="Cost both runs at this price-table entry (default: --model).")] = None,
         label: Annotated[str | None, typer.Option("--label", help="Prefix of both runs' labels.")] = None,
         out_dir: Annotated[Path | None, typer.Option(
             "--out", help="Directory for both runs (a/ and b/; default out/replay/<id>).")] = None,
@@ -220,7 +241,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
 
         Examples:
 
-          prefixscope replay compare data/captures/aider/chat-requests.jsonl --format chat --layout-b data/layouts/date-at-end.yaml --model tiny-llama-random
+          prefixscope replay compare data/captures/aider/chat-requests.jsonl --format chat --layout-b data/layouts/date-in-first-user.yaml --price-as tiny-llama-random
 
           prefixscope replay compare conversation_trace.jsonl --format mooncake --block-size 512 --algo fast --capacity-blocks 2000 --capacity-blocks-b 20000 --json
         """
@@ -238,7 +259,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
         for side in (res.a, res.b):
             _report_problems(side.problems, quiet=as_json)
             _check_nonempty(side, trace)
-        price = _price(res.a.model, prices)
+        price = _price(price_as or res.a.model, prices)
         from replay.compare import compare_runs
 
         doc = compare_runs(res.a.summary, res.b.summary, price=price,
@@ -334,7 +355,7 @@ def _print_compare(doc: dict[str, Any]) -> None:
     for name, va, vb, vd in rows:
         out.print(f"{name:<24}{va:>16}{vb:>16}{vd:>16}", markup=False, highlight=False)
     if price is None:
-        out.print("cost: no price for this model in the price table (give --model and --prices)",
+        out.print("cost: no price for this model in the price table (give --price-as MODEL)",
                   markup=False, highlight=False)
     else:
         kind = "shadow price" if price["shadow"] else "price"

@@ -7,11 +7,12 @@ Definitions (``docs/replay.md`` "Outputs" and ``docs/metrics.md`` "Cost and savi
   cached tokens (a simulated run reports them all); NULL when that sum is 0.
 - Cost, in the price table's currency, per million tokens at the model's price row (``prices``;
   ``shadow`` marks a self-hosted model's shadow price), with P prompt, C cached, W cache-write
-  (NULL counts 0) and O completion tokens::
+  of which W1h with a 1 h TTL (NULL counts 0) and O completion tokens — the formulas of
+  ``store/queries/savings.py``::
 
       cost_without_cache = (P * input + O * output) / 1e6
-      cost_with_cache    = ((P - C - W) * input + C * cached_input + W * cache_write
-                            + O * output) / 1e6
+      cost_with_cache    = ((P - C - W) * input + C * cached_input + (W - W1h) * cache_write
+                            + W1h * cache_write_1h + O * output) / 1e6
       saved              = cost_without_cache - cost_with_cache
 
   NULL when the run's model has no price row.
@@ -28,12 +29,15 @@ from prefixscope.errors import UsageError
 
 
 def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = None,
-                run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                run_ids: Sequence[str] | None = None,
+                price_as: str | None = None) -> pd.DataFrame:
     """One row per run (newest first), with its totals and cost.
 
     Args:
         kinds: only these kinds (``replay-sim``, ``replay-live``...); None = every kind.
         run_ids: only these runs; None = all.
+        price_as: cost every run at this price-table entry (e.g. a self-hosted model's shadow
+            price); None = at the price of each request's own model.
 
     Returns:
         Columns ``run_id, label, kind, created_unix_s, params_json`` (the run's parameters and
@@ -60,6 +64,7 @@ def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None =
                    sum(CASE WHEN q.cached_tokens IS NOT NULL THEN q.prompt_tokens END)
                        AS reported_prompt_tokens,
                    sum(coalesce(q.cache_write_tokens, 0)) AS cache_write_tokens,
+                   sum(coalesce(q.cache_write_1h_tokens, 0)) AS cache_write_1h_tokens,
                    sum(coalesce(q.completion_tokens, 0)) AS completion_tokens,
                    min(q.ts_unix_s) AS first_ts_unix_s, max(q.ts_unix_s) AS last_ts_unix_s
             FROM requests q
@@ -72,9 +77,10 @@ def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None =
                    ((a.prompt_tokens - coalesce(a.cached_tokens, 0) - a.cache_write_tokens)
                         * p.input_per_mtok
                     + coalesce(a.cached_tokens, 0) * p.cached_input_per_mtok
-                    + a.cache_write_tokens * p.cache_write_per_mtok
+                    + (a.cache_write_tokens - a.cache_write_1h_tokens) * p.cache_write_per_mtok
+                    + a.cache_write_1h_tokens * p.cache_write_1h_per_mtok
                     + a.completion_tokens * p.output_per_mtok) / 1e6 AS cost_with_cache
-            FROM agg a LEFT JOIN prices p ON p.model = a.model
+            FROM agg a LEFT JOIN prices p ON p.model = coalesce(?, a.model)
         ), per_run AS (
             SELECT run_id,
                    arg_max(model, requests) AS model,
@@ -109,7 +115,7 @@ def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None =
         WHERE {" AND ".join(where)}
         ORDER BY r.created_unix_s DESC NULLS LAST, r.run_id
     """
-    return con.execute(sql, params).df()
+    return con.execute(sql, [price_as, *params]).df()
 
 
 def replay_run_windows(con: duckdb.DuckDBPyConnection, *, run_ids: Sequence[str],
