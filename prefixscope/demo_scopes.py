@@ -116,7 +116,8 @@ def _trace_t0(replay) -> float:
 def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | None,
                        out_dir: str | os.PathLike[str], key: bytes, run_id: str,
                        instance: str = "gateway-replay", num_gpu_blocks: int | None = None,
-                       label: str | None = None) -> GatewayRunReport:
+                       label: str | None = None,
+                       inventory_path: str | os.PathLike[str] | None = None) -> GatewayRunReport:
     """Replay ``trace_path`` through the gateway + simulator, write the files, ingest them.
 
     Args:
@@ -128,6 +129,7 @@ def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | Non
         run_id: run id of the replay (decisions and usage rows join on it).
         instance: instance name of the simulated engine.
         num_gpu_blocks: override the trace header's cache size (blocks, incl. the null block).
+        inventory_path: approved public inventory file (default: the trace header's).
 
     Returns:
         A :class:`GatewayRunReport`.
@@ -144,8 +146,13 @@ def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | Non
     cfg = SimConfig(block_size=trace.header.block_size,
                     num_gpu_blocks=num_gpu_blocks if num_gpu_blocks is not None
                     else trace.header.num_gpu_blocks)
+    inventory = None
+    if inventory_path is not None:
+        from replay.identity import PublicInventory
+
+        inventory = PublicInventory.from_file(inventory_path)
     replay = replay_gateway_trace(trace, key=key, run_id=run_id, instance=instance,
-                                  sim_config=cfg)
+                                  sim_config=cfg, inventory=inventory)
     files = write_gateway_outputs(replay, out_dir, run_id=run_id, instance=instance)
     results = {r.request_id: r for r in replay.results}
     prompt = sum(r.prompt_tokens for r in results.values() if r.rejected_reason is None)

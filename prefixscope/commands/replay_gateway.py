@@ -27,6 +27,9 @@ def register(groups: dict[str, typer.Typer]) -> None:
         num_gpu_blocks: Annotated[int | None, typer.Option(
             "--num-gpu-blocks", help="Override the trace's cache size (blocks, incl. the null "
             "block).")] = None,
+        inventory: Annotated[str | None, typer.Option(
+            "--inventory", help="Approved public inventory file (default: [identity] "
+            "public_inventory_file, else the trace header's).")] = None,
         instance: Annotated[str, typer.Option("--instance", help="Instance name of the engine.")]
             = "gateway-replay",
         no_ingest: Annotated[bool, typer.Option(
@@ -47,10 +50,12 @@ def register(groups: dict[str, typer.Typer]) -> None:
         from prefixscope.demo_scopes import run_gateway_replay
         from replay.identity import load_hmac_key
 
-        key = load_hmac_key(hmac_key_file, config_path=load_settings().identity.hmac_key_file)
+        identity = load_settings().identity
+        key = load_hmac_key(hmac_key_file, config_path=identity.hmac_key_file)
         report = run_gateway_replay(trace, db_path=None if no_ingest else db, out_dir=out_dir,
                                     key=key, run_id=run_id, instance=instance,
-                                    num_gpu_blocks=num_gpu_blocks)
+                                    num_gpu_blocks=num_gpu_blocks,
+                                    inventory_path=inventory or identity.public_inventory_file)
         if as_json:
             print_json(report.as_dict())
             return
