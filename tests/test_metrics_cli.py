@@ -162,3 +162,33 @@ def test_live_every_scrapes_a_loopback_server_with_a_restart(cli, db_path):
     assert [(t["instance"], t["hit_tokens"], t["query_tokens"]) for t in tot] == [
         (srv.hostport, 14272 + 7136, 30993 + 11652)]
     assert sum(w["restarts"] for w in win) == 1
+
+
+def test_every_stops_cleanly_on_sigterm(db_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "prefixscope"
+    if not exe.exists():
+        pytest.skip("prefixscope console script not installed in this environment")
+    with ExpositionServer([render("metrics_kvevents.txt", created_unix_s=time.time() - 60)]) as srv:
+        proc = subprocess.Popen([str(exe), "ingest", "metrics", srv.url, "--every", "0.2",
+                                 "--db", db_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while srv.requests < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().count("samples added") >= 3
+    with store_db.reader(db_path) as con:
+        n = con.execute("SELECT count(DISTINCT ts_unix_s) FROM metric_samples "
+                        "WHERE NOT created_zero").fetchone()[0]
+    assert n >= 3
