@@ -147,7 +147,7 @@ class _Record(_Response):
     """A JSONL line: a response itself, or a log record holding one (see docs/ingest.md)."""
 
     response: _Response | None = None
-    response_usage: _Usage | None = None  # pydantic-ai capture lines
+    response_usage: _Usage | None | UnsetType = UNSET  # pydantic-ai capture lines
     request_body: msgspec.Raw = msgspec.Raw(b"null")  # only .model is ever read
     uri: str | None = None
     ts_unix_s: float | None = None
@@ -278,14 +278,13 @@ def _normalise(rec: _Record) -> tuple:
     if usage is None and resp.usageMetadata is not None:
         usage, gemini = resp.usageMetadata, True
         path = path[:-5] + "usageMetadata"
-    if usage is None and rec.response_usage is not None:
+    if usage is None and rec.response_usage is not UNSET:
         usage, path = rec.response_usage, "$.response_usage"
     if usage is None:
         if (resp.object or "").endswith(".chunk") or (resp.type or "") in _STREAM_EVENT_TYPES \
                 or (resp.type or "").startswith("response.") and resp.type != "response.completed":
             raise _Skip()
-        raise _Bad(path if rec.response_usage is None else "$.response_usage",
-                   "no usage object (null or missing)")
+        raise _Bad(path, "no usage object (null or missing)")
 
     flags: list[str] = []
     endpoint = rec.endpoint or _ENDPOINT_BY_OBJECT.get(resp.object or "")
@@ -455,10 +454,8 @@ def normalise_usage(obj: dict[str, Any] | bytes | str) -> UsageRecord | None:
             says why; neither carries prompt text).
     """
     try:
-        if isinstance(obj, (bytes, str)):
-            rec = _DECODER.decode(obj)
-        else:
-            rec = msgspec.convert(obj, _Record)
+        # Through JSON text so that a dict takes exactly the path a file line takes.
+        rec = _DECODER.decode(obj if isinstance(obj, (bytes, str)) else msgspec.json.encode(obj))
         t = _normalise(rec)
     except _Skip:
         return None
@@ -667,6 +664,20 @@ def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
                       run_id: str | None = None, instance: str | None = None,
                       default_model: str | None = None,
                       batch_rows: int = BATCH_ROWS) -> IngestSummary:
+    """Ingest one usage JSONL file into ``requests``; see :func:`ingest_usage_file_detailed`
+    (this returns only its summary)."""
+    return ingest_usage_file_detailed(con, path, run_id=run_id, instance=instance,
+                                      default_model=default_model, batch_rows=batch_rows)[0]
+
+
+#: How many quarantine entries :func:`ingest_usage_file_detailed` returns (all are stored).
+PROBLEMS_RETURNED = 100
+
+
+def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
+                               run_id: str | None = None, instance: str | None = None,
+                               default_model: str | None = None, batch_rows: int = BATCH_ROWS
+                               ) -> tuple[IngestSummary, list[Quarantined]]:
     """Ingest one usage JSONL file into ``requests``, from its checkpoint on.
 
     Each batch of up to ``batch_rows`` lines is committed with its quarantine entries and the
@@ -681,8 +692,9 @@ def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
         default_model: for lines whose record and response name no model.
 
     Returns:
-        :class:`IngestSummary` (rows read/added/duplicate/quarantined; ``note`` counts skipped
-        lines and says when the file had nothing new).
+        (:class:`IngestSummary`, the first :data:`PROBLEMS_RETURNED` lines quarantined by this
+        call, file order). The summary counts rows read/added/duplicate/quarantined; its
+        ``note`` counts skipped lines and says when the file had nothing new.
 
     Raises:
         SourceUnavailable: the file does not exist or cannot be read.
@@ -695,6 +707,8 @@ def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
     start = resume_offset(con, source_id, path)
     ingest_run_id = new_ingest_run_id()
     read = added = n_quarantined = skipped = 0
+    problems: list[Quarantined] = []
+    con.execute("SET enable_progress_bar = false")  # never draw on the caller's terminal
     # Rows from new lines are nearly always new keys: try the plain INSERT first and fall back
     # to ON CONFLICT DO NOTHING for this and later batches once a key repeats.
     assume_new = True
@@ -714,6 +728,8 @@ def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
             added += n
             n_quarantined += len(batch.quarantined)
             skipped += batch.skipped
+            if len(problems) < PROBLEMS_RETURNED:
+                problems.extend(batch.quarantined[:PROBLEMS_RETURNED - len(problems)])
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -728,4 +744,4 @@ def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
     status = "ok" if n_quarantined == 0 else ("partial" if read else "failed")
     record_run(con, source_id=source_id, kind=KIND, started_unix_s=started, summary=summary,
                status=status, ingest_run_id=ingest_run_id)
-    return summary
+    return summary, problems
