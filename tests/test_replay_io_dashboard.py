@@ -1,0 +1,53 @@
+"""The Replay dashboard page through Streamlit's AppTest, on runs ingested the normal way."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.prices import load_prices
+from ingest.runs import ingest_run_dir
+from replay.runner import SimRunSpec, run_compare
+from store import db as store_db
+from tests.dashboard_support import assert_clean, build_empty_db, chart_count, run_app, texts
+from tests.replay_io_support import AIDER_TRACE, DATA, LAYOUT_DATE_FIRST_USER, MOONCAKE_CONVERSATION
+
+PAGE = "pages/replay.py"
+
+
+@pytest.fixture(scope="module")
+def replay_db(tmp_path_factory):
+    d = tmp_path_factory.mktemp("replaydb")
+    db = str(d / "r.duckdb")
+    cmp = run_compare(trace=str(AIDER_TRACE), layout_b=str(LAYOUT_DATE_FIRST_USER),
+                      out_dir=d / "cmp", format="chat", block_size=16, limit=40)
+    from replay.runner import run_sim
+
+    mc = run_sim(SimRunSpec(trace=str(MOONCAKE_CONVERSATION), block_size=512,
+                            capacity_blocks=400, algo="fast", limit=200, label="mooncake 400"),
+                 d / "mc")
+    with store_db.writer(db) as con:
+        load_prices(con, DATA / "prices.toml")
+        for run_dir in (cmp.a.out_dir, cmp.b.out_dir, mc.out_dir):
+            ingest_run_dir(con, run_dir)
+    return db
+
+
+def test_replay_page_shows_runs_side_by_side(replay_db, monkeypatch):
+    monkeypatch.setenv("PREFIXSCOPE_DB", replay_db)
+    at = run_app(replay_db, PAGE)
+    assert_clean(at)
+    assert at.title[0].value == "Replay"
+    table = at.dataframe[0].value
+    assert len(table) == 3
+    assert set(table["layout"]) >= {"as recorded", "date-in-first-user"}
+    assert any("shadow price" in t for t in texts(at, "info"))
+    assert chart_count(at) >= 3  # hit rate bars, cost bars, hit rate over run time
+    assert at.selectbox[0].value == "tiny-llama-random"  # the shadow-priced entry by default
+
+
+def test_replay_page_without_runs_explains_how_to_make_one(tmp_path, monkeypatch):
+    db = build_empty_db(tmp_path / "empty.duckdb")
+    monkeypatch.setenv("PREFIXSCOPE_DB", db)
+    at = run_app(db, PAGE)
+    assert_clean(at)
+    assert any("prefixscope replay sim" in t for t in texts(at, "info"))
