@@ -30,6 +30,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("pages/scopes.py", "Scopes", ":material/shield_person:"),
     ("pages/rejections.py", "Rejections", ":material/block:"),
     ("pages/invariants.py", "Invariants", ":material/verified_user:"),
+    ("pages/replay.py", "Replay", ":material/replay:"),
     # append one line per page here: ("pages/<file>.py", "<Title>", ":material/<icon>:"),
 ]
 
