@@ -25,6 +25,9 @@ class Source(str, Enum):
 
 
 def _by_tuple(by: str, source: Source) -> tuple[str, ...]:
+    # ``scope`` (PUBLIC / TENANT / PRINCIPAL) exists only per request: it is passed through to
+    # the requests-based query (store.queries.requests, where scope analytics live); vLLM's
+    # counters carry no scope, so with --source counters it is refused.
     cols = tuple(c.strip() for c in by.split(",") if c.strip())
     if not cols or any(c not in ("model", "instance", "scope") for c in cols):
         raise UsageError(f"--by {by!r}: use one of {', '.join(BY_CHOICES)}")
