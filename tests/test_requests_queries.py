@@ -1,0 +1,104 @@
+"""Per-request hit rate, coverage and the histogram rows (store/queries/requests.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.usage import ingest_usage_file
+from prefixscope.errors import UsageError
+from store.queries import requests as q
+from tests.requests_support import write_jsonl
+
+
+
+def _req(i, ts, prompt, cached, *, model="m1", instance="a", run_id=None):
+    rec = {"request_id": f"r{i}", "ts_unix_s": ts, "model": model, "instance": instance,
+           "usage": {"prompt_tokens": prompt,
+                     "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}}
+    if run_id is not None:
+        rec["run_id"] = run_id
+    return rec
+
+
+@pytest.fixture
+def loaded(con, tmp_path):
+    h = 3600.0
+    base = 1_795_003_200.0  # = 498,612 h: aligned to the hour
+    write_jsonl(tmp_path / "u.jsonl", [
+        _req(1, base + 10, 1000, 900),
+        _req(2, base + 20, 1000, 0),
+        _req(3, base + 30, 1000, None),          # not reported: not in hit_rate, lowers coverage
+        _req(4, base + h + 5, 400, 400, model="m2", instance="b"),
+        _req(5, base + h + 6, 600, 300, model="m2", instance="b"),
+    ])
+    ingest_usage_file(con, tmp_path / "u.jsonl")
+    return con, base
+
+
+def test_by_window(loaded):
+    con, base = loaded
+    df = q.request_hit_rate_by_window(con, window_s=3600, by=("model",))
+    assert list(df.columns) == ["window_start_s", "window_end_s", "model", "requests",
+                                "reported_requests", "prompt_tokens", "reported_prompt_tokens",
+                                "cached_tokens", "hit_rate", "coverage"]
+    r = df.to_dict("records")
+    assert r[0]["window_start_s"] == base and r[0]["window_end_s"] == base + 3600
+    assert (r[0]["model"], r[0]["requests"], r[0]["reported_requests"], r[0]["prompt_tokens"],
+            r[0]["reported_prompt_tokens"], r[0]["cached_tokens"]) == ("m1", 3, 2, 3000, 2000, 900)
+    assert r[0]["hit_rate"] == pytest.approx(0.45)
+    assert r[0]["coverage"] == pytest.approx(2 / 3)
+    assert (r[1]["model"], r[1]["cached_tokens"], r[1]["hit_rate"]) == ("m2", 700, 0.7)
+
+
+def test_by_window_origin_and_filters(loaded):
+    con, base = loaded
+    df = q.request_hit_rate_by_window(con, window_s=7200, by=(), origin_s=base)
+    assert len(df) == 1 and df.iloc[0]["requests"] == 5
+    df = q.request_hit_rate_by_window(con, window_s=3600, by=("instance",), instances=["b"],
+                                      start_s=base + 3600, end_s=base + 3606)
+    assert df["requests"].tolist() == [1]  # end is exclusive
+
+
+def test_totals_and_overall(loaded):
+    con, _ = loaded
+    t = q.request_hit_rate_totals(con, by=())
+    assert (int(t.iloc[0]["cached_tokens"]), int(t.iloc[0]["reported_prompt_tokens"])) == (1600, 3000)
+    by = q.request_hit_rate_totals(con, by=("model", "instance"))
+    assert by[["model", "instance"]].values.tolist() == [["m1", "a"], ["m2", "b"]]
+
+
+def test_request_rows_histogram_coverage(loaded):
+    con, _ = loaded
+    rows = q.request_hit_rates(con)
+    assert rows["request_id"].tolist() == ["r1", "r2", "r4", "r5"]
+    assert rows["hit_rate"].tolist() == [0.9, 0.0, 1.0, 0.5]
+    h = q.request_hit_rate_histogram(con, bins=4)
+    assert h.values.tolist() == [[0.0, 0.25, 1], [0.25, 0.5, 0], [0.5, 0.75, 1], [0.75, 1.0, 2]]
+    cov = q.cached_tokens_coverage(con)
+    assert cov.values.tolist() == [["m1", "a", 3, 2, pytest.approx(2 / 3)], ["m2", "b", 2, 2, 1.0]]
+
+
+def test_filter_values_and_flags(loaded, tmp_path):
+    con, base = loaded
+    v = q.request_filter_values(con)
+    assert v == {"models": ["m1", "m2"], "instances": ["a", "b"], "run_ids": [""],
+                 "min_ts_unix_s": base + 10, "max_ts_unix_s": base + 3606}
+    write_jsonl(tmp_path / "f.jsonl", [{"id": "z", "usage": {"prompt_tokens": 1,
+                                                             "prompt_tokens_details": {
+                                                                 "cached_tokens": 5}}}])
+    ingest_usage_file(con, tmp_path / "f.jsonl")
+    assert q.request_flag_counts(con).values.tolist() == [["exclusive-input-suspected", 1]]
+
+
+def test_empty_database(con):
+    assert q.request_hit_rate_by_window(con).empty
+    assert q.request_hit_rate_totals(con, by=()).empty
+    assert q.request_hit_rate_histogram(con, bins=2)["requests"].tolist() == [0, 0]
+    assert q.request_filter_values(con)["max_ts_unix_s"] is None
+
+
+def test_bad_arguments(con):
+    with pytest.raises(UsageError):
+        q.request_hit_rate_by_window(con, by=("prompt_tokens; DROP TABLE requests",))
+    with pytest.raises(UsageError):
+        q.request_hit_rate_by_window(con, window_s=0)
