@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "deploy" / "bin" / "vllm-cpu.sh"
@@ -237,6 +238,31 @@ class ServerPool:
             self.current = None
 
 
+_POOL: ServerPool | None = None
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(request, tmp_path_factory):
+    """The session's :class:`ServerPool` (one process at a time).
+
+    Module-scoped on purpose: after the last module that uses it, the server is stopped, so it
+    does not hold 2.4 GB and a core while the rest of the suite runs. Consecutive modules that
+    ask for the same configuration share one process.
+    """
+    global _POOL
+    if _POOL is None:
+        _POOL = ServerPool(tmp_path_factory.mktemp("vllm-logs"))
+        import atexit
+
+        atexit.register(_POOL.close)
+    yield _POOL
+    items = request.session.items
+    idx = [i for i, it in enumerate(items) if it.module is request.module]
+    later = items[max(idx) + 1:] if idx else []
+    if not any("vllm_pool" in getattr(it, "fixturenames", ()) for it in later):
+        _POOL.close()
+
+
 # ----------------------------------------------------------------------------- engine order
 
 _ADDED_RE = re.compile(r"Added request (\S+?)\.?$")
@@ -262,3 +288,142 @@ def engine_arrival_order(log_text: str) -> list[str]:
         rid = re.sub(r"-\d+-[0-9a-f]{8}$", "", rid)
         order.setdefault(rid, None)
     return list(order)
+
+
+# ----------------------------------------------------------------------------- traffic
+
+TEXTS = ROOT / "data" / "multitenant" / "texts.json"
+TOKENIZER_DIR = ROOT / "data" / "tiny-tokenizer"
+TENANT_DOCS = {
+    "acme": ("doc:acme:issue", "doc:acme:alice-notes"),
+    "globex": ("doc:globex:issue",),
+    "initech": ("doc:initech:0", "doc:initech:1", "doc:initech:2"),
+}
+
+
+def build_traffic(n: int, *, seed: int = 0, salted: bool = False, followups: int = 0,
+                  max_prompt_tokens: int = 4000, max_system_chars: int | None = None,
+                  max_doc_chars: int | None = None, id_prefix: str = "r") -> list:
+    """Chat requests built from real text, rendered with the tiny tokenizer, as token ids.
+
+    Text: ``data/multitenant/texts.json`` (the SWE-agent system prompt and demonstration,
+    tenants' documents from SWE-agent and aider captures, MT-Bench questions; see its ORIGIN.md).
+    Request *i* picks (seeded) a tenant, one of its documents (or none), optionally the public
+    demonstration, and an MT-Bench first turn; the prompt is the ChatML rendering of
+    ``[system, user(doc + question)]`` with the generation prompt. Output lengths are fixed
+    (8 to 24 tokens).
+
+    Args:
+        n: first-turn requests.
+        salted: ``cache_salt`` = ``salt-<tenant>`` for two tenants, none for the third.
+        followups: that many extra requests, each following an earlier first turn
+            (``attrs["follows"]``): the live client sends that turn's prompt + its real output +
+            ``<|im_end|>`` + the question's second turn + the generation prompt.
+        max_prompt_tokens: requests longer than this are shortened by dropping the document.
+        max_system_chars, max_doc_chars: cut texts (eviction runs use short prompts).
+
+    Returns:
+        ``TraceRequest`` list in send order (arrival 0.05 s apart).
+    """
+    import random as _random
+
+    from replay.tokenization import load_chat_tokenizer
+    from replay.types import TraceRequest
+
+    texts = json.loads(TEXTS.read_text())
+    tok = load_chat_tokenizer(TOKENIZER_DIR)
+    rng = _random.Random(seed)
+    questions = sorted({k.rsplit(":", 1)[0] for k in texts if k.startswith("q:")},
+                       key=lambda k: int(k.split(":")[1]))
+    system = texts["tpl:system"][:max_system_chars]
+    demo = texts["pub:demonstration"]
+    tenants = list(TENANT_DOCS)
+    salts = {"acme": "salt-acme", "globex": "salt-globex", "initech": None}
+    reqs = []
+    firsts = []
+    for i in range(n):
+        tenant = rng.choice(tenants)
+        q = rng.choice(questions[:24])
+        doc_key = rng.choice(TENANT_DOCS[tenant] + (None,))
+        with_demo = rng.random() < 0.15
+        doc = texts[doc_key][:max_doc_chars] if doc_key else ""
+        sys_text = system + ("\n\n" + demo if with_demo else "")
+        user = (doc + "\n\n" if doc else "") + texts[q + ":1"]
+        ids = tok.encode_chat([{"role": "system", "content": sys_text},
+                               {"role": "user", "content": user}])
+        if len(ids) > max_prompt_tokens:
+            ids = tok.encode_chat([{"role": "system", "content": system},
+                                   {"role": "user", "content": texts[q + ":1"]}])
+        rid = f"{id_prefix}{i:03d}"
+        reqs.append(TraceRequest(
+            request_id=rid, arrival_s=0.05 * len(reqs), num_prompt_tokens=len(ids),
+            prompt_token_ids=tuple(ids), output_tokens=8 + rng.randrange(17),
+            cache_salt=salts[tenant] if salted else None, attrs={"question": q}))
+        firsts.append((rid, q, salts[tenant] if salted else None))
+    for j in range(followups):
+        rid, q, salt = firsts[rng.randrange(len(firsts))]
+        suffix = tok.encode("<|im_end|>\n<|im_start|>user\n" + texts[q + ":2"]
+                            + "<|im_end|>\n<|im_start|>assistant\n")
+        reqs.append(TraceRequest(
+            request_id=f"{id_prefix}f{j:03d}", arrival_s=0.05 * len(reqs),
+            num_prompt_tokens=len(suffix), prompt_token_ids=tuple(suffix),
+            output_tokens=8 + rng.randrange(17), cache_salt=salt,
+            attrs={"question": q, "follows": rid}))
+    # Interleave: each follow-up goes some requests after the one it follows.
+    order = list(range(n))
+    for j in range(followups):
+        dep = reqs[n + j].attrs["follows"]
+        pos = next(k for k, idx in enumerate(order) if reqs[idx].request_id == dep)
+        order.insert(min(len(order), pos + 1 + rng.randrange(1, 12)), n + j)
+    out = []
+    for k, idx in enumerate(order):
+        r = reqs[idx]
+        out.append(TraceRequest(
+            request_id=r.request_id, arrival_s=0.05 * k, num_prompt_tokens=r.num_prompt_tokens,
+            prompt_token_ids=r.prompt_token_ids, output_tokens=r.output_tokens,
+            cache_salt=r.cache_salt, attrs=r.attrs))
+    return out
+
+
+# ----------------------------------------------------------------------------- live vs sim
+
+
+def live_config(server: VllmServer, *, concurrency: int = 1):
+    """The :class:`replay.live.LiveConfig` the tests use against ``server``."""
+    from replay.live import LiveConfig
+
+    return LiveConfig(base_url=server.base_url, model=SERVED_MODEL_NAME, concurrency=concurrency,
+                      block_size=BLOCK_SIZE, max_retries=2, timeout_s=120.0)
+
+
+def simulate_like(server: VllmServer, live_results, *, order=None, concurrency=None,
+                  step_s: float = 0.0):
+    """Simulate exactly the traffic the server saw (prompts as sent, real outputs, salts).
+
+    Args:
+        order: trace request ids in the order to simulate (default: send order).
+        concurrency: a ``ConcurrencyConfig`` for the step model, None for sequential.
+        step_s: arrival spacing for ``order`` (see ``replay.live.results_as_trace``).
+
+    Returns:
+        ``{request_id: RequestResult}``.
+    """
+    from replay.live import results_as_trace
+    from replay.sim import simulate
+    from replay.types import SimConfig
+
+    trace = results_as_trace(live_results, order=order, step_s=step_s)
+    cfg = SimConfig(block_size=BLOCK_SIZE, num_gpu_blocks=server.num_gpu_blocks(),
+                    concurrency=concurrency)
+    return {r.request_id: r for r in simulate(trace, cfg)}
+
+
+def mismatches(live_results, sim_by_id) -> list[tuple[str, int | None, int | None, int | None]]:
+    """``(request_id, prompt_tokens, live cached, simulated cached)`` where they differ."""
+    out = []
+    for r in live_results:
+        s = sim_by_id.get(r.request_id)
+        sim_cached = None if s is None else s.cached_tokens
+        if s is None or s.cached_tokens != r.cached_tokens or s.prompt_tokens != r.prompt_tokens:
+            out.append((r.request_id, r.prompt_tokens, r.cached_tokens, sim_cached))
+    return out
