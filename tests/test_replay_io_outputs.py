@@ -226,3 +226,22 @@ def test_cli_ingest_replay_run(cli, tmp_path, db_path, mooncake_run):
     assert "600 requests added" in out
     code, out, _ = cli(["ingest", "replay-run", mooncake_run.out_dir, "--db", db_path, "--json"])
     assert json.loads(out)[0]["requests_added"] == 0
+
+
+def test_demo_replays_make_and_ingest_five_runs(tmp_path, monkeypatch):
+    from prefixscope import demo_replay
+
+    monkeypatch.setattr(demo_replay, "MOONCAKE_REQUESTS", 200)
+    db = str(tmp_path / "demo.duckdb")
+    with store_db.writer(db):
+        pass
+    line = demo_replay.run_demo_replays(db, str(tmp_path / "out"))
+    assert line.startswith("5 runs")
+    with store_db.reader(db) as con:
+        runs = replay_runs(con)
+    assert len(runs) == 5 and (runs.requests > 0).all()
+    aider = runs[runs.run_id.str.startswith("demo-aider")]
+    assert aider.first_ts_unix_s.nunique() == 1  # one time placement per trace
+    rates = dict(zip(aider.run_id, aider.hit_rate.round(3)))
+    assert rates == {"demo-aider-as-recorded": 0.869, "demo-aider-date-at-end": 0.729,
+                     "demo-aider-date-in-first-user": 0.936}
