@@ -508,10 +508,89 @@ class UsageBatch:
     checkpoint: Checkpoint
 
 
+@dataclass(frozen=True, slots=True)
+class _LineContext:
+    """What every row of one file shares (picklable: sent to parser processes)."""
+
+    location: str
+    source_id: str
+    run_id: str
+    instance: str | None
+    default_model: str | None
+    mtime: float
+    fallback_prefix: str  # "<absolute path>:" for request ids of lines without one
+
+
+def _context(path: str | os.PathLike[str], source_id: str, run_id: str, instance: str | None,
+             default_model: str | None, mtime: float) -> _LineContext:
+    return _LineContext(str(path), source_id, run_id, instance, default_model, mtime,
+                        str(Path(path).resolve()) + ":")
+
+
+def _parse_lines(lines: list[bytes], line_no: int, ctx: _LineContext
+                 ) -> tuple[list[tuple], list[Quarantined], int]:
+    """Parse complete lines (no newline) numbered ``line_no + 1``...; returns (rows in
+    ``requests`` column order, quarantined, skipped)."""
+    decode = _DECODER.decode
+    normalise = _normalise
+    rows: list[tuple] = []
+    append = rows.append
+    quarantined: list[Quarantined] = []
+    skipped = 0
+    run_id, source_id, instance = ctx.run_id, ctx.source_id, ctx.instance
+    default_model, mtime, prefix = ctx.default_model, ctx.mtime, ctx.fallback_prefix
+    for raw in lines:
+        line_no += 1
+        try:
+            (rid, ts, ts_est, rec_run, model, inst, endpoint, shape, prompt, cached, write,
+             write_1h, completion, ttft, latency, scope, digest, flags) = normalise(decode(raw))
+        except _Skip:
+            skipped += 1
+            continue
+        except _Bad as exc:
+            quarantined.append(Quarantined(ctx.location, line_no, exc.reason, exc.field))
+            continue
+        except msgspec.MsgspecError as exc:
+            if not raw.strip():
+                skipped += 1  # a blank line
+                continue
+            field, reason = _split_error(exc)
+            quarantined.append(Quarantined(ctx.location, line_no, reason, field))
+            continue
+        if ts is None:
+            ts, ts_est = mtime, True
+        append((rec_run if rec_run is not None else run_id,
+                rid if rid is not None else prefix + str(line_no),
+                source_id, line_no, ts, ts_est, model or default_model, inst or instance,
+                endpoint, shape, prompt, cached, write, write_1h, completion, ttft, latency,
+                scope, digest, flags))
+    return rows, quarantined, skipped
+
+
+def _open(path: str | os.PathLike[str]):
+    try:
+        fh = open(path, "rb")
+        return fh, os.fstat(fh.fileno()).st_mtime
+    except OSError as exc:
+        raise SourceUnavailable(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _complete_tail(tail: bytes) -> bool:
+    """A final line without a newline counts only when it is complete JSON (a writer may still
+    be writing it); it is then read, otherwise left for the next run."""
+    if not tail.strip():
+        return False
+    try:
+        msgspec.json.decode(tail)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
 def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
                 run_id: str = "", instance: str | None = None, default_model: str | None = None,
                 batch_rows: int = BATCH_ROWS) -> Iterator[UsageBatch]:
-    """Read a usage JSONL file from ``start`` and yield parsed batches (reads only).
+    """Read a usage JSONL file from ``start`` and yield parsed batches (reads only; one thread).
 
     A final line without a newline is consumed only if it is complete JSON (a writer may still
     be writing it); otherwise it is left for the next run.
@@ -524,87 +603,127 @@ def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: s
         batch_rows: lines per batch.
 
     Yields:
-        :class:`UsageBatch` objects, file order. The checkpoint's fingerprint is filled in.
+        :class:`UsageBatch` objects (``rows`` as tuples), file order; checkpoints without
+        fingerprint.
 
     Raises:
         SourceUnavailable: the file cannot be opened.
     """
-    location = str(path)
-    try:
-        fh = open(path, "rb")
-        mtime = os.fstat(fh.fileno()).st_mtime
-    except OSError as exc:
-        raise SourceUnavailable(f"{location}: cannot read: {exc.strerror or exc}") from exc
-    fallback_prefix = str(Path(path).resolve()) + ":"
-    decode = _DECODER.decode
-    normalise = _normalise
+    fh, mtime = _open(path)
+    ctx = _context(path, source_id, run_id, instance, default_model, mtime)
     with fh:
         fh.seek(start.offset)
         offset, line_no = start.offset, start.line
-        rows: list[tuple] = []
-        quarantined: list[Quarantined] = []
-        skipped = 0
         pending = b""
-        eof = False
-        yielded_offset = start.offset
-        while not eof:
+        lines: list[bytes] = []
+        while True:
             chunk = fh.read(READ_BYTES)
             if not chunk:
-                eof = True
-                if not pending:
-                    break
-                buf, pending = pending, b""
-                lines = [buf]
-                final_unterminated = True
-            else:
-                buf = pending + chunk
-                cut = buf.rfind(b"\n")
-                if cut < 0:
-                    pending = buf
-                    continue
-                pending = buf[cut + 1:]
-                lines = buf[:cut].split(b"\n")
-                final_unterminated = False
-            for raw in lines:
-                nbytes = len(raw) + (0 if final_unterminated else 1)
-                if final_unterminated:
-                    try:
-                        msgspec.json.decode(raw)
-                    except msgspec.DecodeError:
-                        break  # still being written: leave it for the next run
-                line_no += 1
-                offset += nbytes
-                if not raw.strip():
-                    skipped += 1
-                    continue
-                try:
-                    (rid, ts, ts_est, rec_run, model, inst, endpoint, shape, prompt, cached,
-                     write, write_1h, completion, ttft, latency, scope, digest,
-                     flags) = normalise(decode(raw))
-                except _Skip:
-                    skipped += 1
-                    continue
-                except _Bad as exc:
-                    quarantined.append(Quarantined(location, line_no, exc.reason, exc.field))
-                    continue
-                except msgspec.MsgspecError as exc:
-                    field, reason = _split_error(exc)
-                    quarantined.append(Quarantined(location, line_no, reason, field))
-                    continue
-                if ts is None:
-                    ts, ts_est = mtime, True
-                rows.append((rec_run if rec_run is not None else run_id,
-                             rid if rid is not None else fallback_prefix + str(line_no),
-                             source_id, line_no, ts, ts_est, model or default_model,
-                             inst or instance, endpoint, shape, prompt, cached, write, write_1h,
-                             completion, ttft, latency, scope, digest, flags))
-                if len(rows) + len(quarantined) >= batch_rows:
-                    yield UsageBatch(rows, quarantined, skipped,
-                                     Checkpoint(offset, line_no, None))
-                    rows, quarantined, skipped = [], [], 0
-                    yielded_offset = offset
-        if rows or quarantined or skipped or offset != yielded_offset:
-            yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+                if pending and _complete_tail(pending):
+                    lines.append(pending)
+                    pending = b""
+                    chunk_end = True
+                else:
+                    chunk_end = False
+                if lines or chunk_end:
+                    n = len(lines)
+                    rows, quarantined, skipped = _parse_lines(lines, line_no, ctx)
+                    offset += sum(len(x) for x in lines) + n - (1 if chunk_end else 0)
+                    line_no += n
+                    yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+                return
+            buf = pending + chunk
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                pending = buf
+                continue
+            pending = buf[cut + 1:]
+            lines.extend(buf[:cut].split(b"\n"))
+            while len(lines) >= batch_rows:
+                part, lines = lines[:batch_rows], lines[batch_rows:]
+                rows, quarantined, skipped = _parse_lines(part, line_no, ctx)
+                offset += sum(len(x) for x in part) + len(part)
+                line_no += len(part)
+                yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+            if not lines:
+                continue
+
+
+#: Files (from their checkpoint) at least this large are parsed by a pool of processes.
+PARALLEL_MIN_BYTES = 64 << 20
+#: Bytes of complete lines per parallel batch (about 45,000 lines of 550 bytes).
+REGION_BYTES = 24 << 20
+
+
+def _parse_region(path: str, offset: int, nbytes: int, line_no: int, ctx: _LineContext
+                  ) -> tuple[pa.Table, list[Quarantined], int]:
+    """Parse the complete lines in ``[offset, offset + nbytes)`` (runs in a parser process)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        buf = fh.read(nbytes)
+    lines = buf.split(b"\n")
+    lines.pop()  # the region ends with a newline
+    rows, quarantined, skipped = _parse_lines(lines, line_no, ctx)
+    return rows_to_arrow(rows), quarantined, skipped
+
+
+def _worker_init() -> None:
+    gc.disable()
+
+
+def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
+                         run_id: str = "", instance: str | None = None,
+                         default_model: str | None = None, workers: int = 2,
+                         region_bytes: int | None = None) -> Iterator[UsageBatch]:
+    """As :func:`fetch_usage`, but the lines are parsed by ``workers`` processes, one region of
+    about ``region_bytes`` of complete lines each; batches are still yielded in file order
+    (``rows`` as Arrow tables), so checkpoints advance in order.
+
+    Raises:
+        SourceUnavailable: the file cannot be opened.
+    """
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    region_bytes = region_bytes or REGION_BYTES
+    fh, mtime = _open(path)
+    ctx = _context(path, source_id, run_id, instance, default_model, mtime)
+    location = str(path)
+    with fh, ProcessPoolExecutor(max_workers=workers, initializer=_worker_init,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+        fh.seek(start.offset)
+        offset, line_no = start.offset, start.line
+        pending = b""
+        inflight: deque = deque()
+
+        def drain(limit: int) -> Iterator[UsageBatch]:
+            while len(inflight) > limit:
+                fut, cp = inflight.popleft()
+                table, quarantined, skipped = fut.result()
+                yield UsageBatch(table, quarantined, skipped, cp)
+
+        while True:
+            chunk = fh.read(region_bytes)
+            if not chunk:
+                break
+            buf = pending + chunk
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                pending = buf
+                continue
+            pending = buf[cut + 1:]
+            n = buf.count(b"\n", 0, cut + 1)
+            fut = pool.submit(_parse_region, location, offset, cut + 1, line_no, ctx)
+            offset += cut + 1
+            line_no += n
+            inflight.append((fut, Checkpoint(offset, line_no, None)))
+            yield from drain(2 * workers)
+        yield from drain(0)
+    if pending and _complete_tail(pending):
+        rows, quarantined, skipped = _parse_lines([pending], line_no, ctx)
+        yield UsageBatch(rows, quarantined, skipped,
+                         Checkpoint(offset + len(pending), line_no + 1, None))
 
 
 def rows_to_arrow(rows: list[tuple]) -> pa.Table:
@@ -662,12 +781,13 @@ def _save_batch(con: duckdb.DuckDBPyConnection, table: pa.Table, quarantined: li
 
 def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
                       run_id: str | None = None, instance: str | None = None,
-                      default_model: str | None = None,
-                      batch_rows: int = BATCH_ROWS) -> IngestSummary:
+                      default_model: str | None = None, batch_rows: int = BATCH_ROWS,
+                      workers: int | None = None) -> IngestSummary:
     """Ingest one usage JSONL file into ``requests``; see :func:`ingest_usage_file_detailed`
     (this returns only its summary)."""
     return ingest_usage_file_detailed(con, path, run_id=run_id, instance=instance,
-                                      default_model=default_model, batch_rows=batch_rows)[0]
+                                      default_model=default_model, batch_rows=batch_rows,
+                                      workers=workers)[0]
 
 
 #: How many quarantine entries :func:`ingest_usage_file_detailed` returns (all are stored).
@@ -676,7 +796,8 @@ PROBLEMS_RETURNED = 100
 
 def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
                                run_id: str | None = None, instance: str | None = None,
-                               default_model: str | None = None, batch_rows: int = BATCH_ROWS
+                               default_model: str | None = None, batch_rows: int = BATCH_ROWS,
+                               workers: int | None = None
                                ) -> tuple[IngestSummary, list[Quarantined]]:
     """Ingest one usage JSONL file into ``requests``, from its checkpoint on.
 
@@ -690,6 +811,10 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
         run_id: for lines without ``run_id`` (default ``''``, production traffic).
         instance: for lines without ``instance``.
         default_model: for lines whose record and response name no model.
+        batch_rows: lines per batch when parsed in this process.
+        workers: parser processes; default 1 below :data:`PARALLEL_MIN_BYTES` still to read,
+            else up to 4 (one per CPU). With more than 1, batches are regions of about
+            :data:`REGION_BYTES` of lines, parsed in parallel and committed in file order.
 
     Returns:
         (:class:`IngestSummary`, the first :data:`PROBLEMS_RETURNED` lines quarantined by this
@@ -715,16 +840,22 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes only cost time
     try:
-        for batch in fetch_usage(path, start=start, source_id=source_id, run_id=run_id or "",
-                                 instance=instance, default_model=default_model,
-                                 batch_rows=batch_rows):
+        kwargs = dict(start=start, source_id=source_id, run_id=run_id or "",
+                      instance=instance, default_model=default_model)
+        if workers is None:
+            big = os.path.getsize(path) - start.offset >= PARALLEL_MIN_BYTES
+            workers = min(os.cpu_count() or 1, 4) if big else 1
+        batches = (fetch_usage_parallel(path, workers=workers, **kwargs) if workers > 1
+                   else fetch_usage(path, batch_rows=batch_rows, **kwargs))
+        for batch in batches:
             cp = Checkpoint(batch.checkpoint.offset, batch.checkpoint.line,
                             fingerprint_upto(path, batch.checkpoint.offset))
-            n, assume_new = _save_batch(con, rows_to_arrow(batch.rows), batch.quarantined,
+            table = batch.rows if isinstance(batch.rows, pa.Table) else rows_to_arrow(batch.rows)
+            n, assume_new = _save_batch(con, table, batch.quarantined,
                                         source_id=source_id, location=location,
                                         ingest_run_id=ingest_run_id, checkpoint=cp,
                                         assume_new=assume_new)
-            read += len(batch.rows)
+            read += table.num_rows
             added += n
             n_quarantined += len(batch.quarantined)
             skipped += batch.skipped

@@ -326,3 +326,33 @@ def test_cli_exit_code_nonzero_only_when_nothing_could_be_read(cli, db_path, tmp
     assert code == 0 and "missing.jsonl: no such file" in err
     code, _, err = cli(["ingest", "requests", tmp_path / "missing.jsonl", "--db", db_path])
     assert code == 4 and "no such file" in err
+
+
+def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
+    import ingest.usage as usage
+
+    recs = [{"id": f"r{i}", "created": 1795960000 + i, "model": f"m{i % 3}",
+             "usage": {"prompt_tokens": 100 + i,
+                       "prompt_tokens_details": None if i % 7 == 0 else {"cached_tokens": i}}}
+            for i in range(3000)]
+    recs[100] = "{broken"
+    recs[2000] = ""
+    f = write_jsonl(tmp_path / "big.jsonl", recs)
+    with open(f, "a") as fh:
+        fh.write('{"id": "tail", "usage": {"prompt_tokens": 1}}')  # complete, no newline
+    monkeypatch.setattr(usage, "REGION_BYTES", 20_000)  # many regions
+    s, problems = usage.ingest_usage_file_detailed(con, f, workers=2)
+    assert (s.rows_read, s.rows_quarantined) == (2999, 1)
+    assert [q.line for q in problems] == [101]
+    par = con.execute("SELECT * EXCLUDE (source_id) FROM requests ORDER BY line").df()
+    cp = con.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources").fetchone()
+    assert cp == (os.path.getsize(f), 3001)
+
+    from store import db as store_db
+
+    seq = store_db.memory()
+    usage.ingest_usage_file(seq, f, workers=1, batch_rows=700)
+    seq_df = seq.execute("SELECT * EXCLUDE (source_id) FROM requests ORDER BY line").df()
+    assert par.equals(seq_df)
+    assert seq.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources"
+                       ).fetchone() == cp
