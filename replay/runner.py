@@ -113,6 +113,7 @@ class SimRunResult:
         t0_unix_s: Unix time of trace time 0.
         created_unix_s: when the run was made.
         layout: layout name, or None.
+        format: the trace format read (resolved when ``auto``).
         seconds: wall time of the run.
     """
 
@@ -130,6 +131,7 @@ class SimRunResult:
     created_unix_s: float
     params: dict[str, Any]
     layout: str | None = None
+    format: str | None = None
     trace_stats: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -145,7 +147,8 @@ class SimRunResult:
             "completion_tokens": s.completion_tokens, "num_preemptions": s.num_preemptions,
             "evicted_blocks": s.evicted_blocks, "block_size": s.block_size,
             "capacity_blocks": s.num_gpu_blocks, "hash_algo": s.hash_algo, "mode": s.mode,
-            "layout": self.layout, "model": self.model, "instance": self.instance,
+            "format": self.format, "layout": self.layout, "model": self.model,
+            "instance": self.instance,
             "skipped_records": len(self.problems),
             "rejected": [{"request_id": i, "reason": r} for i, r in s.rejected],
             "out_dir": str(self.out_dir), "t0_unix_s": self.t0_unix_s,
@@ -221,7 +224,8 @@ def run_sim(spec: SimRunSpec, out_dir: str | os.PathLike[str] | None = None, *,
         run_id=rid, label=label, kind=KIND, out_dir=out, usage_path=usage_path, metrics=metrics,
         summary=summary, problems=list(read.problems), instance=rid, model=model,
         t0_unix_s=t0_unix_s, created_unix_s=started, params=spec.params(),
-        layout=layout.name if layout else None, trace_stats=dict(read.stats),
+        layout=layout.name if layout else None, format=read.format,
+        trace_stats=dict(read.stats),
         seconds=time.time() - started)
     write_manifest(result)
     return result

@@ -56,37 +56,53 @@ def describe_cache(p: dict) -> str:
     return f"B={p['block_size']}, " + ("unbounded" if cap is None else f"{int(cap):,} blocks")
 
 
+def layout_of(p: dict) -> str:
+    """The prompt layout of a run: its name, ``as recorded`` for a chat trace without one, and
+    '' for traces without prompts (hash ids, token ids)."""
+    if p.get("layout"):
+        return str(p["layout"])
+    fmt = (p.get("summary") or {}).get("format") or p.get("format")
+    return "as recorded" if fmt == "chat" else ""
+
+
 def hit_rate_bars(runs: pd.DataFrame) -> go.Figure:
-    """Hit rate per run (one bar each, in the table's order); pure."""
-    fig = go.Figure(go.Bar(x=runs["label"], y=runs["hit_rate"],
-                           text=[fmt_pct(v) for v in runs["hit_rate"]], textposition="outside"))
+    """Hit rate per run, one horizontal bar each (first run on top); pure."""
+    fig = go.Figure(go.Bar(y=runs["label"], x=runs["hit_rate"], orientation="h",
+                           text=[fmt_pct(v) for v in runs["hit_rate"]], textposition="auto"))
     fig.update_layout(title="Hit rate per run (Σ cached ÷ Σ prompt tokens)",
-                      yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=360,
-                      margin=dict(t=50, b=10))
+                      xaxis=dict(range=[0, 1], tickformat=".0%"),
+                      yaxis=dict(autorange="reversed", automargin=True),
+                      height=120 + 40 * len(runs), margin=dict(t=50, b=10))
     return fig
 
 
 def cost_bars(runs: pd.DataFrame, currency: str) -> go.Figure:
-    """Cost without and with the cache per run, in ``currency``; pure."""
+    """Cost without and with the cache per run, in ``currency``, horizontal bars; pure."""
     fig = go.Figure([
-        go.Bar(name="without cache", x=runs["label"], y=runs["cost_without_cache"]),
-        go.Bar(name="with cache", x=runs["label"], y=runs["cost_with_cache"]),
+        go.Bar(name="without cache", y=runs["label"], x=runs["cost_without_cache"],
+               orientation="h"),
+        go.Bar(name="with cache", y=runs["label"], x=runs["cost_with_cache"], orientation="h"),
     ])
-    fig.update_layout(barmode="group", title=f"Cost per run ({currency})", height=360,
-                      margin=dict(t=50, b=10))
+    fig.update_layout(barmode="group", title=f"Cost per run ({currency})",
+                      yaxis=dict(autorange="reversed", automargin=True),
+                      height=120 + 60 * len(runs), margin=dict(t=50, b=10),
+                      legend=dict(orientation="h"))
     return fig
 
 
 def windows_figure(windows: pd.DataFrame, labels: dict[str, str], window_s: float) -> go.Figure:
-    """Hit rate per window of run time (minutes since each run's first request); pure."""
+    """Hit rate per window of run time (since each run's first request; minutes, or hours for
+    runs longer than 10 hours); pure."""
+    hours = float(windows["window_start_s"].max()) > 36_000
+    unit_s, unit = (3600.0, "hours") if hours else (60.0, "minutes")
     fig = go.Figure()
     for run_id, g in windows.groupby("run_id", sort=False):
-        fig.add_trace(go.Scatter(x=g["window_start_s"] / 60.0, y=g["hit_rate"],
+        fig.add_trace(go.Scatter(x=g["window_start_s"] / unit_s, y=g["hit_rate"],
                                  mode="lines+markers", name=labels.get(run_id, run_id)))
     fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
-                      xaxis_title="minutes since the run's first request",
-                      yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=380,
-                      margin=dict(t=50, b=10), legend=dict(orientation="h"))
+                      xaxis_title=f"{unit} since the run's first request",
+                      yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,
+                      margin=dict(t=50, b=10), legend=dict(orientation="h", y=-0.25))
     return fig
 
 
@@ -144,8 +160,7 @@ with data.guard(db):
         "run": sel["label"],
         "kind": sel["kind"],
         "cache": [describe_cache(p) for p in params],
-        "layout": [p.get("layout") or "as recorded" if p.get("format", "chat") == "chat"
-                   else "" for p in params],
+        "layout": [layout_of(p) for p in params],
         "requests": sel["requests"].map(lambda v: f"{int(v):,}"),
         "prompt tokens": sel["prompt_tokens"].map(fmt_tokens),
         "tokens saved": sel["cached_tokens"].map(fmt_tokens),
