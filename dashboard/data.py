@@ -232,6 +232,20 @@ def savings_by_model(db: str, *, start_s: float | None, end_s: float | None,
 
 
 @_cached
+def savings_totals(db: str, *, start_s: float | None, end_s: float | None,
+                   models: tuple[str, ...] | None = None,
+                   instances: tuple[str, ...] | None = None,
+                   run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.savings.savings_totals`` (sums over priced models per currency and
+    shadow/list, never mixing them)."""
+    from store.queries import savings as q
+
+    with _reader(db) as con:
+        return q.savings_totals(con, start_s=start_s, end_s=end_s, models=_t(models),
+                                instances=_t(instances), run_ids=_t(run_ids))
+
+
+@_cached
 def savings_by_window(db: str, *, start_s: float | None, end_s: float | None, window_s: float,
                       models: tuple[str, ...] | None = None,
                       instances: tuple[str, ...] | None = None,

@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.formatting import currency_prefix, fmt_window
+from dashboard.formatting import currency_prefix, fmt_money, fmt_window
 
 # A fixed qualitative palette so that one series keeps its colour across figures of a page.
 PALETTE = (
@@ -97,14 +97,19 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
         title: figure title.
 
     Returns:
-        A line chart, x = window start (UTC), y = hit rate on a 0-100% axis.
+        A line chart, one point per window drawn at the window's middle (UTC), y = hit rate on
+        a 0-100% axis.
     """
     suffix = f" per {fmt_window(window_s)} window" if window_s else ""
     if df.empty:
         return _empty(title + suffix)
     d = df.sort_values("window_start_s").copy()
     d["series"] = series_label(d, by)
-    d["t"] = _utc(d["window_start_s"])
+    # A point stands for its whole window: drawn at the window's middle (bars of the tokens
+    # figure fill the same window).
+    mid_s = d["window_start_s"].astype("float64") + (0.5 * float(window_s) if window_s else 0.0)
+    d["t"] = _utc(mid_s)
+    d["from"] = _utc(d["window_start_s"]).dt.strftime("%Y-%m-%d %H:%M")
     colours = _colour_map(d["series"].tolist())
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
@@ -112,8 +117,9 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
             x=g["t"], y=g["hit_rate"].astype("float64"), mode="lines+markers", name=str(label),
             line=dict(color=colours[label], width=2), marker=dict(size=8),
             connectgaps=False,
-            customdata=g[["hit_tokens", "query_tokens"]].astype("float64").to_numpy(),
-            hovertemplate=("%{x|%Y-%m-%d %H:%M} UTC<br>hit rate %{y:.1%}<br>"
+            customdata=list(zip(g["hit_tokens"].astype("float64"), g["query_tokens"].astype("float64"),
+                                g["from"])),
+            hovertemplate=("window from %{customdata[2]} UTC<br>hit rate %{y:.1%}<br>"
                            "%{customdata[0]:,.0f} of %{customdata[1]:,.0f} tokens"
                            f"<extra>{label}</extra>"),
         ))
@@ -123,9 +129,9 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
             fig.add_trace(go.Scatter(
                 x=r["t"], y=[1.04] * len(r), mode="markers", name="restart (counter drop)",
                 marker=dict(symbol="x", size=11, color=MISS_COLOUR),
-                customdata=r[["restarts"]].astype("float64").to_numpy(),
-                hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{customdata[0]:.0f} restart(s)"
-                              "<extra>restart</extra>",
+                customdata=list(zip(r["restarts"].astype("float64"), r["from"])),
+                hovertemplate="window from %{customdata[1]} UTC<br>%{customdata[0]:.0f} "
+                              "restart(s)<extra>restart</extra>",
             ))
             for t in r["t"].unique():
                 fig.add_vline(x=pd.Timestamp(t).to_pydatetime(), line=dict(color=MISS_COLOUR,
@@ -136,7 +142,7 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
                       annotation_position="bottom right")
     fig.update_layout(title=title + suffix, height=420, **_LAYOUT)
     fig.update_yaxes(title="hit rate", range=[0, 1.08], tickformat=".0%")
-    fig.update_xaxes(title="window start (UTC)", range=_time_range(d["window_start_s"], window_s))
+    fig.update_xaxes(title="time (UTC)", range=_time_range(d["window_start_s"], window_s))
     return fig
 
 
@@ -152,7 +158,8 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
         title: figure title.
 
     Returns:
-        Bars: x = window start (UTC), y = tokens; query tokens light, hit tokens green, side by side.
+        Bars drawn inside their window (from its start, UTC), y = tokens; query tokens light,
+        hit tokens green, side by side.
     """
     if df.empty:
         return _empty(title)
@@ -163,23 +170,23 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
     n = len(labels)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=labels,
                         vertical_spacing=min(0.12, 0.3 / max(n, 1)))
-    width_ms = float(window_s) * 1000.0 * 0.4  # two bars side by side, centred on the window start
+    width_ms = float(window_s) * 1000.0 * 0.45  # two bars side by side inside their window
     for i, label in enumerate(labels, start=1):
         g = d[d["series"] == label]
         common = dict(x=g["t"], width=width_ms, showlegend=(i == 1))
         fig.add_trace(go.Bar(
             y=g["query_tokens"].astype("float64"), name="query tokens", marker_color=QUERY_COLOUR,
-            offset=-width_ms, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} query tokens"
+            offset=0.05 * float(window_s) * 1000.0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} query tokens"
             f"<extra>{label}</extra>", **common), row=i, col=1)
         fig.add_trace(go.Bar(
             y=g["hit_tokens"].astype("float64"), name="hit tokens", marker_color=HIT_COLOUR,
-            offset=0.0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} hit tokens"
+            offset=0.5 * float(window_s) * 1000.0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} hit tokens"
             f"<extra>{label}</extra>", **common), row=i, col=1)
         fig.update_yaxes(title_text="tokens", tickformat=",.0f", rangemode="tozero", row=i, col=1)
     fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="overlay",
                       height=max(320, 230 * n + 90), **_LAYOUT)
     fig.update_xaxes(range=_time_range(d["window_start_s"], window_s))
-    fig.update_xaxes(title_text="window start (UTC)", row=n, col=1)
+    fig.update_xaxes(title_text="time (UTC)", row=n, col=1)
     return fig
 
 
@@ -377,12 +384,12 @@ def savings_by_model_bars(df: pd.DataFrame, *, title: str = "Cost without and wi
         fig.add_trace(go.Bar(
             y=d["label"], x=d[col].astype("float64"), name=name, orientation="h",
             marker_color=colour,
-            text=[f"{currency_prefix(c)} {v:,.2f}".strip() for c, v in zip(d["currency"], d[col])],
+            text=[fmt_money(v, c) for c, v in zip(d["currency"], d[col])],
             textposition="auto",
             hovertemplate="%{y}<br>" + name + ": %{text}<extra></extra>",
         ))
     fig.update_layout(title=title, barmode="group", height=max(260, 90 * len(d) + 140), **_LAYOUT)
-    fig.update_xaxes(title=f"cost ({unit})", rangemode="tozero", tickformat=",.2f")
+    fig.update_xaxes(title=f"cost ({unit})", rangemode="tozero", tickformat="~r")
     fig.update_yaxes(title=None, automargin=True)
     return fig
 
@@ -409,11 +416,12 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
         fig.add_trace(go.Bar(x=g["t"], y=g["saved"].astype("float64"), name=str(label),
-                             marker_color=colours[label], width=float(window_s) * 1000.0 * 0.8,
-                             hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>saved %{y:,.2f}"
+                             marker_color=colours[label], width=float(window_s) * 1000.0 * 0.9,
+                             offset=0.05 * float(window_s) * 1000.0,
+                             hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>saved %{y:~r}"
                                            f"<extra>{label}</extra>"))
     fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="stack",
                       **_LAYOUT)
-    fig.update_yaxes(title="saved", tickformat=",.2f", rangemode="tozero")
-    fig.update_xaxes(title="window start (UTC)", range=_time_range(d["window_start_s"], window_s))
+    fig.update_yaxes(title="saved", tickformat="~r", rangemode="tozero")
+    fig.update_xaxes(title="time (UTC)", range=_time_range(d["window_start_s"], window_s))
     return fig

@@ -77,8 +77,18 @@ def currency_prefix(currency: str | None) -> str:
     return _CURRENCY_PREFIX.get(currency.strip().upper(), currency.strip())
 
 
+def money_decimals(amount: float) -> int:
+    """Decimals that show an amount: 2, or for amounts under 0.1 enough for 3 significant digits
+    (``0.0593 -> 4``, ``0.000593 -> 6``), so a small shadow cost never reads 0.00. At most 8."""
+    a = abs(float(amount))
+    if a >= 0.1 or a == 0.0:
+        return 2
+    return min(8, max(2, -math.floor(math.log10(a)) + 2))
+
+
 def fmt_money(amount: float | None, currency: str | None) -> str:
-    """An amount with its currency, two decimals: ``(48.64, 'INR') -> 'Rs 48.64'``.
+    """An amount with its currency: ``(48.64, 'INR') -> 'Rs 48.64'``, ``(0.000593, 'USD') ->
+    '$0.000593'`` (two decimals, more under 1: :func:`money_decimals`).
 
     Symbols of one character attach without a space (``$1,234.50``); codes and ``Rs`` get one.
     None/NaN -> ``'—'``.
@@ -88,7 +98,7 @@ def fmt_money(amount: float | None, currency: str | None) -> str:
     prefix = currency_prefix(currency)
     value = float(amount)
     sign = "-" if value < 0 else ""
-    body = f"{abs(value):,.2f}"
+    body = f"{abs(value):,.{money_decimals(value)}f}"
     if not prefix:
         return f"{sign}{body}"
     sep = "" if len(prefix) == 1 and not prefix.isalpha() else " "

@@ -119,6 +119,7 @@ def test_savings_figures_label_shadow_prices():
     fig = figures.savings_by_model_bars(df)
     assert list(fig.data[0].y) == ["tiny (shadow price)"]
     assert fig.data[0].text[0] == "Rs 68.40" and fig.data[1].text[0] == "Rs 19.76"
+    assert figures.savings_by_model_bars(df.assign(currency="USD")).layout.xaxis.title.text == "cost ($)"
     assert fig.layout.xaxis.title.text == "cost (Rs)"
     w = pd.DataFrame({"window_start_s": [T0], "model": ["tiny"], "currency": ["INR"], "saved": [48.64],
                       "cost_without_cache": [68.4], "cost_with_cache": [19.76]})
@@ -161,6 +162,8 @@ def test_formatting_for_humans():
     assert fmt_money(1234.5, "USD") == "$1,234.50"
     assert fmt_money(-2, "Rs") == "-Rs 2.00"
     assert fmt_money(None, "INR") == "—"
+    assert fmt_money(0.000593, "USD") == "$0.000593"  # a small shadow cost never reads 0.00
+    assert fmt_money(0.0, "USD") == "$0.00" and fmt_money(0.5, "INR") == "Rs 0.50"
     assert fmt_ms(1234.56) == "1,234.6"
     assert fmt_int("32") == "32" and fmt_int("None") == "—" and fmt_int(pd.NA) == "—"
     assert fmt_time(T0) == "2026-11-28 10:00 UTC"

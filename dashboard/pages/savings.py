@@ -20,10 +20,15 @@ EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest r
 
 
 def price_label(shadow: object, source: object) -> str:
-    """How a price is described: ``'shadow price (source: ...)'`` or ``'list price (source: ...)'``."""
+    """How a price is described, naming its kind and source: ``'shadow price: <source>'`` or
+    ``'list price: <source>'`` (a source that already starts with its kind is not repeated)."""
     kind = "shadow price" if bool(shadow) else "list price"
-    src = str(source) if source is not None and source == source and str(source) else "unknown"
-    return f"{kind} (source: {src})"
+    src = str(source).strip() if source is not None and source == source else ""
+    if not src:
+        return f"{kind}: source not given"
+    if src.lower().startswith(kind):
+        return src
+    return f"{kind}: {src}"
 
 
 db = data.db_path()
@@ -43,21 +48,27 @@ with data.guard(db):
     unpriced = by_model[by_model["cost_without_cache"].isna()]
 
     if not priced.empty and bool(priced["shadow"].fillna(False).any()):
-        sources = sorted({price_label(True, s) for s in
-                          priced.loc[priced["shadow"].fillna(False).astype(bool), "price_source"]})
+        shadowed = priced[priced["shadow"].fillna(False).astype(bool)]
         st.info("Self-hosted models are costed at a **shadow price** — what the same tokens would "
-                "cost elsewhere, not an invoice: " + "; ".join(sources) + ".",
+                "cost elsewhere, not an invoice. " + " ".join(
+                    f"`{m}`: {price_label(True, src)}." for m, src in
+                    zip(shadowed["model"], shadowed["price_source"])),
                 icon=":material/price_change:")
 
-    for currency, g in priced.groupby("currency", dropna=False, sort=True):
+    totals = data.savings_totals(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
+                                 instances=f.instances, run_ids=f.run_ids)
+    for _, row in totals.iterrows():  # one row per currency and price kind: never mixed
+        cur = row["currency"]
+        kind = "shadow" if bool(row["shadow"]) else "list"
         cols = st.columns(4)
-        cols[0].metric(f"Without cache ({currency})", fmt_money(g["cost_without_cache"].sum(), currency),
+        cols[0].metric(f"Without cache ({cur}, {kind})", fmt_money(row["cost_without_cache"], cur),
                        border=True)
-        cols[1].metric(f"With cache ({currency})", fmt_money(g["cost_with_cache"].sum(), currency),
+        cols[1].metric(f"With cache ({cur}, {kind})", fmt_money(row["cost_with_cache"], cur),
                        border=True)
-        cols[2].metric(f"Saved ({currency})", fmt_money(g["saved"].sum(), currency), border=True)
-        cols[3].metric("Models priced", f"{len(g):,}", border=True,
-                       help="Models with a price in this currency (list or shadow).")
+        cols[2].metric(f"Saved ({cur}, {kind})", fmt_money(row["saved"], cur), border=True,
+                       help=f"{fmt_pct(row['saved_fraction'])} of the cost without cache.")
+        cols[3].metric(f"Models ({kind} price)", f"{int(row['models']):,}", border=True,
+                       help=f"Price sources: {row['price_sources']}")
 
     st.plotly_chart(figures.savings_by_model_bars(by_model), key="savings_models")
 
@@ -65,7 +76,7 @@ with data.guard(db):
     if not priced.empty:
         st.dataframe(pd.DataFrame({
             "model": priced["model"],
-            "price": [price_label(s, src) for s, src in zip(priced["shadow"], priced["price_source"])],
+            "price": ["shadow" if bool(x) else "list" for x in priced["shadow"]],
             "prompt tokens": priced["prompt_tokens"].map(fmt_tokens),
             "cached tokens": priced["cached_tokens"].map(fmt_tokens),
             "cache-write tokens": priced["cache_write_tokens"].map(fmt_tokens),
@@ -75,6 +86,12 @@ with data.guard(db):
             "saved": [fmt_money(v, c) for v, c in zip(priced["saved"], priced["currency"])],
             "saved share": priced["saved_fraction"].map(fmt_pct),
         }), hide_index=True)
+        st.caption("Price sources — " + "; ".join(
+            f"{m}: {price_label(sh, src)}" for m, sh, src in
+            zip(priced["model"], priced["shadow"], priced["price_source"])))
+        notes = priced[priced["note"].notna()] if "note" in priced.columns else priced.iloc[0:0]
+        for m, note in zip(notes["model"], notes["note"]):
+            st.caption(f"{m}: {note}")
     if not unpriced.empty:
         st.warning("No price for: " + ", ".join(f"`{m}`" for m in unpriced["model"].astype(str))
                    + ". Add them to the price table (`data/prices.toml`, see docs/metrics.md#cost) "

