@@ -205,6 +205,21 @@ def request_hit_rates(db: str, *, start_s: float | None, end_s: float | None,
 
 
 @_cached
+def request_hit_rate_histogram(db: str, *, start_s: float | None, end_s: float | None,
+                               bins: int = 20, models: tuple[str, ...] | None = None,
+                               instances: tuple[str, ...] | None = None,
+                               run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``store.queries.requests.request_hit_rate_histogram`` (``bin_start, bin_end,
+    requests``: per-request hit rates counted in ``bins`` equal bins over [0, 1])."""
+    from store.queries import requests as q
+
+    with _reader(db) as con:
+        return q.request_hit_rate_histogram(con, bins=bins, start_s=start_s, end_s=end_s,
+                                            models=_t(models), instances=_t(instances),
+                                            run_ids=_t(run_ids))
+
+
+@_cached
 def cached_tokens_coverage(db: str, *, start_s: float | None, end_s: float | None,
                            models: tuple[str, ...] | None = None,
                            instances: tuple[str, ...] | None = None,

@@ -190,35 +190,35 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
     return fig
 
 
-def request_hit_rate_histogram(df: pd.DataFrame, *, color: str = "model",
-                               bin_size: float = 0.05,
+def request_hit_rate_histogram(df: pd.DataFrame, *,
                                title: str = "Per-request hit rate") -> go.Figure:
-    """Distribution of per-request hit rates (requests that reported cached tokens).
+    """Distribution of per-request hit rates (requests that reported cached tokens), as counted
+    by the store.
 
     Args:
-        df: rows of ``store.queries.requests.request_hit_rates``: ``hit_rate`` (fraction in
-            [0, 1], cached_tokens / prompt_tokens of one request) and the ``color`` column.
-        color: column splitting the bars (stacked), e.g. ``model``.
-        bin_size: bin width as a fraction (0.05 = 5 points).
+        df: rows of ``store.queries.requests.request_hit_rate_histogram``: ``bin_start``,
+            ``bin_end`` (fractions; bins ``[start, end)``, the last one closed) and ``requests``
+            (count of requests whose cached_tokens / prompt_tokens falls in the bin). Lowest
+            bin first.
         title: figure title.
 
     Returns:
-        A stacked histogram, x = hit rate (0-100%), y = number of requests.
+        Bars, x = hit rate (0-100%), y = number of requests.
     """
-    if df.empty:
+    if df.empty or int(df["requests"].fillna(0).sum()) == 0:
         return _empty(title, "no request reported cached tokens in this range")
-    d = df.copy()
-    d["series"] = series_label(d, [color])
-    colours = _colour_map(d["series"].tolist())
-    fig = go.Figure()
-    for label, g in d.groupby("series", sort=True):
-        fig.add_trace(go.Histogram(
-            x=g["hit_rate"].astype("float64"), name=str(label), marker_color=colours[label],
-            xbins=dict(start=0.0, end=1.0 + bin_size, size=bin_size),
-            hovertemplate="hit rate %{x}<br>%{y} requests" f"<extra>{label}</extra>",
-        ))
-    fig.update_layout(title=title, barmode="stack", bargap=0.05, **_LAYOUT)
-    fig.update_xaxes(title="hit rate of the request", tickformat=".0%", range=[0, 1.0 + bin_size])
+    d = df.sort_values("bin_start")
+    start = d["bin_start"].astype("float64")
+    end = d["bin_end"].astype("float64")
+    labels = [f"{a:.0%} to {b:.0%}" for a, b in zip(start, end)]
+    fig = go.Figure(go.Bar(
+        x=(start + end) / 2.0, y=d["requests"].astype("float64"), width=(end - start) * 0.95,
+        marker_color=PALETTE[0], customdata=labels, name="requests",
+        hovertemplate="hit rate %{customdata}<br>%{y:,.0f} requests<extra></extra>",
+    ))
+    fig.update_layout(title=title, showlegend=False,
+                      **{k: v for k, v in _LAYOUT.items() if k != "legend"})
+    fig.update_xaxes(title="hit rate of the request", tickformat=".0%", range=[0, 1.0])
     fig.update_yaxes(title="requests", rangemode="tozero")
     return fig
 

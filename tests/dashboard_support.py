@@ -140,6 +140,30 @@ def chart_count(at) -> int:
     return len(at.get("plotly_chart"))
 
 
+def charts(at) -> dict[str, dict]:
+    """Plotly figures drawn, as JSON dicts keyed by their title text."""
+    import json
+
+    out = {}
+    for e in at.get("plotly_chart"):
+        spec = json.loads(e.proto.spec)
+        title = spec.get("layout", {}).get("title", {})
+        out[title.get("text", "") if isinstance(title, dict) else str(title)] = spec
+    return out
+
+
+def values(v) -> list:
+    """A trace array from a figure's JSON: plain lists as they are, Plotly's typed arrays
+    (``{"dtype", "bdata"}``, base64) decoded."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return list(v)
+
+
 def assert_clean(at) -> None:
     """No exception element and no error alert in the run."""
     assert not at.exception, [e.value for e in at.exception]

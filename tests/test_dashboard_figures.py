@@ -81,9 +81,12 @@ def test_tokens_over_time_panels_per_series():
 
 def test_histogram_and_over_time():
     req = requests_frame()
-    h = figures.request_hit_rate_histogram(req)
-    assert [t.name for t in h.data] == ["m1", "m2"]
+    bins = pd.DataFrame({"bin_start": [0.0, 0.5], "bin_end": [0.5, 1.0], "requests": [15, 16]})
+    h = figures.request_hit_rate_histogram(bins)
+    assert list(h.data[0].y) == [15, 16] and list(h.data[0].x) == [0.25, 0.75]
+    assert list(h.data[0].customdata) == ["0% to 50%", "50% to 100%"]
     assert h.layout.xaxis.tickformat == ".0%"
+    assert len(figures.request_hit_rate_histogram(bins.assign(requests=0)).data) == 0
     win = pd.DataFrame({"window_start_s": [T0], "model": ["m1"], "hit_rate": [576 / 1223],
                         "requests": [2]})
     o = figures.request_hit_rate_over_time(req, win, window_s=3600)

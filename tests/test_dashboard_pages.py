@@ -74,6 +74,10 @@ def test_overview_on_real_data(real_db, use_db):
     md = " ".join(ds.texts(at, "markdown"))
     assert ":green-badge[OK] 21,408 of 42,645 tokens" in md
     assert ds.chart_count(at) == 2  # hit rate over time, query/hit tokens
+    rate = ds.charts(at)["Prefix-cache hit rate per 1h window"]
+    lines = {t["name"]: ds.values(t["y"]) for t in rate["data"]}
+    assert lines == {f"{ds.MODEL} / {ds.BS32}": [pytest.approx(7136 / 11652)],
+                     f"{ds.MODEL} / {ds.KVEVENTS}": [pytest.approx(14272 / 30993)]}
     tables = at.dataframe
     assert len(tables) == 2  # whole range per model, cache configuration
     totals = tables[0].value
@@ -126,6 +130,10 @@ def test_requests_on_real_data(real_db, use_db):
                               "Requests with a hit": "16"}
     assert not ds.texts(at, "warning")  # full coverage: no --enable-prompt-tokens-details hint
     assert ds.chart_count(at) == 4  # histogram, coverage, over time, latency by hit/miss
+    hist = ds.charts(at)["Per-request hit rate"]["data"][0]
+    counts = ds.values(hist["y"])
+    assert sum(counts) == 31 and counts[0] == 15  # 15 misses in [0%, 5%), 16 hits above 90%
+    assert sum(counts[18:]) == 16
     per_window = at.dataframe[0].value
     assert per_window[["cached tokens", "reported prompt tokens", "hit rate", "coverage"]].to_dict(
         "records") == [{"cached tokens": "7,136", "reported prompt tokens": "11,652",

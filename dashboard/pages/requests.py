@@ -62,7 +62,10 @@ with data.guard(db):
 
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(figures.request_hit_rate_histogram(requests), key="requests_hist")
+        histogram = data.request_hit_rate_histogram(db, start_s=f.start_s, end_s=f.end_s, bins=20,
+                                                    models=f.models, instances=f.instances,
+                                                    run_ids=f.run_ids)
+        st.plotly_chart(figures.request_hit_rate_histogram(histogram), key="requests_hist")
     with right:
         st.plotly_chart(figures.coverage_bars(coverage), key="requests_coverage")
     st.plotly_chart(figures.request_hit_rate_over_time(requests, windows, window_s=window_s,
