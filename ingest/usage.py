@@ -542,8 +542,7 @@ def _parse_lines(lines: list[bytes], line_no: int, ctx: _LineContext
     for raw in lines:
         line_no += 1
         try:
-            (rid, ts, ts_est, rec_run, model, inst, endpoint, shape, prompt, cached, write,
-             write_1h, completion, ttft, latency, scope, digest, flags) = normalise(decode(raw))
+            t = normalise(decode(raw))
         except _Skip:
             skipped += 1
             continue
@@ -557,13 +556,13 @@ def _parse_lines(lines: list[bytes], line_no: int, ctx: _LineContext
             field, reason = _split_error(exc)
             quarantined.append(Quarantined(ctx.location, line_no, reason, field))
             continue
-        if ts is None:
-            ts, ts_est = mtime, True
-        append((rec_run if rec_run is not None else run_id,
-                rid if rid is not None else prefix + str(line_no),
-                source_id, line_no, ts, ts_est, model or default_model, inst or instance,
-                endpoint, shape, prompt, cached, write, write_1h, completion, ttft, latency,
-                scope, digest, flags))
+        # t = (rid, ts, ts_est, run_id, model, instance, endpoint, ...): see _normalise
+        ts = t[1]
+        append((t[3] if t[3] is not None else run_id,
+                t[0] if t[0] is not None else prefix + str(line_no),
+                source_id, line_no,
+                ts if ts is not None else mtime, t[2] if ts is not None else True,
+                t[4] or default_model, t[5] or instance) + t[6:])
     return rows, quarantined, skipped
 
 
