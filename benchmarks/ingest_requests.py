@@ -150,7 +150,8 @@ def _child(target, *args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
-    ap.add_argument("--keep", help="folder to keep the generated file and databases in")
+    ap.add_argument("--keep", help="folder to keep the generated file and databases in "
+                                   "(a file of the same --lines found there is reused)")
     ap.add_argument("--repeat", type=int, default=2,
                     help="rounds (baseline, ours, re-ingest each); the best time of each is shown")
     args = ap.parse_args(argv)
@@ -158,10 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         data = work / "usage.jsonl"
-        t = time.perf_counter()
-        size = generate(data, args.lines)
-        print(f"generated {args.lines:,} lines, {size / 1e6:.1f} MB in "
-              f"{time.perf_counter() - t:.1f} s: {data}")
+        stamp = work / "usage.jsonl.lines"
+        if args.keep and data.exists() and stamp.exists() and \
+                stamp.read_text().strip() == str(args.lines):
+            print(f"reusing {args.lines:,} lines, {data.stat().st_size / 1e6:.1f} MB: {data}")
+        else:
+            t = time.perf_counter()
+            size = generate(data, args.lines)
+            stamp.write_text(str(args.lines))
+            print(f"generated {args.lines:,} lines, {size / 1e6:.1f} MB in "
+                  f"{time.perf_counter() - t:.1f} s: {data}")
         import duckdb
 
         print(f"python {sys.version.split()[0]}, duckdb {duckdb.__version__}, "

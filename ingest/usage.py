@@ -278,6 +278,8 @@ def _normalise(rec: _Record) -> tuple:
     if usage is None and resp.usageMetadata is not None:
         usage, gemini = resp.usageMetadata, True
         path = path[:-5] + "usageMetadata"
+    if usage is None and resp is not rec and rec.usage is not None:
+        usage, path = rec.usage, "$.usage"  # a log record's own usage beside a response
     if usage is None and rec.response_usage is not UNSET:
         usage, path = rec.response_usage, "$.response_usage"
     if usage is None:
