@@ -269,8 +269,18 @@ def _iso(t: str) -> float:
 
 
 def _normalise(rec: _Record) -> tuple:
-    """Normalise one decoded line. Returns the row tuple in :data:`_COLUMNS` order (without
-    run/source/line bookkeeping): see :func:`_row_from`. Raises _Bad or _Skip."""
+    """Normalise one decoded line (rules in the module docstring).
+
+    Returns:
+        ``(request_id, ts_unix_s, ts_estimated, run_id, model, instance, endpoint, usage_shape,
+        prompt_tokens, cached_tokens, cache_write_tokens, cache_write_1h_tokens,
+        completion_tokens, ttft_ms, latency_ms, scope, tenant_digest, flags)``; None where the
+        line gives no value (:func:`_parse_lines` fills the file's defaults). From
+        ``endpoint`` on, the order is that of :data:`_COLUMNS`.
+
+    Raises:
+        _Bad: no usable usage (JSON path and reason); _Skip: a stream chunk without usage.
+    """
     resp = rec.response if rec.response is not None else rec
     usage = resp.usage
     path = "$.response.usage" if resp is not rec else "$.usage"
@@ -646,8 +656,6 @@ def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: s
                 offset += sum(len(x) for x in part) + len(part)
                 line_no += len(part)
                 yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
-            if not lines:
-                continue
 
 
 #: Files (from their checkpoint) at least this large are parsed by a pool of processes.
