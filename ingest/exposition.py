@@ -107,6 +107,13 @@ EXTERNAL_HITS_METRIC = "vllm:external_prefix_cache_hits_total"
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
 
 _DROPPED_LABELS = frozenset({"instance", "job"})
+#: Labels stored as they are: the ones vLLM itself puts on the kept families. Every label of
+#: ``vllm:cache_config_info`` is a cache-config field and is kept too. Any other label (a
+#: router's or proxy's ``tenant``, ``user``, ``api_key``...) could carry a raw tenant id: it is
+#: stored only as an HMAC digest under the server-side key, and without a key the sample is
+#: quarantined (privacy rule: no raw tenant id in a metric label, ``docs/ingest.md``).
+ALLOWED_LABELS = frozenset({"model_name", "engine", "source", "le", "finished_reason",
+                            "quantile", "instance", "job"})
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 
@@ -311,8 +318,42 @@ def _name_of(line: str) -> str | None:
     return name[:200] or None
 
 
-def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float) -> ExpositionRead:
+def _screen_labels(name: str, labels: dict[str, str],
+                   label_key: bytes | None) -> tuple[dict[str, str], str | None]:
+    """Apply the label allowlist: returns (labels to store, name of a refused label or None)."""
+    if name.startswith("vllm:cache_config_info"):
+        return labels, None
+    extra = sorted(k for k in labels if k not in ALLOWED_LABELS)
+    if not extra:
+        return labels, None
+    if label_key is None:
+        return labels, extra[0]
+    from ingest.privacy import digest_tenant
+
+    screened = dict(labels)
+    for k in extra:
+        screened[k] = "hmac:" + digest_tenant(labels[k], label_key) if labels[k] else ""
+    return screened, None
+
+
+def configured_label_key() -> bytes | None:
+    """The server-side HMAC key when one is configured (``PREFIXSCOPE_HMAC_KEY_FILE`` or
+    ``PREFIXSCOPE_HMAC_KEY``), else None; used to digest labels outside :data:`ALLOWED_LABELS`."""
+    from prefixscope.errors import ConfigError
+    from replay.identity import load_hmac_key
+
+    try:
+        return load_hmac_key()
+    except ConfigError:
+        return None
+
+
+def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
+                  label_key: bytes | None = None) -> ExpositionRead:
     """Parse an exposition into the samples a hit-rate board needs (pure: no I/O).
+
+    Labels outside :data:`ALLOWED_LABELS` are stored as ``hmac:<digest>`` under ``label_key``;
+    without a key such a sample is quarantined (never stored with its raw value).
 
     Every line is given to prometheus_client's text parser on its own; a line it rejects is
     quarantined (line number, metric name, reason) and the others are kept. Kept samples of a
@@ -353,6 +394,14 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float) 
             problems.append(Quarantined(location, lineno, _reason(exc, None), _name_of(line)))
             continue
         name, labels, value = sample.name, dict(sample.labels), float(sample.value)
+        if name in CREATED_SPECS or name in SAMPLE_SPECS:
+            labels, refused = _screen_labels(name, labels, label_key)
+            if refused is not None:
+                problems.append(Quarantined(
+                    location, lineno, f"label '{refused}' is not a vLLM label and may hold a "
+                    "tenant id; configure an HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep it "
+                    "as a digest", name))
+                continue
         ts = float(sample.timestamp) if sample.timestamp is not None else ts_unix_s
         cspec = CREATED_SPECS.get(name)
         if cspec is not None:
@@ -454,7 +503,8 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
         SourceUnavailable: the source cannot be read at all.
     """
     raw = read_source(source, at_unix_s=at_unix_s)
-    read = fetch_samples(raw.text, location=source, instance=instance or raw.default_instance,
+    read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
+                         instance=instance or raw.default_instance,
                          ts_unix_s=raw.ts_unix_s)
     return save_samples(con, read, kind=raw.kind)
 
@@ -495,7 +545,7 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
         except SourceUnavailable as exc:
             errors.append(str(exc))
             continue
-        read = fetch_samples(raw.text, location=source,
+        read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
                              instance=instance or raw.default_instance, ts_unix_s=raw.ts_unix_s)
         with store_db.writer(db_path) as con:
             outcomes.append(ScrapeOutcome(save_samples(con, read, kind=raw.kind), read.problems))
@@ -561,7 +611,7 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
                         if on_error:
                             on_error(str(exc))
                         continue
-                    read = fetch_samples(raw.text, location=source,
+                    read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
                                          instance=instance or raw.default_instance,
                                          ts_unix_s=raw.ts_unix_s)
                     with store_db.writer(db_path) as con:

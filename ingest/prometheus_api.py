@@ -40,6 +40,8 @@ from ingest.exposition import (
     ExpositionRead,
     MetricSample,
     ScrapeOutcome,
+    _screen_labels,
+    configured_label_key,
     encode_labels,
     instance_for_url,
     save_samples,
@@ -103,8 +105,12 @@ def query_range(url: str, *, start_s: float, end_s: float, step_s: float | None 
 
 def samples_from_series(result: list[dict], *, location: str, default_instance: str,
                         instance_label: str = "instance", ts_unix_s: float | None = None,
-                        step_s: float | None = None) -> ExpositionRead:
+                        step_s: float | None = None,
+                        label_key: bytes | None = None) -> ExpositionRead:
     """Turn API series into stored samples (pure), with created-zero samples.
+
+    Labels outside ``ingest.exposition.ALLOWED_LABELS`` are digested with ``label_key`` or the
+    series is quarantined, as for direct scrapes.
 
     A ``<family>_created`` series gives one created-zero sample per distinct created time ``C``
     for every series of that family with the same labels (``le`` aside) and instance, when the
@@ -127,6 +133,14 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
         instance = labels.get(instance_label) or default_instance
         for drop in ("job", instance_label):
             labels.pop(drop, None)
+        if name in CREATED_SPECS or name in SAMPLE_SPECS:
+            labels, refused = _screen_labels(name, labels, label_key)
+            if refused is not None:
+                problems.append(Quarantined(
+                    location, 0, f"label '{refused}' is not a vLLM label and may hold a tenant "
+                    "id; configure an HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep it as a "
+                    "digest", name))
+                continue
         values = series.get("values") or []
         cspec = CREATED_SPECS.get(name)
         if cspec is not None:
@@ -237,7 +251,8 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
         hi = min(float(end_s), lo + chunk_s)
         result = query_range(url, start_s=lo, end_s=hi, step_s=step_s, timeout_s=timeout_s)
         read = samples_from_series(result, location=url, default_instance=default_instance,
-                                   instance_label=instance_label, step_s=step_s)
+                                   instance_label=instance_label, step_s=step_s,
+                                   label_key=configured_label_key())
         if read.samples or read.problems:
             with store_db.writer(db_path) as con:
                 total = _merge(total, save_samples(con, read, kind=KIND))

@@ -245,3 +245,22 @@ def test_instance_and_job_labels_are_not_stored_in_labels():
 ])
 def test_instance_for_url(url, expected):
     assert instance_for_url(url) == expected
+
+
+def test_labels_outside_the_allowlist_are_digested_or_quarantined():
+    """A proxy's raw tenant label never reaches storage: HMAC digest with a key, else quarantine."""
+    text = (
+        "# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m",tenant="acme-corp"} 96.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 100.0\n'
+    )
+    without_key = fetch_samples(text, location="p.prom", instance="a", ts_unix_s=10.0)
+    assert [s.value for s in without_key.samples] == [100.0]
+    assert [(q.line, q.field) for q in without_key.problems] == [(2, "vllm:prefix_cache_hits_total")]
+    assert "acme-corp" not in without_key.problems[0].reason
+    with_key = fetch_samples(text, location="p.prom", instance="a", ts_unix_s=10.0,
+                             label_key=bytes(range(32)))
+    stored = sorted(s.labels for s in with_key.samples)
+    assert len(stored) == 2 and not with_key.problems
+    assert all("acme-corp" not in lab for lab in stored)
+    assert any('"tenant":"hmac:' in lab for lab in stored)

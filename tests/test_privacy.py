@@ -232,12 +232,7 @@ def test_every_path_ran(world):
 
 #: Leaks found in modules this test does not own, each pinned by the strict xfail below (it
 #: turns into a failure the day the leak is fixed, so the entry is then removed).
-KNOWN_LEAKS = {
-    # ingest/exposition.py fetch_samples, line ``labels_json = encode_labels(labels)``: every
-    # label of a scraped series is stored, so a proxy's ``tenant="<raw id>"`` label reaches
-    # metric_samples.labels (and anything derived from it).
-    "metric_samples.labels": ["acme-corp"],
-}
+KNOWN_LEAKS: dict[str, list[str]] = {}
 
 
 def test_no_tenant_id_or_prompt_text_in_any_table_or_column(world):
@@ -246,9 +241,6 @@ def test_no_tenant_id_or_prompt_text_in_any_table_or_column(world):
     assert unknown == {}, f"leaks (table.column -> needles): {unknown}"
 
 
-@pytest.mark.xfail(strict=True, reason="LEAK in ingest/exposition.py fetch_samples "
-                   "(labels_json = encode_labels(labels)): a raw tenant id in a scraped label "
-                   "is stored in metric_samples.labels; owner of ingest/exposition.py to fix")
 def test_metric_ingest_drops_labels_with_raw_tenant_ids(world):
     assert "metric_samples.labels" not in _scan_db(world["db"])
 
