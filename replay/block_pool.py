@@ -13,9 +13,10 @@ Invariants (asserted by :meth:`BlockPool.check_invariants`; the hot paths assert
 2. A block other than 0 is in the free queue if and only if its reference count is 0.
 3. ``num_free_blocks`` equals the length of the free queue; the queue is a doubly linked list
    (``_next``/``_prev``), so removal from the middle is O(1).
-4. A block carries at most one hash key; a block with a key is registered in the cache map
-   under that key, and every block the map names carries that key. Several blocks may carry the
-   same key (no de-duplication); the map returns the first inserted one still cached.
+4. A block carries at most one hash key. The map ``_first`` names, for every key some block
+   carries, the first-inserted block still carrying it, and nothing else; later blocks with
+   the same key (vLLM does not de-duplicate) wait in ``_dups[key]`` in insertion order, which
+   exists only while the key has two or more blocks. Memory is bounded by the pool size.
 5. Allocation pops from the front of the free queue; a popped block that carries a key loses it
    (eviction). Hits remove blocks from the free queue (``touch``).
 6. ``free_blocks`` takes blocks in eviction-priority order (the caller passes a request's blocks
@@ -206,26 +207,75 @@ class BlockPool:
     @property
     def num_cached_blocks(self) -> int:
         """Blocks currently carrying a key (cached, in use or evictable)."""
-        return len(self._first) + sum(len(v) for v in self._dups.values())
+        return sum(k is not None for k in self.block_hash)
 
     # -- state changes -----------------------------------------------------------------------
-    def get_new_blocks(self, num_blocks: int) -> list[int]:
+    def get_new_blocks(
+        self, num_blocks: int, keys: Sequence[Hashable] | None = None, key_start: int = 0,
+        num_keys: int = 0,
+    ) -> list[int]:
         """Pop ``num_blocks`` blocks from the front, evicting their keys; ref count becomes 1.
+
+        With ``keys``, the first ``num_keys`` popped blocks are also registered under
+        ``keys[key_start:key_start + num_keys]`` in the same pass (what ``cache_full_blocks``
+        would do right after; the resulting map, duplicates' order included, is the same
+        because eviction only removes the popped block and registration only appends).
 
         Raises:
             ValueError: fewer than ``num_blocks`` free blocks (callers check first, as vLLM's do).
         """
         if self._unbounded:
-            return self._get_new_blocks_unbounded(num_blocks)
-        if num_blocks > self.free_queue.num_free_blocks:
+            ret = self._get_new_blocks_unbounded(num_blocks)
+            if num_keys:
+                self.cache_full_blocks(ret, keys[key_start:key_start + num_keys], 0, num_keys)
+            return ret
+        q = self.free_queue
+        if num_blocks > q.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks from the pool")
-        ret = self.free_queue.popleft_n(num_blocks)
-        ref, bh = self.ref_cnt, self.block_hash
-        for b in ret:
-            if bh[b] is not None:
-                self._evict(b)
-            assert ref[b] == 0
+        if num_blocks <= 0:
+            return []
+        assert num_keys <= num_blocks
+        # popleft_n, eviction (invariant 5), the reference count and registration in one pass:
+        # first the blocks that get a key, then the others.
+        nxt = q._next
+        ref, bh, first, dups = self.ref_cnt, self.block_hash, self._first, self._dups
+        setdefault = first.setdefault
+        ret = []
+        append = ret.append
+        b = nxt[_HEAD]
+        evicted = 0
+        if num_keys:
+            for key in keys[key_start:key_start + num_keys]:
+                append(b)
+                old = bh[b]
+                if old is not None:
+                    evicted += 1
+                    if dups and old in dups:
+                        self._drop_duplicate(b, old)
+                    else:  # the key maps to this block alone
+                        del first[old]
+                ref[b] = 1
+                bh[b] = key
+                if setdefault(key, b) != b:
+                    dups.setdefault(key, []).append(b)
+                b = nxt[b]
+        for _ in range(num_blocks - num_keys):
+            append(b)
+            old = bh[b]
+            if old is not None:
+                evicted += 1
+                if dups and old in dups:
+                    self._drop_duplicate(b, old)
+                else:
+                    del first[old]
+                bh[b] = None
             ref[b] = 1
+            b = nxt[b]
+        nxt[_HEAD] = b
+        q._prev[b] = _HEAD
+        q.num_free_blocks -= num_blocks
+        self.num_evicted_blocks += evicted
+        self.num_cached_blocks_total += num_keys
         return ret
 
     def _get_new_blocks_unbounded(self, num_blocks: int) -> list[int]:
@@ -243,36 +293,39 @@ class BlockPool:
             ret.append(b)
         return ret
 
+    def _drop_duplicate(self, b: int, key: Hashable) -> None:
+        """Block ``b`` loses ``key``, which has duplicates: the next one takes over if ``b`` was
+        the first (invariant 4). The caller clears or replaces ``block_hash[b]``."""
+        first, dups = self._first, self._dups
+        waiting = dups[key]
+        if first[key] == b:
+            first[key] = waiting.pop(0)
+        else:
+            waiting.remove(b)
+        if not waiting:
+            del dups[key]
+
     def _evict(self, b: int) -> None:
         """Drop block ``b``'s key from the map (invariant 4: the next duplicate takes over)."""
         key = self.block_hash[b]
+        assert key is not None
+        if self._dups and key in self._dups:
+            self._drop_duplicate(b, key)
+        else:
+            del self._first[key]
         self.block_hash[b] = None
         self.num_evicted_blocks += 1
-        first = self._first
-        if first.get(key) == b:
-            dups = self._dups.get(key)
-            if dups:
-                first[key] = dups.pop(0)
-                if not dups:
-                    del self._dups[key]
-            else:
-                del first[key]
-        else:
-            dups = self._dups[key]
-            dups.remove(b)
-            if not dups:
-                del self._dups[key]
+
+    def _register(self, b: int, key: Hashable) -> None:
+        self.block_hash[b] = key
+        if self._first.setdefault(key, b) != b:
+            self._dups.setdefault(key, []).append(b)
 
     def cache_block(self, b: int, key: Hashable) -> None:
         """Give block ``b`` (full, uncached) the key ``key`` and register it in the map."""
         assert self.block_hash[b] is None and b != 0, b
-        self.block_hash[b] = key
+        self._register(b, key)
         self.num_cached_blocks_total += 1
-        first = self._first
-        if key in first:
-            self._dups.setdefault(key, []).append(b)
-        else:
-            first[key] = b
 
     def cache_full_blocks(
         self, blocks: Sequence[int], keys: Sequence[Hashable], num_cached_blocks: int,
@@ -281,29 +334,34 @@ class BlockPool:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` under the matching ``keys``.
 
         vLLM ``BlockPool.cache_full_blocks``: the keys were computed on the request when its
-        tokens arrived; ``keys[i]`` belongs to ``blocks[i]``.
+        tokens arrived; ``keys[i]`` belongs to ``blocks[i]``. A key already cached elsewhere
+        makes this block a duplicate (invariant 4: the first inserted one keeps answering).
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        bh, first, dups = self.block_hash, self._first, self._dups
-        for i in range(num_cached_blocks, num_full_blocks):
-            b = blocks[i]
-            key = keys[i]
+        register = self._register
+        bh = self.block_hash
+        for b, key in zip(blocks[num_cached_blocks:num_full_blocks],
+                          keys[num_cached_blocks:num_full_blocks]):
             assert bh[b] is None and b != 0, b
-            bh[b] = key
-            if key in first:
-                dups.setdefault(key, []).append(b)
-            else:
-                first[key] = b
+            register(b, key)
         self.num_cached_blocks_total += num_full_blocks - num_cached_blocks
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on hit blocks, removing those with count 0 from the free queue."""
-        ref, q = self.ref_cnt, self.free_queue
+        ref = self.ref_cnt
+        q = self.free_queue
+        nxt, prv = q._next, q._prev
+        removed = 0
         for b in blocks:
-            if ref[b] == 0:
-                q.remove(b)
-            ref[b] += 1
+            c = ref[b]
+            if c == 0:
+                p, n = prv[b], nxt[b]
+                nxt[p] = n
+                prv[n] = p
+                removed += 1
+            ref[b] = c + 1
+        q.num_free_blocks -= removed
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Drop one reference per block; queue those reaching 0 (invariant 6).
@@ -313,22 +371,33 @@ class BlockPool:
                 request's blocks are passed in reverse (vLLM ``SingleTypeKVCacheManager.free``).
         """
         ref, bh = self.ref_cnt, self.block_hash
+        q = self.free_queue
+        nxt, prv = q._next, q._prev
         front: list[int] = []
-        back: list[int] = []
         caching = self.enable_caching
+        last = prv[_TAIL]  # hashed blocks are linked after the current tail as we go
+        n_back = 0
         for b in ordered_blocks:
-            if b == 0:
-                continue
             c = ref[b] - 1
-            ref[b] = c
-            assert c >= 0, b
-            if c == 0:
-                if bh[b] is None or not caching:
-                    front.append(b)
-                else:
-                    back.append(b)
-        self.free_queue.prepend_n(front)
-        self.free_queue.append_n(back)
+            if c > 0:
+                ref[b] = c
+                continue
+            if c < 0:  # only the null block, whose count is not maintained (invariant 1)
+                assert b == 0, b
+                continue
+            ref[b] = 0
+            if caching and bh[b] is not None:
+                nxt[last] = b
+                prv[b] = last
+                last = b
+                n_back += 1
+            else:
+                front.append(b)
+        nxt[last] = _TAIL
+        prv[_TAIL] = last
+        q.num_free_blocks += n_back
+        if front:
+            q.prepend_n(front)
 
     def reset_prefix_cache(self) -> bool:
         """Clear every key if no block is in use (vLLM ``reset_prefix_cache``); else False."""
@@ -357,15 +426,18 @@ class BlockPool:
                 assert (self.ref_cnt[b] == 0) == (b in qs), f"invariant 2: block {b}"
             elif self.ref_cnt[b] > 0:
                 assert b not in qs, f"invariant 2: block {b}"
-        registered: dict[int, Hashable] = {}
-        for key, b in self._first.items():
-            registered[b] = key
+        bh = self.block_hash
+        for k, b in self._first.items():
+            assert bh[b] == k, f"invariant 4: the map names block {b}, which does not carry it"
+        registered: dict[int, Hashable] = {b: k for k, b in self._first.items()}
         for key, bs in self._dups.items():
             assert key in self._first, "invariant 4: duplicates without a first block"
+            assert bs, "invariant 4: empty duplicate list"
             for b in bs:
                 assert b not in registered, "invariant 4: block registered twice"
+                assert bh[b] == key, "invariant 4: a duplicate that does not carry the key"
                 registered[b] = key
-        for b, key in enumerate(self.block_hash):
+        for b, key in enumerate(bh):
             if key is not None:
                 assert registered.get(b) == key, f"invariant 4: block {b} not registered"
-        assert len(registered) == sum(k is not None for k in self.block_hash), "invariant 4"
+        assert len(registered) == sum(k is not None for k in bh), "invariant 4"

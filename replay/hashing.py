@@ -18,10 +18,13 @@ Rules (vLLM ``vllm/v1/core/kv_cache_utils.py``: ``hash_block_tokens``,
    ``("cache_salt", salt)`` on the first block only (when the salt is non-empty). Multimodal and
    prompt-embedding keys are not modelled (see docs/replay.md).
 
-The ``fast`` algorithm is not vLLM's: it keys each block by ``(parent, tokens)`` where ``parent``
-is a 64-bit integer naming the prefix (Python's tuple hash of the parent key) and ``tokens`` is
-the block's token tuple, compared in full by the dict. Hit counts are identical to vLLM's; the
-values are not vLLM hashes.
+The ``fast`` algorithm is not vLLM's: it keys each block by the bytes ``parent || tokens``, where
+``parent`` is the 64-bit hash of the parent block's key (8 bytes) and ``tokens`` the block's token
+ids packed as 64-bit ints; the dict compares keys in full, so equal keys mean equal tokens after
+an equal-hashing parent (a false hit needs a 64-bit collision between two different prefixes
+*and* identical next tokens). Hit counts are identical to vLLM's; the values are not vLLM hashes.
+Trace readers may instead give their own chained block keys (``TraceRequest.block_keys``), used
+as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from array import array
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -213,8 +217,8 @@ class BlockHasher:
     generated tokens later (``get_request_block_hasher``). :meth:`extend` appends the keys of the
     blocks that became full to a request's key list.
 
-    Keys are raw digests for the vLLM algorithms and ``(parent_int, tokens_tuple)`` tuples for
-    ``fast``.
+    Keys are raw digests for the vLLM algorithms and ``parent || packed tokens`` bytes for
+    ``fast`` (tuples when an id does not fit 64 bits).
     """
 
     __slots__ = ("algo", "block_size", "extra_first", "extra_rest", "_fn", "_root", "_fast")
@@ -263,29 +267,42 @@ class BlockHasher:
         start = len(keys) * bs
         if start + bs > n:
             return
+        stop = n - n % bs  # end of the last full block
+        tt = tuple(token_ids[start:stop])  # slices of a tuple are tuples: one copy per block
         if self._fast:
             parent = hash(keys[-1]) if keys else self._root
             append = keys.append
-            for i in range(start, n - bs + 1, bs):
-                key = (parent, tuple(token_ids[i:i + bs]))
+            try:
+                packed = array("q", tt).tobytes()
+            except OverflowError:  # ids beyond 64 bits: tuple keys (slower, same equalities)
+                for i in range(0, len(tt), bs):
+                    key = (parent, tt[i:i + bs])
+                    append(key)
+                    parent = hash(key)
+                return
+            step = 8 * bs
+            for i in range(0, len(packed), step):
+                key = parent.to_bytes(8, "little", signed=True) + packed[i:i + step]
                 append(key)
                 parent = hash(key)
             return
         fn = self._fn
         parent = keys[-1] if keys else self._root
-        extra_first, extra_rest = self.extra_first, self.extra_rest
+        extra_rest = self.extra_rest
         append = keys.append
+        i = 0
         if start == 0:
-            parent = fn((parent, tuple(token_ids[0:bs]), extra_first))
+            parent = fn((parent, tt[0:bs], self.extra_first))
             append(parent)
-            start = bs
+            i = bs
+        if i >= len(tt):
+            return
         if fn is _sha256:
-            # The default algorithm, inlined: pickle protocol 5 then SHA-256 (same bytes).
             dumps, sha = pickle.dumps, hashlib.sha256
-            for i in range(start, n - bs + 1, bs):
-                parent = sha(dumps((parent, tuple(token_ids[i:i + bs]), extra_rest), 5)).digest()
+            for j in range(i, len(tt), bs):
+                parent = sha(dumps((parent, tt[j:j + bs], extra_rest), 5)).digest()
                 append(parent)
             return
-        for i in range(start, n - bs + 1, bs):
-            parent = fn((parent, tuple(token_ids[i:i + bs]), extra_rest))
+        for j in range(i, len(tt), bs):
+            parent = fn((parent, tt[j:j + bs], extra_rest))
             append(parent)

@@ -25,6 +25,7 @@ Rules (each asserted by a narrated test in ``tests/test_replay_core_manager.py``
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from itertools import islice
 
 from replay.block_pool import BlockPool
 from replay.hashing import BlockHasher
@@ -72,11 +73,13 @@ class SimRequest:
         output_token_ids: Sequence[int] | None = None,
         skip_reading: bool = False,
         trace: object = None,
+        own_keys: bool = False,
     ) -> None:
         """Build the request and compute the keys of its full prompt blocks.
 
         Either ``prompt_token_ids`` with a ``hasher`` (vLLM hashing or ``fast``), or
-        ``prompt_block_keys`` (one chained key per full block) with ``num_prompt_tokens``.
+        ``prompt_block_keys`` (one chained key per full block) with ``num_prompt_tokens``;
+        ``own_keys`` hands over a list the request may keep and extend (no copy).
         """
         self.request_id = request_id
         self.block_size = block_size
@@ -100,7 +103,9 @@ class SimRequest:
             assert prompt_block_keys is not None and num_prompt_tokens is not None
             self.token_ids = None
             self.num_prompt_tokens = num_prompt_tokens
-            self.block_keys = list(prompt_block_keys)
+            # A fresh list is required (decode keys are appended); reuse one made for us.
+            self.block_keys = (prompt_block_keys if type(prompt_block_keys) is list
+                               and own_keys else list(prompt_block_keys))
             assert len(self.block_keys) == num_prompt_tokens // block_size, (
                 f"{request_id}: {len(self.block_keys)} block keys for "
                 f"{num_prompt_tokens} tokens at block size {block_size}"
@@ -179,7 +184,7 @@ class KVCacheManager:
         get = self.block_pool._first.get
         hits: list[int] = []
         append = hits.append
-        for key in request.block_keys[:max_blocks]:
+        for key in islice(request.block_keys, max_blocks):
             b = get(key)
             if b is None:
                 break
@@ -236,10 +241,27 @@ class KVCacheManager:
             req_blocks.extend(new_computed_blocks)
             self.num_cached_block[rid] = len(req_blocks)
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        req_blocks.extend(new_blocks)
-        if self.enable_caching:
-            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        if not self.enable_caching:
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+            req_blocks.extend(new_blocks)
+            return new_blocks
+        # Rule 3: register every block full of scheduled tokens. Held blocks that became full
+        # first, then the new ones in the same pass as their allocation (same result as vLLM's
+        # allocate-then-cache, see BlockPool.get_new_blocks).
+        num_full = min(total_computed + num_new_tokens, request.num_tokens) // self.block_size
+        num_cached = self.num_cached_block.get(rid, 0)
+        held = len(req_blocks)
+        if num_cached < held and num_full > num_cached:
+            self.block_pool.cache_full_blocks(req_blocks, request.block_keys, num_cached,
+                                              min(num_full, held))
+        if num_new_blocks > 0:
+            new_blocks = self.block_pool.get_new_blocks(
+                num_new_blocks, request.block_keys, held, max(0, num_full - held))
+            req_blocks.extend(new_blocks)
+        else:
+            new_blocks = []
+        if num_full > num_cached:
+            self.num_cached_block[rid] = num_full
         return new_blocks
 
     # -- rule 3 ------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ class _RequestFactory:
             return SimRequest(
                 tr.request_id, block_size=c.block_size, prompt_block_keys=keys,
                 num_prompt_tokens=tr.num_prompt_tokens, max_tokens=out,
-                skip_reading=tr.skip_reading,
+                skip_reading=tr.skip_reading, own_keys=True,
             )
         if tr.prompt_token_ids is None:
             raise SimulationError(

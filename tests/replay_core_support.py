@@ -139,7 +139,8 @@ def expand_hash_ids(hash_ids: Sequence[int], input_length: int, hash_block_size:
 
 def mooncake_block_keys(hash_ids: Sequence[int], input_length: int, block_size: int,
                         hash_block_size: int) -> list[Hashable]:
-    """One chained key per full engine block: (id holding the block's last token, its offset).
+    """One chained key per full engine block: ``id * Bh + offset`` of the block's last token
+    (an int, exact: the offset is below ``Bh``).
 
     Mooncake ids name their whole prefix (an id always has the same predecessor), so the key
     names the prefix up to the end of the block.
@@ -147,7 +148,7 @@ def mooncake_block_keys(hash_ids: Sequence[int], input_length: int, block_size: 
     keys: list[Hashable] = []
     for j in range(input_length // block_size):
         last = (j + 1) * block_size - 1
-        keys.append((hash_ids[last // hash_block_size], last % hash_block_size))
+        keys.append(hash_ids[last // hash_block_size] * hash_block_size + last % hash_block_size)
     return keys
 
 
