@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests need when they are missing: chromium (browser test of
-# the dashboard) and prometheus (+ promtool) for the Prometheus ingest and alert-rule tests.
+# the dashboard), prometheus (+ promtool) for the Prometheus ingest and alert-rule tests, and
+# prometheus-alertmanager (amtool) to check the Alertmanager example.
 # Needs root for apt-get; as another user it only reports what is missing.
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || { [[ " ${missing[*]-} " == *" prometheus "* ]] || missing+=(prometheus); }
+command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
