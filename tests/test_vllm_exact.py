@@ -3,7 +3,7 @@
 Sequential replays of chat traffic built from the bundled real text (tiny tokenizer), fixed
 output lengths and the real output ids: the simulator's cached_tokens must equal vLLM's for
 EVERY request, plainly, with per-tenant cache_salt, with follow-ups that contain earlier
-outputs (decode blocks), and under forced eviction. For each run the /metrics counter deltas
+outputs (decode blocks); forced eviction is in test_vllm_tight_cache.py. For each run the /metrics counter deltas
 must equal the sums of the usage objects. The stored KV-event hashes must be the simulator's.
 """
 
@@ -25,8 +25,6 @@ from tests.vllm_support import (
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 DEFAULT = ServerConfig()
-# max-model-len 1024 needs >= 33 blocks (32 + the null block); 48 holds ~1.5 requests.
-EVICT = ServerConfig(max_model_len=1024, num_gpu_blocks_override=48)
 
 
 @pytest.fixture(scope="module")
@@ -145,16 +143,3 @@ def test_kv_events_hashes_are_the_simulators(server, tmp_path):
                                             cache_salt=r.cache_salt))
     assert stored <= expected_any, f"{len(stored - expected_any)} stored hashes unknown to the simulator"
     assert expected_prompt <= stored
-
-
-def test_forced_eviction_is_exact(vllm_pool, tmp_path):  # noqa: F811
-    """A fresh server with 48 blocks (1,504 usable tokens): every request evicts."""
-    srv = vllm_pool.get(EVICT)
-    assert srv.num_gpu_blocks() == 48
-    reqs = build_traffic(70, seed=5, salted=True, followups=20, max_prompt_tokens=900,
-                         max_system_chars=1600, max_doc_chars=900)
-    assert max(r.num_prompt_tokens for r in reqs) <= 900
-    summary, results, sim = run_and_compare(srv, reqs, tmp_path, reset=False)
-    assert mismatches(results, sim) == []
-    assert_counters_match(summary, results)
-    assert 0 < summary.cached_tokens < summary.prompt_tokens

@@ -427,3 +427,102 @@ def mismatches(live_results, sim_by_id) -> list[tuple[str, int | None, int | Non
         if s is None or s.cached_tokens != r.cached_tokens or s.prompt_tokens != r.prompt_tokens:
             out.append((r.request_id, r.prompt_tokens, r.cached_tokens, sim_cached))
     return out
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+
+def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency: int = 4,
+                        runs: int = 2, label: str = "") -> dict:
+    """Send ``reqs`` ``runs`` times at ``concurrency`` in flight (closed loop, prefix cache
+    reset before each run) and compare with the step-based scheduler model.
+
+    Figures (all tokens are prompt tokens):
+    - ``live_cached``: Σ cached_tokens of each vLLM run; ``spread_tokens`` = max - min,
+      ``spread_fraction`` = spread / mean; ``spread_requests`` = requests whose cached_tokens
+      differ between run 0 and any other run.
+    - ``sim_cached``: the step model (``max_num_seqs`` = the server's, 2,048-token budget,
+      chunked prefill) on the same traffic in trace order, every request queued at t = 0 (a
+      closed-loop client keeps the engine full: a request enters when one finishes);
+      ``aggregate_error_fraction`` = |sim - mean(live)| / mean(live).
+    - ``agreement``: per run, the share of requests whose cached_tokens the step model predicts
+      exactly when given the engine's arrival order (``Added request`` log lines) and the
+      client's send times as arrivals; ``misses`` lists (request, prompt, live, simulated,
+      whether vLLM itself disagreed on it between runs).
+    """
+    import dataclasses
+
+    from replay.live import run_live
+    from replay.types import ConcurrencyConfig
+
+    live_runs = []
+    for k in range(runs):
+        server.reset_prefix_cache()
+        offset = server.log_path.stat().st_size
+        summary, results = run_live(reqs, live_config(server, concurrency=concurrency),
+                                    out_dir / f"{label}run{k}")
+        assert summary.failed == 0, [r.error for r in results if not r.ok][:3]
+        time.sleep(0.5)
+        log = server.log_path.read_bytes()[offset:].decode(errors="replace")
+        by_resp = {r.response_id: r.request_id for r in results}
+        order = [by_resp[x] for x in engine_arrival_order(log) if x in by_resp]
+        assert sorted(order) == sorted(by_resp.values()), "engine log misses requests"
+        live_runs.append((summary, results, order))
+    cc = ConcurrencyConfig(max_num_seqs=server.config.max_num_seqs, max_num_batched_tokens=2048,
+                           enable_chunked_prefill=True, step_time_s=0.02)
+    trace_order = [r.request_id for r in reqs]
+    totals = [sum(r.cached_tokens for r in res) for _, res, _ in live_runs]
+    per_run = [{r.request_id: r.cached_tokens for r in res} for _, res, _ in live_runs]
+    unstable = {i for i in per_run[0] if any(p[i] != per_run[0][i] for p in per_run[1:])}
+    sim0 = simulate_like(server, live_runs[0][1], order=trace_order, concurrency=cc, step_s=0.0)
+    sim_total = sum(s.cached_tokens for s in sim0.values())
+    mean_live = sum(totals) / len(totals)
+    report = {
+        "label": label, "requests": len(reqs), "concurrency": concurrency,
+        "num_gpu_blocks": server.num_gpu_blocks(),
+        "prompt_tokens": live_runs[0][0].prompt_tokens, "live_cached": totals,
+        "spread_tokens": max(totals) - min(totals),
+        "spread_fraction": (max(totals) - min(totals)) / mean_live if mean_live else 0.0,
+        "spread_requests": len(unstable), "sim_cached": sim_total,
+        "aggregate_error_fraction": abs(sim_total - mean_live) / mean_live if mean_live else 0.0,
+        "runs": [],
+    }
+    for summary, results, order in live_runs:
+        live = {r.request_id: r for r in results}
+        t0 = min(r.sent_unix_s for r in results)
+        from replay.live import results_as_trace
+        from replay.sim import simulate
+        from replay.types import SimConfig
+
+        trace, arrival = [], 0.0
+        for t in results_as_trace(results, order=order):
+            arrival = max(arrival, live[t.request_id].sent_unix_s - t0)
+            trace.append(dataclasses.replace(t, arrival_s=arrival))
+        cfg = SimConfig(block_size=BLOCK_SIZE, num_gpu_blocks=server.num_gpu_blocks(),
+                        concurrency=cc)
+        sim = {r.request_id: r for r in simulate(trace, cfg)}
+        misses = [(i, live[i].prompt_tokens, live[i].cached_tokens, sim[i].cached_tokens,
+                   i in unstable) for i in order if sim[i].cached_tokens != live[i].cached_tokens]
+        report["runs"].append({
+            "live_cached": sum(r.cached_tokens for r in results),
+            "counters_settled": summary.settled,
+            "counter_hits": summary.deltas.get("vllm:prefix_cache_hits_total"),
+            "engine_order_differs_from_send_order": sum(
+                1 for a, b in zip(order, sorted(results, key=lambda r: r.sent_unix_s))
+                if a != b.request_id),
+            "agreement": 1 - len(misses) / len(results), "misses": misses,
+            "sim_cached": sum(s.cached_tokens for s in sim.values()),
+            "num_preemptions": summary.deltas.get("vllm:num_preemptions_total"),
+        })
+    return report
+
+
+def write_fidelity_report(report: dict) -> None:
+    """Print ``report`` and append it to ``$PREFIXSCOPE_FIDELITY_REPORT`` (JSONL) when set."""
+    text = json.dumps(report, default=str)
+    print("\nFIDELITY " + text)
+    target = os.environ.get("PREFIXSCOPE_FIDELITY_REPORT")
+    if target:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a") as f:
+            f.write(text + "\n")
