@@ -233,3 +233,24 @@ def test_run_live_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "run.json").write_text("{}")
     with pytest.raises(UsageError, match="already holds a run"):
         run_live([], LiveConfig(base_url="http://127.0.0.1:1"), tmp_path)
+
+
+def test_fleet_instances_stay_apart_and_sum_per_model(con):
+    """Two servers (the same recorded scrapes stored under two instance names): each keeps its
+    instance; per model, hits and queries are summed over instances before dividing."""
+    from ingest.exposition import ingest_exposition
+    from store.queries.metrics import hit_rate_totals, metric_filter_values
+
+    doc = json.loads((RUN / "run.json").read_text())
+    for inst in ("gpu-1:8000", "gpu-2:8000"):
+        ingest_exposition(con, str(RUN / "metrics_before.prom"), instance=inst,
+                          at_unix_s=doc["before_ts_unix_s"])
+        ingest_exposition(con, str(RUN / "metrics_after.prom"), instance=inst,
+                          at_unix_s=doc["after_ts_unix_s"])
+    window = dict(start_s=doc["before_ts_unix_s"] + 0.001, end_s=doc["after_ts_unix_s"] + 0.001)
+    by_inst = hit_rate_totals(con, by=("instance",), **window)
+    assert list(by_inst["instance"]) == ["gpu-1:8000", "gpu-2:8000"]
+    assert list(by_inst["hit_tokens"]) == [1536, 1536]
+    by_model = hit_rate_totals(con, by=("model",), **window)
+    assert int(by_model["hit_tokens"][0]) == 3072 and int(by_model["query_tokens"][0]) == 4290
+    assert metric_filter_values(con)["instances"] == ["gpu-1:8000", "gpu-2:8000"]
