@@ -66,7 +66,8 @@ READ_BYTES = 8 << 20
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
 MS_THRESHOLD = 1e11
 
-Tok = Annotated[int, msgspec.Meta(ge=0)]
+#: A token count: a non-negative integer that fits a BIGINT (larger is quarantined, not stored).
+Tok = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 OptTok = Tok | None | UnsetType
 _VALID_SCOPES = frozenset({"PUBLIC", "TENANT", "PRINCIPAL"})
 _DIGEST = re.compile(r"^[0-9a-f]{8,64}$")

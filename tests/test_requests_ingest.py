@@ -356,3 +356,12 @@ def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
     assert par.equals(seq_df)
     assert seq.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources"
                        ).fetchone() == cp
+
+
+def test_token_count_too_large_for_bigint_is_quarantined(con, tmp_path):
+    f = write_jsonl(tmp_path / "huge.jsonl", [
+        '{"id": "a", "usage": {"prompt_tokens": 100000000000000000000000}}',
+        {"id": "b", "usage": {"prompt_tokens": 1}}])
+    s, problems = ingest_usage_file_detailed(con, f)
+    assert (s.rows_added, s.rows_quarantined) == (1, 1)
+    assert problems[0].field == "$.usage.prompt_tokens"
