@@ -30,6 +30,7 @@ nothing and a second run adds nothing.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import re
 import time
@@ -259,6 +260,8 @@ def _parse_ts(value: str | float, field: str) -> float:
                 raise _Bad(field, "time is neither ISO 8601 nor Unix seconds") from None
     else:
         x = float(value)
+    if not math.isfinite(x):
+        raise _Bad(field, "time is not a finite number")
     return x / 1000.0 if x > MS_THRESHOLD else x
 
 
