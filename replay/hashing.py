@@ -198,7 +198,7 @@ def block_hashes(
         lora_name=lora_name, lora_path=lora_path,
     )
     out: list[Hashable] = []
-    hasher.extend(out, token_ids, 0)
+    hasher.extend(out, token_ids)
     return out  # type: ignore[return-value]
 
 
@@ -254,21 +254,25 @@ class BlockHasher:
             self._fn = hash_function(algo)
             self._root = none_hash(algo, seed)
 
-    def extend(self, keys: list[Hashable], token_ids: Sequence[int], num_tokens: int) -> None:
-        """Append to ``keys`` the keys of every full block of ``token_ids`` not yet in ``keys``.
+    def extend(self, keys: list[Hashable], token_ids: Sequence[int], offset: int = 0) -> None:
+        """Append to ``keys`` the keys of every full block not yet in ``keys``.
 
         Args:
             keys: the request's key list so far (block i at index i); extended in place.
-            token_ids: all the request's tokens (prompt then output), at least ``num_tokens``.
-            num_tokens: tokens to consider (0 means ``len(token_ids)``).
+            token_ids: the request's tokens (prompt then output) from position ``offset`` on;
+                ``offset`` must not exceed ``len(keys) * block_size``.
+            offset: absolute position of ``token_ids[0]``.
         """
         bs = self.block_size
-        n = num_tokens or len(token_ids)
+        n = offset + len(token_ids)
         start = len(keys) * bs
         if start + bs > n:
             return
+        assert offset <= start, (offset, start)
         stop = n - n % bs  # end of the last full block
-        tt = tuple(token_ids[start:stop])  # slices of a tuple are tuples: one copy per block
+        lo, hi = start - offset, stop - offset
+        # Slices of a tuple are tuples: one copy per block below.
+        tt = tuple(token_ids) if lo == 0 and hi == len(token_ids) else tuple(token_ids[lo:hi])
         if self._fast:
             parent = hash(keys[-1]) if keys else self._root
             append = keys.append

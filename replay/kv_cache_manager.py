@@ -46,7 +46,8 @@ class SimRequest:
         num_computed_tokens: tokens whose KV is computed or scheduled.
         block_keys: one key per full block of the current tokens, in chain order (vLLM
             ``Request.block_hashes``).
-        token_ids: prompt then generated token ids, or None in block-key mode.
+        prompt: the prompt's token ids as given (not copied; None in block-key mode).
+        outputs: generated token ids appended so far (token mode).
         max_tokens: tokens to generate (>= 1 in vLLM; 0 is treated as 1 for caching).
         num_output_tokens: generated so far.
         skip_reading: do not look up (prompt logprobs); still writes.
@@ -56,7 +57,7 @@ class SimRequest:
 
     __slots__ = (
         "request_id", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "block_keys",
-        "token_ids", "max_tokens", "num_output_tokens", "skip_reading", "num_preemptions",
+        "prompt", "outputs", "max_tokens", "num_output_tokens", "skip_reading", "num_preemptions",
         "cached_tokens", "hasher", "output_token_ids", "trace", "admitted_s", "block_size",
     )
 
@@ -93,15 +94,16 @@ class SimRequest:
         self.trace = trace
         self.admitted_s: float | None = None
         self.hasher = hasher
+        self.outputs: list[int] = []
         if prompt_token_ids is not None:
             assert hasher is not None
-            self.token_ids = list(prompt_token_ids)
-            self.num_prompt_tokens = len(self.token_ids)
+            self.prompt = prompt_token_ids
+            self.num_prompt_tokens = len(prompt_token_ids)
             self.block_keys: list[Hashable] = []
-            hasher.extend(self.block_keys, self.token_ids, 0)
+            hasher.extend(self.block_keys, prompt_token_ids)
         else:
             assert prompt_block_keys is not None and num_prompt_tokens is not None
-            self.token_ids = None
+            self.prompt = None
             self.num_prompt_tokens = num_prompt_tokens
             # A fresh list is required (decode keys are appended); reuse one made for us.
             self.block_keys = (prompt_block_keys if type(prompt_block_keys) is list
@@ -124,15 +126,25 @@ class SimRequest:
         start = self.num_output_tokens
         self.num_output_tokens += count
         self.num_tokens += count
-        if self.token_ids is not None:
+        if self.prompt is not None:
             known = self.output_token_ids
+            outputs = self.outputs
             if known is not None and start < len(known):
-                part = list(known[start:start + count])
-                part.extend([PLACEHOLDER_OUTPUT_TOKEN] * (count - len(part)))
-                self.token_ids.extend(part)
+                outputs.extend(known[start:start + count])
+                outputs.extend([PLACEHOLDER_OUTPUT_TOKEN] * (start + count - len(outputs)))
             else:
-                self.token_ids.extend([PLACEHOLDER_OUTPUT_TOKEN] * count)
-            self.hasher.extend(self.block_keys, self.token_ids, 0)
+                outputs.extend([PLACEHOLDER_OUTPUT_TOKEN] * count)
+            # Hash only the tokens after the last keyed block: the prompt's partial tail (if
+            # any) and the outputs.
+            bs = self.block_size
+            first = len(self.block_keys) * bs
+            if first + bs <= self.num_tokens:
+                p = self.num_prompt_tokens
+                if first < p:
+                    window = [*self.prompt[first:], *outputs]
+                else:
+                    window = outputs[first - p:]
+                self.hasher.extend(self.block_keys, window, offset=first)
         else:
             keys = self.block_keys
             for _ in range(self.num_tokens // self.block_size - len(keys)):
@@ -140,7 +152,8 @@ class SimRequest:
 
     def release_tokens(self) -> None:
         """Drop the token list once the request finished (memory bounded by running requests)."""
-        self.token_ids = None
+        self.prompt = None
+        self.outputs = []
         self.block_keys = []
         self.output_token_ids = None
 
@@ -193,18 +206,22 @@ class KVCacheManager:
 
     # -- rule 2 ------------------------------------------------------------------------------
     def get_num_blocks_to_allocate(
-        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[int]
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[int],
+        num_evictable: int | None = None,
     ) -> int:
         """Blocks the pool must provide so the request has ``num_tokens`` slots (vLLM
         ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``): new blocks plus hit blocks
-        that are eviction candidates (they leave the free queue when touched)."""
+        that are eviction candidates (they leave the free queue when touched);
+        ``num_evictable`` is that count when the caller already has it."""
         num_required = cdiv(num_tokens, self.block_size)
         num_held = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
             return max(num_required - num_held, 0)
         num_new = max(num_required - len(new_computed_blocks) - num_held, 0)
-        ref = self.block_pool.ref_cnt
-        return num_new + sum(1 for b in new_computed_blocks if ref[b] == 0)
+        if num_evictable is None:
+            ref = self.block_pool.ref_cnt
+            num_evictable = sum(1 for b in new_computed_blocks if ref[b] == 0)
+        return num_new + num_evictable
 
     def allocate_slots(
         self,
@@ -225,12 +242,18 @@ class KVCacheManager:
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local_computed, self.max_model_len)
         free = self.block_pool.get_num_free_blocks()
+        evictable = None
+        if new_computed:
+            ref = self.block_pool.ref_cnt
+            evictable = sum(1 for b in new_computed if ref[b] == 0)
         if full_sequence_must_fit:
             full_num_tokens = min(request.num_tokens, self.max_model_len)
-            if self.get_num_blocks_to_allocate(rid, full_num_tokens, new_computed) > free:
+            if self.get_num_blocks_to_allocate(rid, full_num_tokens, new_computed,
+                                               evictable) > free:
                 return None
         num_tokens_need_slot = min(total_computed + num_new_tokens, self.max_model_len)
-        if self.get_num_blocks_to_allocate(rid, num_tokens_need_slot, new_computed) > free:
+        if self.get_num_blocks_to_allocate(rid, num_tokens_need_slot, new_computed,
+                                           evictable) > free:
             return None
         req_blocks = self.req_to_blocks.get(rid)
         if req_blocks is None:

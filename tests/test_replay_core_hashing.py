@@ -130,6 +130,31 @@ def test_incremental_hasher_equals_one_shot():
     assert keys == block_hashes(toks, block_size=16)
 
 
+def test_hasher_extends_from_an_offset_window():
+    toks = list(range(200, 300))
+    h = BlockHasher(block_size=16, cache_salt="s")
+    keys: list = []
+    h.extend(keys, toks[:40])  # blocks 0, 1
+    h.extend(keys, toks[32:], offset=32)  # only the tail after the last keyed block
+    assert keys == block_hashes(toks, block_size=16, cache_salt="s")
+
+
+def test_request_decode_keys_equal_hashes_of_prompt_plus_outputs():
+    from replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN, SimRequest
+
+    prompt = list(range(1000, 1037))
+    for algo in ("sha256", "fast"):
+        h = BlockHasher(algo=algo, block_size=16)
+        req = SimRequest("r", block_size=16, prompt_token_ids=prompt, hasher=h,
+                         output_token_ids=[7, 8, 9])
+        for k in (1, 5, 20, 1):
+            req.append_output_tokens(k)
+        outputs = [7, 8, 9] + [PLACEHOLDER_OUTPUT_TOKEN] * 24
+        want: list = []
+        h.extend(want, prompt + outputs)
+        assert req.block_keys == want and len(want) == 4
+
+
 def test_int_block_hash_is_low_64_bits_big_endian():
     d = bytes(range(32))
     assert int_block_hash(d) == int.from_bytes(d[-8:], "big")
