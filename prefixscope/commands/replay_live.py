@@ -98,7 +98,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
 
         Examples:
 
-          prefixscope replay live data/vllm-cpu-0.32/probe_bs32.requests.jsonl --base-url http://127.0.0.1:8011 --concurrency 4 --ingest
+          prefixscope replay live data/live-replay-sample/trace.jsonl --base-url http://127.0.0.1:8011 --concurrency 4 --ingest
 
           prefixscope replay live conversation_trace.jsonl --format mooncake --base-url http://gpu1:8000 --rate-from-trace --speedup 10 --limit 500
         """
