@@ -686,11 +686,12 @@ def _worker_init() -> None:
 
 def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
                          run_id: str = "", instance: str | None = None,
-                         default_model: str | None = None, workers: int = 2,
+                         default_model: str | None = None, workers: int = 1,
                          region_bytes: int | None = None) -> Iterator[UsageBatch]:
-    """As :func:`fetch_usage`, but the lines are parsed by ``workers`` processes, one region of
-    about ``region_bytes`` of complete lines each; batches are still yielded in file order
-    (``rows`` as Arrow tables), so checkpoints advance in order.
+    """As :func:`fetch_usage`, but the lines are parsed by ``workers`` processes (forked: they
+    run only the pure parsing code, never DuckDB), one region of about ``region_bytes`` of
+    complete lines each, while the caller inserts earlier ones; batches are still yielded in
+    file order (``rows`` as Arrow tables), so checkpoints advance in order.
 
     Raises:
         SourceUnavailable: the file cannot be opened.
@@ -704,7 +705,7 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
     ctx = _context(path, source_id, run_id, instance, default_model, mtime)
     location = str(path)
     with fh, ProcessPoolExecutor(max_workers=workers, initializer=_worker_init,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
         fh.seek(start.offset)
         offset, line_no = start.offset, start.line
         pending = b""
@@ -825,9 +826,11 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
         instance: for lines without ``instance``.
         default_model: for lines whose record and response name no model.
         batch_rows: lines per batch when parsed in this process.
-        workers: parser processes; default 1 below :data:`PARALLEL_MIN_BYTES` still to read,
-            else up to 4 (one per CPU). With more than 1, batches are regions of about
-            :data:`REGION_BYTES` of lines, parsed in parallel and committed in file order.
+        workers: parser processes; 0 = parse in this process. Default: 0 when less than
+            :data:`PARALLEL_MIN_BYTES` remain to be read, else one per CPU but one (at least 1,
+            at most 4), leaving a CPU to DuckDB's insert. With workers, batches are regions of
+            about :data:`REGION_BYTES` of lines, parsed while the previous region is inserted,
+            and committed in file order.
 
     Returns:
         (:class:`IngestSummary`, the first :data:`PROBLEMS_RETURNED` lines quarantined by this
@@ -857,8 +860,8 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
                       instance=instance, default_model=default_model)
         if workers is None:
             big = os.path.getsize(path) - start.offset >= PARALLEL_MIN_BYTES
-            workers = min(os.cpu_count() or 1, 4) if big else 1
-        batches = (fetch_usage_parallel(path, workers=workers, **kwargs) if workers > 1
+            workers = max(1, min((os.cpu_count() or 1) - 1, 4)) if big else 0
+        batches = (fetch_usage_parallel(path, workers=workers, **kwargs) if workers > 0
                    else fetch_usage(path, batch_rows=batch_rows, **kwargs))
         for batch in batches:
             cp = Checkpoint(batch.checkpoint.offset, batch.checkpoint.line,

@@ -345,17 +345,21 @@ def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
     assert (s.rows_read, s.rows_quarantined) == (2999, 1)
     assert [q.line for q in problems] == [101]
     par = con.execute("SELECT * EXCLUDE (source_id) FROM requests ORDER BY line").df()
+    from store import db as store_db
+
     cp = con.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources").fetchone()
     assert cp == (os.path.getsize(f), 3001)
 
-    from store import db as store_db
-
     seq = store_db.memory()
-    usage.ingest_usage_file(seq, f, workers=1, batch_rows=700)
+    usage.ingest_usage_file(seq, f, workers=0, batch_rows=700)
     seq_df = seq.execute("SELECT * EXCLUDE (source_id) FROM requests ORDER BY line").df()
     assert par.equals(seq_df)
     assert seq.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources"
                        ).fetchone() == cp
+    one = store_db.memory()
+    s1 = usage.ingest_usage_file(one, f, workers=1)
+    assert (s1.rows_read, s1.rows_quarantined) == (2999, 1)
+    assert one.execute("SELECT * EXCLUDE (source_id) FROM requests ORDER BY line").df().equals(par)
 
 
 def test_token_count_too_large_for_bigint_is_quarantined(con, tmp_path):
