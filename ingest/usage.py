@@ -853,7 +853,6 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     # Rows from new lines are nearly always new keys: try the plain INSERT first and fall back
     # to ON CONFLICT DO NOTHING for this and later batches once a key repeats.
     assume_new = True
-    threads_before = None
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes only cost time
     try:
@@ -862,14 +861,8 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
         if workers is None:
             big = os.path.getsize(path) - start.offset >= PARALLEL_MIN_BYTES
             workers = max(1, min((os.cpu_count() or 1) - 1, 4)) if big else 0
-        if workers > 0:
-            # The parser processes hold CPUs: DuckDB's insert runs faster on the ones left
-            # than with threads fighting them (measured on 2 CPUs: docs/benchmarks.md).
-            threads_before = con.execute("SELECT current_setting('threads')").fetchone()[0]
-            con.execute(f"SET threads = {max(1, (os.cpu_count() or 1) - workers)}")
-            batches = fetch_usage_parallel(path, workers=workers, **kwargs)
-        else:
-            batches = fetch_usage(path, batch_rows=batch_rows, **kwargs)
+        batches = (fetch_usage_parallel(path, workers=workers, **kwargs) if workers > 0
+                   else fetch_usage(path, batch_rows=batch_rows, **kwargs))
         for batch in batches:
             cp = Checkpoint(batch.checkpoint.offset, batch.checkpoint.line,
                             fingerprint_upto(path, batch.checkpoint.offset))
@@ -887,8 +880,6 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     finally:
         if gc_was_enabled:
             gc.enable()
-        if threads_before is not None:
-            con.execute(f"SET threads = {int(threads_before)}")
     notes = []
     if read == 0 and n_quarantined == 0 and skipped == 0:
         notes.append("no new lines since the last ingest" if start.offset else "empty file")
