@@ -376,11 +376,12 @@ def _rate(cached: int, prompt: int) -> float | None:
 
 
 def metric_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, Figures]:
-    """Counter figures per model over the day (one window of the day's length), by model."""
+    """Production counter figures per model over the day (one window of the day's length);
+    replay runs' samples are left out."""
     from store.queries.metrics import hit_rate_by_window
 
     df = hit_rate_by_window(con, start_s=w.start_s, end_s=w.end_s, window_s=w.length_s,
-                            by=("model",), origin_s=w.start_s)
+                            by=("model",), origin_s=w.start_s, run_ids=[PRODUCTION_RUN_ID])
     out: dict[str, Figures] = {}
     for row in df.itertuples(index=False):
         if row.model is None or (isinstance(row.model, float) and math.isnan(row.model)):

@@ -114,7 +114,8 @@ def filter_values(db: str) -> dict:
     return {
         "models": sorted({x for x in [*m.get("models", []), *r.get("models", [])] if x}),
         "instances": sorted({x for x in [*m.get("instances", []), *r.get("instances", [])] if x}),
-        "run_ids": sorted({x for x in r.get("run_ids", []) if x is not None}),
+        "run_ids": sorted({x for x in [*m.get("run_ids", []), *r.get("run_ids", [])]
+                           if x is not None}),
         "min_ts_unix_s": min(lows) if lows else None,
         "max_ts_unix_s": max(highs) if highs else None,
         "metric_max_ts_unix_s": m.get("max_ts_unix_s"),
@@ -129,7 +130,8 @@ def filter_values(db: str) -> dict:
 def hit_rate_by_window(db: str, *, start_s: float | None, end_s: float | None, window_s: float,
                        by: tuple[str, ...] = ("model", "instance"),
                        models: tuple[str, ...] | None = None,
-                       instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+                       instances: tuple[str, ...] | None = None,
+                       run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
     """``store.queries.metrics.hit_rate_by_window`` (counter increases per window; columns
     ``window_start_s, window_end_s, <by>, hit_tokens, query_tokens, hit_rate, restarts, legacy,
     external_hit_tokens``)."""
@@ -137,29 +139,32 @@ def hit_rate_by_window(db: str, *, start_s: float | None, end_s: float | None, w
 
     with _reader(db) as con:
         return q.hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
-                                    by=by, models=_t(models), instances=_t(instances))
+                                    by=by, models=_t(models), instances=_t(instances),
+                                    run_ids=_t(run_ids))
 
 
 @_cached
 def hit_rate_totals(db: str, *, start_s: float | None, end_s: float | None,
                     by: tuple[str, ...] = ("model",), models: tuple[str, ...] | None = None,
-                    instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+                    instances: tuple[str, ...] | None = None,
+                    run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
     """``store.queries.metrics.hit_rate_totals`` (``<by>, hit_tokens, query_tokens, hit_rate,
     legacy, first_ts_unix_s, last_ts_unix_s``)."""
     from store.queries import metrics as q
 
     with _reader(db) as con:
         return q.hit_rate_totals(con, start_s=start_s, end_s=end_s, by=by, models=_t(models),
-                                 instances=_t(instances))
+                                 instances=_t(instances), run_ids=_t(run_ids))
 
 
 @_cached
-def cache_config(db: str, *, instances: tuple[str, ...] | None = None) -> pd.DataFrame:
+def cache_config(db: str, *, instances: tuple[str, ...] | None = None,
+                 run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
     """``store.queries.metrics.cache_config`` (latest ``cache_config_info`` per instance/engine)."""
     from store.queries import metrics as q
 
     with _reader(db) as con:
-        return q.cache_config(con, instances=_t(instances))
+        return q.cache_config(con, instances=_t(instances), run_ids=_t(run_ids))
 
 
 @_cached

@@ -43,7 +43,9 @@ class Filters:
         range_label: the pick that produced the range (``1h`` ... ``all``, ``custom``).
         models: selected model names, or None for all.
         instances: selected instances, or None for all.
-        run_ids: selected run ids (``''`` = production traffic), or None for all.
+        run_ids: selected run ids (``''`` = production traffic), or None for all. The sidebar
+            selects production only by default when production data exists, so Overview,
+            Requests, Savings and Alerts show production health, not replays.
     """
 
     start_s: float | None
@@ -52,6 +54,12 @@ class Filters:
     models: tuple[str, ...] | None = None
     instances: tuple[str, ...] | None = None
     run_ids: tuple[str, ...] | None = None
+
+    def replay_run_ids(self) -> tuple[str, ...] | None:
+        """Run filter for pages about replays (Replay, Scopes, Rejections, Invariants): the
+        sidebar's default selection (production only) means every run there, since replay
+        runs are what those pages compare."""
+        return None if self.run_ids in (None, ("",)) else self.run_ids
 
     def describe(self) -> str:
         """A one-line description for captions: ``'last 24h · 2 models · all instances'``."""
@@ -156,6 +164,7 @@ def sidebar(values: dict, *, now_s: float) -> Filters:
     runs: list[str] = []
     if len(run_ids) > 1:
         runs = st.sidebar.multiselect("Run", run_ids, key="filter_runs", format_func=run_label,
+                                      default=[""] if "" in run_ids else None,
                                       placeholder="All runs",
                                       help="'production' is ingested traffic; other runs are replays.")
     f = Filters(start_s=start_s, end_s=end_s, range_label=label, models=selection(models),

@@ -452,8 +452,11 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
 
 
 def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: str,
-                 started_unix_s: float | None = None) -> IngestSummary:
+                 started_unix_s: float | None = None, run_id: str = "") -> IngestSummary:
     """Write one parsed exposition in one transaction: samples, quarantine, source and run.
+
+    ``run_id`` tags the samples of a replay run (``''`` = production traffic), so production
+    analytics can leave replays out (``metric_samples.run_id``).
 
     Safe to run twice: the primary key (metric, labels, instance, ts_unix_s) makes a repeated
     scrape add no rows (they count as duplicates).
@@ -466,11 +469,14 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
 
     started = time.time() if started_unix_s is None else started_unix_s
     source_id = source_id_for(kind, read.location)
-    run_id = new_ingest_run_id()
+    ingest_run_id = new_ingest_run_id()
     con.execute("BEGIN TRANSACTION")
     try:
         added = insert_metric_samples(con, [s.row(source_id) for s in read.samples])
-        record_quarantine(con, source_id=source_id, ingest_run_id=run_id,
+        if run_id:
+            con.execute("UPDATE metric_samples SET run_id = ? WHERE source_id = ? AND run_id = ''",
+                        [run_id, source_id])
+        record_quarantine(con, source_id=source_id, ingest_run_id=ingest_run_id,
                           entries=list(read.problems))
         summary = IngestSummary(read.location, kind, len(read.samples), added,
                                 len(read.samples) - added, len(read.problems), read.note)
@@ -478,7 +484,7 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
                       rows_added=added, note=read.note)
         status = "ok" if not read.problems else ("partial" if read.samples else "failed")
         record_run(con, source_id=source_id, kind=kind, started_unix_s=started, summary=summary,
-                   status=status, ingest_run_id=run_id)
+                   status=status, ingest_run_id=ingest_run_id)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
@@ -487,7 +493,7 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
 
 
 def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: str | None = None,
-                      at_unix_s: float | None = None) -> IngestSummary:
+                      at_unix_s: float | None = None, run_id: str = "") -> IngestSummary:
     """Read, parse and store one exposition (file or URL) on an open read-write connection.
 
     Args:
@@ -495,6 +501,7 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
         source: ``/metrics`` URL or exposition file path.
         instance: instance name (default: the URL's host:port or the file name stem).
         at_unix_s: time to stamp the scrape with (default: now for a URL, mtime for a file).
+        run_id: the replay run these samples belong to (``''`` = production traffic).
 
     Returns:
         The :class:`~ingest.bookkeeping.IngestSummary` of the scrape.
@@ -506,7 +513,7 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
     read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
                          instance=instance or raw.default_instance,
                          ts_unix_s=raw.ts_unix_s)
-    return save_samples(con, read, kind=raw.kind)
+    return save_samples(con, read, kind=raw.kind, run_id=run_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
                          ("metrics_after.prom", "after_ts_unix_s")):
         if (d / name).is_file() and doc.get(ts_key) is not None:
             metric_summaries.append(ingest_exposition(con, str(d / name), instance=instance,
-                                                      at_unix_s=float(doc[ts_key])))
+                                                      at_unix_s=float(doc[ts_key]),
+                                                      run_id=run_id))
     n = 0
     if doc.get("before_ts_unix_s") is not None and doc.get("after_ts_unix_s") is not None:
         n = save_live_run(

@@ -109,7 +109,7 @@ def ingest_run_dir(con: duckdb.DuckDBPyConnection,
         if not path.is_file():
             raise SourceUnavailable(f"{path}: listed in {d / 'run.json'} but missing")
         metrics.append(ingest_exposition(con, str(path), instance=instance,
-                                         at_unix_s=float(entry["at_unix_s"])))
+                                         at_unix_s=float(entry["at_unix_s"]), run_id=run_id))
     params = dict(doc.get("params") or {})
     params["summary"] = doc.get("summary")
     params["layout"] = doc.get("layout")

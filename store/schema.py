@@ -7,7 +7,7 @@ Numbers are never reused and applied migrations are never edited: add a new one.
 
 Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
-5 scopes and decisions, 6 alerts, 7 live replay, 8 dashboard. Columns documented in
+5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples. Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -277,5 +277,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (run_id, instance, metric)
         )
         """,
+    )),
+    Migration(8, "metric samples carry their run", (
+        # '' = production traffic; a replay run's (sim, live, gateway) expositions are tagged
+        # with its runs.run_id at ingest, so production analytics can leave replays out.
+        "ALTER TABLE metric_samples ADD COLUMN run_id VARCHAR DEFAULT ''",
+        "UPDATE metric_samples SET run_id = '' WHERE run_id IS NULL",
     )),
 )

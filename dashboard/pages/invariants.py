@@ -60,7 +60,7 @@ st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
            f"{f.describe()}.")
 
 with data.guard(db):
-    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.run_ids)
+    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())
     counts = load(db, "invariant_counts", **common)
     if counts["decided_requests"] == 0:
         st.info(EMPTY, icon=":material/info:")

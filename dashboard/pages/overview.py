@@ -45,15 +45,17 @@ with data.guard(db):
     window_s = WINDOWS_S[window_label]
     by = ("model", "instance")
     windows = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
-                                      by=by, models=f.models, instances=f.instances)
+                                      by=by, models=f.models, instances=f.instances,
+                                      run_ids=f.run_ids)
     if windows.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
 
     per_model = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
-                                        by=("model",), models=f.models, instances=f.instances)
+                                        by=("model",), models=f.models, instances=f.instances,
+                                        run_ids=f.run_ids)
     totals = data.hit_rate_totals(db, start_s=f.start_s, end_s=f.end_s, by=("model",),
-                                  models=f.models, instances=f.instances)
+                                  models=f.models, instances=f.instances, run_ids=f.run_ids)
 
     if bool(windows["legacy"].fillna(False).any()):
         st.info("Some of this data comes from the legacy metric names `vllm:gpu_prefix_cache_queries`"
@@ -109,7 +111,7 @@ with data.guard(db):
         }), hide_index=True)
 
     st.subheader("Cache configuration")
-    config = data.cache_config(db, instances=f.instances)
+    config = data.cache_config(db, instances=f.instances, run_ids=f.run_ids)
     if f.models is not None and not config.empty:
         config = config[config["model"].isin(f.models)]
     if config.empty:

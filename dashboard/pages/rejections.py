@@ -74,7 +74,7 @@ st.caption("A rejection is a candidate hit whose identity did not match (any fie
            f"as a miss. {f.describe()}.")
 
 with data.guard(db):
-    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.run_ids)
+    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())
     label = st.radio("Window", list(WINDOWS_S), index=1, horizontal=True, key="rejections_window")
     window_s = WINDOWS_S[label]
     misses = load(db, "miss_breakdown_by_window", window_s=window_s, **common)

@@ -116,7 +116,7 @@ st.caption("Runs of `prefixscope replay sim` / `replay compare` (exact model of 
            "cached-input price (docs/replay.md#outputs).")
 
 with data.guard(db):
-    runs = load(db, "replay", "replay_runs", run_ids=f.run_ids)
+    runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids())
     if runs.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
@@ -128,7 +128,7 @@ with data.guard(db):
                             help="A price-table entry applied to every run (e.g. a self-hosted "
                                  "model's shadow price), or each run's own model.")
     if price_as != EACH_MODEL:
-        runs = load(db, "replay", "replay_runs", run_ids=f.run_ids, price_as=price_as)
+        runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids(), price_as=price_as)
 
     labels = {r: (lab if isinstance(lab, str) and lab else r)
               for r, lab in zip(runs["run_id"], runs["label"])}

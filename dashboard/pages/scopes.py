@@ -79,7 +79,7 @@ st.caption("Hit rate = Σ cached_tokens ÷ Σ prompt_tokens (requests that repor
            f"{f.describe()}.")
 
 with data.guard(db):
-    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.run_ids, models=f.models,
+    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids(), models=f.models,
                   instances=f.instances)
     totals = load(db, "hit_rate_by_scope_totals", by=("scope",), **common)
     scoped = totals[totals["scope"] != "UNSCOPED"] if not totals.empty else totals

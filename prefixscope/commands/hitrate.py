@@ -38,8 +38,11 @@ def _by_tuple(by: str, source: Source) -> tuple[str, ...]:
 
 def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: float | None,
                   end_s: float | None, models: list[str] | None, instances: list[str] | None,
-                  source: Source) -> list[dict[str, Any]]:
+                  source: Source,
+                  run_ids: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows for the ``hitrate`` command: one dict per window and group (oldest first).
+
+    ``run_ids``: runs to include (``''`` = production traffic); None = every run.
 
     Keys: ``model``, ``instance`` (None when not grouped by it), ``scope`` (requests source,
     grouped by scope), ``window_start`` / ``window_end`` (ISO 8601 UTC), ``window_start_s`` /
@@ -57,7 +60,7 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
             from store.queries.metrics import hit_rate_by_window
 
             df = hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s, by=by,
-                                    models=models, instances=instances)
+                                    models=models, instances=instances, run_ids=run_ids)
         else:
             try:
                 from store.queries.requests import request_hit_rate_by_window
@@ -65,7 +68,8 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
                 raise UsageError("--source requests is not available: "
                                  "store.queries.requests.request_hit_rate_by_window is missing") from exc
             df = request_hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
-                                            by=by, models=models, instances=instances)
+                                            by=by, models=models, instances=instances,
+                                            run_ids=run_ids)
     rows: list[dict[str, Any]] = []
     for rec in df.to_dict("records"):
         row: dict[str, Any] = {
@@ -129,6 +133,10 @@ def register(groups: dict[str, typer.Typer]) -> None:
         instance: Annotated[list[str] | None, typer.Option("--instance", help="Only this instance (repeatable).")] = None,
         source: Annotated[Source, typer.Option(
             "--source", help="counters (vLLM /metrics increases) or requests (usage logs).")] = Source.counters,
+        run: Annotated[list[str] | None, typer.Option(
+            "--run", help="Only this replay run (run id; repeatable) instead of production traffic.")] = None,
+        all_runs: Annotated[bool, typer.Option(
+            "--all-runs", help="Production traffic and every replay run.")] = False,
         db: DbOption = DB_DEFAULT,
         as_json: JsonOption = False,
     ) -> None:
@@ -147,7 +155,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
             raise UsageError(f"--end ({end}) must be after --start ({start})")
         rows = hit_rate_rows(db, by=cols, window_s=parse_duration(window), start_s=start_s,
                              end_s=end_s, models=model or None, instances=instance or None,
-                             source=source)
+                             source=source,
+                             run_ids=None if all_runs else (list(run) if run else [""]))
         if as_json:
             print_json(rows)
             return

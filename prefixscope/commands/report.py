@@ -42,6 +42,10 @@ def register(groups: dict[str, typer.Typer]) -> None:
                              "counters or requests.")] = "auto",
         threshold: Annotated[float, typer.Option(
             "--threshold", min=0.0, max=1.0, help="ALERT below this hit rate (fraction).")] = 0.5,
+        run: Annotated[str | None, typer.Option(
+            "--run", help="Report this replay run (run id) instead of production traffic.")] = None,
+        all_runs: Annotated[bool, typer.Option(
+            "--all-runs", help="Production traffic and every replay run together.")] = False,
         db: DbOption = DB_DEFAULT,
         as_json: JsonOption = False,
     ) -> None:
@@ -59,7 +63,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
             raise UsageError("--start must be before --end")
         with store_db.reader(db) as con:
             result = report(con, start_s=start_s, end_s=end_s, threshold=threshold,
-                            source=source)
+                            source=source,
+                            run_ids=None if all_runs else ((run,) if run is not None else ("",)))
         span = (f"{format_time(result.start_s) if result.start_s is not None else 'the beginning'}"
                 f" to {format_time(result.end_s) if result.end_s is not None else 'now'}")
         if as_json:

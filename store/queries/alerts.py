@@ -25,7 +25,7 @@ def scrape_activity(con: duckdb.DuckDBPyConnection, *, start_s: float, end_s: fl
 
     A scrape time is a distinct ``metric_samples.ts_unix_s`` of the instance with a non-NULL
     ``model`` label; the 0 placed at a counter's ``_created`` time (``created_zero``) is not a
-    scrape and is left out.
+    scrape and is left out, and so are replay runs' samples (``run_id`` not ``''``).
 
     Args:
         start_s, end_s: Unix seconds, the half-open range looked at.
@@ -50,7 +50,7 @@ def scrape_activity(con: duckdb.DuckDBPyConnection, *, start_s: float, end_s: fl
             SELECT DISTINCT instance, model, ts_unix_s
             FROM metric_samples
             WHERE ts_unix_s >= ? AND ts_unix_s < ? AND model IS NOT NULL
-              AND NOT created_zero{model_filter}
+              AND NOT created_zero AND run_id = ''{model_filter}
         ), gaps AS (
             SELECT instance, model, ts_unix_s,
                    ts_unix_s - lag(ts_unix_s) OVER (

@@ -83,9 +83,13 @@ def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple])
 
 
 def _filters(*, models: Sequence[str] | None, instances: Sequence[str] | None,
-             end_s: float | None) -> tuple[str, list[Any]]:
+             end_s: float | None,
+             run_ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
     clauses: list[str] = []
     params: list[Any] = []
+    if run_ids is not None:
+        clauses.append("list_contains(?::VARCHAR[], run_id)")
+        params.append(list(run_ids))
     if models is not None:
         clauses.append("list_contains(?::VARCHAR[], model)")
         params.append(list(models))
@@ -100,11 +104,12 @@ def _filters(*, models: Sequence[str] | None, instances: Sequence[str] | None,
 
 def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: float | None,
                    models: Sequence[str] | None,
-                   instances: Sequence[str] | None) -> tuple[str, list[Any]]:
+                   instances: Sequence[str] | None,
+                   run_ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
     """SQL defining CTE ``inc``: one row per sample that has a predecessor in its series,
     with columns metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy, increase,
     is_reset. Implements rules 1-4 of the module docstring."""
-    where, params = _filters(models=models, instances=instances, end_s=end_s)
+    where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
     start_clause = ""
     start_params: list[Any] = []
     if start_s is not None:
@@ -142,7 +147,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
                        by: Sequence[str] = ("model", "instance"),
                        models: Sequence[str] | None = None,
                        instances: Sequence[str] | None = None,
-                       origin_s: float = 0.0) -> pd.DataFrame:
+                       origin_s: float = 0.0,
+                       run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Token-weighted prefix-cache hit rate per window from counter increases.
 
     ``hit_tokens`` = sum of increases of ``vllm:prefix_cache_hits_total`` and ``query_tokens``
@@ -156,6 +162,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         by: grouping columns, any of ``model``, ``instance``, ``engine`` (may be empty).
         models, instances: filters (None = all).
         origin_s: windows start at ``origin_s + k * window_s`` (0 = aligned to the UTC epoch).
+        run_ids: keep samples of these runs (``''`` = production, the default of the
+            report, hitrate and daily commands; replay runs have their own run id); None = all.
 
     Returns:
         DataFrame ordered by window then group: ``window_start_s, window_end_s, <by>,
@@ -172,7 +180,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         raise UsageError("window_s must be > 0")
     cols = _by_columns(by)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC, EXTERNAL_HITS_METRIC),
-                                 start_s=start_s, end_s=end_s, models=models, instances=instances)
+                                 start_s=start_s, end_s=end_s, models=models, instances=instances,
+                                 run_ids=run_ids)
     sel = "".join(f", {c}" for c in cols)
     sql = f"""
         WITH {cte},
@@ -210,8 +219,11 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
 def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                     end_s: float | None = None, by: Sequence[str] = ("model",),
                     models: Sequence[str] | None = None,
-                    instances: Sequence[str] | None = None) -> pd.DataFrame:
+                    instances: Sequence[str] | None = None,
+                    run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Hit rate over a whole time range per group (one row per group).
+
+    ``run_ids`` filters by run as in :func:`hit_rate_by_window` (None = all runs).
 
     Same increases as :func:`hit_rate_by_window` (its windows summed), so
     ``hit_rate = sum(hit increases) / sum(query increases)`` over the range.
@@ -224,7 +236,7 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
     """
     cols = _by_columns(by)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC), start_s=start_s, end_s=end_s,
-                                 models=models, instances=instances)
+                                 models=models, instances=instances, run_ids=run_ids)
     sel = ", ".join(cols)
     group = f"GROUP BY {sel}" if cols else ""
     lead = f"{sel}, " if cols else ""
@@ -257,7 +269,8 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
                                window_s: float = 3600, by: Sequence[str] = ("model", "instance"),
                                models: Sequence[str] | None = None,
                                instances: Sequence[str] | None = None,
-                               origin_s: float = 0.0) -> pd.DataFrame:
+                               origin_s: float = 0.0,
+                               run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Increase of any stored counter per window (same rules as :func:`hit_rate_by_window`).
 
     Args:
@@ -272,7 +285,7 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
         raise UsageError("window_s must be > 0")
     cols = _by_columns(by)
     cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
-                                 instances=instances)
+                                 instances=instances, run_ids=run_ids)
     sel = "".join(f", {c}" for c in cols)
     sql = f"""
         WITH {cte},
@@ -290,13 +303,14 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
 
 def gauge_series(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: float | None = None,
                  end_s: float | None = None, models: Sequence[str] | None = None,
-                 instances: Sequence[str] | None = None) -> pd.DataFrame:
+                 instances: Sequence[str] | None = None,
+                 run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Samples of a gauge (e.g. ``vllm:kv_cache_usage_perc``, a fraction 0..1), oldest first.
 
     Returns:
         DataFrame ``ts_unix_s, model, instance, engine, value``.
     """
-    where, params = _filters(models=models, instances=instances, end_s=end_s)
+    where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
     if start_s is not None:
         where += " AND ts_unix_s >= ?"
         params.append(float(start_s))
@@ -307,7 +321,8 @@ def gauge_series(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: float 
 
 
 def cache_config(con: duckdb.DuckDBPyConnection, *,
-                 instances: Sequence[str] | None = None) -> pd.DataFrame:
+                 instances: Sequence[str] | None = None,
+                 run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """The latest ``vllm:cache_config_info`` labels per instance and engine.
 
     ``model`` is the latest ``model_name`` seen on any sample of that instance and engine
@@ -319,7 +334,7 @@ def cache_config(con: duckdb.DuckDBPyConnection, *,
         ``enable_prefix_caching`` (bool), ``ts_unix_s`` (scrape of that config), ordered by
         instance and engine. Integers are NULL when the label is "None" or absent.
     """
-    where, params = _filters(models=None, instances=instances, end_s=None)
+    where, params = _filters(models=None, instances=instances, end_s=None, run_ids=run_ids)
     sql = f"""
         WITH cfg AS (
             SELECT instance, engine, labels, ts_unix_s,
@@ -355,7 +370,7 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Values for the dashboard's filters, from the stored samples (created-zero samples aside).
 
     Returns:
-        ``{"models": [...], "instances": [...], "min_ts_unix_s": float | None,
+        ``{"models": [...], "instances": [...], "run_ids": [...], "min_ts_unix_s": float | None,
         "max_ts_unix_s": float | None}``, lists sorted ascending.
     """
     models = [r[0] for r in con.execute(
@@ -363,16 +378,19 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     ).fetchall()]
     instances = [r[0] for r in con.execute(
         "SELECT DISTINCT instance FROM metric_samples ORDER BY instance").fetchall()]
+    run_ids = [r[0] for r in con.execute(
+        "SELECT DISTINCT run_id FROM metric_samples ORDER BY run_id").fetchall()]
     lo, hi = con.execute(
         "SELECT min(ts_unix_s), max(ts_unix_s) FROM metric_samples WHERE NOT created_zero"
     ).fetchone()
-    return {"models": models, "instances": instances,
+    return {"models": models, "instances": instances, "run_ids": run_ids,
             "min_ts_unix_s": None if lo is None else float(lo),
             "max_ts_unix_s": None if hi is None else float(hi)}
 
 
 def last_sample_ts(con: duckdb.DuckDBPyConnection, *,
-                   instances: Sequence[str] | None = None) -> pd.DataFrame:
+                   instances: Sequence[str] | None = None,
+                   run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Latest scrape per instance and model (for staleness checks).
 
     Returns:
@@ -380,7 +398,7 @@ def last_sample_ts(con: duckdb.DuckDBPyConnection, *,
         Samples without a model label (cache_config_info) count for every model of their
         instance only through the model-labelled samples of the same scrape.
     """
-    where, params = _filters(models=None, instances=instances, end_s=None)
+    where, params = _filters(models=None, instances=instances, end_s=None, run_ids=run_ids)
     return con.execute(
         "SELECT instance, model, max(ts_unix_s) AS last_ts_unix_s FROM metric_samples "
         f"WHERE NOT created_zero AND model IS NOT NULL{where} "

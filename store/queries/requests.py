@@ -363,18 +363,22 @@ def _num(x) -> int:
     return int(round(float(x)))
 
 
-def _has_counters(con: duckdb.DuckDBPyConnection) -> bool:
+def _has_counters(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None) -> bool:
     try:
-        row = con.execute("SELECT count(*) FROM metric_samples").fetchone()
+        if run_ids is None:
+            row = con.execute("SELECT count(*) FROM metric_samples").fetchone()
+        else:
+            row = con.execute("SELECT count(*) FROM metric_samples WHERE "
+                              "list_contains(?::VARCHAR[], run_id)", [list(run_ids)]).fetchone()
     except duckdb.CatalogException:
         return False
     return bool(row and row[0])
 
 
-def _counter_lines(con, start_s, end_s, threshold) -> list[ReportLine]:
+def _counter_lines(con, start_s, end_s, threshold, run_ids) -> list[ReportLine]:
     from store.queries.metrics import hit_rate_totals  # H1's module; imported lazily
 
-    df = hit_rate_totals(con, start_s=start_s, end_s=end_s, by=("model",))
+    df = hit_rate_totals(con, start_s=start_s, end_s=end_s, by=("model",), run_ids=run_ids)
     lines: list[ReportLine] = []
     total_hit = total_query = 0
     any_legacy = False
@@ -396,10 +400,10 @@ def _counter_lines(con, start_s, end_s, threshold) -> list[ReportLine]:
     return lines
 
 
-def _request_lines(con, start_s, end_s, threshold) -> list[ReportLine]:
+def _request_lines(con, start_s, end_s, threshold, run_ids) -> list[ReportLine]:
     lines: list[ReportLine] = []
     for by in (("model",), ()):
-        df = request_hit_rate_totals(con, start_s=start_s, end_s=end_s, by=by)
+        df = request_hit_rate_totals(con, start_s=start_s, end_s=end_s, by=by, run_ids=run_ids)
         for row in df.itertuples(index=False):
             cached, prompt = _num(row.cached_tokens), _num(row.reported_prompt_tokens)
             if prompt <= 0:
@@ -414,18 +418,24 @@ def _request_lines(con, start_s, end_s, threshold) -> list[ReportLine]:
 
 def report_lines(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                  end_s: float | None = None, threshold: float = 0.5,
-                 source: str = "auto") -> list[ReportLine]:
+                 source: str = "auto",
+                 run_ids: Sequence[str] | None = ("",)) -> list[ReportLine]:
     """The report lines, per model then one overall line (``model`` None).
 
     See :func:`report` for the range and source rules; this returns only the lines.
     """
-    return report(con, start_s=start_s, end_s=end_s, threshold=threshold, source=source).lines
+    return report(con, start_s=start_s, end_s=end_s, threshold=threshold, source=source,
+                  run_ids=run_ids).lines
 
 
 def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
            end_s: float | None = None, threshold: float = 0.5,
-           source: str = "auto") -> ReportResult:
+           source: str = "auto",
+           run_ids: Sequence[str] | None = ("",)) -> ReportResult:
     """Build the report: per model and overall, cached of prompt tokens and OK/ALERT.
+
+    Only production traffic by default (``run_ids=("",)``): replay runs have their own run id
+    and are compared on the Replay page; None reports every run together.
 
     Range: ``[start_s, end_s)``. When both are None the range is the
     :data:`DEFAULT_REPORT_RANGE_S` (24 h) ending just after the newest data point of the
@@ -458,17 +468,22 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
         end = math.nextafter(float(newest), math.inf)
         return end - DEFAULT_REPORT_RANGE_S, end
 
-    use_counters = source == "counters" or (source == "auto" and _has_counters(con))
+    runs = None if run_ids is None else list(run_ids)
+    run_filter = "" if runs is None else " WHERE list_contains(?::VARCHAR[], run_id)"
+    run_params = [] if runs is None else [runs]
+    use_counters = source == "counters" or (source == "auto" and _has_counters(con, run_ids))
     if use_counters:
         newest = None
         if start_s is None and end_s is None:
-            newest = con.execute("SELECT max(ts_unix_s) FROM metric_samples").fetchone()[0]
+            newest = con.execute("SELECT max(ts_unix_s) FROM metric_samples" + run_filter,
+                                 run_params).fetchone()[0]
         lo, hi = default_range(newest)
-        lines = _counter_lines(con, lo, hi, threshold)
+        lines = _counter_lines(con, lo, hi, threshold, run_ids)
         if lines or source == "counters":
             return ReportResult(lines, "counters", lo, hi)
     newest = None
     if start_s is None and end_s is None:
-        newest = con.execute("SELECT max(ts_unix_s) FROM requests").fetchone()[0]
+        newest = con.execute("SELECT max(ts_unix_s) FROM requests" + run_filter,
+                             run_params).fetchone()[0]
     lo, hi = default_range(newest)
-    return ReportResult(_request_lines(con, lo, hi, threshold), "requests", lo, hi)
+    return ReportResult(_request_lines(con, lo, hi, threshold, run_ids), "requests", lo, hi)
