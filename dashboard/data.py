@@ -92,6 +92,19 @@ def _cached(fn):
     return st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=512)(fn)
 
 
+@_cached
+def query(db: str, module: str, name: str, **kwargs):
+    """One cached call of ``store.queries.<module>.<name>(con, **kwargs)`` on a read-only
+    connection opened for the call (tuples in ``kwargs`` become lists). For pages whose queries
+    have no wrapper of their own (Replay, Scopes, Rejections, Invariants)."""
+    import importlib
+
+    q = importlib.import_module(f"store.queries.{module}")
+    args = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
+    with _reader(db) as con:
+        return getattr(q, name)(con, **args)
+
+
 # --- filters -------------------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ import streamlit as st
 
 from dashboard import data, filters
 from dashboard.formatting import fmt_int
-from store import db as store_db
 
 TITLES = {
     "cross_scope_acceptance": "Cross-scope acceptance",
@@ -36,14 +35,9 @@ EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-
          "`prefixscope ingest decisions FILE`.")
 
 
-@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=256)
 def load(db: str, query: str, **kwargs):
-    """One cached call of ``store.queries.scopes.<query>`` (tuples become lists)."""
-    from store.queries import scopes as q
-
-    args = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
-    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
-        return getattr(q, query)(con, **args)
+    """``dashboard.data.query`` on ``store.queries.scopes.<query>`` (cached)."""
+    return data.query(db, "scopes", query, **kwargs)
 
 
 def big_number(value: int) -> str:

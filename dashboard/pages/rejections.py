@@ -13,7 +13,6 @@ import streamlit as st
 
 from dashboard import data, filters
 from dashboard.formatting import fmt_int, fmt_tokens, fmt_window
-from store import db as store_db
 
 WINDOWS_S = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
 EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-tenant trace with "
@@ -24,14 +23,9 @@ CLASS_HELP = {"cross_scope": "scope, namespace or salt", "version":
               "generation": "authorization or cache epoch", "collision": "content digest"}
 
 
-@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=256)
-def load(db: str, query: str, **kwargs) -> pd.DataFrame:
-    """One cached call of ``store.queries.scopes.<query>`` (tuples become lists)."""
-    from store.queries import scopes as q
-
-    args = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
-    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
-        return getattr(q, query)(con, **args)
+def load(db: str, query: str, **kwargs):
+    """``dashboard.data.query`` on ``store.queries.scopes.<query>`` (cached)."""
+    return data.query(db, "scopes", query, **kwargs)
 
 
 def _utc(ts: pd.Series) -> pd.Series:

@@ -18,7 +18,6 @@ import streamlit as st
 
 from dashboard import data, filters
 from dashboard.formatting import fmt_money, fmt_pct, fmt_tokens
-from store import db as store_db
 
 EACH_MODEL = "each run's own model"
 MAX_DEFAULT_RUNS = 8
@@ -26,15 +25,9 @@ EMPTY = ("No replay runs stored yet — run `prefixscope replay sim TRACE --inge
          "`prefixscope replay compare TRACE --layout-b LAYOUT --ingest`), or `make demo`.")
 
 
-@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=256)
 def load(db: str, module: str, query: str, **kwargs) -> pd.DataFrame:
-    """One cached call of ``store.queries.<module>.<query>`` (tuples become lists)."""
-    import importlib
-
-    q = importlib.import_module(f"store.queries.{module}")
-    args = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
-    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
-        return getattr(q, query)(con, **args)
+    """``dashboard.data.query`` (cached ``store.queries.<module>.<query>``)."""
+    return data.query(db, module, query, **kwargs)
 
 
 def run_params(params_json: object) -> dict:
