@@ -161,6 +161,9 @@ def test_live_server_keeps_serving_while_a_writer_ingests_and_refreshes_after_th
                 page.goto(f"{url}/{ds.page_url_path(rel, first=(i == 0))}")
                 ds.wait_for_streamlit(page)
                 clean(page, rel)
+            # The loop above already cached the Data sources figures; let that entry expire so
+            # the next read starts a fresh TTL (else it can expire between the two reloads).
+            time.sleep(ttl_s + 1.0)
             page.goto(f"{url}/data_sources")
             t0 = time.monotonic()
             first = rows_added(page)
