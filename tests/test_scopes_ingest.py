@@ -124,7 +124,7 @@ def test_cli_ingest_decisions_and_replay_gateway(cli, tmp_path, db_path, monkeyp
     code, stdout, err = cli(["ingest", "decisions", out / "decisions.jsonl", "--db", db_path])
     assert code == 0 and "0 added" in stdout
     code, stdout, _ = cli(["hitrate", "--by", "scope", "--source", "requests", "--db", db_path,
-                           "--json"])
+                           "--run", "g1", "--json"])
     assert code == 0 and {r["scope"] for r in json.loads(stdout)} == {"TENANT"}
     monkeypatch.delenv("PREFIXSCOPE_HMAC_KEY_FILE", raising=False)
     monkeypatch.delenv("PREFIXSCOPE_HMAC_KEY", raising=False)
