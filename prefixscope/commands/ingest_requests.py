@@ -92,9 +92,9 @@ def register(groups: dict[str, typer.Typer]) -> None:
         read = sum(s.rows_read for s in summaries)
         nothing_new = all(s.rows_quarantined == 0 for s in summaries) and summaries
         if read == 0 and not nothing_new:
-            why = "; ".join(errors) if errors else (
-                "every line was quarantined (see the reasons above, or "
-                "'prefixscope db info' and the quarantine table)")
+            why = (f"{len(errors)} file(s) could not be read (see above)" if errors else
+                   "every line was quarantined (see the reasons above, or "
+                   "'prefixscope db info' and the quarantine table)")
             raise NothingIngested(f"no request could be read: {why}")
 
     @ingest_app.command("prices")
