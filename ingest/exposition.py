@@ -472,10 +472,8 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
     ingest_run_id = new_ingest_run_id()
     con.execute("BEGIN TRANSACTION")
     try:
-        added = insert_metric_samples(con, [s.row(source_id) for s in read.samples])
-        if run_id:
-            con.execute("UPDATE metric_samples SET run_id = ? WHERE source_id = ? AND run_id = ''",
-                        [run_id, source_id])
+        added = insert_metric_samples(con, [s.row(source_id) for s in read.samples],
+                                      run_id=run_id)
         record_quarantine(con, source_id=source_id, ingest_run_id=ingest_run_id,
                           entries=list(read.problems))
         summary = IngestSummary(read.location, kind, len(read.samples), added,

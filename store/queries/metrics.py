@@ -55,9 +55,11 @@ def _by_columns(by: Sequence[str]) -> list[str]:
     return cols
 
 
-def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) -> int:
+def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple], *,
+                          run_id: str = "") -> int:
     """Insert sample rows (tuples in :data:`METRIC_SAMPLE_COLUMNS` order); rows whose key
-    (metric, labels, instance, ts_unix_s) already exists are skipped.
+    (metric, labels, instance, ts_unix_s) already exists are skipped. ``run_id`` is stored on
+    every row (``''`` = production traffic, else the replay run they belong to).
 
     Runs inside the caller's transaction.
 
@@ -75,8 +77,8 @@ def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple])
     con.register("_prefixscope_samples_in", df)
     try:
         added = con.execute(
-            f"INSERT INTO metric_samples ({cols}) SELECT {cols} FROM _prefixscope_samples_in "
-            "ON CONFLICT DO NOTHING").fetchone()[0]
+            f"INSERT INTO metric_samples ({cols}, run_id) SELECT {cols}, ? "
+            "FROM _prefixscope_samples_in ON CONFLICT DO NOTHING", [run_id]).fetchone()[0]
     finally:
         con.unregister("_prefixscope_samples_in")
     return int(added)
