@@ -16,7 +16,6 @@ Ingesting the same directory twice adds nothing (file checkpoints, primary keys,
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,13 +72,10 @@ def save_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label: s
     Returns:
         True when the row was added.
     """
-    before = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-    con.execute(
-        "INSERT INTO runs (run_id, kind, label, created_unix_s, params_json, source_id) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
-        [run_id, kind, label, created_unix_s,
-         None if params is None else json.dumps(params, sort_keys=True, default=str), source_id])
-    return before == 0
+    from store.queries.replay import insert_run
+
+    return insert_run(con, run_id=run_id, kind=kind, label=label,
+                      created_unix_s=created_unix_s, params=params, source_id=source_id)
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection,

@@ -20,7 +20,9 @@ Definitions (``docs/replay.md`` "Outputs" and ``docs/metrics.md`` "Cost and savi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import duckdb
 import pandas as pd
@@ -151,3 +153,21 @@ def replay_run_windows(con: duckdb.DuckDBPyConnection, *, run_ids: Sequence[str]
     """
     w = float(window_s)
     return con.execute(sql, [[str(r) for r in run_ids], w, w, w, w, w]).df()
+
+
+def insert_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label: str | None,
+               created_unix_s: float | None, params: Mapping[str, Any] | None,
+               source_id: str | None = None) -> bool:
+    """Insert one ``runs`` row; an existing ``run_id`` is kept unchanged (safe to run twice).
+
+    ``params`` is stored as sorted-key JSON text (``params_json``). Runs inside the caller's
+    transaction. Returns True when the row was added.
+    """
+    before = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+    con.execute(
+        "INSERT INTO runs (run_id, kind, label, created_unix_s, params_json, source_id) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+        [run_id, kind, label, created_unix_s,
+         None if params is None else json.dumps(dict(params), sort_keys=True, default=str),
+         source_id])
+    return before == 0

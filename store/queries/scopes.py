@@ -31,7 +31,6 @@ window_start_s + window_s)`` aligned to ``origin_s + k * window_s``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -442,7 +441,7 @@ def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 def record_replay_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str,
                       params: Mapping[str, Any]) -> None:
     """Register a gateway replay in ``runs`` (kind ``replay-sim``; kept when it exists)."""
-    con.execute(
-        "INSERT INTO runs (run_id, kind, label, created_unix_s, params_json, source_id) "
-        "VALUES (?, 'replay-sim', ?, ?, ?, NULL) ON CONFLICT DO NOTHING",
-        [run_id, label, time.time(), json.dumps(dict(params), sort_keys=True)])
+    from store.queries.replay import insert_run
+
+    insert_run(con, run_id=run_id, kind="replay-sim", label=label, created_unix_s=time.time(),
+               params=params)
