@@ -39,6 +39,10 @@ FAILED = "failed"
 SKIPPED = "skipped"
 DRY_RUN = "dry-run"
 
+#: The ``error`` of a dry run's outcome when no recipient is configured.
+NO_RECIPIENTS = ("no recipients configured ([alerts] recipients, recipients_by_model or "
+                 "recipients_by_scope): nothing would be sent")
+
 
 @dataclass(frozen=True, slots=True)
 class PlannedEmail:
@@ -72,7 +76,8 @@ class SendOutcome:
         status: ``sent``, ``failed``, ``skipped`` (already sent / being sent) or ``dry-run``.
         attempts: SMTP attempts made (0 when nothing was sent).
         message_id: Message-ID header (None when skipped).
-        error: SMTP error (failed), refused recipients (sent), or why it was skipped.
+        error: SMTP error (failed), refused recipients (sent), why it was skipped, or
+            :data:`NO_RECIPIENTS` (a dry run with ``recipients`` empty).
         send_id: the ``alert_sends`` row (None when nothing was recorded).
         eml_path: where the message was written with ``eml_dir``.
     """
@@ -124,6 +129,24 @@ class DailyRun:
         raise SmtpUnavailable(
             f"SMTP {self.smtp_where}: {len(self.failed)} report email(s) not sent ("
             + "; ".join(parts) + "); recorded as failed, not sent: the next run retries them")
+
+
+def has_recipients(cfg: AlertsConfig) -> bool:
+    """Whether any address is configured in ``[alerts] recipients``, ``recipients_by_model``
+    or ``recipients_by_scope`` (blank strings do not count)."""
+    addrs = [*cfg.recipients, *(a for v in cfg.recipients_by_model.values() for a in v),
+             *(a for v in cfg.recipients_by_scope.values() for a in v)]
+    return any(a.strip() for a in addrs)
+
+
+def preview_email(report: DailyReport) -> PlannedEmail:
+    """The email ``[alerts] recipients`` would get (every line), addressed to nobody: what a
+    dry run composes when no recipient is configured, so the report can be previewed before
+    the configuration exists."""
+    top = worst_line(report.lines)
+    return PlannedEmail(recipients=(), lines=tuple(report.lines),
+                        subject=subject(report, report.lines),
+                        report_status=top.status if top else "NO DATA")
 
 
 def plan_emails(report: DailyReport, cfg: AlertsConfig) -> list[PlannedEmail]:
@@ -203,7 +226,9 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
         send: deliver the emails. ``resend`` and ``dry_run`` imply it.
         resend: send again even when already sent for this day.
         dry_run: plan and compose the emails (and write them to ``eml_dir``) but neither connect
-            to SMTP nor write the database.
+            to SMTP nor write the database. Needs no recipients: without any, the one email
+            composed is :func:`preview_email` (every line, addressed to nobody) and its
+            outcome says that nothing would be sent.
         eml_dir: also write each composed message there as ``.eml``.
         now_unix_s: "now" (default wall clock): default day and STALE cutoff.
         env: environment for the SMTP password (default ``os.environ``).
@@ -214,7 +239,8 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
         :meth:`DailyRun.raise_for_failures` after printing.
 
     Raises:
-        UsageError: unknown zone. ConfigError: no recipients, bad SMTP credentials setup.
+        UsageError: unknown zone. ConfigError: no recipients (``send``/``resend`` without
+        ``dry_run``), bad SMTP credentials setup.
         SourceUnavailable, SchemaMismatch, StoreLocked: the database (see ``store/db.py``).
     """
     cfg = settings.alerts
@@ -231,7 +257,8 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
     run = DailyRun(report=report)
     if not send:
         return run
-    emails = plan_emails(report, cfg)
+    no_recipients = dry_run and not has_recipients(cfg)
+    emails = [preview_email(report)] if no_recipients else plan_emails(report, cfg)
     smtp: SmtpSettings | None = None if dry_run else smtp_settings(cfg, env=env)
     run.smtp_where = smtp.where if smtp else f"{cfg.smtp_host}:{cfg.smtp_port}"
     day_s = day.isoformat()
@@ -246,8 +273,9 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
         msg = compose(report, email, cfg, now_unix_s=now)
         eml = _write_eml(msg, eml_dir, day_s, i) if eml_dir else None
         if dry_run:
-            run.outcomes.append(SendOutcome(**base, status=DRY_RUN,
-                                            message_id=msg["Message-ID"], eml_path=eml))
+            run.outcomes.append(SendOutcome(**base, status=DRY_RUN, message_id=msg["Message-ID"],
+                                            error=NO_RECIPIENTS if no_recipients else None,
+                                            eml_path=eml))
             continue
         assert smtp is not None
         send_id = uuid.uuid4().hex
@@ -292,6 +320,9 @@ def describe_outcomes(outcomes: Sequence[SendOutcome]) -> list[str]:
             out.append(f"FAILED to {to}: {o.error} after {o.attempts} attempt(s)")
         elif o.status == SKIPPED:
             out.append(f"skipped {to}: {o.error}")
+        elif not o.recipients:
+            where = f", written to {o.eml_path}" if o.eml_path else ""
+            out.append(f"dry run, {o.error}; the email would be: {o.subject}{where}")
         else:
             where = f", written to {o.eml_path}" if o.eml_path else ""
             out.append(f"dry run, would send to {to}: {o.subject}{where}")

@@ -108,6 +108,30 @@ def test_dry_run_writes_eml(cli, daily_db, tmp_path):
     assert len(list(eml.glob("*.eml"))) == 1
 
 
+def test_dry_run_without_recipients_renders_the_report(cli, daily_db, tmp_path):
+    cfg = tmp_path / "empty.toml"
+    cfg.write_text("[alerts]\n")
+    eml = tmp_path / "out"
+    code, out, err = cli(["report", "daily", "--db", daily_db, "--date", "2026-11-28",
+                          "--config", cfg, "--dry-run", "--eml-dir", eml])
+    assert code == 0, err
+    assert "tiny-llama  608,000 of 644,000 prompt tokens from cache (94%): OK" in out
+    assert ("dry run, no recipients configured ([alerts] recipients, recipients_by_model or "
+            "recipients_by_scope): nothing would be sent; the email would be: "
+            "[prefixscope] OK tiny-llama 94% hit rate 2026-11-28, written to ") in out
+    (path,) = eml.glob("*.eml")
+    assert b"X-Prefixscope-Status: OK" in path.read_bytes()
+    code, out, _ = cli(["report", "daily", "--db", daily_db, "--date", "2026-11-28",
+                        "--config", cfg, "--dry-run", "--json"])
+    assert code == 0
+    (email,) = json.loads(out)["emails"]
+    assert email["recipients"] == [] and email["status"] == "dry-run"
+    assert email["error"].startswith("no recipients configured")
+    code, _, err = cli(["report", "daily", "--db", daily_db, "--date", "2026-11-28",
+                        "--config", cfg, "--send"])
+    assert code == 2 and "no recipients" in err
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--date", "28/11/2026"], "error: --date: cannot read '28/11/2026': use YYYY-MM-DD"),
     (["--tz", "Mars/Base"], "error: --tz: unknown time zone 'Mars/Base'"),

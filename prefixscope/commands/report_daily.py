@@ -27,7 +27,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
             "--resend", help="Send again even if already sent for this day (implies --send).")] = False,
         dry_run: Annotated[bool, typer.Option(
             "--dry-run", help="Compose the emails but neither send nor record them "
-                              "(implies --send).")] = False,
+                              "(implies --send); without recipients configured, say so and "
+                              "compose the full report's email.")] = False,
         eml_dir: Annotated[str | None, typer.Option(
             "--eml-dir", help="Also write each composed email to this folder as .eml.")] = None,
         config: Annotated[str | None, typer.Option(
