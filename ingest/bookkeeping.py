@@ -10,6 +10,9 @@ Every ingester uses these so that the rules hold for all sources:
 3. A file is read again from its checkpoint when its first 4 KiB still match the recorded
    fingerprint and it has not shrunk; otherwise from the start (primary keys de-duplicate).
 4. A quarantine entry names file, line, field and reason, never the offending prompt text.
+
+JSONL files are tailed by one driver that applies all four rules: ``ingest/jsonl_driver.py``.
+The SQL behind these functions is in ``store/queries/ingest.py``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 import duckdb
+
+from store.queries.ingest import (
+    insert_ingest_run,
+    insert_quarantine,
+    source_checkpoint,
+    upsert_ingest_source,
+)
 
 FINGERPRINT_BYTES = 4096
 
@@ -102,74 +113,84 @@ def source_id_for(kind: str, location: str) -> str:
 
 def get_checkpoint(con: duckdb.DuckDBPyConnection, source_id: str) -> Checkpoint | None:
     """The stored checkpoint of a source, or None if never ingested."""
-    row = con.execute(
-        "SELECT checkpoint_offset, checkpoint_line, fingerprint FROM ingest_sources "
-        "WHERE source_id = ?", [source_id]).fetchone()
-    if row is None or row[0] is None:
-        return None
-    return Checkpoint(int(row[0]), int(row[1] or 0), row[2])
+    row = source_checkpoint(con, source_id)
+    return None if row is None else Checkpoint(*row)
 
 
 def resume_offset(con: duckdb.DuckDBPyConnection, source_id: str,
                   path: str | os.PathLike[str]) -> Checkpoint:
-    """Where to resume reading ``path``: its checkpoint if the file still starts with the same
-    bytes (see :func:`fingerprint_upto`) and is not shorter, else the start (offset 0, line 0)."""
+    """Where to resume reading ``path``: see :func:`resume_from` (the start when the file
+    cannot be opened)."""
+    try:
+        with open(path, "rb") as fh:
+            return resume_from(con, source_id, fh)
+    except OSError:
+        return Checkpoint(0, 0, None)
+
+
+def resume_from(con: duckdb.DuckDBPyConnection, source_id: str, fh: BinaryIO) -> Checkpoint:
+    """Where to resume reading the open file ``fh``: its stored checkpoint if the file still
+    starts with the same bytes (:func:`fingerprint_of`) and is not shorter than the checkpoint's
+    offset, else the start (offset 0, line 0: the file was truncated, rotated or replaced).
+
+    Reading the handle that is then read on avoids a race with a rotation between check and
+    read. The handle's position is not changed.
+    """
     cp = get_checkpoint(con, source_id)
     start = Checkpoint(0, 0, None)
     if cp is None or cp.offset == 0:
         return start
-    try:
-        if os.path.getsize(path) < cp.offset or fingerprint_upto(path, cp.offset) != cp.fingerprint:
-            return start
-    except OSError:
+    if os.fstat(fh.fileno()).st_size < cp.offset or fingerprint_of(fh, cp.offset) != cp.fingerprint:
         return start
     return cp
 
 
 def fingerprint_upto(path: str | os.PathLike[str], offset: int) -> str:
-    """Fingerprint to store with a checkpoint at ``offset``: SHA-256 of the first
+    """Fingerprint to store with a checkpoint at ``offset``: SHA-256 (hex) of the first
     ``min(offset, 4 KiB)`` bytes."""
     with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read(min(offset, FINGERPRINT_BYTES))).hexdigest()
+        return fingerprint_of(fh, offset)
+
+
+def fingerprint_of(fh: BinaryIO, offset: int) -> str:
+    """As :func:`fingerprint_upto`, from an open binary file (its position is not changed)."""
+    n = min(offset, FINGERPRINT_BYTES)
+    return hashlib.sha256(os.pread(fh.fileno(), n, 0) if n else b"").hexdigest()
 
 
 def upsert_source(con: duckdb.DuckDBPyConnection, *, source_id: str, kind: str, location: str,
                   rows_added: int, checkpoint: Checkpoint | None = None,
                   note: str | None = None) -> None:
-    """Create or update a source's row: adds ``rows_added``, sets the checkpoint and note.
-    Runs inside the caller's transaction."""
-    now = time.time()
-    con.execute(
-        """
-        INSERT INTO ingest_sources (source_id, kind, location, checkpoint_offset, checkpoint_line,
-            fingerprint, rows_added, first_ingest_unix_s, last_ingest_unix_s, note)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (source_id) DO UPDATE SET
-            checkpoint_offset = COALESCE(excluded.checkpoint_offset, ingest_sources.checkpoint_offset),
-            checkpoint_line = COALESCE(excluded.checkpoint_line, ingest_sources.checkpoint_line),
-            fingerprint = COALESCE(excluded.fingerprint, ingest_sources.fingerprint),
-            rows_added = ingest_sources.rows_added + excluded.rows_added,
-            last_ingest_unix_s = excluded.last_ingest_unix_s,
-            note = COALESCE(excluded.note, ingest_sources.note)
-        """,
-        [source_id, kind, clean_location(location),
-         checkpoint.offset if checkpoint else None, checkpoint.line if checkpoint else None,
-         checkpoint.fingerprint if checkpoint else None, rows_added, now, now, note])
+    """Create or update a source's row: adds ``rows_added``, sets the checkpoint and note
+    (None keeps the stored ones). Runs inside the caller's transaction."""
+    upsert_ingest_source(
+        con, source_id=source_id, kind=kind, location=clean_location(location),
+        rows_added=rows_added,
+        checkpoint_offset=checkpoint.offset if checkpoint else None,
+        checkpoint_line=checkpoint.line if checkpoint else None,
+        fingerprint=checkpoint.fingerprint if checkpoint else None,
+        note=note, now_unix_s=time.time())
 
 
 def record_quarantine(con: duckdb.DuckDBPyConnection, *, source_id: str, ingest_run_id: str,
                       entries: list[Quarantined]) -> int:
-    """Store quarantine entries (a line already quarantined is kept once). Returns the count
-    given. Runs inside the caller's transaction."""
+    """Store quarantine entries (a line already quarantined is kept once; reasons cut to 500
+    characters). Returns the count given. Runs inside the caller's transaction."""
     if not entries:
         return 0
     now = time.time()
-    con.executemany(
-        "INSERT INTO quarantine (source_id, location, line, field, reason, ingest_run_id, at_unix_s) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (source_id, line) DO NOTHING",
-        [[source_id, clean_location(q.location), q.line, q.field, q.reason[:500], ingest_run_id, now]
-         for q in entries])
+    insert_quarantine(con, [
+        (source_id, clean_location(q.location), q.line, q.field, q.reason[:500], ingest_run_id,
+         now) for q in entries])
     return len(entries)
+
+
+def run_status(rows_read: int, rows_quarantined: int) -> str:
+    """An ingest run's status: ``ok`` (nothing quarantined), ``partial`` (some rows read, some
+    quarantined) or ``failed`` (only quarantined)."""
+    if not rows_quarantined:
+        return "ok"
+    return "partial" if rows_read else "failed"
 
 
 def record_run(con: duckdb.DuckDBPyConnection, *, source_id: str, kind: str,
@@ -177,11 +198,12 @@ def record_run(con: duckdb.DuckDBPyConnection, *, source_id: str, kind: str,
                ingest_run_id: str | None = None) -> str:
     """Record one ingest run (status ``ok``, ``partial`` or ``failed``); returns its id."""
     run_id = ingest_run_id or uuid.uuid4().hex
-    con.execute(
-        "INSERT INTO ingest_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [run_id, source_id, kind, started_unix_s, time.time(), summary.rows_read,
-         summary.rows_added, summary.rows_duplicate, summary.rows_quarantined, status,
-         summary.note])
+    insert_ingest_run(
+        con, ingest_run_id=run_id, source_id=source_id, kind=kind,
+        started_unix_s=started_unix_s, finished_unix_s=time.time(),
+        rows_read=summary.rows_read, rows_added=summary.rows_added,
+        rows_duplicate=summary.rows_duplicate, rows_quarantined=summary.rows_quarantined,
+        status=status, message=summary.note)
     return run_id
 
 

@@ -1,9 +1,95 @@
-"""Queries on ingest bookkeeping: sources, runs, quarantine, table sizes."""
+"""Queries on ingest bookkeeping: sources, runs, quarantine, table sizes.
+
+Writers (:func:`source_checkpoint`, :func:`upsert_ingest_source`, :func:`insert_quarantine`,
+:func:`insert_ingest_run`) run inside the caller's transaction; the rules they serve are in
+``ingest/bookkeeping.py`` and the JSONL tail driver ``ingest/jsonl_driver.py``. Tables:
+``ingest_sources``, ``ingest_runs``, ``quarantine`` (``docs/schema.md``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import duckdb
-import pandas as pd
+
+if TYPE_CHECKING:  # DataFrames come from DuckDB's .df(); writers need no pandas import
+    import pandas as pd
+
+#: Column order of the rows given to :func:`insert_quarantine`.
+QUARANTINE_COLUMNS: tuple[str, ...] = (
+    "source_id", "location", "line", "field", "reason", "ingest_run_id", "at_unix_s")
+
+
+def source_checkpoint(con: duckdb.DuckDBPyConnection, source_id: str
+                      ) -> tuple[int, int, str | None] | None:
+    """A source's stored checkpoint: ``(offset bytes, lines read, fingerprint hex or None)``.
+
+    Returns None when the source was never ingested or has no checkpoint (URL sources).
+    """
+    row = con.execute(
+        "SELECT checkpoint_offset, checkpoint_line, fingerprint FROM ingest_sources "
+        "WHERE source_id = ?", [source_id]).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return int(row[0]), int(row[1] or 0), row[2]
+
+
+def upsert_ingest_source(con: duckdb.DuckDBPyConnection, *, source_id: str, kind: str,
+                         location: str, rows_added: int, checkpoint_offset: int | None,
+                         checkpoint_line: int | None, fingerprint: str | None,
+                         note: str | None, now_unix_s: float) -> None:
+    """Create or update one ``ingest_sources`` row.
+
+    A new row gets ``first_ingest_unix_s = last_ingest_unix_s = now_unix_s``. An existing row
+    adds ``rows_added`` to its total, sets ``last_ingest_unix_s``, and takes the checkpoint
+    (``checkpoint_offset`` bytes, ``checkpoint_line`` lines), ``fingerprint`` and ``note``
+    only where they are not None (None keeps the stored value). Runs inside the caller's
+    transaction.
+    """
+    con.execute(
+        """
+        INSERT INTO ingest_sources (source_id, kind, location, checkpoint_offset, checkpoint_line,
+            fingerprint, rows_added, first_ingest_unix_s, last_ingest_unix_s, note)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (source_id) DO UPDATE SET
+            checkpoint_offset = COALESCE(excluded.checkpoint_offset, ingest_sources.checkpoint_offset),
+            checkpoint_line = COALESCE(excluded.checkpoint_line, ingest_sources.checkpoint_line),
+            fingerprint = COALESCE(excluded.fingerprint, ingest_sources.fingerprint),
+            rows_added = ingest_sources.rows_added + excluded.rows_added,
+            last_ingest_unix_s = excluded.last_ingest_unix_s,
+            note = COALESCE(excluded.note, ingest_sources.note)
+        """,
+        [source_id, kind, location, checkpoint_offset, checkpoint_line, fingerprint,
+         rows_added, now_unix_s, now_unix_s, note])
+
+
+def insert_quarantine(con: duckdb.DuckDBPyConnection, rows: Sequence[Sequence[object]]) -> None:
+    """Insert quarantine entries (tuples in :data:`QUARANTINE_COLUMNS` order: source_id,
+    location, line (1-based, 0 = no lines), field, reason, ingest_run_id, at_unix_s). A
+    ``(source_id, line)`` already quarantined keeps its first entry. Runs inside the caller's
+    transaction."""
+    if not rows:
+        return
+    cols = ", ".join(QUARANTINE_COLUMNS)
+    con.executemany(
+        f"INSERT INTO quarantine ({cols}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (source_id, line) DO NOTHING", [list(r) for r in rows])
+
+
+def insert_ingest_run(con: duckdb.DuckDBPyConnection, *, ingest_run_id: str, source_id: str,
+                      kind: str, started_unix_s: float, finished_unix_s: float, rows_read: int,
+                      rows_added: int, rows_duplicate: int, rows_quarantined: int, status: str,
+                      message: str | None) -> None:
+    """Insert one ``ingest_runs`` row (``status``: ``ok``, ``partial`` or ``failed``; times in
+    Unix seconds; counts in rows). Raises ``duckdb.ConstraintException`` when
+    ``ingest_run_id`` exists. Runs inside the caller's transaction, if any."""
+    con.execute(
+        "INSERT INTO ingest_runs (ingest_run_id, source_id, kind, started_unix_s, "
+        "finished_unix_s, rows_read, rows_added, rows_duplicate, rows_quarantined, status, "
+        "message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [ingest_run_id, source_id, kind, started_unix_s, finished_unix_s, rows_read,
+         rows_added, rows_duplicate, rows_quarantined, status, message])
 
 
 def table_row_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
