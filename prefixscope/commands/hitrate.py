@@ -73,11 +73,11 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
     rows: list[dict[str, Any]] = []
     for rec in df.to_dict("records"):
         row: dict[str, Any] = {
-            "model": rec.get("model") if "model" in by else None,
-            "instance": rec.get("instance") if "instance" in by else None,
+            "model": _label(rec.get("model")) if "model" in by else None,
+            "instance": _label(rec.get("instance")) if "instance" in by else None,
         }
         if "scope" in by:
-            row["scope"] = rec.get("scope")
+            row["scope"] = _label(rec.get("scope"))
         row.update({
             "window_start": format_time(rec["window_start_s"]),
             "window_end": format_time(rec["window_end_s"]),
@@ -102,6 +102,11 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
             })
         rows.append(row)
     return rows
+
+
+def _label(x: Any) -> Any:
+    # pandas turns a NULL label into NaN, which is not JSON: None ("-" in the table).
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def _fraction(x: Any) -> float | None:
@@ -166,17 +171,26 @@ def register(groups: dict[str, typer.Typer]) -> None:
         _print_table(rows, cols, source)
 
 
+#: Narrowest a label (model, instance, scope) or notes column gets before it folds; below the
+#: table's minimum the whole table is printed wider than the terminal instead.
+LABEL_MIN_WIDTH = 8
+
+
 def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], source: Source) -> None:
+    """Print the rows as a table that fits the terminal without ever cutting a number.
+
+    The window start and the three figures get columns exactly as wide as their widest cell:
+    never wrapped, never ellipsised (two-line headers keep them narrow; the window start drops
+    ``:SSZ`` when every window starts on a whole minute). The labels (model, instance, scope)
+    fold onto more lines when the terminal is narrow. Notes (restarts, legacy names, external
+    hits, coverage) are a column when it fits, else lines under the table. When even the
+    labels' minimum does not fit, the table is printed at the width it needs and the terminal
+    wraps its lines.
+    """
     from rich.table import Table
 
-    table = Table(title=f"prefix-cache hit rate ({source.value})")
-    table.add_column("window start (UTC)", no_wrap=True)
-    for c in cols:
-        table.add_column(c, no_wrap=True)
-    table.add_column("hit tokens", justify="right")
-    table.add_column("query tokens", justify="right")
-    table.add_column("hit rate", justify="right", no_wrap=True)
-    table.add_column("notes")
+    whole_minutes = all(float(r["window_start_s"]) % 60 == 0 for r in rows)
+    body = []
     for r in rows:
         rate = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
         notes = []
@@ -189,7 +203,49 @@ def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], source: Sour
                 notes.append(f"+{r['external_hit_tokens']:,} external hits")
         elif r.get("coverage") is not None and r["coverage"] < 1:
             notes.append(f"coverage {r['coverage']:.0%}")
-        table.add_row(r["window_start"], *[str(r.get(c) if r.get(c) is not None else "-") for c in cols],
-                      f"{r['hit_tokens'] or 0:,}", f"{r['query_tokens'] or 0:,}", rate,
-                      ", ".join(notes))
-    out.print(table)
+        window = (r["window_start"][:16].replace("T", " ") if whole_minutes
+                  else r["window_start"])
+        body.append((window, [str(r.get(c) if r.get(c) is not None else "-") for c in cols],
+                     [f"{r['hit_tokens'] or 0:,}", f"{r['query_tokens'] or 0:,}", rate],
+                     ", ".join(notes)))
+
+    def widest(header: str, cells: list[str]) -> int:
+        return max([len(c) for c in cells] + [len(line) for line in header.split("\n")])
+
+    window_header = "window start\n(UTC)"
+    figure_headers = ("hit\ntokens", "query\ntokens", "hit\nrate")
+    fixed = [widest(window_header, [b[0] for b in body])] + [
+        widest(h, [b[2][j] for b in body]) for j, h in enumerate(figure_headers)]
+    label_min = [min(widest(c, [b[1][k] for b in body]), LABEL_MIN_WIDTH)
+                 for k, c in enumerate(cols)]
+    # Every column takes 2 padding cells and 1 border, plus the closing border.
+    needed = sum(fixed) + sum(label_min) + 3 * (len(fixed) + len(cols)) + 1
+    notes_min = min(widest("notes", [b[3] for b in body]), LABEL_MIN_WIDTH)
+    has_notes = any(b[3] for b in body)
+    notes_column = has_notes and needed + 3 + notes_min <= out.width
+
+    table = Table(title=f"prefix-cache hit rate ({source.value})")
+    table.add_column(window_header, no_wrap=True, width=fixed[0])
+    for c, width in zip(cols, label_min):
+        table.add_column(c, overflow="fold", min_width=width)
+    for header, width in zip(figure_headers, fixed[1:]):
+        table.add_column(header, justify="right", no_wrap=True, width=width)
+    if notes_column:
+        table.add_column("notes", overflow="fold", min_width=notes_min)
+    for window, labels, figures, notes in body:
+        table.add_row(window, *labels, *figures, *([notes] if notes_column else []))
+    if needed > out.width:
+        from rich.console import Console
+
+        # Console.print caps width= at the console's own width: a console of the needed width
+        # on the same stream prints the whole table (the terminal wraps the long lines).
+        Console(file=out.file, width=needed, color_system=out.color_system,
+                force_terminal=out.is_terminal, soft_wrap=True).print(table, crop=False)
+    else:
+        out.print(table)
+    if has_notes and not notes_column:
+        out.print("notes:", markup=False, highlight=False)
+        for window, labels, _, notes in body:
+            if notes:
+                out.print(f"  {window} {' '.join(labels)}: {notes}", markup=False,
+                          highlight=False)
