@@ -7,6 +7,39 @@ an expected condition. Bugs are assertions, not these.
 
 from __future__ import annotations
 
+import json
+
+#: The reason every reader (ingest and replay) gives for a line or file that is not JSON.
+NOT_JSON = "not valid JSON"
+
+
+def problem_text(source: str, line: int | None, reason: str, field: str | None = None) -> str:
+    """The one wording of a bad record, for errors, quarantine lines and skipped trace records:
+    ``file:line: field: reason`` (``file: ...`` without a line, no ``field:`` part without a
+    field; an empty field counts as none)."""
+    where = source if line is None else f"{source}:{line}"
+    return f"{where}: {field}: {reason}" if field else f"{where}: {reason}"
+
+
+def invalid_json_reason(exc: ValueError) -> str:
+    """The reason for a JSON decode error, the same words whichever decoder failed:
+    ``not valid JSON: <decoder's message> (byte N)``.
+
+    Args:
+        exc: a :class:`json.JSONDecodeError` (stdlib; ``N`` is then the 0-based byte offset of
+            the error within its line, as msgspec reports it for a one-line document) or a
+            ``msgspec.DecodeError`` (its message already ends in ``(byte N)`` where it knows
+            the offset, e.g. ``JSON is malformed: trailing characters (byte 8)``).
+
+    Returns:
+        The reason; it quotes no input text (only the decoder's description and an offset).
+    """
+    if isinstance(exc, json.JSONDecodeError):
+        line_start = exc.doc.rfind("\n", 0, exc.pos) + 1
+        offset = len(exc.doc[line_start:exc.pos].encode("utf-8", "surrogatepass"))
+        return f"{NOT_JSON}: {exc.msg} (byte {offset})"
+    return f"{NOT_JSON}: {exc}"
+
 
 class PrefixscopeError(Exception):
     """Base class of every expected error prefixscope raises."""
@@ -51,9 +84,7 @@ class ParseError(PrefixscopeError):
         self.line = line
         self.field = field
         self.reason = reason
-        where = source if line is None else f"{source}:{line}"
-        what = reason if field is None else f"{field}: {reason}"
-        super().__init__(f"{where}: {what}")
+        super().__init__(problem_text(source, line, reason, field))
 
 
 class NothingIngested(PrefixscopeError):

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError, SourceUnavailable
+from prefixscope.errors import ParseError, SourceUnavailable, invalid_json_reason
 
 #: Seconds assumed between two user inputs of one aider chat (the log records no times).
 AIDER_TURN_GAP_S = 30.0
@@ -256,7 +256,7 @@ def swe_agent_chat_requests(path: str | os.PathLike[str], *, model: str = "swe-a
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ParseError(str(p), exc.lineno, f"not valid JSON ({exc.msg})") from exc
+        raise ParseError(str(p), exc.lineno, invalid_json_reason(exc)) from exc
     history = doc.get("history") if isinstance(doc, dict) else None
     if not isinstance(history, list):
         raise ParseError(str(p), None, "missing or not a list", "$.history")

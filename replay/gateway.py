@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError, SourceUnavailable
+from prefixscope.errors import ParseError, SourceUnavailable, invalid_json_reason
 from replay.identity import (
     PRINCIPAL,
     PUBLIC,
@@ -186,7 +186,7 @@ class MultiTenantTrace:
     base_dir: Path
 
 
-def _bad(source: str, line: int, field_: str, reason: str) -> ParseError:
+def _bad(source: str, line: int, field_: str | None, reason: str) -> ParseError:
     return ParseError(source, line, reason, field_)
 
 
@@ -215,9 +215,9 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise _bad(src, i, "", f"not JSON ({exc.msg})") from None
+            raise _bad(src, i, None, invalid_json_reason(exc)) from None
         if not isinstance(obj, dict):
-            raise _bad(src, i, "", "not a JSON object")
+            raise _bad(src, i, "$", "not a JSON object")
         objs.append((i, obj))
     line0, h = objs[0]
     if h.get("type") != "header" or h.get("format") != TRACE_FORMAT:
@@ -230,7 +230,7 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
         except OSError as exc:
             raise SourceUnavailable(f"{tp}: cannot read text library: {exc.strerror}") from exc
         except json.JSONDecodeError as exc:
-            raise _bad(str(tp), exc.lineno, "", f"not JSON ({exc.msg})") from None
+            raise _bad(str(tp), exc.lineno, None, invalid_json_reason(exc)) from None
     try:
         header = TraceHeader(
             model=str(h["model"]), model_version=str(h.get("model_version", "1")),

@@ -276,7 +276,7 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         SourceUnavailable: no manifest there. ConfigError: not valid JSON.
     """
-    from prefixscope.errors import ConfigError, SourceUnavailable
+    from prefixscope.errors import ConfigError, SourceUnavailable, invalid_json_reason, problem_text
 
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
@@ -284,7 +284,7 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg})") from exc
+        raise ConfigError(problem_text(str(path), exc.lineno, invalid_json_reason(exc))) from exc
 
 
 @dataclass

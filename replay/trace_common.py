@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError
+from prefixscope.errors import ParseError, invalid_json_reason, problem_text
 from replay.types import TraceRequest
 
 
@@ -33,8 +33,7 @@ class TraceProblem:
     field: str | None = None
 
     def __str__(self) -> str:
-        where = f"{self.location}:{self.line}"
-        return f"{where}: {self.field}: {self.reason}" if self.field else f"{where}: {self.reason}"
+        return problem_text(self.location, self.line, self.reason, self.field)
 
 
 @dataclass
@@ -125,7 +124,7 @@ class _Reader:
                 try:
                     obj = json.loads(text)
                 except json.JSONDecodeError as exc:
-                    self.bad(self.location, lineno, _Bad(None, f"not valid JSON ({exc.msg})"))
+                    self.bad(self.location, lineno, _Bad(None, invalid_json_reason(exc)))
                     continue
                 if not isinstance(obj, dict):
                     self.bad(self.location, lineno, _Bad("$", "not a JSON object"))

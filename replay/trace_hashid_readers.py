@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import SourceUnavailable
+from prefixscope.errors import SourceUnavailable, invalid_json_reason
 from replay.trace_common import _Bad, _id_list, _int_field, _num_field, _Reader, open_text
 from replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
 from replay.types import TraceRequest
@@ -149,7 +149,7 @@ def read_kv_cache_tester(r: _Reader, *, block_size: int,
             with open_text(file) as fh:
                 doc = json.load(fh)
         except json.JSONDecodeError as exc:
-            r.bad(str(file), exc.lineno, _Bad(None, f"not valid JSON ({exc.msg})"))
+            r.bad(str(file), exc.lineno, _Bad(None, invalid_json_reason(exc)))
             continue
         except OSError as exc:
             raise SourceUnavailable(f"{file}: cannot read ({exc.strerror})") from exc

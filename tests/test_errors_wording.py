@@ -1,0 +1,62 @@
+"""One wording for a bad record across readers (``prefixscope.errors``): file:line: field: reason,
+and ``not valid JSON: <decoder message> (byte N)`` whichever decoder failed."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from prefixscope.errors import ParseError, invalid_json_reason, problem_text
+
+
+def _stdlib_error(text: str) -> json.JSONDecodeError:
+    with pytest.raises(json.JSONDecodeError) as info:
+        json.loads(text)
+    return info.value
+
+
+def _msgspec_error(text: str) -> msgspec.DecodeError:
+    with pytest.raises(msgspec.DecodeError) as info:
+        msgspec.json.decode(text)
+    return info.value
+
+
+def test_problem_text():
+    assert problem_text("a.jsonl", 3, "missing", "$.usage") == "a.jsonl:3: $.usage: missing"
+    assert problem_text("a.jsonl", 3, "missing") == "a.jsonl:3: missing"
+    assert problem_text("a.jsonl", 3, "missing", "") == "a.jsonl:3: missing"
+    assert problem_text("run.json", None, "bad") == "run.json: bad"
+    assert str(ParseError("a.jsonl", 2, "bad", "$.x")) == "a.jsonl:2: $.x: bad"
+
+
+def test_both_decoders_give_the_same_shape_and_offset():
+    assert invalid_json_reason(_stdlib_error("{not json")) == (
+        "not valid JSON: Expecting property name enclosed in double quotes (byte 1)")
+    assert invalid_json_reason(_msgspec_error("{not json")) == (
+        "not valid JSON: JSON is malformed: object keys must be strings (byte 1)")
+
+
+def test_stdlib_offset_is_bytes_within_the_line():
+    # "é" is 2 bytes: the error after it is at byte 8 of the line, character 7
+    text = '{"a": "é"} x'
+    assert invalid_json_reason(_stdlib_error(text)).endswith(f"(byte {len(text[:11].encode())})")
+    multi = '{"a": 1,\n "b": }'
+    assert invalid_json_reason(_stdlib_error(multi)).endswith("(byte 6)")
+
+
+def test_replay_sim_and_ingest_requests_word_a_bad_line_alike(cli, tmp_path, db_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                     "{not json\n")
+    usage = tmp_path / "usage.jsonl"
+    usage.write_text('{"model": "m", "usage": {"prompt_tokens": 5}}\n{not json\n')
+    code, _, sim_err = cli(["replay", "sim", trace, "--format", "mooncake",
+                            "--out", tmp_path / "run"])
+    assert code == 0
+    code, _, ingest_err = cli(["ingest", "requests", usage, "--db", db_path])
+    assert code == 0
+    assert f"skipped {trace}:2: not valid JSON: " in sim_err.replace("\n", "")
+    assert f"quarantined {usage}:2: not valid JSON: " in ingest_err.replace("\n", "")
+    assert sim_err.replace("\n", "").split(f"{trace}:2: ")[1].endswith("(byte 1)")
