@@ -7,12 +7,13 @@ usage JSONL and the two ``/metrics`` expositions went through the ordinary inges
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
 import pandas as pd
+
+from store.queries.replay import insert_run
 
 
 def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | None,
@@ -22,7 +23,10 @@ def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | N
                   settled: bool) -> int:
     """Record one live replay run and its counter deltas, in one transaction.
 
-    Safe to run twice: the run row is upserted and each counter row replaced.
+    Safe to run twice: the run row is written by :func:`store.queries.replay.insert_run` (the
+    one writer of ``runs``; an existing row is kept, and a run directory's ``run.json`` is
+    written once, so a second ingest has the same values) and the instance's counter rows are
+    replaced.
 
     Args:
         con: read-write connection, not inside a transaction.
@@ -47,13 +51,8 @@ def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | N
     ]
     con.execute("BEGIN TRANSACTION")
     try:
-        con.execute(
-            "INSERT INTO runs (run_id, kind, label, created_unix_s, params_json, source_id) "
-            "VALUES (?, 'replay-live', ?, ?, ?, NULL) ON CONFLICT (run_id) DO UPDATE SET "
-            "kind = excluded.kind, label = excluded.label, created_unix_s = excluded.created_unix_s, "
-            "params_json = excluded.params_json",
-            [run_id, label, created_unix_s, json.dumps(dict(params), sort_keys=True, default=str)],
-        )
+        insert_run(con, run_id=run_id, kind="replay-live", label=label,
+                   created_unix_s=created_unix_s, params=params)
         con.execute("DELETE FROM live_run_counters WHERE run_id = ? AND instance = ?",
                     [run_id, instance])
         if rows:
