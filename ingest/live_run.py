@@ -23,7 +23,7 @@ from pathlib import Path
 import duckdb
 
 from ingest.bookkeeping import IngestSummary
-from prefixscope.errors import ParseError, SourceUnavailable
+from prefixscope.errors import ParseError, SourceUnavailable, invalid_json_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,10 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
         raise SourceUnavailable(f"{d}: no run.json (not a live replay run directory)")
     try:
         doc = json.loads(manifest.read_text())
-    except ValueError as exc:
-        raise ParseError(str(manifest), None, f"not valid JSON ({exc.msg})") from exc
+    except json.JSONDecodeError as exc:
+        raise ParseError(str(manifest), exc.lineno, invalid_json_reason(exc)) from exc
+    except UnicodeDecodeError:
+        raise ParseError(str(manifest), None, "not UTF-8 text") from None
     for key in ("run_id", "instance"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise ParseError(str(manifest), None, "missing or empty", field=f"$.{key}")

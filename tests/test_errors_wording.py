@@ -60,3 +60,14 @@ def test_replay_sim_and_ingest_requests_word_a_bad_line_alike(cli, tmp_path, db_
     assert f"skipped {trace}:2: not valid JSON: " in sim_err.replace("\n", "")
     assert f"quarantined {usage}:2: not valid JSON: " in ingest_err.replace("\n", "")
     assert sim_err.replace("\n", "").split(f"{trace}:2: ")[1].endswith("(byte 1)")
+
+
+def test_live_run_manifest_errors_use_the_same_wording(cli, tmp_path, db_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text('{"run_id":\n')
+    code, _, err = cli(["ingest", "live-run", run, "--db", db_path])
+    assert code == 4 and f"error: {run / 'run.json'}:2: not valid JSON: Expecting value (byte 0)" in err
+    (run / "run.json").write_bytes(b"\xff\xfe{")
+    code, _, err = cli(["ingest", "live-run", run, "--db", db_path])
+    assert code == 4 and "run.json: not UTF-8 text" in err and "Traceback" not in err
