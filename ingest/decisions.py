@@ -15,37 +15,33 @@ quarantined, so a ``tenant`` or ``prompt`` key can never slip into a table), nam
 names the field, never its value.
 
 Decisions join the usage rows of ``requests`` on ``(run_id, request_id)``
-(``store/queries/scopes.py``). Ingesting is safe to run twice: primary keys plus the file
-checkpoint (``ingest/bookkeeping.py``) make a second run add nothing.
+(``store/queries/scopes.py``). Reading, checkpoint and the one transaction per file are the
+shared JSONL driver's (``ingest/jsonl_driver.py``); the inserts are
+``store/queries/decisions.py``. Ingesting is safe to run twice: primary keys plus the file
+checkpoint make a second run add nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 import duckdb
 import msgspec
 
-from ingest.bookkeeping import (
-    Checkpoint,
-    IngestSummary,
-    Quarantined,
-    fingerprint_upto,
-    new_ingest_run_id,
-    record_quarantine,
-    record_run,
-    resume_offset,
-    source_id_for,
-    upsert_source,
+from ingest.bookkeeping import IngestSummary, source_id_for
+from ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
+from prefixscope.errors import NothingIngested
+from replay.identity import ALL_REASONS
+from store.queries.decisions import (  # the column orders are re-exported: parse_line's rows
+    DECISION_COLUMNS,  # noqa: F401
+    EVENT_COLUMNS,  # noqa: F401
+    SHORT_FIELDS,
+    insert_decision_rows,
 )
-from prefixscope.errors import NothingIngested, SourceUnavailable
-from replay.identity import ALL_REASONS, IDENTITY_FIELDS
 
 KIND = "decisions"
 FORMAT_VERSION = 1
@@ -126,24 +122,8 @@ _head = msgspec.json.Decoder(_Head)
 _dec_decision = msgspec.json.Decoder(DecisionLine)
 _dec_event = msgspec.json.Decoder(EventLine)
 
-_SHORT_FIELDS = tuple(f for f in IDENTITY_FIELDS if f not in ("scope", "namespace"))
-DECISION_COLUMNS = (
-    "run_id", "request_id", "source_id", "line", "ts_unix_s", "instance", "model", "scope",
-    "namespace_digest", "decision", "first_mismatch", "reasons", "candidate_cached_tokens",
-    "accepted_cached_tokens", "salt_applied",
-    *_SHORT_FIELDS,
-    "candidate_request_id", "candidate_scope", "candidate_namespace_digest",
-    *(f"candidate_{f}" for f in _SHORT_FIELDS),
-)
-EVENT_COLUMNS = ("event_id", "run_id", "source_id", "line", "ts_unix_s", "event",
-                 "namespace_digest", "new_value")
-
-
-class _Bad(Exception):
-    def __init__(self, field: str | None, reason: str):
-        super().__init__(reason)
-        self.field = field
-        self.reason = reason
+class _Bad(BadLine):
+    """A bad decision-log line: the field at fault and a reason that never quotes the value."""
 
 
 def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
@@ -193,9 +173,9 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
         float(rec.ts_unix_s), rec.instance, rec.model, rec.scope, rec.namespace_digest,
         rec.decision, reasons[0] if reasons else None, ",".join(reasons),
         rec.candidate_cached_tokens, rec.accepted_cached_tokens, rec.salt_applied,
-        *(getattr(exp, f) for f in _SHORT_FIELDS),
+        *(getattr(exp, f) for f in SHORT_FIELDS),
         rec.candidate_request_id, cand.scope, cand.namespace_digest,
-        *(getattr(cand, f) for f in _SHORT_FIELDS),
+        *(getattr(cand, f) for f in SHORT_FIELDS),
     )
 
 
@@ -232,125 +212,58 @@ def parse_line(raw: bytes, *, source_id: str = "", line: int = 0,
         raise _msgspec_error(exc) from None
 
 
-@dataclass
-class DecisionBatch:
-    """Rows and quarantine entries read from one file, and where reading stopped."""
-
-    decisions: list[tuple]
-    events: list[tuple]
-    quarantined: list[Quarantined]
-    checkpoint: Checkpoint
-    lines_read: int
-
-
-def fetch_decisions(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
-                    run_id: str = "") -> DecisionBatch:
-    """Read a decision log from ``start`` to its last complete line (only reads).
-
-    A final line without a newline is left for the next run (the file may still be written).
-
-    Raises:
-        SourceUnavailable: the file cannot be opened.
-    """
-    location = str(path)
-    decisions: list[tuple] = []
-    events: list[tuple] = []
-    bad: list[Quarantined] = []
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise SourceUnavailable(f"{location}: cannot read: {exc.strerror}") from exc
-    with fh:
-        fh.seek(start.offset)
-        offset, lineno, n = start.offset, start.line, 0
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                break
-            offset += len(raw)
-            lineno += 1
-            if not raw.strip():
-                continue
-            n += 1
-            try:
-                kind, row = parse_line(raw, source_id=source_id, line=lineno, run_id=run_id)
-            except _Bad as exc:
-                bad.append(Quarantined(location, lineno, exc.reason, exc.field))
-                continue
-            (events if kind == "event" else decisions).append(row)
-    fp = fingerprint_upto(path, offset) if offset else None
-    return DecisionBatch(decisions, events, bad, Checkpoint(offset, lineno, fp), n)
-
-
 def save_decisions(con: duckdb.DuckDBPyConnection, decisions: list[tuple],
                    events: list[tuple]) -> int:
     """Insert decision and event rows (existing keys skipped); returns rows added. Runs inside
-    the caller's transaction."""
-    before = _count(con)
-    if decisions:
-        cols = ", ".join(DECISION_COLUMNS)
-        marks = ", ".join("?" for _ in DECISION_COLUMNS)
-        con.executemany(f"INSERT INTO gateway_decisions ({cols}) VALUES ({marks}) "
-                        "ON CONFLICT DO NOTHING", decisions)
-    if events:
-        cols = ", ".join(EVENT_COLUMNS)
-        marks = ", ".join("?" for _ in EVENT_COLUMNS)
-        con.executemany(f"INSERT INTO gateway_events ({cols}) VALUES ({marks}) "
-                        "ON CONFLICT DO NOTHING", events)
-    return _count(con) - before
+    the caller's transaction (``store.queries.decisions.insert_decision_rows``)."""
+    return insert_decision_rows(con, decisions, events)
 
 
-def _count(con: duckdb.DuckDBPyConnection) -> int:
-    return int(con.execute("SELECT (SELECT count(*) FROM gateway_decisions) + "
-                           "(SELECT count(*) FROM gateway_events)").fetchone()[0])
+def _insert_tagged(con: duckdb.DuckDBPyConnection, rows: list[tuple[str, tuple]]) -> int:
+    """The driver's inserter: rows tagged ``("decision", row)`` / ``("event", row)``."""
+    return save_decisions(con, [r for k, r in rows if k == "decision"],
+                          [r for k, r in rows if k == "event"])
 
 
 def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
                           run_id: str | None = None) -> IngestSummary:
     """Ingest one gateway decision log (JSONL) into ``gateway_decisions``/``gateway_events``.
 
+    Everything new since the file's checkpoint is stored in one transaction with its
+    quarantine entries, the new checkpoint and the ``ingest_runs`` record
+    (:func:`ingest.jsonl_driver.ingest_jsonl_tail`); a final line without newline is left for
+    the next run.
+
     Args:
-        con: read-write connection (migrated).
+        con: read-write connection (migrated), not inside a transaction.
         path: the JSONL file; read from its checkpoint when ingested before.
         run_id: for lines without ``run_id`` (default ``''``: production traffic). Replay
             decision logs carry the replay's run id so they join its usage rows.
 
     Returns:
-        An :class:`IngestSummary` (``rows_added`` counts decisions + events).
+        An :class:`IngestSummary` (``rows_read``/``rows_added`` count decisions + events).
 
     Raises:
         SourceUnavailable: the file cannot be read.
-        NothingIngested: the file has lines and every one was quarantined.
+        NothingIngested: the new lines were all quarantined (they are stored in ``quarantine``
+            and the checkpoint moves past them before this is raised).
     """
-    started = time.time()
     location = str(path)
-    if not Path(location).is_file():
-        raise SourceUnavailable(f"{location}: no such file")
     source_id = source_id_for(KIND, location)
-    start = resume_offset(con, source_id, location)
-    batch = fetch_decisions(location, start=start, source_id=source_id, run_id=run_id or "")
-    good = len(batch.decisions) + len(batch.events)
-    ingest_run_id = new_ingest_run_id()
-    con.execute("BEGIN TRANSACTION")
-    try:
-        added = save_decisions(con, batch.decisions, batch.events)
-        record_quarantine(con, source_id=source_id, ingest_run_id=ingest_run_id,
-                          entries=batch.quarantined)
-        upsert_source(con, source_id=source_id, kind=KIND, location=location, rows_added=added,
-                      checkpoint=batch.checkpoint)
-        summary = IngestSummary(location, KIND, good, added, good - added,
-                                len(batch.quarantined))
-        status = "ok" if not batch.quarantined else ("partial" if good else "failed")
-        record_run(con, source_id=source_id, kind=KIND, started_unix_s=started, summary=summary,
-                   status=status, ingest_run_id=ingest_run_id)
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
-    if batch.lines_read and not good:
-        first = batch.quarantined[0]
+    rid = run_id or ""
+
+    def one_line(raw: bytes, line: int) -> list[tuple[str, tuple]]:
+        return [parse_line(raw, source_id=source_id, line=line, run_id=rid)]
+
+    result = ingest_jsonl_tail(con, location, kind=KIND,
+                               parse_chunk=line_parser(one_line, location=location),
+                               insert=_insert_tagged)
+    summary = result.summary
+    if summary.rows_quarantined and not summary.rows_read:
+        first = result.problems[0]
         raise NothingIngested(
-            f"{location}: all {batch.lines_read} lines quarantined; first at line {first.line}"
-            f"{' field ' + first.field if first.field else ''}: {first.reason}")
+            f"{location}: all {summary.rows_quarantined} lines quarantined; first at line "
+            f"{first.line}{' field ' + first.field if first.field else ''}: {first.reason}")
     return summary
 
 

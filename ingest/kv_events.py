@@ -40,19 +40,15 @@ from typing import Any
 
 import duckdb
 
-from ingest.bookkeeping import (
-    Checkpoint,
-    IngestSummary,
-    Quarantined,
-    fingerprint_upto,
-    new_ingest_run_id,
-    record_quarantine,
-    record_run,
-    resume_offset,
-    source_id_for,
-    upsert_source,
-)
+from ingest.bookkeeping import IngestSummary, Quarantined, new_ingest_run_id, source_id_for
 from ingest.exposition import ScrapeOutcome
+from ingest.jsonl_driver import (
+    BadLine,
+    TailCounts,
+    commit_batch,
+    ingest_jsonl_tail,
+    line_parser,
+)
 from prefixscope.errors import NothingIngested, SourceUnavailable
 
 FILE_KIND = "kv-events-file"
@@ -73,13 +69,12 @@ NO_EVENTS_HINT = (
     "GET /kv_event_sources on the server")
 
 
-class BadBatch(ValueError):
+class BadBatch(BadLine, ValueError):
     """A message that is not a KV event batch; carries the field at fault."""
 
     def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
+        super().__init__(field, reason)
+        self.args = (f"{field}: {reason}",)
 
 
 def block_hash_int(value: Any, field: str = "block_hashes") -> int:
@@ -192,34 +187,37 @@ def rows_from_batch(payload: Any, *, instance: str, seq: int, topic: str | None,
     return rows
 
 
-def _save(con: duckdb.DuckDBPyConnection, *, rows: list[tuple], problems: list[Quarantined],
-          kind: str, location: str, started: float,
-          checkpoint: Checkpoint | None = None, note: str | None = None) -> IngestSummary:
+def _insert(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> int:
     from store.queries.kv_events import insert_kv_event_rows
 
-    source_id = source_id_for(kind, location)
-    run_id = new_ingest_run_id()
-    con.execute("BEGIN TRANSACTION")
-    try:
-        added = insert_kv_event_rows(con, rows)
-        record_quarantine(con, source_id=source_id, ingest_run_id=run_id, entries=problems)
+    return insert_kv_event_rows(con, rows)
+
+
+def _save(con: duckdb.DuckDBPyConnection, *, rows: list[tuple], problems: list[Quarantined],
+          kind: str, location: str, started: float, note: str | None = None) -> IngestSummary:
+    """One ZMQ flush: rows + quarantine + source + run record in one transaction."""
+    summary = IngestSummary(location, kind, len(rows), 0, 0, len(problems), note)
+
+    def run_summary(added: int) -> IngestSummary:
+        nonlocal summary
         summary = IngestSummary(location, kind, len(rows), added, len(rows) - added,
                                 len(problems), note)
-        upsert_source(con, source_id=source_id, kind=kind, location=location, rows_added=added,
-                      checkpoint=checkpoint, note=note)
-        status = "ok" if not problems else ("partial" if rows else "failed")
-        record_run(con, source_id=source_id, kind=kind, started_unix_s=started, summary=summary,
-                   status=status, ingest_run_id=run_id)
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+        return summary
+
+    commit_batch(con, insert=_insert, rows=rows, quarantined=problems,
+                 source_id=source_id_for(kind, location), kind=kind, location=location,
+                 ingest_run_id=new_ingest_run_id(), source_note=note, run_summary=run_summary,
+                 started_unix_s=started)
     return summary
 
 
 def ingest_kv_events_file(con: duckdb.DuckDBPyConnection, path: str, *,
                           instance: str | None = None) -> IngestSummary:
     """Store a decoded KV-event capture (JSONL) from its checkpoint, in one transaction.
+
+    Reading, checkpoint (truncation and rotation start over; a final line without newline is
+    left for the next run) and the transaction are the shared JSONL driver's
+    (:func:`ingest.jsonl_driver.ingest_jsonl_tail`).
 
     Args:
         con: read-write connection, not inside a transaction.
@@ -236,52 +234,49 @@ def ingest_kv_events_file(con: duckdb.DuckDBPyConnection, path: str, *,
     return _ingest_file(con, path, instance=instance)[0]
 
 
+def _capture_line(raw: bytes, *, instance: str, source_id: str) -> list[tuple]:
+    """The ``kv_events`` rows of one capture line (``seq``, ``payload``, ``topic``, ``source``).
+
+    Raises:
+        BadBatch: not a JSON object, a bad ``seq`` or a bad batch (names the field).
+    """
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadLine(None, f"not JSON: {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise BadLine(None, "not JSON: not UTF-8 text") from None
+    if not isinstance(obj, dict):
+        raise BadBatch("$", "line is not a JSON object")
+    seq = obj.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise BadBatch("seq", "missing or not a non-negative integer")
+    topic = obj.get("topic")
+    return rows_from_batch(
+        obj.get("payload"), instance=instance, seq=seq,
+        topic=topic if isinstance(topic, str) else None,
+        received_from=obj.get("source") if obj.get("source") in ("pub", "replay") else "file",
+        source_id=source_id)
+
+
+def _no_batches_note(counts: TailCounts) -> str | None:
+    if counts.rows_read or counts.rows_quarantined or counts.start.offset:
+        return None
+    return "no KV event batches in this file"
+
+
 def _ingest_file(con: duckdb.DuckDBPyConnection, path: str, *,
                  instance: str | None) -> tuple[IngestSummary, list[Quarantined]]:
-    started = time.time()
-    p = Path(path)
-    name = instance or p.stem
+    name = instance or Path(path).stem
     source_id = source_id_for(FILE_KIND, path)
-    try:
-        cp = resume_offset(con, source_id, p)
-        with open(p, "rb") as fh:
-            fh.seek(cp.offset)
-            data = fh.read()
-    except OSError as exc:
-        raise SourceUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
-    rows: list[tuple] = []
-    problems: list[Quarantined] = []
-    offset, lineno = cp.offset, cp.line
-    for raw in data.splitlines(keepends=True):
-        if not raw.endswith(b"\n"):
-            break  # a line still being written: read it next time
-        offset += len(raw)
-        lineno += 1
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            obj = json.loads(text)
-            if not isinstance(obj, dict):
-                raise BadBatch("$", "line is not a JSON object")
-            seq = obj.get("seq")
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-                raise BadBatch("seq", "missing or not a non-negative integer")
-            topic = obj.get("topic")
-            rows.extend(rows_from_batch(
-                obj.get("payload"), instance=name, seq=seq,
-                topic=topic if isinstance(topic, str) else None,
-                received_from=obj.get("source") if obj.get("source") in ("pub", "replay") else "file",
-                source_id=source_id))
-        except json.JSONDecodeError as exc:
-            problems.append(Quarantined(path, lineno, f"not JSON: {exc.msg}", None))
-        except BadBatch as exc:
-            problems.append(Quarantined(path, lineno, exc.reason, exc.field))
-    checkpoint = Checkpoint(offset, lineno, fingerprint_upto(p, offset)) if offset else None
-    note = None if (rows or problems or cp.offset) else "no KV event batches in this file"
-    summary = _save(con, rows=rows, problems=problems, kind=FILE_KIND, location=path,
-                    started=started, checkpoint=checkpoint, note=note)
-    return summary, problems
+
+    def one_line(raw: bytes, line: int) -> list[tuple]:
+        return _capture_line(raw, instance=name, source_id=source_id)
+
+    result = ingest_jsonl_tail(con, path, kind=FILE_KIND,
+                               parse_chunk=line_parser(one_line, location=path),
+                               insert=_insert, note=_no_batches_note, note_on_source=True)
+    return result.summary, result.problems
 
 
 def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str | None = None

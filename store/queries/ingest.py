@@ -1,14 +1,16 @@
 """Queries on ingest bookkeeping: sources, runs, quarantine, table sizes.
 
-Writers (:func:`source_checkpoint`, :func:`upsert_ingest_source`, :func:`insert_quarantine`,
-:func:`insert_ingest_run`) run inside the caller's transaction; the rules they serve are in
+Writers (:func:`ingest_transaction`, :func:`source_checkpoint`, :func:`upsert_ingest_source`,
+:func:`insert_quarantine`, :func:`insert_ingest_run`) run inside the caller's transaction (the first
+opens and ends it); the rules they serve are in
 ``ingest/bookkeeping.py`` and the JSONL tail driver ``ingest/jsonl_driver.py``. Tables:
 ``ingest_sources``, ``ingest_runs``, ``quarantine`` (``docs/schema.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -19,6 +21,23 @@ if TYPE_CHECKING:  # DataFrames come from DuckDB's .df(); writers need no pandas
 #: Column order of the rows given to :func:`insert_quarantine`.
 QUARANTINE_COLUMNS: tuple[str, ...] = (
     "source_id", "location", "line", "field", "reason", "ingest_run_id", "at_unix_s")
+
+
+@contextlib.contextmanager
+def ingest_transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """One ingest batch's transaction: ``BEGIN``; ``COMMIT`` when the block ends, ``ROLLBACK``
+    (then re-raise) when it raises anything, so none of the batch's writes are kept.
+
+    Raises:
+        duckdb.TransactionException: ``con`` is already inside a transaction.
+    """
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def source_checkpoint(con: duckdb.DuckDBPyConnection, source_id: str
