@@ -1,9 +1,15 @@
-"""Cached reads for the dashboard's Alerts page (``dashboard/pages/alerts.py``).
+"""The Alerts page's one cached read that is not a single ``store.queries`` call: the daily
+report.
 
-The same pattern as ``dashboard/data.py``: each function opens ONE read-only connection with
-:func:`store.db.reader` for its call, runs the query, closes it, and the result (a plain dict or
-DataFrame) is cached with ``st.cache_data`` for ``[dashboard] cache_ttl_s`` seconds. Lock
-conflicts propagate as :class:`~prefixscope.errors.StoreLocked` for ``dashboard.data.guard``.
+Every other read of the page goes through :func:`dashboard.data.query` (e.g. the sends log,
+``data.query(db, "alerts", "alert_sends", day=..., limit=...)``). :func:`daily_report` cannot:
+``data.query`` calls one function of ``store.queries.<module>`` with the connection, while the
+report is assembled by ``alerts.daily.build_daily_report`` from several queries with the
+``[alerts]`` settings and the wall clock (the STALE cutoff of today). So it keeps its own
+wrapper, built the same way: one read-only connection per call (:func:`store.db.reader` with
+``dashboard.data.LOCK_TIMEOUT_S``; :class:`~prefixscope.errors.StoreLocked` propagates to
+``dashboard.data.guard``), result cached with ``st.cache_data`` for ``[dashboard] cache_ttl_s``
+(``dashboard.data.CACHE_TTL_S``).
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import time
 from datetime import date
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import data
@@ -29,12 +34,3 @@ def daily_report(db: str, *, day_iso: str, tz: str) -> dict:
     with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
         return build_daily_report(con, day=date.fromisoformat(day_iso), tz=tz, cfg=cfg,
                                   now_unix_s=time.time()).as_dict()
-
-
-@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=64)
-def alert_sends(db: str, *, day_iso: str | None = None, limit: int = 500) -> pd.DataFrame:
-    """``store.queries.alerts.alert_sends`` (the sends log, newest first)."""
-    from store.queries import alerts as q
-
-    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
-        return q.alert_sends(con, day=day_iso, limit=limit)

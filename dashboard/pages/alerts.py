@@ -1,7 +1,8 @@
 """Alerts: the daily report of one local day (OK / ALERT / NO DATA / STALE per model and scope)
 and the log of every report email sent (``alert_sends``).
 
-Reads through ``alerts.dashboard_data`` (cached, read-only, one connection per call). The day
+Reads through ``dashboard.data.query`` and, for the report, ``alerts.dashboard_data`` (both
+cached, read-only, one connection per call). The day
 and zone come from the URL (``?day=YYYY-MM-DD&tz=Zone``, the link in the email) or the inputs;
 the sidebar filters do not apply: a report covers every model of one local day. Definitions:
 ``docs/alerts.md``.
@@ -105,7 +106,8 @@ with data.guard(db):
 
     st.subheader("Emails sent")
     only_day = st.checkbox("Only this day", value=False, key="alerts_only_day")
-    sends = dashboard_data.alert_sends(db, day_iso=day.isoformat() if only_day else None)
+    sends = data.query(db, "alerts", "alert_sends", day=day.isoformat() if only_day else None,
+                       limit=500)
     if sends.empty:
         st.caption("No report email recorded yet. Send with `prefixscope report daily --send` "
                    "(cron or systemd timer: docs/alerts.md).")
