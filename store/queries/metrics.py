@@ -31,6 +31,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.errors import UsageError
+from store.sqlhelpers import window_start_sql
 
 QUERIES_METRIC = "vllm:prefix_cache_queries_total"
 HITS_METRIC = "vllm:prefix_cache_hits_total"
@@ -140,10 +141,6 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
     return sql, [list(metrics), *params, *start_params]
 
 
-def _window_expr() -> str:
-    return "(? + floor((ts_unix_s - ?) / ?) * ?)"
-
-
 def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                        end_s: float | None = None, window_s: float = 3600,
                        by: Sequence[str] = ("model", "instance"),
@@ -185,10 +182,12 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
                                  start_s=start_s, end_s=end_s, models=models, instances=instances,
                                  run_ids=run_ids)
     sel = "".join(f", {c}" for c in cols)
+    window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     sql = f"""
         WITH {cte},
         win AS (
-            SELECT {_window_expr()} AS window_start_s{sel}, metric, increase, is_reset, legacy
+            SELECT {window_start} AS window_start_s{sel}, metric, increase, is_reset, legacy
             FROM inc
         ),
         agg AS (
@@ -211,10 +210,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         FROM agg
         ORDER BY window_start_s{sel}
     """
-    w = float(window_s)
-    o = float(origin_s)
-    all_params = [*params, o, o, w, w, HITS_METRIC, QUERIES_METRIC, EXTERNAL_HITS_METRIC,
-                  QUERIES_METRIC, EXTERNAL_HITS_METRIC, w]
+    all_params = [*params, *window_params, HITS_METRIC, QUERIES_METRIC, EXTERNAL_HITS_METRIC,
+                  QUERIES_METRIC, EXTERNAL_HITS_METRIC, float(window_s)]
     return con.execute(sql, all_params).df()
 
 
@@ -289,18 +286,18 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
     cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
                                  instances=instances, run_ids=run_ids)
     sel = "".join(f", {c}" for c in cols)
+    window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     sql = f"""
         WITH {cte},
-        win AS (SELECT {_window_expr()} AS window_start_s{sel}, increase FROM inc)
+        win AS (SELECT {window_start} AS window_start_s{sel}, increase FROM inc)
         SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
                sum(increase) AS increase
         FROM win
         GROUP BY ALL
         ORDER BY window_start_s{sel}
     """
-    w = float(window_s)
-    o = float(origin_s)
-    return con.execute(sql, [*params, o, o, w, w, w]).df()
+    return con.execute(sql, [*params, *window_params, float(window_s)]).df()
 
 
 def gauge_series(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: float | None = None,

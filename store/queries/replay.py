@@ -28,6 +28,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.errors import UsageError
+from store.sqlhelpers import window_start_sql
 
 
 def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = None,
@@ -135,15 +136,17 @@ def replay_run_windows(con: duckdb.DuckDBPyConnection, *, run_ids: Sequence[str]
     """
     if not window_s or window_s <= 0:
         raise UsageError(f"window_s must be positive, got {window_s}")
-    sql = """
+    # Run time starts at 0 for each run: windows aligned to origin 0 of rel_s.
+    window_start, window_params = window_start_sql("rel_s", window_s=window_s)
+    sql = f"""
         WITH q AS (
             SELECT run_id, ts_unix_s - min(ts_unix_s) OVER (PARTITION BY run_id) AS rel_s,
                    prompt_tokens, cached_tokens
             FROM requests
             WHERE list_contains(?::VARCHAR[], run_id) AND ts_unix_s IS NOT NULL
         )
-        SELECT run_id, floor(rel_s / ?) * ? AS window_start_s,
-               floor(rel_s / ?) * ? + ? AS window_end_s,
+        SELECT run_id, {window_start} AS window_start_s,
+               {window_start} + ? AS window_end_s,
                count(*) AS requests, sum(prompt_tokens) AS prompt_tokens,
                sum(cached_tokens) AS cached_tokens,
                CAST(sum(cached_tokens) AS DOUBLE)
@@ -151,8 +154,8 @@ def replay_run_windows(con: duckdb.DuckDBPyConnection, *, run_ids: Sequence[str]
                    AS hit_rate
         FROM q GROUP BY ALL ORDER BY run_id, window_start_s
     """
-    w = float(window_s)
-    return con.execute(sql, [[str(r) for r in run_ids], w, w, w, w, w]).df()
+    return con.execute(sql, [[str(r) for r in run_ids], *window_params, *window_params,
+                             float(window_s)]).df()
 
 
 def insert_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label: str | None,

@@ -25,6 +25,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.errors import UsageError
+from store.sqlhelpers import window_start_sql
 from store.queries.requests import (  # noqa: F401  (re-exported: the report is about both)
     ReportLine,
     _where,
@@ -190,9 +191,11 @@ def savings_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
     if not window_s or window_s <= 0:
         raise UsageError(f"window_s must be positive, got {window_s}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     return con.execute(f"""
         WITH w AS (
-            SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *
+            SELECT {window_start} AS window_start_s, *
             FROM requests WHERE ts_unix_s IS NOT NULL AND {where}
         ), a AS (SELECT window_start_s, model, {_SUMS} FROM w GROUP BY window_start_s, model),
         c AS (
@@ -204,5 +207,4 @@ def savings_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
                price_source, saved, cost_without_cache, cost_with_cache,
                CASE WHEN priced THEN NULL ELSE ? END AS note
         FROM c ORDER BY window_start_s, model NULLS LAST
-    """, [float(origin_s), float(origin_s), float(window_s), float(window_s), *params,
-          float(window_s), NO_PRICE_NOTE]).df()
+    """, [*window_params, *params, float(window_s), NO_PRICE_NOTE]).df()

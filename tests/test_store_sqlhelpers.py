@@ -1,0 +1,43 @@
+"""``store.sqlhelpers.window_start_sql``: the one window cut of every per-window query."""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from store.sqlhelpers import window_start_sql
+
+
+def _start(ts: float, window_s: float, origin_s: float = 0.0) -> float:
+    sql, params = window_start_sql("ts_unix_s", window_s=window_s, origin_s=origin_s)
+    return duckdb.execute(f"SELECT {sql} FROM (SELECT ?::DOUBLE AS ts_unix_s)",
+                          [*params, ts]).fetchone()[0]
+
+
+@pytest.mark.parametrize(("ts", "window_s", "origin_s", "start"), [
+    (1795960920.0, 300, 0, 1795960800.0),   # 14:02 -> 14:00
+    (1795960800.0, 300, 0, 1795960800.0),   # a boundary starts its window
+    (1795960799.5, 300, 0, 1795960500.0),
+    (40.0, 60, 30, 30.0),                   # origin 30: windows [30, 90) ...
+    (29.0, 60, 30, -30.0),                  # ... and before it [-30, 30)
+    (-1.0, 86400, 0, -86400.0),
+])
+def test_windows(ts, window_s, origin_s, start):
+    assert _start(ts, window_s, origin_s) == start
+
+
+@given(st.floats(-1e9, 3e9, allow_nan=False), st.sampled_from([1.0, 15.0, 300.0, 3600.0, 86400.0]),
+       st.floats(-1e6, 1e6, allow_nan=False))
+def test_matches_the_formula(ts, window_s, origin_s):
+    assert _start(ts, window_s, origin_s) == origin_s + math.floor((ts - origin_s) / window_s) * window_s
+
+
+def test_values_are_parameters_and_columns_are_names():
+    sql, params = window_start_sql("q.rel_s", window_s=300, origin_s=5)
+    assert sql == "(? + floor((q.rel_s - ?) / ?) * ?)" and params == [5.0, 5.0, 300.0, 300.0]
+    with pytest.raises(AssertionError):
+        window_start_sql("ts_unix_s); DROP TABLE requests; --", window_s=300)
