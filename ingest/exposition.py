@@ -336,16 +336,40 @@ def _screen_labels(name: str, labels: dict[str, str],
     return screened, None
 
 
-def configured_label_key() -> bytes | None:
-    """The server-side HMAC key when one is configured (``PREFIXSCOPE_HMAC_KEY_FILE`` or
-    ``PREFIXSCOPE_HMAC_KEY``), else None; used to digest labels outside :data:`ALLOWED_LABELS`."""
-    from prefixscope.errors import ConfigError
+#: Default ``label_key`` of the ingest functions: read the configured key (or its absence) once
+#: when the call starts, with :func:`configured_label_key`.
+CONFIGURED_KEY = "configured"
+
+
+def configured_label_key(config_path: str | None = None) -> bytes | None:
+    """The server-side HMAC key used to digest labels outside :data:`ALLOWED_LABELS`, or None
+    when no key is configured (such samples are then quarantined).
+
+    Read once per command (the ingest functions call it when they start, never per scrape):
+    ``$PREFIXSCOPE_HMAC_KEY_FILE``, then ``[identity] hmac_key_file`` of the settings, then the
+    hex string in ``$PREFIXSCOPE_HMAC_KEY`` (``replay.identity.load_hmac_key``).
+
+    Args:
+        config_path: settings file (default ``$PREFIXSCOPE_CONFIG`` or ``./prefixscope.toml``).
+
+    Raises:
+        ConfigError: a key is configured but cannot be used: the file is missing, unreadable,
+            shorter than 32 bytes or inside the repository, or ``$PREFIXSCOPE_HMAC_KEY`` is not
+            hex; or the settings file is invalid. Raised before anything is read or stored.
+    """
+    import os
+
+    from prefixscope.config import load_settings
     from replay.identity import load_hmac_key
 
-    try:
-        return load_hmac_key()
-    except ConfigError:
+    key_file = load_settings(config_path).identity.hmac_key_file  # includes the env variable
+    if not key_file and not os.environ.get("PREFIXSCOPE_HMAC_KEY"):
         return None
+    return load_hmac_key(config_path=key_file)
+
+
+def _label_key(label_key: bytes | None | str) -> bytes | None:
+    return configured_label_key() if label_key == CONFIGURED_KEY else label_key  # type: ignore[return-value]
 
 
 def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
@@ -491,7 +515,8 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
 
 
 def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: str | None = None,
-                      at_unix_s: float | None = None, run_id: str = "") -> IngestSummary:
+                      at_unix_s: float | None = None, run_id: str = "",
+                      label_key: bytes | None | str = CONFIGURED_KEY) -> IngestSummary:
     """Read, parse and store one exposition (file or URL) on an open read-write connection.
 
     Args:
@@ -500,15 +525,20 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
         instance: instance name (default: the URL's host:port or the file name stem).
         at_unix_s: time to stamp the scrape with (default: now for a URL, mtime for a file).
         run_id: the replay run these samples belong to (``''`` = production traffic).
+        label_key: HMAC key for labels outside :data:`ALLOWED_LABELS` (None: quarantine
+            them); default: :func:`configured_label_key`. A caller ingesting many files
+            passes the key it read once.
 
     Returns:
         The :class:`~ingest.bookkeeping.IngestSummary` of the scrape.
 
     Raises:
-        SourceUnavailable: the source cannot be read at all.
+        SourceUnavailable: the source cannot be read at all. ConfigError: from
+        :func:`configured_label_key`.
     """
+    key = _label_key(label_key)
     raw = read_source(source, at_unix_s=at_unix_s)
-    read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
+    read = fetch_samples(raw.text, label_key=key, location=source,
                          instance=instance or raw.default_instance,
                          ts_unix_s=raw.ts_unix_s)
     return save_samples(con, read, kind=raw.kind, run_id=run_id)
@@ -530,8 +560,12 @@ def nothing_error(outcomes: Sequence[ScrapeOutcome], errors: Sequence[str]) -> N
 
 
 def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None = None,
-                   at_unix_s: float | None = None) -> tuple[list[ScrapeOutcome], list[str]]:
+                   at_unix_s: float | None = None,
+                   label_key: bytes | None | str = CONFIGURED_KEY
+                   ) -> tuple[list[ScrapeOutcome], list[str]]:
     """One scrape of every source, each stored in its own short write transaction.
+
+    ``label_key`` as in :func:`ingest_exposition`, read once before the first source.
 
     Returns:
         ``(outcomes, errors)``: one :class:`ScrapeOutcome` per readable source in the given
@@ -539,9 +573,11 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
 
     Raises:
         NothingIngested: no source gave a single kept sample (the message lists each reason).
+        ConfigError: a configured HMAC key cannot be read (before any source is read).
     """
     from store import db as store_db
 
+    key = _label_key(label_key)
     outcomes: list[ScrapeOutcome] = []
     errors: list[str] = []
     for source in sources:
@@ -550,7 +586,7 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
         except SourceUnavailable as exc:
             errors.append(str(exc))
             continue
-        read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
+        read = fetch_samples(raw.text, label_key=key, location=source,
                              instance=instance or raw.default_instance, ts_unix_s=raw.ts_unix_s)
         with store_db.writer(db_path) as con:
             outcomes.append(ScrapeOutcome(save_samples(con, read, kind=raw.kind), read.problems))
@@ -573,7 +609,8 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
                 stop: threading.Event | None = None,
                 on_scrape: Callable[[ScrapeOutcome], None] | None = None,
                 on_error: Callable[[str], None] | None = None,
-                timeout_s: float | None = None) -> ScrapeLoopResult:
+                timeout_s: float | None = None,
+                label_key: bytes | None | str = CONFIGURED_KEY) -> ScrapeLoopResult:
     """Scrape every source every ``every_s`` seconds until stopped.
 
     Each round reads every source over HTTP first, then stores each scrape in its own short
@@ -590,9 +627,14 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
         stop: an event that ends the loop (set by a SIGTERM handler in the CLI).
         on_scrape, on_error: callbacks per stored scrape / per failure.
         timeout_s: HTTP timeout (default ``min(10, every_s)``).
+        label_key: as in :func:`ingest_exposition`; read once before the first round, so a
+            key file is not re-read every scrape (a key rotated on disk needs a restart).
 
     Returns:
         A :class:`ScrapeLoopResult`.
+
+    Raises:
+        ConfigError: a configured HMAC key cannot be read (before the first scrape).
     """
     import httpx
 
@@ -600,6 +642,7 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
 
     if every_s <= 0:
         raise ValueError("every_s must be > 0")
+    key = _label_key(label_key)
     stop = stop or threading.Event()
     result = ScrapeLoopResult()
     t0 = time.monotonic()
@@ -616,7 +659,7 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
                         if on_error:
                             on_error(str(exc))
                         continue
-                    read = fetch_samples(raw.text, label_key=configured_label_key(), location=source,
+                    read = fetch_samples(raw.text, label_key=key, location=source,
                                          instance=instance or raw.default_instance,
                                          ts_unix_s=raw.ts_unix_s)
                     with store_db.writer(db_path) as con:

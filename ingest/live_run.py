@@ -44,7 +44,7 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
         SourceUnavailable: the directory has no ``run.json``.
         ParseError: ``run.json`` is not valid JSON or lacks ``run_id``/``instance``.
     """
-    from ingest.exposition import ingest_exposition
+    from ingest.exposition import configured_label_key, ingest_exposition
     from ingest.usage import ingest_usage_file
     from store.queries.replay_live import save_live_run
 
@@ -65,12 +65,13 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
     req_summary = ingest_usage_file(con, d / "requests.jsonl", run_id=run_id, instance=instance,
                                     default_model=doc.get("model") or None)
     metric_summaries = []
+    label_key = configured_label_key()  # once for both scrapes
     for name, ts_key in (("metrics_before.prom", "before_ts_unix_s"),
                          ("metrics_after.prom", "after_ts_unix_s")):
         if (d / name).is_file() and doc.get(ts_key) is not None:
             metric_summaries.append(ingest_exposition(con, str(d / name), instance=instance,
                                                       at_unix_s=float(doc[ts_key]),
-                                                      run_id=run_id))
+                                                      run_id=run_id, label_key=label_key))
     n = 0
     if doc.get("before_ts_unix_s") is not None and doc.get("after_ts_unix_s") is not None:
         n = save_live_run(

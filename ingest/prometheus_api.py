@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 
 from ingest.bookkeeping import Quarantined
 from ingest.exposition import (
+    CONFIGURED_KEY,
     CREATED_SPECS,
     SAMPLE_SPECS,
     V0_HIT_RATE_GAUGES,
@@ -217,7 +218,8 @@ def _merge(a, b):
 
 def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: float,
                             step_s: float | None = None, instance_label: str = "instance",
-                            chunk_s: float = 3600.0, timeout_s: float = 30.0) -> ScrapeOutcome:
+                            chunk_s: float = 3600.0, timeout_s: float = 30.0,
+                            label_key: bytes | None | str = CONFIGURED_KEY) -> ScrapeOutcome:
     """Pull ``[start_s, end_s]`` from a Prometheus-compatible API and store it, chunk by chunk.
 
     Each chunk (``chunk_s`` seconds, default 1 h) is one query and one short write transaction;
@@ -231,6 +233,8 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
         step_s: None for raw samples (exact), else sample every ``step_s`` seconds.
         instance_label: label naming the vLLM instance (dropped from the stored labels).
         chunk_s: seconds per query.
+        label_key: HMAC key for labels outside the allowlist (None: quarantine them); default
+            the configured key (``ingest.exposition.configured_label_key``), read once.
 
     Returns:
         One :class:`~ingest.exposition.ScrapeOutcome` for the whole range.
@@ -238,11 +242,13 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
     Raises:
         SourceUnavailable: the API cannot be reached or rejects the query.
         NothingIngested: no kept series in the range.
+        ConfigError: a configured HMAC key cannot be read (before the first query).
     """
     from store import db as store_db
 
     if chunk_s <= 0:
         raise ValueError("chunk_s must be > 0")
+    key = configured_label_key() if label_key == CONFIGURED_KEY else label_key
     default_instance = instance_for_url(url)
     total = None
     problems: list[Quarantined] = []
@@ -252,7 +258,7 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
         result = query_range(url, start_s=lo, end_s=hi, step_s=step_s, timeout_s=timeout_s)
         read = samples_from_series(result, location=url, default_instance=default_instance,
                                    instance_label=instance_label, step_s=step_s,
-                                   label_key=configured_label_key())
+                                   label_key=key)
         if read.samples or read.problems:
             with store_db.writer(db_path) as con:
                 total = _merge(total, save_samples(con, read, kind=KIND))

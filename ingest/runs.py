@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 from ingest.bookkeeping import IngestSummary
-from ingest.exposition import ingest_exposition
+from ingest.exposition import configured_label_key, ingest_exposition
 from ingest.usage import ingest_usage_file
 
 
@@ -100,12 +100,14 @@ def ingest_run_dir(con: duckdb.DuckDBPyConnection,
     usage = ingest_usage_file(con, str(usage_path), run_id=run_id, instance=instance,
                               default_model=doc.get("model"))
     metrics = []
+    label_key = configured_label_key()  # once for every snapshot of the run
     for entry in files.get("metrics", []):
         path = d / entry["path"]
         if not path.is_file():
             raise SourceUnavailable(f"{path}: listed in {d / 'run.json'} but missing")
         metrics.append(ingest_exposition(con, str(path), instance=instance,
-                                         at_unix_s=float(entry["at_unix_s"]), run_id=run_id))
+                                         at_unix_s=float(entry["at_unix_s"]), run_id=run_id,
+                                         label_key=label_key))
     params = dict(doc.get("params") or {})
     params["summary"] = doc.get("summary")
     params["layout"] = doc.get("layout")

@@ -99,7 +99,9 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
         n = load_prices(con, DATA / "prices.toml")
         report.steps.append(f"prices: {n} models from data/prices.toml")
         for name, instance, at in SCRAPE_TIMES:
-            s = ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at)
+            # bundled vLLM captures carry only vLLM's own labels: no HMAC key is needed (or read)
+            s = ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at,
+                                  label_key=None)
             report.steps.append(f"metrics {name} as {instance}: {s.rows_added} samples")
         s = ingest_usage_file(con, str(CAPTURES / "probe_bs32.requests.jsonl"),
                               instance="vllm-cpu-bs32")

@@ -172,7 +172,7 @@ def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | Non
                                                  run_id=run_id).rows_added
             rows["metric_samples"] = sum(
                 ingest_exposition(con, str(p), instance=instance, at_unix_s=at,
-                                  run_id=run_id).rows_added
+                                  run_id=run_id, label_key=key).rows_added
                 for p, at in files["expositions"])
             record_replay_run(con, run_id=run_id, label=label or f"gateway replay of "
                               f"{Path(trace_path).name}", params={
