@@ -1,4 +1,4 @@
-"""Ingest a live replay run directory (written by ``replay.live.run_live``).
+"""Ingest a live replay run directory (written by ``replay.live_run.run_live``).
 
 Everything goes through the ordinary ingest paths, so a live run looks exactly like production
 traffic of its server, tagged with its run id:

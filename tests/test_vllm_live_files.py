@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from replay.live import (
-    LiveConfig,
-    LiveResult,
-    counter_deltas,
-    counter_totals,
-    percentile,
-    result_to_usage_line,
-    results_as_trace,
-    synth_prompt_ids,
-)
+from replay.live import LiveConfig, LiveResult, synth_prompt_ids
+from replay.live_metrics import counter_deltas, counter_totals
+from replay.live_outputs import result_to_usage_line, results_as_trace
+from replay.live_run import percentile
 from replay.types import TraceRequest
 from tests.vllm_support import free_port
 
@@ -228,7 +222,7 @@ def test_cli_ingest_live_run_names_a_missing_manifest(cli, db_path, tmp_path):
 
 def test_run_live_refuses_to_overwrite_a_run(tmp_path):
     from prefixscope.errors import UsageError
-    from replay.live import run_live
+    from replay.live_run import run_live
 
     (tmp_path / "run.json").write_text("{}")
     with pytest.raises(UsageError, match="already holds a run"):

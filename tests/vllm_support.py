@@ -403,12 +403,12 @@ def simulate_like(server: VllmServer, live_results, *, order=None, concurrency=N
     Args:
         order: trace request ids in the order to simulate (default: send order).
         concurrency: a ``ConcurrencyConfig`` for the step model, None for sequential.
-        step_s: arrival spacing for ``order`` (see ``replay.live.results_as_trace``).
+        step_s: arrival spacing for ``order`` (see ``replay.live_outputs.results_as_trace``).
 
     Returns:
         ``{request_id: RequestResult}``.
     """
-    from replay.live import results_as_trace
+    from replay.live_outputs import results_as_trace
     from replay.sim import simulate
     from replay.types import SimConfig
 
@@ -452,7 +452,7 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
     """
     import dataclasses
 
-    from replay.live import run_live
+    from replay.live_run import run_live
     from replay.types import ConcurrencyConfig
 
     live_runs = []
@@ -490,7 +490,7 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
     for summary, results, order in live_runs:
         live = {r.request_id: r for r in results}
         t0 = min(r.sent_unix_s for r in results)
-        from replay.live import results_as_trace
+        from replay.live_outputs import results_as_trace
         from replay.sim import simulate
         from replay.types import SimConfig
 

@@ -102,7 +102,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
 
           prefixscope replay live conversation_trace.jsonl --format mooncake --base-url http://gpu1:8000 --rate-from-trace --speedup 10 --limit 500
         """
-        from replay.live import LiveConfig, run_live
+        from replay.live import LiveConfig
+        from replay.live_run import run_live
         from replay.traces import read_trace
 
         if rate_from_trace is False and speedup != 1.0:
@@ -130,7 +131,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
             err.print(f"skipped {p}", markup=False, highlight=False)
         if not requests:
             raise UsageError(f"{trace}: no usable requests")
-        from replay.live import new_run_id
+        from replay.live_run import new_run_id
 
         run_id = run_id or new_run_id()
         target = out_dir or Path("out") / run_id

@@ -36,7 +36,7 @@ def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | N
         params: the replay parameters (stored as JSON in ``runs.params_json``).
         instance: the server's scrape instance (host:port).
         before, after: counter totals (summed over series) in the before/after scrapes.
-        deltas: run-scoped increase per counter (see ``replay.live.counter_deltas``).
+        deltas: run-scoped increase per counter (see ``replay.live_metrics.counter_deltas``).
         before_ts_unix_s, after_ts_unix_s: scrape times, Unix seconds.
         settled: the queries counter caught up with the run's prompt tokens before the after
             scrape.
