@@ -76,7 +76,7 @@ def write_gateway_outputs(replay, out_dir: str | os.PathLike[str], *, run_id: st
     Returns:
         ``{"decisions": path, "requests": path, "expositions": [(path, at_unix_s), ...]}``.
     """
-    from replay.gateway import write_decision_log
+    from replay.gateway_replay import write_decision_log
     from replay.outputs import event_of, write_exposition, write_usage_jsonl
 
     out = Path(out_dir)
@@ -139,7 +139,8 @@ def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | Non
         SimulationError: a configuration the simulator cannot model.
         StoreLocked: the database stayed locked.
     """
-    from replay.gateway import read_multitenant_trace, replay_gateway_trace
+    from replay.gateway_replay import replay_gateway_trace
+    from replay.gateway_trace import read_multitenant_trace
     from replay.types import SimConfig
 
     trace = read_multitenant_trace(trace_path)

@@ -7,14 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from replay.gateway import (
-    AuthContext,
-    Faults,
-    Gateway,
-    GatewayRequest,
-    TraceHeader,
-    VersionEvent,
-)
+from replay.gateway import Faults, Gateway
+from replay.gateway_trace import AuthContext, GatewayRequest, TraceHeader, VersionEvent
 from replay.hashing import block_hashes
 from replay.sim import simulate
 from replay.types import SimConfig, TraceRequest
