@@ -340,7 +340,10 @@ def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
     f = write_jsonl(tmp_path / "big.jsonl", recs)
     with open(f, "a") as fh:
         fh.write('{"id": "tail", "usage": {"prompt_tokens": 1}}')  # complete, no newline
-    monkeypatch.setattr(usage, "REGION_BYTES", 20_000)  # many regions
+    import ingest.usage_read as usage_read
+
+    monkeypatch.setattr(usage_read, "REGION_BYTES", 20_000)  # many regions
+    monkeypatch.setattr(usage, "INSERT_ROWS", 500)  # several regions per transaction
     s, problems = usage.ingest_usage_file_detailed(con, f, workers=2)
     assert (s.rows_read, s.rows_quarantined) == (2999, 1)
     assert [q.line for q in problems] == [101]

@@ -1,0 +1,362 @@
+"""Usage-log reading: JSONL bytes from a checkpoint -> Arrow batches of ``requests`` rows.
+
+Reads only (no DuckDB): lines are decoded and normalised by :mod:`ingest.usage_shapes`, the
+rows built column by column into Arrow tables with the ``requests`` types, and bad lines
+collected as quarantine entries. Large files are parsed by forked processes, one region of
+complete lines each (:func:`fetch_usage_parallel`); the writer is ``ingest/usage.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.bookkeeping import Checkpoint, Quarantined
+from ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
+from prefixscope.errors import SourceUnavailable
+
+#: Rows per transaction (and per Arrow batch) when parsing in this process.
+BATCH_ROWS = 50_000
+#: Bytes read from the file at a time.
+READ_BYTES = 8 << 20
+
+_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    ("run_id", pa.string()), ("request_id", pa.string()), ("source_id", pa.string()),
+    ("line", pa.int64()), ("ts_unix_s", pa.float64()), ("ts_estimated", pa.bool_()),
+    ("model", pa.string()), ("instance", pa.string()), ("endpoint", pa.string()),
+    ("usage_shape", pa.string()), ("prompt_tokens", pa.int64()), ("cached_tokens", pa.int64()),
+    ("cache_write_tokens", pa.int64()), ("cache_write_1h_tokens", pa.int64()),
+    ("completion_tokens", pa.int64()), ("ttft_ms", pa.float64()), ("latency_ms", pa.float64()),
+    ("scope", pa.string()), ("tenant_digest", pa.string()), ("flags", pa.string()),
+)
+_SCHEMA = pa.schema([pa.field(n, t) for n, t in _COLUMNS])
+_COLUMN_LIST = ", ".join(n for n, _ in _COLUMNS)
+
+
+@dataclass(slots=True)
+class UsageBatch:
+    """Rows parsed from a run of lines, with the checkpoint after them.
+
+    Attributes:
+        rows: the rows as an Arrow table in ``requests`` column order (:data:`_COLUMNS`).
+        quarantined: lines set aside, with file:line:field:reason.
+        skipped: lines that are not requests (blank lines, stream chunks without usage).
+        checkpoint: byte offset and line count after the last consumed line.
+    """
+
+    rows: pa.Table
+    quarantined: list[Quarantined]
+    skipped: int
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class _LineContext:
+    """What every row of one file shares (picklable: sent to parser processes)."""
+
+    location: str
+    source_id: str
+    run_id: str
+    instance: str | None
+    default_model: str | None
+    mtime: float
+    fallback_prefix: str  # "<absolute path>:" for request ids of lines without one
+
+
+def _context(path: str | os.PathLike[str], source_id: str, run_id: str, instance: str | None,
+             default_model: str | None, mtime: float) -> _LineContext:
+    return _LineContext(str(path), source_id, run_id, instance, default_model, mtime,
+                        str(Path(path).resolve()) + ":")
+
+
+def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext
+                       ) -> tuple[pa.Table, list[Quarantined], int]:
+    """Parse complete lines (no newline) numbered ``line_no + 1``...
+
+    Returns:
+        (the ``requests`` rows as an Arrow table (:data:`_COLUMNS`), quarantined lines,
+        skipped lines: blank or stream chunks without usage). The table is built column by
+        column, the file's defaults filled in by Arrow compute rather than per row.
+    """
+    decode = _DECODER.decode
+    normalise = _normalise
+    parsed: list[tuple] = []
+    append = parsed.append
+    line_nos: list[int] = []
+    append_no = line_nos.append
+    quarantined: list[Quarantined] = []
+    skipped = 0
+    for raw in lines:
+        line_no += 1
+        try:
+            t = normalise(decode(raw))
+        except _Skip:
+            skipped += 1
+            continue
+        except _Bad as exc:
+            quarantined.append(Quarantined(ctx.location, line_no, exc.reason, exc.field))
+            continue
+        except msgspec.MsgspecError as exc:
+            if not raw.strip():
+                skipped += 1  # a blank line
+                continue
+            field, reason = _split_error(exc)
+            quarantined.append(Quarantined(ctx.location, line_no, reason, field))
+            continue
+        append(t)
+        append_no(line_no)
+    return _columns_to_arrow(parsed, line_nos, ctx), quarantined, skipped
+
+
+_NULL_STRING = pa.scalar(None, pa.string())
+
+
+def _or_default(values: pa.Array, default: str | None) -> pa.Array:
+    """``value or default`` for a string column (empty text counts as missing, like Python's
+    ``or``)."""
+    empty = pc.equal(values, "")
+    if default is None:
+        return pc.if_else(empty, _NULL_STRING, values)
+    return pc.if_else(pc.or_kleene(pc.is_null(values), empty), default, values)
+
+
+def _columns_to_arrow(parsed: list[tuple], line_nos: list[int], ctx: _LineContext) -> pa.Table:
+    """:func:`_normalise` tuples of the lines numbered ``line_nos`` -> the ``requests`` Arrow
+    table, the file's defaults filled in: ``ctx.run_id`` where a line names no run, request id
+    ``<absolute path>:<line>`` where it has none, the file mtime (``ts_estimated`` true) where
+    it gives no time, ``ctx.default_model``/``ctx.instance`` where it names none (or "")."""
+    n = len(parsed)
+    if n == 0:
+        return rows_to_arrow([])
+    (rid, ts, ts_est, run, model, instance, *rest) = zip(*parsed)
+    if None in rid:
+        prefix = ctx.fallback_prefix
+        rid = [r if r is not None else prefix + str(no) for r, no in zip(rid, line_nos)]
+    ts_arr = pa.array(ts, pa.float64())
+    est_arr = pa.array(ts_est, pa.bool_())
+    if ts_arr.null_count:
+        est_arr = pc.if_else(pc.is_null(ts_arr), True, est_arr)
+        ts_arr = pc.fill_null(ts_arr, ctx.mtime)
+    run_arr = pa.array(run, pa.string())
+    if run_arr.null_count:
+        run_arr = pc.fill_null(run_arr, ctx.run_id)
+    head = [run_arr, pa.array(rid, pa.string()), pa.repeat(ctx.source_id, n),
+            pa.array(line_nos, pa.int64()), ts_arr, est_arr,
+            _or_default(pa.array(model, pa.string()), ctx.default_model),
+            _or_default(pa.array(instance, pa.string()), ctx.instance)]
+    tail = [pa.array(c, t) for c, (_, t) in zip(rest, _COLUMNS[8:])]
+    return pa.Table.from_arrays(head + tail, schema=_SCHEMA)
+
+
+def _open(path: str | os.PathLike[str]):
+    try:
+        fh = open(path, "rb")
+        return fh, os.fstat(fh.fileno()).st_mtime
+    except OSError as exc:
+        raise SourceUnavailable(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _complete_tail(tail: bytes) -> bool:
+    """A final line without a newline counts only when it is complete JSON (a writer may still
+    be writing it); it is then read, otherwise left for the next run."""
+    if not tail.strip():
+        return False
+    try:
+        msgspec.json.decode(tail)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
+                run_id: str = "", instance: str | None = None, default_model: str | None = None,
+                batch_rows: int = BATCH_ROWS) -> Iterator[UsageBatch]:
+    """Read a usage JSONL file from ``start`` and yield parsed batches (reads only; one thread).
+
+    A final line without a newline is consumed only if it is complete JSON (a writer may still
+    be writing it); otherwise it is left for the next run.
+
+    Args:
+        path: the JSONL file.
+        start: where to begin (byte offset, lines already read).
+        source_id: stored with each row.
+        run_id, instance, default_model: used when a line carries none.
+        batch_rows: lines per batch.
+
+    Yields:
+        :class:`UsageBatch` objects, file order; checkpoints without fingerprint.
+
+    Raises:
+        SourceUnavailable: the file cannot be opened.
+    """
+    fh, mtime = _open(path)
+    ctx = _context(path, source_id, run_id, instance, default_model, mtime)
+    with fh:
+        fh.seek(start.offset)
+        offset, line_no = start.offset, start.line
+        pending = b""
+        lines: list[bytes] = []
+        while True:
+            chunk = fh.read(READ_BYTES)
+            if not chunk:
+                if pending and _complete_tail(pending):
+                    lines.append(pending)
+                    pending = b""
+                    chunk_end = True
+                else:
+                    chunk_end = False
+                if lines or chunk_end:
+                    n = len(lines)
+                    rows, quarantined, skipped = _parse_lines_arrow(lines, line_no, ctx)
+                    offset += sum(len(x) for x in lines) + n - (1 if chunk_end else 0)
+                    line_no += n
+                    yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+                return
+            buf = pending + chunk
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                pending = buf
+                continue
+            pending = buf[cut + 1:]
+            lines.extend(buf[:cut].split(b"\n"))
+            while len(lines) >= batch_rows:
+                part, lines = lines[:batch_rows], lines[batch_rows:]
+                rows, quarantined, skipped = _parse_lines_arrow(part, line_no, ctx)
+                offset += sum(len(x) for x in part) + len(part)
+                line_no += len(part)
+                yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+
+
+#: Files (from their checkpoint) at least this large are parsed by a pool of processes.
+PARALLEL_MIN_BYTES = 64 << 20
+#: Bytes of complete lines per parallel batch (about 45,000 lines of 550 bytes).
+REGION_BYTES = 24 << 20
+
+
+def _parse_region(path: str, offset: int, nbytes: int, line_no: int, ctx: _LineContext
+                  ) -> tuple[pa.Table, list[Quarantined], int]:
+    """Parse the complete lines in ``[offset, offset + nbytes)`` (runs in a parser process)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        buf = fh.read(nbytes)
+    lines = buf.split(b"\n")
+    lines.pop()  # the region ends with a newline
+    return _parse_lines_arrow(lines, line_no, ctx)
+
+
+def _worker_init() -> None:
+    gc.disable()
+
+
+def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
+                         run_id: str = "", instance: str | None = None,
+                         default_model: str | None = None, workers: int = 1,
+                         region_bytes: int | None = None) -> Iterator[UsageBatch]:
+    """As :func:`fetch_usage`, but the lines are parsed by ``workers`` processes (forked: they
+    run only the pure parsing code, never DuckDB), one region of about ``region_bytes`` of
+    complete lines each, while the caller inserts earlier ones; batches are still yielded in
+    file order, so checkpoints advance in order.
+
+    Raises:
+        SourceUnavailable: the file cannot be opened.
+    """
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    region_bytes = region_bytes or REGION_BYTES
+    fh, mtime = _open(path)
+    ctx = _context(path, source_id, run_id, instance, default_model, mtime)
+    location = str(path)
+    with fh, ProcessPoolExecutor(max_workers=workers, initializer=_worker_init,
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+        size = os.fstat(fh.fileno()).st_size
+        offset, line_no = start.offset, start.line
+        inflight: deque = deque()
+
+        def drain(limit: int) -> Iterator[UsageBatch]:
+            while len(inflight) > limit:
+                fut, cp = inflight.popleft()
+                table, quarantined, skipped = fut.result()
+                yield UsageBatch(table, quarantined, skipped, cp)
+
+        # Region boundaries from a memory map: the parser processes read the bytes themselves,
+        # this process only finds the last newline of each region and counts its lines.
+        with (mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else
+              _NoMap()) as mm:
+            while offset < size:
+                cut = mm.rfind(b"\n", offset, min(offset + region_bytes, size))
+                if cut < 0:  # one line longer than a region: up to its end
+                    cut = mm.find(b"\n", offset + region_bytes)
+                    if cut < 0:
+                        break
+                n = int(np.count_nonzero(
+                    np.frombuffer(mm, np.uint8, cut + 1 - offset, offset) == _NEWLINE))
+                fut = pool.submit(_parse_region, location, offset, cut + 1 - offset, line_no, ctx)
+                offset = cut + 1
+                line_no += n
+                inflight.append((fut, Checkpoint(offset, line_no, None)))
+                yield from drain(2 * workers)
+            pending = mm[offset:size] if offset < size else b""
+        yield from drain(0)
+    if pending and _complete_tail(pending):
+        rows, quarantined, skipped = _parse_lines_arrow([pending], line_no, ctx)
+        yield UsageBatch(rows, quarantined, skipped,
+                         Checkpoint(offset + len(pending), line_no + 1, None))
+
+
+_NEWLINE = ord("\n")
+
+
+class _NoMap:
+    """Stands in for the memory map of an empty file (which cannot be mapped)."""
+
+    def __enter__(self) -> _NoMap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+#: Rows per transaction when parsing in processes: parsed regions are merged up to this many
+#: rows before their insert (DuckDB inserts into the primary-key index about 40% faster in
+#: batches of 200,000 rows than of 45,000; see docs/benchmarks.md "Usage-log ingest").
+INSERT_ROWS = 200_000
+
+
+def _merged(batches: Iterator[UsageBatch], min_rows: int) -> Iterator[UsageBatch]:
+    """Consecutive batches (rows as Arrow tables) merged until at least ``min_rows`` rows; each
+    merged batch carries the checkpoint of its last part, so it still commits as one unit."""
+    parts: list[UsageBatch] = []
+    n = 0
+
+    def merge() -> UsageBatch:
+        tables = [b.rows for b in parts]
+        return UsageBatch(pa.concat_tables(tables) if len(tables) > 1 else tables[0],
+                          [q for b in parts for q in b.quarantined],
+                          sum(b.skipped for b in parts), parts[-1].checkpoint)
+
+    for batch in batches:
+        parts.append(batch)
+        n += batch.rows.num_rows
+        if n >= min_rows:
+            yield merge()
+            parts, n = [], 0
+    if parts:
+        yield merge()
+
+
+def rows_to_arrow(rows: list[tuple]) -> pa.Table:
+    """Row tuples (``requests`` column order) -> an Arrow table with the ``requests`` types."""
+    cols = list(zip(*rows)) if rows else [()] * len(_COLUMNS)
+    return pa.Table.from_arrays(
+        [pa.array(c, type=t) for c, (_, t) in zip(cols, _COLUMNS)], schema=_SCHEMA)
