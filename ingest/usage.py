@@ -24,12 +24,10 @@ from ingest.bookkeeping import (
     Quarantined,
     fingerprint_upto,
     new_ingest_run_id,
-    record_quarantine,
-    record_run,
     resume_offset,
     source_id_for,
-    upsert_source,
 )
+from ingest.jsonl_driver import RetryBatch, commit_batch
 from ingest.usage_read import (
     _COLUMN_LIST,
     BATCH_ROWS,
@@ -74,32 +72,23 @@ def save_usage_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple] | pa.Table
     return insert(con, table, _COLUMN_LIST)
 
 
-def _save_batch(con: duckdb.DuckDBPyConnection, table: pa.Table, quarantined: list[Quarantined],
-                *, source_id: str, location: str, ingest_run_id: str, checkpoint: Checkpoint,
-                assume_new: bool) -> tuple[int, bool]:
-    """Rows + quarantine + checkpoint of one batch in one transaction.
+class _Inserter:
+    """The ``requests`` inserter for :func:`ingest.jsonl_driver.commit_batch`: rows from new
+    lines are nearly always new keys, so a plain ``INSERT`` is tried first; on a repeated key
+    the batch is rolled back (:class:`~ingest.jsonl_driver.RetryBatch`) and this and every
+    later batch use ``ON CONFLICT DO NOTHING``."""
 
-    Returns:
-        (rows added, whether the next batch may still assume new keys).
-    """
-    for attempt_new in ((True, False) if assume_new else (False,)):
-        con.execute("BEGIN TRANSACTION")
+    def __init__(self) -> None:
+        self.assume_new = True
+
+    def __call__(self, con: duckdb.DuckDBPyConnection, table: pa.Table) -> int:
+        if not self.assume_new:
+            return save_usage_rows(con, table)
         try:
-            n = save_usage_rows(con, table, assume_new=attempt_new)
-            record_quarantine(con, source_id=source_id, ingest_run_id=ingest_run_id,
-                              entries=quarantined)
-            upsert_source(con, source_id=source_id, kind=KIND, location=location,
-                          rows_added=n, checkpoint=checkpoint)
-            con.execute("COMMIT")
-            return n, attempt_new
+            return save_usage_rows(con, table, assume_new=True)
         except duckdb.ConstraintException:
-            con.execute("ROLLBACK")
-            if not attempt_new:
-                raise
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    raise AssertionError("unreachable")
+            self.assume_new = False
+            raise RetryBatch from None
 
 
 def ingest_usage_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
@@ -124,8 +113,10 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
                                ) -> tuple[IngestSummary, list[Quarantined]]:
     """Ingest one usage JSONL file into ``requests``, from its checkpoint on.
 
-    Each batch of up to ``batch_rows`` lines is committed with its quarantine entries and the
-    new checkpoint in one transaction. Safe to run twice: the primary key
+    Each batch is committed in one transaction with its quarantine entries and the new
+    checkpoint (offset, line, fingerprint), the last one also with the ``ingest_runs`` record
+    (:func:`ingest.jsonl_driver.commit_batch`; this module keeps its own file reading, which
+    parses regions in processes straight from the file). Safe to run twice: the primary key
     ``(run_id, request_id)`` and the checkpoint make a second run add nothing.
 
     Args:
@@ -159,10 +150,8 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     ingest_run_id = new_ingest_run_id()
     read = added = n_quarantined = skipped = 0
     problems: list[Quarantined] = []
+    insert = _Inserter()
     con.execute("SET enable_progress_bar = false")  # never draw on the caller's terminal
-    # Rows from new lines are nearly always new keys: try the plain INSERT first and fall back
-    # to ON CONFLICT DO NOTHING for this and later batches once a key repeats.
-    assume_new = True
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes only cost time
     try:
@@ -171,34 +160,52 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
         if workers is None:
             big = os.path.getsize(path) - start.offset >= PARALLEL_MIN_BYTES
             workers = max(1, min((os.cpu_count() or 1) - 1, 4)) if big else 0
-        batches = (_merged(fetch_usage_parallel(path, workers=workers, **kwargs), INSERT_ROWS)
-                   if workers > 0 else fetch_usage(path, batch_rows=batch_rows, **kwargs))
-        for batch in batches:
-            cp = Checkpoint(batch.checkpoint.offset, batch.checkpoint.line,
-                            fingerprint_upto(path, batch.checkpoint.offset))
-            table = batch.rows
-            n, assume_new = _save_batch(con, table, batch.quarantined,
-                                        source_id=source_id, location=location,
-                                        ingest_run_id=ingest_run_id, checkpoint=cp,
-                                        assume_new=assume_new)
-            read += table.num_rows
-            added += n
-            n_quarantined += len(batch.quarantined)
-            skipped += batch.skipped
+        batches = iter(_merged(fetch_usage_parallel(path, workers=workers, **kwargs), INSERT_ROWS)
+                       if workers > 0 else fetch_usage(path, batch_rows=batch_rows, **kwargs))
+        cur = next(batches, None)
+        if cur is None:  # nothing new: the run is still recorded (checkpoint kept as stored)
+            cur = UsageBatch(rows_to_arrow([]), [], 0, None)
+        while cur is not None:
+            nxt = next(batches, None)  # one batch ahead: the last one carries the run record
+            read += cur.rows.num_rows
+            n_quarantined += len(cur.quarantined)
+            skipped += cur.skipped
             if len(problems) < PROBLEMS_RETURNED:
-                problems.extend(batch.quarantined[:PROBLEMS_RETURNED - len(problems)])
+                problems.extend(cur.quarantined[:PROBLEMS_RETURNED - len(problems)])
+            cp = cur.checkpoint
+            if cp is not None:
+                cp = Checkpoint(cp.offset, cp.line, fingerprint_upto(path, cp.offset))
+            run_summary = None
+            if nxt is None:
+                run_summary = summary_of = _summary(location, start, read, added, n_quarantined,
+                                                    skipped)
+            n = commit_batch(
+                con, insert=insert, rows=cur.rows, quarantined=cur.quarantined,
+                source_id=source_id, kind=KIND, location=location,
+                ingest_run_id=ingest_run_id, checkpoint=cp, run_summary=run_summary,
+                started_unix_s=started)
+            added += n
+            cur = nxt
     finally:
         if gc_was_enabled:
             gc.enable()
+    return summary_of(n), problems  # the last batch's n
+
+
+def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_quarantined: int,
+             skipped: int):
+    """The call's summary once the last batch adds ``n`` rows (``added_before`` were added by
+    the earlier batches): ``n -> IngestSummary``."""
     notes = []
     if read == 0 and n_quarantined == 0 and skipped == 0:
         notes.append("no new lines since the last ingest" if start.offset else "empty file")
     if skipped:
         notes.append(f"{skipped} lines skipped (blank, or stream chunks without usage)")
-    summary = IngestSummary(source=location, kind=KIND, rows_read=read, rows_added=added,
-                            rows_duplicate=read - added, rows_quarantined=n_quarantined,
-                            note="; ".join(notes) or None)
-    status = "ok" if n_quarantined == 0 else ("partial" if read else "failed")
-    record_run(con, source_id=source_id, kind=KIND, started_unix_s=started, summary=summary,
-               status=status, ingest_run_id=ingest_run_id)
-    return summary, problems
+    note = "; ".join(notes) or None
+
+    def summary(n: int) -> IngestSummary:
+        return IngestSummary(source=location, kind=KIND, rows_read=read,
+                             rows_added=added_before + n, rows_duplicate=read - added_before - n,
+                             rows_quarantined=n_quarantined, note=note)
+
+    return summary

@@ -50,13 +50,14 @@ class UsageBatch:
         rows: the rows as an Arrow table in ``requests`` column order (:data:`_COLUMNS`).
         quarantined: lines set aside, with file:line:field:reason.
         skipped: lines that are not requests (blank lines, stream chunks without usage).
-        checkpoint: byte offset and line count after the last consumed line.
+        checkpoint: byte offset and line count after the last consumed line (None: no line
+            consumed, the stored checkpoint stays).
     """
 
     rows: pa.Table
     quarantined: list[Quarantined]
     skipped: int
-    checkpoint: Checkpoint
+    checkpoint: Checkpoint | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +239,9 @@ def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: s
 
 #: Files (from their checkpoint) at least this large are parsed by a pool of processes.
 PARALLEL_MIN_BYTES = 64 << 20
+#: Regions submitted to the parser processes ahead of the one being consumed: enough to keep
+#: them busy while the caller inserts a merged batch of :data:`INSERT_ROWS` rows.
+AHEAD_REGIONS = 8
 #: Bytes of complete lines per parallel batch (about 45,000 lines of 550 bytes).
 REGION_BYTES = 24 << 20
 
@@ -260,11 +264,14 @@ def _worker_init() -> None:
 def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
                          run_id: str = "", instance: str | None = None,
                          default_model: str | None = None, workers: int = 1,
-                         region_bytes: int | None = None) -> Iterator[UsageBatch]:
+                         region_bytes: int | None = None, ahead: int | None = None
+                         ) -> Iterator[UsageBatch]:
     """As :func:`fetch_usage`, but the lines are parsed by ``workers`` processes (forked: they
     run only the pure parsing code, never DuckDB), one region of about ``region_bytes`` of
     complete lines each, while the caller inserts earlier ones; batches are still yielded in
-    file order, so checkpoints advance in order.
+    file order, so checkpoints advance in order. Up to ``ahead`` regions (default the larger of
+    :data:`AHEAD_REGIONS` and ``2 * workers``) are parsed ahead of the consumer, each held as
+    an Arrow table of about 8 MB per 45,000 rows until consumed.
 
     Raises:
         SourceUnavailable: the file cannot be opened.
@@ -274,6 +281,7 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
     from concurrent.futures import ProcessPoolExecutor
 
     region_bytes = region_bytes or REGION_BYTES
+    ahead = max(1, ahead if ahead is not None else max(AHEAD_REGIONS, 2 * workers))
     fh, mtime = _open(path)
     ctx = _context(path, source_id, run_id, instance, default_model, mtime)
     location = str(path)
@@ -305,7 +313,7 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
                 offset = cut + 1
                 line_no += n
                 inflight.append((fut, Checkpoint(offset, line_no, None)))
-                yield from drain(2 * workers)
+                yield from drain(ahead)
             pending = mm[offset:size] if offset < size else b""
         yield from drain(0)
     if pending and _complete_tail(pending):
