@@ -30,10 +30,14 @@ key-less block. Hit counts equal those of any pool large enough never to evict.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
+from itertools import repeat as _repeat
+from operator import itemgetter as _gather
 
 _HEAD = -2  # sentinel index: always the second-to-last slot of _next/_prev
 _TAIL = -1  # sentinel index: always the last slot
+_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
 class FreeBlockQueue:
@@ -49,8 +53,8 @@ class FreeBlockQueue:
         """Start with blocks ``0 .. num_blocks-1`` queued in id order."""
         n = num_blocks
         # Slots 0..n-1 are blocks; slot n is HEAD, slot n+1 is TAIL.
-        self._next = [i + 1 for i in range(n)] + [0 if n else _TAIL, _TAIL]
-        self._prev = [i - 1 for i in range(n)] + [_HEAD, n - 1 if n else _HEAD]
+        self._next = [*range(1, n + 1), 0 if n else _TAIL, _TAIL]
+        self._prev = [*range(-1, n - 1), _HEAD, n - 1 if n else _HEAD]
         if n:
             self._next[n - 1] = _TAIL
             self._prev[0] = _HEAD
@@ -398,6 +402,113 @@ class BlockPool:
         q.num_free_blocks += n_back
         if front:
             q.prepend_n(front)
+
+    def is_idle(self) -> bool:
+        """True when no block is in use (bounded pool: every usable block is in the free queue)."""
+        if self._unbounded:
+            return not any(self.ref_cnt)
+        return self.free_queue.num_free_blocks == self.num_gpu_blocks - 1
+
+    def run_alone(
+        self, keys: Sequence[Hashable], num_lookup: int, num_blocks: int, num_keyed: int,
+    ) -> int:
+        """One request's whole life on an idle pool, in one pass; returns its hit blocks.
+
+        Equivalent, state and counters included, to vLLM's sequence for a request that runs
+        alone (``vllm/v1/core/block_pool.py`` and ``kv_cache_manager.py``, 0.32.0):
+        ``get_cached_block`` on ``keys[:num_lookup]`` up to the first miss (hits ``h``),
+        ``touch`` of the hits, ``get_new_blocks(num_blocks - h)`` with ``cache_full_blocks`` of
+        ``keys[h:num_keyed]`` on the first of them, then ``free_blocks`` of all its blocks in
+        reverse. Reference counts are 0 before and after, so they are not written. Popping every
+        new block before registering any key gives the same map as vLLM's interleaving
+        (eviction removes only the popped block's key; registration only appends; invariant 4).
+
+        Args:
+            keys: the request's block keys (at least ``num_keyed``).
+            num_lookup: keys that may hit (``floor((n - 1) / block_size)``, 0 for skip-read).
+            num_blocks: blocks the request holds at its peak (``cdiv(tokens, block_size)``),
+                1 .. ``num_gpu_blocks - 1``.
+            num_keyed: blocks full at the end, ``num_lookup <= num_keyed <= num_blocks``.
+
+        Raises:
+            AssertionError: the pool is unbounded, caching is off, a block is in use, or the
+                arguments are out of range (callers use the step-by-step path then).
+        """
+        q = self.free_queue
+        assert not self._unbounded and self.enable_caching
+        assert q.num_free_blocks == self.num_gpu_blocks - 1
+        assert 0 <= num_lookup <= num_keyed <= num_blocks <= q.num_free_blocks, (
+            num_lookup, num_keyed, num_blocks)
+        nxt, prv = q._next, q._prev
+        bh, first, dups = self.block_hash, self._first, self._dups
+        # Lookup (vLLM KVCacheManager.get_computed_blocks) and touch (the hits leave the queue).
+        hits: list[int] = []
+        if num_lookup:
+            get = first.get
+            app = hits.append
+            for key in keys[:num_lookup] if num_lookup < len(keys) else keys:
+                b = get(key)
+                if b is None:
+                    break
+                app(b)
+            for b in hits:
+                p, n = prv[b], nxt[b]
+                nxt[p] = n
+                prv[n] = p
+        nh = len(hits)
+        # Pop the new blocks from the front.
+        new: list[int] = []
+        app = new.append
+        b = nxt[_HEAD]
+        for _ in range(num_blocks - nh):
+            app(b)
+            b = nxt[b]
+        nxt[_HEAD] = b
+        prv[b] = _HEAD
+        # Eviction of their keys, then the new keys (the first nk new blocks get one).
+        nk = num_keyed - nh
+        olds = _gather(0, *new)(bh)  # bh[0] is None (the null block): always a tuple
+        evicted = len(olds) - olds.count(None)
+        if evicted:
+            if dups and not dups.keys().isdisjoint(olds):
+                for b in new:
+                    old = bh[b]
+                    if old is not None:
+                        if old in dups:
+                            self._drop_duplicate(b, old)
+                        else:
+                            del first[old]
+            else:  # each old key maps to its block alone (invariant 4)
+                _consume(map(first.pop, olds, _repeat(None)))
+        keyed = new[:nk] if nk < len(new) else new
+        new_keys = keys[nh:num_keyed]
+        for b, key in zip(keyed, new_keys):
+            bh[b] = key
+        for b in new[nk:]:
+            bh[b] = None
+        got = list(map(first.setdefault, new_keys, keyed))
+        if got != keyed:  # keys already cached elsewhere: duplicates (invariant 4)
+            for b, key, g in zip(keyed, new_keys, got):
+                if g != b:
+                    dups.setdefault(key, []).append(b)
+        self.num_evicted_blocks += evicted
+        self.num_cached_blocks_total += nk
+        # Free in reverse: keyed blocks to the back (last first), the others to the front.
+        last = prv[_TAIL]
+        for b in reversed(keyed):
+            nxt[last] = b
+            prv[b] = last
+            last = b
+        for b in reversed(hits):
+            nxt[last] = b
+            prv[b] = last
+            last = b
+        nxt[last] = _TAIL
+        prv[_TAIL] = last
+        if nk < len(new):
+            q.prepend_n(new[:nk - 1:-1] if nk else new[::-1])
+            q.num_free_blocks -= len(new) - nk  # prepend_n counted them; they never left
+        return nh
 
     def reset_prefix_cache(self) -> bool:
         """Clear every key if no block is in use (vLLM ``reset_prefix_cache``); else False."""

@@ -300,6 +300,43 @@ class KVCacheManager:
         )
         self.num_cached_block[rid] = num_full
 
+    # -- a request alone --------------------------------------------------------------------
+    def run_alone(self, request: SimRequest) -> int | None:
+        """Run ``request`` from admission to free on an idle cache, in one pass; hit tokens.
+
+        The same state and counters as the step-by-step sequence of sequential replay (vLLM
+        ``get_computed_blocks``, ``allocate_slots`` of the prompt with the whole sequence
+        required to fit, ``max_tokens - 1`` fed-back tokens, ``free``) when nothing else holds a
+        block: see :meth:`BlockPool.run_alone`. Sets ``cached_tokens``, ``num_computed_tokens``
+        and the output count on the request.
+
+        Returns:
+            Hit tokens (a multiple of ``block_size``), or None with nothing changed when the
+            fast path does not apply (caching off, unbounded pool, blocks in use, a sequence
+            longer than the cache or than ``max_model_len``): the caller then runs the steps.
+        """
+        pool = self.block_pool
+        if not self.enable_caching or pool._unbounded or self.req_to_blocks:
+            return None
+        bs = self.block_size
+        p = request.num_prompt_tokens
+        out = max(request.max_tokens, 1)
+        num_tokens = p + out - 1  # token slots at the peak (the last sampled token is not fed)
+        if (request.num_tokens != p or request.num_computed_tokens or p < 1
+                or num_tokens > self.max_model_len or not pool.is_idle()
+                or cdiv(num_tokens, bs) > pool.free_queue.num_free_blocks):
+            return None
+        if out > 1:
+            request.append_output_tokens(out)  # keys do not depend on the cache state
+        else:
+            request.num_output_tokens = 1
+        num_lookup = 0 if request.skip_reading else (p - 1) // bs
+        hit_blocks = pool.run_alone(request.block_keys, num_lookup, cdiv(num_tokens, bs),
+                                    num_tokens // bs)
+        request.cached_tokens = hit_blocks * bs
+        request.num_computed_tokens = num_tokens
+        return hit_blocks * bs
+
     # -- rule 4 ------------------------------------------------------------------------------
     def free(self, request: SimRequest) -> None:
         """Return the request's blocks to the pool, tail first (vLLM ``KVCacheManager.free``)."""

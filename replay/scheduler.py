@@ -82,6 +82,13 @@ def run_sequential(
         if req is None:
             yield item, None
             continue
+        hit_tokens = manager.run_alone(req)
+        if hit_tokens is not None:  # the one-pass path: same state, see KVCacheManager.run_alone
+            if manager.enable_caching and not req.skip_reading:
+                stats.prefix_cache_queries += req.num_prompt_tokens
+                stats.prefix_cache_hits += hit_tokens
+            yield item, req
+            continue
         hits, hit_tokens = manager.get_computed_blocks(req)
         new_blocks = manager.allocate_slots(
             req, req.num_prompt_tokens - hit_tokens, hit_tokens, hits,
