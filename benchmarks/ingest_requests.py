@@ -18,6 +18,7 @@ with its parser processes) and peak RSS of each, and the ratios ours / baseline.
 rows/s at least 0.5x the baseline's.
 
     .venv/bin/python benchmarks/ingest_requests.py [--lines 1000000] [--repeat 2] [--keep DIR]
+        [--workers N]
 """
 
 from __future__ import annotations
@@ -113,13 +114,13 @@ def _baseline(path: str, db: str) -> dict:
             "peak_rss_mb": _peak_rss_mb()}
 
 
-def _ours(path: str, db: str) -> dict:
+def _ours(path: str, db: str, workers: int | None = None) -> dict:
     from ingest.usage import ingest_usage_file
     from store import db as store_db
 
     with store_db.writer(db) as con:
         t, c = time.perf_counter(), time.process_time()
-        s = ingest_usage_file(con, path)
+        s = ingest_usage_file(con, path, workers=workers)
         dt, dc = time.perf_counter() - t, time.process_time() - c
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the parser processes, once joined
     return {"rows": s.rows_read, "rows_added": s.rows_added, "quarantined": s.rows_quarantined,
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--keep", help="folder to keep the generated file and databases in "
                                    "(a file of the same --lines found there is reused)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="parser processes of our ingest (default: the product's own choice)")
     ap.add_argument("--repeat", type=int, default=2,
                     help="rounds (baseline, ours, re-ingest each); the best time of each is shown")
     args = ap.parse_args(argv)
@@ -179,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             for f in work.glob("*.duckdb*"):
                 f.unlink()
             b = _child(_baseline, str(data), str(work / "baseline.duckdb"))
-            o = _child(_ours, str(data), str(work / "ours.duckdb"))
-            a = _child(_ours, str(data), str(work / "ours.duckdb"))
+            o = _child(_ours, str(data), str(work / "ours.duckdb"), args.workers)
+            a = _child(_ours, str(data), str(work / "ours.duckdb"), args.workers)
             print(f"round {i + 1}: baseline {b['seconds']:.2f} s, ours {o['seconds']:.2f} s, "
-                  f"re-ingest {a['seconds']:.2f} s")
+                  f"re-ingest {a['seconds']:.2f} s; load average now "
+                  f"{os.getloadavg()[0]:.1f}")
             base = b if base is None or b["seconds"] < base["seconds"] else base
             ours = o if ours is None or o["seconds"] < ours["seconds"] else ours
             again = a if again is None or a["seconds"] < again["seconds"] else again

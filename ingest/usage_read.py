@@ -309,6 +309,7 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
                         break
                 n = int(np.count_nonzero(
                     np.frombuffer(mm, np.uint8, cut + 1 - offset, offset) == _NEWLINE))
+                _release(mm, offset, cut + 1)
                 fut = pool.submit(_parse_region, location, offset, cut + 1 - offset, line_no, ctx)
                 offset = cut + 1
                 line_no += n
@@ -323,6 +324,14 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
 
 
 _NEWLINE = ord("\n")
+
+
+def _release(mm: mmap.mmap, start: int, end: int) -> None:
+    """Drop the mapped pages of ``[start, end)`` from this process (they stay in the page
+    cache): counting a region's lines must not leave the whole file in our resident memory."""
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        first = start - start % mmap.PAGESIZE
+        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 class _NoMap:
