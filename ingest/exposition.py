@@ -61,6 +61,7 @@ from ingest.bookkeeping import (
     upsert_source,
 )
 from prefixscope.errors import NothingIngested, SourceUnavailable
+from store.queries.ingest import ingest_transaction
 
 LEGACY_NOTE = "legacy metric names (vllm:gpu_prefix_cache_*): vLLM < 0.11"
 V0_GAUGE_NOTE = ("V0 gauge vllm:gpu_prefix_cache_hit_rate stored for reference, never used as "
@@ -488,14 +489,18 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
     Returns:
         The :class:`~ingest.bookkeeping.IngestSummary` (``rows_read`` counts kept samples,
         created-zero samples included).
+
+    Raises:
+        Whatever the store raises (``duckdb.Error``), after ROLLBACK: none of the scrape's
+        samples, quarantine entries, source or run record are kept
+        (:func:`store.queries.ingest.ingest_transaction`).
     """
     from store.queries.metrics import insert_metric_samples
 
     started = time.time() if started_unix_s is None else started_unix_s
     source_id = source_id_for(kind, read.location)
     ingest_run_id = new_ingest_run_id()
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with ingest_transaction(con):
         added = insert_metric_samples(con, [s.row(source_id) for s in read.samples],
                                       run_id=run_id)
         record_quarantine(con, source_id=source_id, ingest_run_id=ingest_run_id,
@@ -507,10 +512,6 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
         status = "ok" if not read.problems else ("partial" if read.samples else "failed")
         record_run(con, source_id=source_id, kind=kind, started_unix_s=started, summary=summary,
                    status=status, ingest_run_id=ingest_run_id)
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
     return summary
 
 
