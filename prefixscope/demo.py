@@ -111,7 +111,7 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
             for name in ("kv_events.jsonl", "kv_events_evict.jsonl"):
                 s = ingest_kv(con, str(CAPTURES / name), instance="vllm-cpu-kvevents")
                 report.steps.append(f"KV events {name}: {s.rows_added} events")
-        con.execute("CHECKPOINT")
+        store_db.checkpoint(con)  # the file alone holds every row before os.replace
 
     if with_replay:
         for module, attr, label in (

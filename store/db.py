@@ -168,6 +168,22 @@ def reader(path: str | os.PathLike[str], *,
         con.close()
 
 
+def checkpoint(con: duckdb.DuckDBPyConnection) -> None:
+    """Fold the write-ahead log into the database file (DuckDB ``CHECKPOINT``).
+
+    DuckDB first writes committed changes to ``<file>.wal`` beside the database file. After a
+    checkpoint the file alone holds every committed row and the ``.wal`` is gone, so the file
+    can be moved as one piece: the demo builds its database under a temporary name and
+    checkpoints before ``os.replace`` puts it in place, so a reader opening the destination
+    never finds a file without its last writes (``os.replace`` moves one file, not its
+    ``.wal``).
+
+    Raises:
+        duckdb.TransactionException: ``con`` is inside a transaction with uncommitted changes.
+    """
+    con.execute("CHECKPOINT")
+
+
 def memory() -> duckdb.DuckDBPyConnection:
     """A migrated in-memory database (tests and one-off analyses)."""
     con = duckdb.connect(":memory:")
