@@ -3,7 +3,11 @@
 Each source has a ``fetch_*`` that only reads (file or network) and yields typed records or
 quarantine entries, and a ``save_*`` that only writes, is safe to run twice and returns the rows
 written. Modules: ``exposition`` (Prometheus text from /metrics or a file), ``prometheus_api``
-(range queries on a Prometheus-compatible server), ``usage`` (per-request usage JSONL),
+(range queries on a Prometheus-compatible server), ``usage`` (per-request usage JSONL: the
+writer; ``usage_shapes`` normalises one line, ``usage_read`` reads lines into Arrow batches),
 ``prices`` (price table), ``decisions`` (gateway acceptance logs), ``kv_events`` (vLLM KV events),
-``bookkeeping`` (sources, checkpoints, quarantine).
+``runs`` (a simulated replay run's directory), ``live_run`` (a live replay run's directory),
+``jsonl_driver`` (the one JSONL tail driver: checkpoint, complete lines, one transaction per
+batch), ``bookkeeping`` (sources, checkpoints, quarantine), ``privacy`` (digesting raw tenant
+ids).
 """

@@ -5,6 +5,12 @@ Pure computation (no DuckDB, no HTTP) except the live replayer (``replay.live`` 
 pure). Layers, as in vLLM's v1 core:
 ``hashing`` (block hashes), ``block_pool`` (pool and free queue), ``kv_cache_manager`` (lookup,
 allocate, free), ``scheduler`` (sequential and step-based concurrent admission), ``traces``
-(readers), ``outputs`` (usage JSONL and Prometheus exposition in production formats),
-``layouts`` (prompt layout transforms). Shared value types are in ``replay.types``.
+(readers; ``trace_common``, ``trace_hashids`` and ``trace_hashid_readers`` for hash-id traces),
+``sim`` (a trace through the model), ``outputs`` (usage JSONL and Prometheus exposition in
+production formats), ``runner`` (one simulated run to files), ``compare`` (A/B of two runs),
+``layouts`` (prompt layout transforms), ``chat_requests``, ``chat_captures`` and
+``tokenization`` (chat traces, rendered and tokenised offline). Multi-tenant gateway model:
+``identity`` (cache identity and the acceptance check), ``gateway_trace`` (the trace and its
+reader), ``gateway`` (the gateway and its decisions), ``gateway_replay`` (a whole trace, the
+decision log). Shared value types are in ``replay.types``.
 """
