@@ -67,10 +67,10 @@ def _sha256(obj: Any) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL)).digest()
 
 
-def _xxh3_128_digest() -> Callable[[bytes], bytes]:
+def _xxh3_128() -> Callable[[bytes], Any]:
     import xxhash
 
-    return xxhash.xxh3_128_digest
+    return xxhash.xxh3_128
 
 
 def _sha256_cbor(obj: Any) -> bytes:
@@ -245,32 +245,39 @@ _REC = None  # numpy record dtype (opcode byte, 4-byte value), built on first us
 _OPS = _KEEP = None
 
 
-def pickle_block_layout(block_size: int, parent_size: int) -> tuple[dict[int, bytes], bytes, bytes]:
-    """The constant pieces of ``pickle.dumps((parent, tokens, None), protocol=5)``.
+def pickle_block_layout(block_size: int) -> tuple[bytes, bytes]:
+    """The bytes around a block's token opcodes in ``pickle.dumps((parent, tokens, None), 5)``.
 
     Args:
         block_size: tokens per block, 1 .. 8192.
-        parent_size: bytes of the parent digest (32 for SHA-256, 16 for xxh3-128), < 256.
 
     Returns:
-        ``(head_by_token_bytes, mid, tail)``: for a block whose token opcodes take ``k`` bytes,
-        the serialisation is ``head_by_token_bytes[k] + parent + mid + opcodes + tail``; ``k``
-        ranges over ``2 * block_size .. 5 * block_size``.
+        ``(prefix, suffix)``: a block whose token opcodes are ``ops`` has the body
+        ``prefix + ops + suffix`` and serialises to ``pickle_block_head(len(body), len(parent))
+        + parent + body``.
     """
-    assert 1 <= block_size <= _MAX_FAST_BLOCK_SIZE and 0 <= parent_size < 256
-    mid = b"\x94(" if block_size >= 4 else b"\x94"
-    tail = (b"t" if block_size >= 4 else (b"\x85", b"\x86", b"\x87")[block_size - 1])
-    tail += b"\x94N\x87\x94."
-    fixed = 2 + parent_size + len(mid) + len(tail)  # frame payload besides the token opcodes
-    heads = {
-        k: b"\x80\x05\x95" + (fixed + k).to_bytes(8, "little") + b"C" + bytes((parent_size,))
-        for k in range(2 * block_size, 5 * block_size + 1)
-    }
-    return heads, mid, tail
+    assert 1 <= block_size <= _MAX_FAST_BLOCK_SIZE
+    prefix = b"\x94(" if block_size >= 4 else b"\x94"  # MEMOIZE (the parent), MARK
+    suffix = b"t" if block_size >= 4 else (b"\x85", b"\x86", b"\x87")[block_size - 1]
+    return prefix, suffix + b"\x94N\x87\x94."
 
 
-def pickle_int_opcodes(token_ids: Sequence[int], block_size: int) -> tuple[bytes, list[int]] | None:
-    """Pickle's opcodes for each token of ``token_ids``, concatenated, and block end offsets.
+def pickle_block_head(body_size: int, parent_size: int) -> bytes:
+    """The bytes before the parent: PROTO 5, FRAME (its 8-byte length), SHORT_BINBYTES header.
+
+    Args:
+        body_size: bytes after the parent (see :func:`pickle_block_layout`).
+        parent_size: bytes of the parent digest (32 for SHA-256, 16 for xxh3-128), < 256.
+    """
+    assert 0 <= parent_size < 256
+    return (b"\x80\x05\x95" + (2 + parent_size + body_size).to_bytes(8, "little") + b"C"
+            + bytes((parent_size,)))
+
+
+def pickle_int_opcodes(
+    token_ids: Sequence[int], block_size: int, prefix: bytes = b"", suffix: bytes = b"",
+) -> tuple[bytes, list[int]] | None:
+    """Each block's token opcodes as pickle writes them, between ``prefix`` and ``suffix``.
 
     The bytes of token ``t`` are what protocol-5 pickling writes for the int ``t`` inside a
     tuple (``K``/``M``/``J`` plus 1/2/4 little-endian bytes). Computed for the whole sequence at
@@ -279,15 +286,17 @@ def pickle_int_opcodes(token_ids: Sequence[int], block_size: int) -> tuple[bytes
     Args:
         token_ids: ``len(token_ids)`` must be a multiple of ``block_size``.
         block_size: tokens per block.
+        prefix, suffix: bytes written before and after each block's opcodes.
 
     Returns:
-        ``(opcodes, ends)`` with ``ends[i]`` the byte offset where block ``i``'s opcodes end
-        (block ``i`` spans ``ends[i-1]:ends[i]``, ``ends[-1] == len(opcodes)``); None when an id
-        is not an int in ``[-2**31, 2**31)`` (the caller then uses ``pickle.dumps``).
+        ``(stream, ends)``: block ``i`` is ``stream[ends[i-1]:ends[i]]`` (from 0 for the first),
+        that is ``prefix + opcodes of its tokens + suffix``; None when an id is not an int in
+        ``[-2**31, 2**31)`` (the caller then uses ``pickle.dumps``).
     """
     global _REC, _OPS, _KEEP
     m = len(token_ids)
-    assert m % block_size == 0
+    nb = m // block_size
+    assert nb * block_size == m
     try:
         raw = struct.pack(f"<{m}i", *token_ids)
     except (struct.error, TypeError):
@@ -296,24 +305,37 @@ def pickle_int_opcodes(token_ids: Sequence[int], block_size: int) -> tuple[bytes
         _REC = np.dtype([("op", "u1"), ("v", "<u4")])  # packed: 5 bytes per token
         _OPS = np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
         _KEEP = np.array([0x01, 0x0101, 0x01010101], np.uint32)  # value bytes kept per class
-    u = np.frombuffer(raw, "<u4")  # negatives read as >= 2**31: BININT, like large ints
+    u = np.frombuffer(raw, "<u4").reshape(nb, block_size)  # negatives >= 2**31: BININT
     c1 = (u > 0xFF).view(np.uint8)
     c2 = (u > 0xFFFF).view(np.uint8)
     cls = c1 + c2  # 0: BININT1, 1: BININT2, 2: BININT
-    rec = np.empty(m, _REC)
-    rec["op"] = _OPS.take(cls)
-    rec["v"] = u
-    keep = np.empty(m, _REC)
-    keep["op"] = 1
-    keep["v"] = _KEEP.take(cls)
-    opcodes = rec.view(np.uint8)[keep.view(np.bool_)].tobytes()
+    # One record per block: prefix, block_size (opcode, 4 value bytes), suffix; a mask of the
+    # same layout keeps the bytes pickle writes.
+    fields = [("tok", _REC, (block_size,))]
+    if prefix:
+        fields.insert(0, ("pre", f"V{len(prefix)}"))
+    if suffix:
+        fields.append(("suf", f"V{len(suffix)}"))
+    rec = np.empty(nb, fields)
+    keep = np.empty(nb, fields)
+    if prefix:
+        rec["pre"] = np.void(prefix)
+        keep["pre"] = np.void(b"\x01" * len(prefix))
+    if suffix:
+        rec["suf"] = np.void(suffix)
+        keep["suf"] = np.void(b"\x01" * len(suffix))
+    tok, ktok = rec["tok"], keep["tok"]
+    tok["op"] = _OPS.take(cls)
+    tok["v"] = u
+    ktok["op"] = 1
+    ktok["v"] = _KEEP.take(cls)
+    stream = rec.view(np.uint8)[keep.view(np.bool_)].tobytes()
     # Bytes per block: 2 per token, +1 per BININT2/BININT token, +1 more per BININT token.
     # (float32 sums of small ints are exact: at most 3 * 8192 per block.)
-    extra = (cls + c2).reshape(-1, block_size).astype(np.float32) @ np.ones(block_size,
-                                                                            np.float32)
-    ends = extra.astype(np.int64)
-    ends += 2 * block_size
-    return opcodes, ends.cumsum().tolist()
+    sizes = (cls + c2).astype(np.float32) @ np.ones(block_size, np.float32)
+    ends = sizes.astype(np.int64)
+    ends += 2 * block_size + len(prefix) + len(suffix)
+    return stream, ends.cumsum().tolist()
 
 
 def int_block_hash(digest: bytes) -> int:
@@ -336,7 +358,7 @@ class BlockHasher:
     """
 
     __slots__ = ("algo", "block_size", "extra_first", "extra_rest", "_fn", "_root", "_fast",
-                 "_layout", "_digest")
+                 "_layout", "_started")
 
     def __init__(
         self,
@@ -370,12 +392,12 @@ class BlockHasher:
             self._root = none_hash(algo, seed)
         # The vectorised pickle path (module docstring): pickle-based algorithms, no extra keys
         # after the first block (a salt on the first block only still allows it from block 1).
-        self._layout = self._digest = None
+        self._layout = self._started = None
         if algo in ("sha256", "xxhash") and self.extra_rest is None and (
                 block_size <= _MAX_FAST_BLOCK_SIZE):
-            self._layout = pickle_block_layout(block_size, len(self._root))
-            self._digest = (lambda data: hashlib.sha256(data).digest()) if algo == "sha256" \
-                else _xxh3_128_digest()
+            self._layout = pickle_block_layout(block_size)
+            # Body size -> a hash object already fed the block head for that size (on demand).
+            self._started: dict[int, Any] = {}
 
     def extend(self, keys: list[Hashable], token_ids: Sequence[int], offset: int = 0) -> None:
         """Append to ``keys`` the keys of every full block not yet in ``keys``.
@@ -397,7 +419,7 @@ class BlockHasher:
         if (self._layout is not None and hi - lo >= _MIN_FAST_BLOCKS * bs
                 and (start > 0 or self.extra_first is None) and type(token_ids) in _FAST_TYPES):
             window = token_ids if lo == 0 and hi == len(token_ids) else token_ids[lo:hi]
-            enc = pickle_int_opcodes(window, bs)
+            enc = pickle_int_opcodes(window, bs, *self._layout)
             if enc is not None:
                 self._chain_from_opcodes(keys, *enc)
                 return
@@ -433,7 +455,7 @@ class BlockHasher:
             return
         if self._layout is not None and len(tt) - i >= _MIN_FAST_BLOCKS * bs:
             # A salted first block (above), then the rest through the vectorised path.
-            enc = pickle_int_opcodes(tt[i:], bs)
+            enc = pickle_int_opcodes(tt[i:], bs, *self._layout)
             if enc is not None:
                 self._chain_from_opcodes(keys, *enc)
                 return
@@ -447,28 +469,33 @@ class BlockHasher:
             parent = fn((parent, tt[j:j + bs], extra_rest))
             append(parent)
 
-    def _chain_from_opcodes(self, keys: list[Hashable], opcodes: bytes, ends: list[int]) -> None:
-        """Append the chained digests of the blocks whose token opcodes are ``opcodes`` (block
-        ``i`` spans ``ends[i-1]:ends[i]``, see :func:`pickle_int_opcodes`); the parent of the
-        first is ``keys[-1]`` (NONE_HASH when ``keys`` is empty), and no block has extra keys.
+    def _chain_from_opcodes(self, keys: list[Hashable], stream: bytes, ends: list[int]) -> None:
+        """Append the chained digests of the blocks whose bodies are in ``stream`` (block ``i``
+        spans ``ends[i-1]:ends[i]``, see :func:`pickle_int_opcodes` with this layout's prefix and
+        suffix); the parent of the first is ``keys[-1]`` (NONE_HASH when ``keys`` is empty), and
+        no block has extra keys.
 
-        Each block is ``hash(pickle.dumps((parent, tokens, None), protocol=5))`` with the
-        serialisation assembled from :func:`pickle_block_layout`'s pieces.
+        Each digest is ``hash(head + parent + body)``, which is ``hash(pickle.dumps((parent,
+        tokens, None), protocol=5))`` (:func:`pickle_block_layout`); the head is fed once to a
+        hash object per body size, copied for each block.
         """
         parent = keys[-1] if keys else self._root
         append = keys.append
-        heads, mid, tail = self._layout
-        join = b"".join
+        started = self._started
         o0 = 0
-        if self._fn is _sha256:
-            sha = hashlib.sha256
-            for o1 in ends:
-                parent = sha(join((heads[o1 - o0], parent, mid, opcodes[o0:o1], tail))).digest()
-                append(parent)
-                o0 = o1
-            return
-        digest = self._digest
         for o1 in ends:
-            parent = digest(join((heads[o1 - o0], parent, mid, opcodes[o0:o1], tail)))
+            try:
+                h = started[o1 - o0].copy()
+            except KeyError:
+                h = self._start(o1 - o0).copy()
+            h.update(parent)
+            h.update(stream[o0:o1])
+            parent = h.digest()
             append(parent)
             o0 = o1
+
+    def _start(self, body_size: int) -> Any:
+        """A hash object fed the head of a block whose body has ``body_size`` bytes (cached)."""
+        new = hashlib.sha256 if self.algo == "sha256" else _xxh3_128()
+        h = self._started[body_size] = new(pickle_block_head(body_size, len(self._root)))
+        return h
