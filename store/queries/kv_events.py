@@ -21,6 +21,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.errors import UsageError
+from store.sqlhelpers import window_start_sql
 
 #: Column order of rows given to :func:`insert_kv_event_rows`.
 KV_EVENT_COLUMNS: tuple[str, ...] = (
@@ -159,10 +160,11 @@ def kv_event_counts_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float 
     if instances is not None:
         where += " AND list_contains(?::VARCHAR[], instance)"
         params.append(list(instances))
-    w, o = float(window_s), float(origin_s)
+    window_start, window_params = window_start_sql("batch_ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     sql = f"""
         WITH win AS (
-            SELECT (? + floor((batch_ts_unix_s - ?) / ?) * ?) AS window_start_s, instance,
+            SELECT {window_start} AS window_start_s, instance,
                    event_type, dp_rank, seq, batch_ts_unix_s, event_index, block_hash
             FROM kv_events WHERE TRUE{where}
         )
@@ -174,7 +176,7 @@ def kv_event_counts_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float 
         GROUP BY ALL
         ORDER BY window_start_s, instance, event_type
     """
-    return con.execute(sql, [o, o, w, w, *params, w]).df()
+    return con.execute(sql, [*window_params, *params, float(window_s)]).df()
 
 
 def kv_event_instances(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:

@@ -40,6 +40,7 @@ import pandas as pd
 
 from prefixscope.errors import UsageError
 from replay.identity import GENERATION_FIELDS, SCOPE_FIELDS, VERSION_FIELDS
+from store.sqlhelpers import window_start_sql
 
 CROSS_SCOPE_REASONS = [*SCOPE_FIELDS, "salt"]
 VERSION_REASONS = [*VERSION_FIELDS]
@@ -161,16 +162,17 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
                              instances=instances, scopes=scopes, namespaces=namespaces)
     sel = "".join(f", {c}" for c in cols)
+    window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     sql = f"""
-        WITH w AS (SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *
+        WITH w AS (SELECT {window_start} AS window_start_s, *
                    FROM ({_base(where)})),
              a AS (SELECT window_start_s{sel}, {_AGG} FROM w GROUP BY ALL)
         SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
                * EXCLUDE (window_start_s{sel}){_RATE}
         FROM a ORDER BY window_start_s{sel}
     """
-    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *params,
-         float(window_s)]
+    p = [*window_params, *params, float(window_s)]
     return con.execute(sql, p).df()
 
 
@@ -211,8 +213,10 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
         raise UsageError(f"window_s must be positive, got {window_s}")
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
                              namespaces=namespaces)
+    window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     sql = f"""
-        WITH w AS (SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *,
+        WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
                    FROM ({_base(where)}) WHERE decision = 'reject')
         SELECT window_start_s, window_start_s + ? AS window_end_s,
@@ -220,8 +224,7 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
                COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS lost_candidate_tokens
         FROM w GROUP BY ALL ORDER BY window_start_s, reason
     """
-    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *_CLASS_PARAMS,
-         *params, float(window_s)]
+    p = [*window_params, *_CLASS_PARAMS, *params, float(window_s)]
     return con.execute(sql, p).df()
 
 
@@ -245,8 +248,10 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         raise UsageError(f"window_s must be positive, got {window_s}")
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
                              namespaces=namespaces)
+    window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
+                                                   origin_s=origin_s)
     sql = f"""
-        WITH w AS (SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s, *,
+        WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
                    FROM ({_base(where)}))
         SELECT window_start_s, window_start_s + ? AS window_end_s,
@@ -265,8 +270,7 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                count(*) FILTER (WHERE decision = 'accept') AS accepts
         FROM w GROUP BY ALL ORDER BY window_start_s
     """
-    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *_CLASS_PARAMS,
-         *params, float(window_s)]
+    p = [*window_params, *_CLASS_PARAMS, *params, float(window_s)]
     return con.execute(sql, p).df()
 
 
