@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from itertools import repeat as _repeat
-from operator import itemgetter as _gather
 
 _HEAD = -2  # sentinel index: always the second-to-last slot of _next/_prev
 _TAIL = -1  # sentinel index: always the last slot
@@ -456,36 +455,61 @@ class BlockPool:
                 nxt[p] = n
                 prv[n] = p
         nh = len(hits)
-        # Pop the new blocks from the front.
-        new: list[int] = []
-        app = new.append
-        b = nxt[_HEAD]
-        for _ in range(num_blocks - nh):
-            app(b)
-            b = nxt[b]
-        nxt[_HEAD] = b
-        prv[b] = _HEAD
-        # Eviction of their keys, then the new keys (the first nk new blocks get one).
         nk = num_keyed - nh
-        olds = _gather(0, *new)(bh)  # bh[0] is None (the null block): always a tuple
+        new_keys = keys[nh:num_keyed]
+        # Pop the new blocks from the front and link them, as free_blocks(reversed(blocks))
+        # will leave them, in the same pass: the back of the queue becomes ... R's last,
+        # new[nk-1], ..., new[0], hits[-1], ..., hits[0]; the key-less new blocks go to the
+        # front. R (the rest of the queue) keeps its links. Old keys are collected for eviction.
+        r_last = prv[_TAIL]  # R's last block, unless the pops take all of R
+        prev = _TAIL
+        for b in hits:
+            nxt[b] = prev
+            prv[prev] = b
+            prev = b
+        olds: list[Hashable | None] = []
+        old_append = olds.append
+        keyed: list[int] = []
+        keyed_append = keyed.append
+        b = nxt[_HEAD]
+        for key in new_keys:
+            after = nxt[b]
+            nxt[b] = prev
+            prv[prev] = b
+            old_append(bh[b])
+            bh[b] = key
+            keyed_append(b)
+            prev = b
+            b = after
+        unkeyed: list[int] = []
+        for _ in range(num_blocks - num_keyed):
+            unkeyed.append(b)
+            old_append(bh[b])
+            bh[b] = None
+            b = nxt[b]
+        if b == _TAIL:  # R is empty
+            nxt[_HEAD] = prev
+            prv[prev] = _HEAD
+        else:
+            nxt[_HEAD] = b
+            prv[b] = _HEAD
+            nxt[r_last] = prev
+            prv[prev] = r_last
+        if unkeyed:
+            q.prepend_n(unkeyed[::-1])
+            q.num_free_blocks -= len(unkeyed)  # prepend_n counted them; they never left
+        # Eviction of the old keys (invariant 4), then registration of the new ones.
         evicted = len(olds) - olds.count(None)
         if evicted:
             if dups and not dups.keys().isdisjoint(olds):
-                for b in new:
-                    old = bh[b]
+                for b, old in zip(keyed + unkeyed, olds):
                     if old is not None:
                         if old in dups:
                             self._drop_duplicate(b, old)
                         else:
                             del first[old]
-            else:  # each old key maps to its block alone (invariant 4)
+            else:  # each old key maps to its block alone
                 _consume(map(first.pop, olds, _repeat(None)))
-        keyed = new[:nk] if nk < len(new) else new
-        new_keys = keys[nh:num_keyed]
-        for b, key in zip(keyed, new_keys):
-            bh[b] = key
-        for b in new[nk:]:
-            bh[b] = None
         got = list(map(first.setdefault, new_keys, keyed))
         if got != keyed:  # keys already cached elsewhere: duplicates (invariant 4)
             for b, key, g in zip(keyed, new_keys, got):
@@ -493,21 +517,6 @@ class BlockPool:
                     dups.setdefault(key, []).append(b)
         self.num_evicted_blocks += evicted
         self.num_cached_blocks_total += nk
-        # Free in reverse: keyed blocks to the back (last first), the others to the front.
-        last = prv[_TAIL]
-        for b in reversed(keyed):
-            nxt[last] = b
-            prv[b] = last
-            last = b
-        for b in reversed(hits):
-            nxt[last] = b
-            prv[b] = last
-            last = b
-        nxt[last] = _TAIL
-        prv[_TAIL] = last
-        if nk < len(new):
-            q.prepend_n(new[:nk - 1:-1] if nk else new[::-1])
-            q.num_free_blocks -= len(new) - nk  # prepend_n counted them; they never left
         return nh
 
     def reset_prefix_cache(self) -> bool:
