@@ -274,6 +274,36 @@ def pickle_block_head(body_size: int, parent_size: int) -> bytes:
             + bytes((parent_size,)))
 
 
+_TEMPLATES: dict[tuple[int, bytes, bytes], tuple[Any, Any]] = {}
+
+
+def _templates(nb: int, block_size: int, prefix: bytes, suffix: bytes) -> tuple[Any, Any]:
+    """Record and mask arrays of at least ``nb`` blocks with the constant bytes filled in:
+    prefix and suffix in the records; prefix, suffix and opcode bytes kept in the mask. Cached
+    per layout and grown by doubling (bounded by the longest request seen)."""
+    key = (block_size, prefix, suffix)
+    got = _TEMPLATES.get(key)
+    if got is not None and len(got[0]) >= nb:
+        return got
+    size = max(nb, 2 * len(got[0]) if got else 64)
+    fields = [("tok", _REC, (block_size,))]
+    if prefix:
+        fields.insert(0, ("pre", f"V{len(prefix)}"))
+    if suffix:
+        fields.append(("suf", f"V{len(suffix)}"))
+    rec = np.zeros(size, fields)
+    keep = np.zeros(size, fields)
+    if prefix:
+        rec["pre"] = np.void(prefix)
+        keep["pre"] = np.void(b"\x01" * len(prefix))
+    if suffix:
+        rec["suf"] = np.void(suffix)
+        keep["suf"] = np.void(b"\x01" * len(suffix))
+    keep["tok"]["op"] = 1
+    _TEMPLATES[key] = rec, keep
+    return rec, keep
+
+
 def pickle_int_opcodes(
     token_ids: Sequence[int], block_size: int, prefix: bytes = b"", suffix: bytes = b"",
 ) -> tuple[bytes, list[int]] | None:
@@ -310,24 +340,13 @@ def pickle_int_opcodes(
     c2 = (u > 0xFFFF).view(np.uint8)
     cls = c1 + c2  # 0: BININT1, 1: BININT2, 2: BININT
     # One record per block: prefix, block_size (opcode, 4 value bytes), suffix; a mask of the
-    # same layout keeps the bytes pickle writes.
-    fields = [("tok", _REC, (block_size,))]
-    if prefix:
-        fields.insert(0, ("pre", f"V{len(prefix)}"))
-    if suffix:
-        fields.append(("suf", f"V{len(suffix)}"))
-    rec = np.empty(nb, fields)
-    keep = np.empty(nb, fields)
-    if prefix:
-        rec["pre"] = np.void(prefix)
-        keep["pre"] = np.void(b"\x01" * len(prefix))
-    if suffix:
-        rec["suf"] = np.void(suffix)
-        keep["suf"] = np.void(b"\x01" * len(suffix))
+    # same layout keeps the bytes pickle writes. Both start as copies of cached templates.
+    rec_t, keep_t = _templates(nb, block_size, prefix, suffix)
+    rec = rec_t[:nb].view(np.uint8).copy().view(rec_t.dtype)  # plain byte copies
+    keep = keep_t[:nb].view(np.uint8).copy().view(keep_t.dtype)
     tok, ktok = rec["tok"], keep["tok"]
     tok["op"] = _OPS.take(cls)
     tok["v"] = u
-    ktok["op"] = 1
     ktok["v"] = _KEEP.take(cls)
     stream = rec.view(np.uint8)[keep.view(np.bool_)].tobytes()
     # Bytes per block: 2 per token, +1 per BININT2/BININT token, +1 more per BININT token.
