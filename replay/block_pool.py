@@ -23,6 +23,9 @@ Invariants (asserted by :meth:`BlockPool.check_invariants`; the hot paths assert
    in reverse). Blocks reaching reference count 0 go to the *front* when they carry no key (or
    caching is off) and to the *back* when they carry one, keeping the given order in each group.
 
+Sequential replay uses :meth:`BlockPool.run_alone`, one pass per request on an idle pool with the
+same result as the step-by-step calls (lookup, touch, allocation, registration, free).
+
 Unbounded mode (``num_gpu_blocks=None``) behaves like a pool with infinitely many never-used
 blocks: a key is never evicted; new ids are minted when the front of the queue holds no
 key-less block. Hit counts equal those of any pool large enough never to evict.

@@ -29,11 +29,12 @@ as they are.
 Speed (``sha256`` and ``xxhash``, the pickle-based algorithms): the bytes ``pickle.dumps((parent,
 tokens, None), protocol=5)`` have a fixed layout when the tokens are ints in ``[-2**31, 2**31)``
 and the block has no extra keys (see :func:`pickle_block_layout`), so a request's token opcodes
-are encoded once, vectorised, and each block's serialisation is the join of constant pieces,
-the parent digest and a slice of that encoding: byte for byte what ``pickle.dumps`` writes
-(checked against it by a property test), without a ``pickle.dumps`` call per block. Anything else
-(extra keys, larger ids, very large blocks, few blocks) goes through ``pickle.dumps``. Token ids
-must be Python ints, as in vLLM's ``Request.prompt_token_ids``.
+are encoded once, vectorised (:func:`pickle_int_opcodes`), and each block is hashed as ``head +
+parent + body`` by copying a hash object already fed the head for that body size: byte for byte
+what ``pickle.dumps`` writes (checked against it by a property test), without a ``pickle.dumps``
+call or a hash set-up per block. Anything else (salted or LoRA blocks, larger ids, blocks over
+8,192 tokens, fewer than 4 blocks at once) goes through ``pickle.dumps``. Token ids must be
+Python ints, as in vLLM's ``Request.prompt_token_ids`` (the trace readers check it).
 """
 
 from __future__ import annotations
