@@ -315,7 +315,8 @@ def pickle_int_opcodes(
     once with numpy: one conversion of the ids to int32, no per-token Python work.
 
     Args:
-        token_ids: ``len(token_ids)`` must be a multiple of ``block_size``.
+        token_ids: the tokens; the first ``len(token_ids) // block_size`` blocks are encoded
+            (a partial tail is ignored but must be ints in range too, else None).
         block_size: tokens per block.
         prefix, suffix: bytes written before and after each block's opcodes.
 
@@ -325,18 +326,18 @@ def pickle_int_opcodes(
         ``[-2**31, 2**31)`` (the caller then uses ``pickle.dumps``).
     """
     global _REC, _OPS, _KEEP
-    m = len(token_ids)
-    nb = m // block_size
-    assert nb * block_size == m
-    try:
-        raw = struct.pack(f"<{m}i", *token_ids)
+    n = len(token_ids)
+    nb = n // block_size
+    m = nb * block_size
+    try:  # all of them: cheaper than slicing off the tail first
+        raw = struct.pack(f"<{n}i", *token_ids)
     except (struct.error, TypeError):
         return None
     if _REC is None:
         _REC = np.dtype([("op", "u1"), ("v", "<u4")])  # packed: 5 bytes per token
         _OPS = np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
         _KEEP = np.array([0x01, 0x0101, 0x01010101], np.uint32)  # value bytes kept per class
-    u = np.frombuffer(raw, "<u4").reshape(nb, block_size)  # negatives >= 2**31: BININT
+    u = np.frombuffer(raw, "<u4", m).reshape(nb, block_size)  # negatives >= 2**31: BININT
     c1 = (u > 0xFF).view(np.uint8)
     c2 = (u > 0xFFFF).view(np.uint8)
     cls = c1 + c2  # 0: BININT1, 1: BININT2, 2: BININT
@@ -438,8 +439,8 @@ class BlockHasher:
         lo, hi = start - offset, stop - offset
         if (self._layout is not None and hi - lo >= _MIN_FAST_BLOCKS * bs
                 and (start > 0 or self.extra_first is None) and type(token_ids) in _FAST_TYPES):
-            window = token_ids if lo == 0 and hi == len(token_ids) else token_ids[lo:hi]
-            enc = pickle_int_opcodes(window, bs, *self._layout)
+            # From the first unkeyed block to the end: the partial tail is ignored.
+            enc = pickle_int_opcodes(token_ids if lo == 0 else token_ids[lo:], bs, *self._layout)
             if enc is not None:
                 self._chain_from_opcodes(keys, *enc)
                 return

@@ -110,11 +110,20 @@ def test_block_hasher_equals_the_per_block_definition(bs, algo, salt, cut, token
     assert keys2 == keys
 
 
-def test_tokens_beyond_int32_fall_back_to_pickle():
-    tokens = list(range(64)) + [2**40] + list(range(63))
+@pytest.mark.parametrize("tokens", [
+    list(range(64)) + [2**40] + list(range(63)),  # inside a full block
+    list(range(64)) + [2**40],  # in the partial tail (never hashed, still declined)
+])
+def test_tokens_beyond_int32_fall_back_to_pickle(tokens):
     keys: list = []
     BlockHasher(block_size=16).extend(keys, tokens)
     assert keys == reference_hashes(tokens, 16)
+
+
+def test_encoder_ignores_the_partial_tail():
+    prefix, suffix = pickle_block_layout(4)
+    assert pickle_int_opcodes(list(range(10)), 4, prefix, suffix) == pickle_int_opcodes(
+        list(range(8)), 4, prefix, suffix)
 
 
 @pytest.fixture
