@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
+from itertools import islice as _islice
 from itertools import repeat as _repeat
 
 _HEAD = -2  # sentinel index: always the second-to-last slot of _next/_prev
@@ -448,7 +449,7 @@ class BlockPool:
         if num_lookup:
             get = first.get
             app = hits.append
-            for key in keys[:num_lookup] if num_lookup < len(keys) else keys:
+            for key in _islice(keys, num_lookup):  # stops at the first miss
                 b = get(key)
                 if b is None:
                     break
