@@ -9,7 +9,8 @@ In one run:
    decode, free), not the expansion of hash ids into tokens.
 2. Our model replays the same slice, read with the product's reader (``replay.traces``), with
    vLLM-identical sha256 hashing (token ids) and with the fast key (the reader's block keys);
-   the trace is read and expanded before the clock starts, as on the vLLM side.
+   the trace is read and expanded, and the empty cache built, before the clock starts, as on
+   the vLLM side (the driver builds its manager before timing).
 3. Hit tokens must be identical request by request (asserted). Times are CPU seconds of the
    working thread (``time.thread_time``; wall seconds are printed too), best of ``--repeat``:
    other processes on a shared machine inflate wall time, not thread CPU time.
