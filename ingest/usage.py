@@ -117,7 +117,8 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     checkpoint (offset, line, fingerprint), the last one also with the ``ingest_runs`` record
     (:func:`ingest.jsonl_driver.commit_batch`; this module keeps its own file reading, which
     parses regions in processes straight from the file). Safe to run twice: the primary key
-    ``(run_id, request_id)`` and the checkpoint make a second run add nothing.
+    ``request_key`` (a 128-bit digest of ``(run_id, request_id)``, migration 9) and the
+    checkpoint make a second run add nothing.
 
     Args:
         con: a read-write, migrated connection, not inside a transaction.

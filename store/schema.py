@@ -7,7 +7,8 @@ Numbers are never reused and applied migrations are never edited: add a new one.
 
 Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
-5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples. Columns documented in
+5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
+9 requests digest key. Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -147,6 +148,58 @@ _REQUESTS_AND_PRICES = (
     "ALTER TABLE requests ADD COLUMN IF NOT EXISTS cache_write_1h_tokens BIGINT",
 )
 
+#: The ``requests`` key: MD5 (128 bits, DuckDB ``md5_number``, stored as a UUID so that every
+#: client reads it; pandas has no 128-bit integer) of an unambiguous encoding of
+#: ``(run_id, request_id)``: the length of ``run_id`` in characters, ``:``, ``run_id``,
+#: ``request_id``. One fixed-width ART key instead of two VARCHARs: on random provider ids
+#: (``chatcmpl-8e0e3b17bd6accf5``) the insert costs about 1.4 us per row less
+#: (docs/benchmarks.md "Usage-log ingest"). Two different pairs share a key with probability
+#: about n^2 / 2^129 for n stored rows (1e-20 at n = 1e9); when they would, the second is
+#: skipped as a duplicate: a pair is never stored twice.
+REQUEST_KEY_SQL = ("CAST(md5_number(CAST(length(run_id) AS VARCHAR) || ':' || run_id || request_id)"
+                   " AS UUID)")
+
+_REQUESTS_COLUMNS = (
+    "run_id, request_id, source_id, line, ts_unix_s, ts_estimated, model, instance, endpoint, "
+    "usage_shape, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens, ttft_ms, "
+    "latency_ms, scope, tenant_digest, flags, cache_write_1h_tokens")
+
+_REQUESTS_KEY = (
+    # DuckDB cannot drop a primary key: the table is rebuilt with the same columns, in the same
+    # order, plus request_key (primary key; the CHECK makes every writer compute it the same
+    # way, so the key stands for the pair). The rows are copied with their keys, in one
+    # transaction with the rest of the migration.
+    f"""
+    CREATE TABLE requests_m9 (
+        run_id              VARCHAR NOT NULL DEFAULT '',
+        request_id          VARCHAR NOT NULL,
+        source_id           VARCHAR NOT NULL,
+        line                BIGINT,
+        ts_unix_s           DOUBLE,
+        ts_estimated        BOOLEAN NOT NULL DEFAULT FALSE,
+        model               VARCHAR,
+        instance            VARCHAR,
+        endpoint            VARCHAR,
+        usage_shape         VARCHAR,
+        prompt_tokens       BIGINT,
+        cached_tokens       BIGINT,
+        cache_write_tokens  BIGINT,
+        completion_tokens   BIGINT,
+        ttft_ms             DOUBLE,
+        latency_ms          DOUBLE,
+        scope               VARCHAR,
+        tenant_digest       VARCHAR,
+        flags               VARCHAR,
+        cache_write_1h_tokens BIGINT,
+        request_key         UUID NOT NULL PRIMARY KEY CHECK (request_key = {REQUEST_KEY_SQL})
+    )
+    """,
+    f"INSERT INTO requests_m9 ({_REQUESTS_COLUMNS}, request_key) "
+    f"SELECT {_REQUESTS_COLUMNS}, {REQUEST_KEY_SQL} FROM requests",
+    "DROP TABLE requests",
+    "ALTER TABLE requests_m9 RENAME TO requests",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
     Migration(6, "alerts: daily report sends", (
@@ -284,4 +337,5 @@ MIGRATIONS: tuple[Migration, ...] = (
         "ALTER TABLE metric_samples ADD COLUMN run_id VARCHAR DEFAULT ''",
         "UPDATE metric_samples SET run_id = '' WHERE run_id IS NULL",
     )),
+    Migration(9, "requests keyed by a 128-bit digest of (run_id, request_id)", _REQUESTS_KEY),
 )

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from prefixscope.errors import UsageError
+from store.schema import REQUEST_KEY_SQL
 
 #: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
 GROUPABLE = ("model", "instance", "run_id", "endpoint", "usage_shape", "scope", "tenant_digest")
@@ -58,12 +59,13 @@ def _where(start_s: float | None, end_s: float | None, models: Sequence[str] | N
 
 
 def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
-    """Insert an Arrow batch of request rows; existing (run_id, request_id) keys are skipped
-    (also duplicates inside the batch: the first is kept).
+    """Insert an Arrow batch of request rows; rows whose (run_id, request_id) is stored are
+    skipped (also repeats inside the batch: the first is kept). The pair is checked through
+    ``request_key`` (:data:`store.schema.REQUEST_KEY_SQL`, computed here).
 
     Args:
-        batch: Arrow table whose columns are ``columns`` (comma-separated ``requests`` columns),
-            built by ``ingest.usage.rows_to_arrow``.
+        batch: Arrow table whose columns are ``columns`` (comma-separated ``requests`` columns,
+            without ``request_key``), built by ``ingest.usage.rows_to_arrow``.
 
     Returns:
         Rows added.
@@ -72,8 +74,8 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
     con.register(name, batch)
     try:
         row = con.execute(
-            f"INSERT INTO requests ({columns}) SELECT {columns} FROM {name} "
-            "ON CONFLICT DO NOTHING").fetchone()
+            f"INSERT INTO requests ({columns}, request_key) "
+            f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name} ON CONFLICT DO NOTHING").fetchone()
     finally:
         con.unregister(name)
     return int(row[0]) if row else 0
@@ -87,14 +89,16 @@ def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, col
         Rows added (= the batch's rows).
 
     Raises:
-        duckdb.ConstraintException: a key already exists or repeats in the batch; the caller's
+        duckdb.ConstraintException: a (run_id, request_id) already exists or repeats in the
+            batch (its ``request_key`` does); the caller's
             transaction is then aborted and must be rolled back (then use
             :func:`insert_request_rows`).
     """
     name = "_prefixscope_request_batch"
     con.register(name, batch)
     row = con.execute(  # on failure the view stays registered; the next register replaces it
-        f"INSERT INTO requests ({columns}) SELECT {columns} FROM {name}").fetchone()
+        f"INSERT INTO requests ({columns}, request_key) "
+        f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name}").fetchone()
     con.unregister(name)
     return int(row[0]) if row else 0
 
