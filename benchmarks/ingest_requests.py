@@ -18,7 +18,7 @@ with its parser processes) and peak RSS of each, and the ratios ours / baseline.
 rows/s at least 0.5x the baseline's.
 
     .venv/bin/python benchmarks/ingest_requests.py [--lines 1000000] [--repeat 2] [--keep DIR]
-        [--workers N]
+        [--workers N] [--ids random|sequential]
 """
 
 from __future__ import annotations
@@ -41,12 +41,22 @@ WORDS = ("the cache prefix block token model request answer legal case file page
          "summary section clause court party ruling evidence").split()
 
 
-def generate(path: Path, n: int, seed: int = 7) -> int:
-    """Write ``n`` usage lines to ``path``; returns the file size in bytes."""
+def generate(path: Path, n: int, seed: int = 7, ids: str = "random") -> int:
+    """Write ``n`` usage lines to ``path``; returns the file size in bytes.
+
+    ``ids``: ``random`` gives each response a random 16-hex id (``chatcmpl-8e0e3b17bd6accf5``,
+    as vLLM's captured responses in /work/shared/data have); ``sequential`` numbers them
+    (``chatcmpl-000000000000002a``, the generator before 2026-11-29 19:40), which favours an
+    index on the text id (neighbouring keys)."""
     import msgspec
 
     encode = msgspec.json.encode
     rnd = random.Random(seed)
+    id_rnd = random.Random(seed + 1)  # its own stream: the other fields do not depend on ``ids``
+
+    def hex_id(i: int) -> str:
+        return f"{id_rnd.getrandbits(64):016x}" if ids == "random" else f"{i:016x}"
+
     t0 = 1_795_000_000.0
     models = ("llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "mistral-7b-instruct")
     instances = ("vllm-a:8000", "vllm-b:8000", "vllm-c:8000")
@@ -60,7 +70,7 @@ def generate(path: Path, n: int, seed: int = 7) -> int:
             answer = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(5, 25)))
             kind = i % 20
             if kind < 14:  # chat completion in a log record
-                resp = {"id": f"chatcmpl-{i:016x}", "object": "chat.completion",
+                resp = {"id": f"chatcmpl-{hex_id(i)}", "object": "chat.completion",
                         "created": int(ts), "model": model,
                         "choices": [{"index": 0, "message": {"role": "assistant",
                                                              "content": answer},
@@ -74,19 +84,19 @@ def generate(path: Path, n: int, seed: int = 7) -> int:
                        "ttft_ms": round(rnd.uniform(20, 900), 1),
                        "latency_ms": round(rnd.uniform(200, 9000), 1), "response": resp}
             elif kind < 18:  # completions response, no details object (not reported)
-                rec = {"id": f"cmpl-{i:016x}", "object": "text_completion", "created": int(ts),
+                rec = {"id": f"cmpl-{hex_id(i)}", "object": "text_completion", "created": int(ts),
                        "model": model, "choices": [{"index": 0, "text": answer,
                                                     "finish_reason": "length"}],
                        "usage": {"prompt_tokens": prompt, "total_tokens": prompt + out,
                                  "completion_tokens": out, "prompt_tokens_details": None}}
             elif kind == 18:  # final usage chunk of a stream
-                rec = {"id": f"chatcmpl-{i:016x}", "object": "chat.completion.chunk",
+                rec = {"id": f"chatcmpl-{hex_id(i)}", "object": "chat.completion.chunk",
                        "created": int(ts), "model": model, "choices": [],
                        "usage": {"prompt_tokens": prompt, "total_tokens": prompt + out,
                                  "completion_tokens": out,
                                  "prompt_tokens_details": {"cached_tokens": cached}}}
             else:  # vLLM /v1/messages (Anthropic shape, exclusive input)
-                rec = {"id": f"msg_{i:016x}", "type": "message", "role": "assistant",
+                rec = {"id": f"msg_{hex_id(i)}", "type": "message", "role": "assistant",
                        "model": model, "content": [{"type": "text", "text": answer}],
                        "usage": {"input_tokens": prompt - cached, "output_tokens": out,
                                  "cache_read_input_tokens": cached,
@@ -155,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "(a file of the same --lines found there is reused)")
     ap.add_argument("--workers", type=int, default=None,
                     help="parser processes of our ingest (default: the product's own choice)")
+    ap.add_argument("--ids", choices=("random", "sequential"), default="random",
+                    help="response ids: random 16-hex (as vLLM's) or numbered (the old file)")
     ap.add_argument("--repeat", type=int, default=2,
                     help="rounds (baseline, ours, re-ingest each); the best time of each is shown")
     args = ap.parse_args(argv)
@@ -163,14 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = work / "usage.jsonl"
         stamp = work / "usage.jsonl.lines"
+        want = f"{args.lines} {args.ids}"
         if args.keep and data.exists() and stamp.exists() and \
-                stamp.read_text().strip() == str(args.lines):
-            print(f"reusing {args.lines:,} lines, {data.stat().st_size / 1e6:.1f} MB: {data}")
+                stamp.read_text().strip() == want:
+            print(f"reusing {args.lines:,} lines ({args.ids} ids), {data.stat().st_size / 1e6:.1f} MB: {data}")
         else:
             t = time.perf_counter()
-            size = generate(data, args.lines)
-            stamp.write_text(str(args.lines))
-            print(f"generated {args.lines:,} lines, {size / 1e6:.1f} MB in "
+            size = generate(data, args.lines, ids=args.ids)
+            stamp.write_text(want)
+            print(f"generated {args.lines:,} lines ({args.ids} ids), {size / 1e6:.1f} MB in "
                   f"{time.perf_counter() - t:.1f} s: {data}")
         import duckdb
 
