@@ -152,7 +152,7 @@ _REQUESTS_AND_PRICES = (
 #: client reads it; pandas has no 128-bit integer) of an unambiguous encoding of
 #: ``(run_id, request_id)``: the length of ``run_id`` in characters, ``:``, ``run_id``,
 #: ``request_id``. One fixed-width ART key instead of two VARCHARs: on random provider ids
-#: (``chatcmpl-8e0e3b17bd6accf5``) the insert costs about 1.4 us per row less
+#: (``chatcmpl-8e0e3b17bd6accf5``) the insert costs 0.4-1.4 us per row less
 #: (docs/benchmarks.md "Usage-log ingest"). Two different pairs share a key with probability
 #: about n^2 / 2^129 for n stored rows (1e-20 at n = 1e9); when they would, the second is
 #: skipped as a duplicate: a pair is never stored twice.
