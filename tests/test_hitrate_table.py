@@ -6,6 +6,7 @@ import pytest
 from rich.console import Console
 
 from store import db as store_db
+from store.schema import REQUEST_KEY_SQL
 
 BIG = 12_345_678_901  # tokens: 14 characters with separators
 
@@ -17,10 +18,12 @@ def wide_numbers_db(db_path):
     with store_db.writer(db_path) as con:
         con.execute(
             "INSERT INTO requests (run_id, request_id, source_id, ts_unix_s, model, instance, "
-            "prompt_tokens, cached_tokens) VALUES "
+            "prompt_tokens, cached_tokens, request_key) "
+            f"SELECT *, {REQUEST_KEY_SQL} FROM (VALUES "
             "('', 'r1', 's', 1795961000, 'meta-llama/Llama-3.1-70B-Instruct', 'gpu-node-17:8000', ?, ?), "
             "('', 'r2', 's', 1795961010, 'meta-llama/Llama-3.1-70B-Instruct', 'gpu-node-17:8000', 100, NULL), "
-            "('', 'r3', 's', 1795964700, 'Qwen/Qwen2.5-Coder-32B-Instruct', 'gpu-node-18:8000', ?, ?)",
+            "('', 'r3', 's', 1795964700, 'Qwen/Qwen2.5-Coder-32B-Instruct', 'gpu-node-18:8000', ?, ?))"
+            " t(run_id, request_id, source_id, ts_unix_s, model, instance, prompt_tokens, cached_tokens)",
             [BIG, BIG - 1_000_000_000, BIG, 987_654_321])
     return db_path
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from store import db as store_db
+from store.schema import REQUEST_KEY_SQL
 from store.queries.metrics import hit_rate_by_window, hit_rate_totals
 from tests.metrics_support import ExpositionServer, render
 
@@ -94,9 +95,11 @@ def test_hitrate_source_requests_uses_per_request_data(cli, db_path, tmp_path):
     with store_db.writer(db_path) as con:
         con.execute(
             "INSERT INTO requests (run_id, request_id, source_id, ts_unix_s, model, instance, "
-            "prompt_tokens, cached_tokens) VALUES "
+            "prompt_tokens, cached_tokens, request_key) "
+            f"SELECT *, {REQUEST_KEY_SQL} FROM (VALUES "
             "('', 'r1', 's', 1795961000, 'm', 'a', 600, 576), "
-            "('', 'r2', 's', 1795961010, 'm', 'a', 100, NULL)")
+            "('', 'r2', 's', 1795961010, 'm', 'a', 100, NULL))"
+            " t(run_id, request_id, source_id, ts_unix_s, model, instance, prompt_tokens, cached_tokens)")
     code, out, err = cli(["hitrate", "--source", "requests", "--window", "1h", "--json",
                           "--db", db_path])
     assert code == 0, err
