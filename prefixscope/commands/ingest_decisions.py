@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from prefixscope.cli_common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
+from prefixscope.errors import NothingIngested, problem_text
+
+#: At most this many quarantined lines are printed (all are in the quarantine table).
+_MAX_PROBLEMS_SHOWN = 20
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
@@ -26,17 +32,41 @@ def register(groups: dict[str, typer.Typer]) -> None:
         One JSON object per line: a decision (time, request id, scope, namespace digest,
         decision, reasons, candidate and accepted cached tokens, short digests) or a version
         event; format in docs/scopes.md. Decisions join usage rows on (run_id, request_id).
-        Bad lines are quarantined with file, line and field; good lines are kept.
+        Bad lines are quarantined with file, line and field (printed, and listed on the Data
+        sources page); good lines are kept. Exit code 4 when nothing could be read.
 
         Example: prefixscope ingest decisions logs/gateway-decisions.jsonl --db data/prefixscope.duckdb
         """
+        from ingest.bookkeeping import clean_location
         from ingest.decisions import ingest_decisions_file, iter_decision_files
         from store import db as store_db
+        from store.queries.ingest import quarantined_lines
 
-        summaries = []
+        paths, unreadable = [], 0
+        for given in files:
+            found = list(iter_decision_files([given]))
+            if Path(given).is_dir() and not found:
+                why = "a folder without *.jsonl files"
+            elif not Path(given).exists():
+                why = "no such file"
+            else:
+                paths.extend(found)
+                continue
+            unreadable += 1
+            err.print(f"error: {given}: {why}", markup=False, highlight=False)
+        if not paths:
+            raise NothingIngested(f"no decision could be read: {unreadable} source(s) could not "
+                                  "be read (see above)")
+        summaries, problems = [], []
         with store_db.writer(db) as con:
-            for path in iter_decision_files(files):
-                summaries.append(ingest_decisions_file(con, path, run_id=run_id))
+            for path in paths:
+                started_s = time.time()
+                s = ingest_decisions_file(con, path, run_id=run_id)
+                summaries.append(s)
+                if s.rows_quarantined:
+                    q = quarantined_lines(con, limit=10_000)
+                    q = q[(q["location"] == clean_location(path)) & (q["at_unix_s"] >= started_s)]
+                    problems.extend(q.assign(location=path).sort_values("line").to_dict("records"))
         if as_json:
             print_json([s.as_dict() for s in summaries])
             return
@@ -44,6 +74,11 @@ def register(groups: dict[str, typer.Typer]) -> None:
             out.print(f"{s.source}: {s.rows_read} records, {s.rows_added} added, "
                       f"{s.rows_duplicate} already present, {s.rows_quarantined} quarantined",
                       markup=False, highlight=False)
-            if s.rows_quarantined:
-                err.print(f"  see quarantined lines: prefixscope db info / the Data sources page",
-                          markup=False, highlight=False)
+        for q in problems[:_MAX_PROBLEMS_SHOWN]:
+            field = q["field"] if isinstance(q["field"], str) else None
+            err.print("quarantined " + problem_text(q["location"], int(q["line"]), q["reason"],
+                                                    field), markup=False, highlight=False)
+        if len(problems) > _MAX_PROBLEMS_SHOWN:
+            err.print(f"... and {len(problems) - _MAX_PROBLEMS_SHOWN} more: the Data sources page "
+                      "of the dashboard lists every quarantined line", markup=False,
+                      highlight=False)

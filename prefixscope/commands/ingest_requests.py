@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -26,6 +27,10 @@ def ingest_request_files(db: str, files: list[str], *, run_id: str | None = None
     problems: list[dict] = []
     with store_db.writer(db) as con:
         for f in files:
+            if Path(f).is_dir():
+                errors.append(f"{f}: is a folder: give its .jsonl files "
+                              f"(e.g. {Path(f) / '*.jsonl'})")
+                continue
             try:
                 s, qs = ingest_usage_file_detailed(con, f, run_id=run_id, instance=instance,
                                                    default_model=model)

