@@ -26,6 +26,7 @@ from alerts.daily import (
     percent,
     resolve_tz,
 )
+from dashboard.formatting import money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"
 #: At most this many lines in the chart (worst first); the text lists all.
@@ -55,9 +56,12 @@ def _fmt_pp(change: float | None) -> str:
 
 
 def _fmt_money(amount: float | None, currency: str | None) -> str:
+    """``INR 48.64``; an amount under 0.1 keeps three significant digits (``USD 0.000357``), as
+    on the dashboard (``dashboard.formatting.money_decimals``), so a small saving never reads
+    0.00."""
     if amount is None:
         return ""
-    return f"{currency or ''} {amount:,.2f}".strip()
+    return f"{currency or ''} {amount:,.{money_decimals(amount)}f}".strip()
 
 
 def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> str:
