@@ -61,8 +61,15 @@ class Filters:
         runs are what those pages compare."""
         return None if self.run_ids in (None, ("",)) else self.run_ids
 
-    def describe(self) -> str:
-        """A one-line description for captions: ``'last 24h · 2 models · all instances'``."""
+    def describe(self, *, every_run_by_default: bool = False) -> str:
+        """A one-line description for captions: ``'last 24h · 2 models · all instances'``, then
+        the runs: ``production`` for the sidebar's default selection, ``N runs`` otherwise.
+
+        Args:
+            every_run_by_default: for the pages that read :meth:`replay_run_ids` (Replay,
+                Scopes, Rejections, Invariants): the default selection reads ``all runs``
+                there, as those pages show every run.
+        """
         if self.range_label == "all":
             when = "all time"
         elif self.range_label == CUSTOM:
@@ -78,8 +85,13 @@ class Filters:
             return f"{len(values)} {noun}" + ("" if len(values) == 1 else "s")
 
         bits = [when, part(self.models, "model"), part(self.instances, "instance")]
-        if self.run_ids is not None:
-            bits.append(part(self.run_ids, "run"))
+        runs = self.replay_run_ids() if every_run_by_default else self.run_ids
+        if every_run_by_default and runs is None:
+            bits.append("all runs")
+        elif runs == ("",):
+            bits.append(PRODUCTION_RUN_LABEL)
+        elif runs is not None:
+            bits.append(part(runs, "run"))
         return " · ".join(bits)
 
 

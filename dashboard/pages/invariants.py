@@ -51,7 +51,7 @@ db = data.db_path()
 f = filters.current()
 st.title("Invariants")
 st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
-           f"{f.describe()}.")
+           f"{f.describe(every_run_by_default=True)}.")
 
 with data.guard(db):
     common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())

@@ -65,7 +65,7 @@ db = data.db_path()
 f = filters.current()
 st.title("Rejections")
 st.caption("A rejection is a candidate hit whose identity did not match (any field): it is served "
-           f"as a miss. {f.describe()}.")
+           f"as a miss. {f.describe(every_run_by_default=True)}.")
 
 with data.guard(db):
     common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())

@@ -2,7 +2,7 @@
 
 Reads ``savings_by_model`` and ``savings_by_window`` through ``dashboard.data``. Cost without
 the cache prices every prompt token as uncached input; cost with it prices cached tokens at the
-cached-input price and cache writes at their premium (``docs/metrics.md#cost``). Self-hosted
+cached-input price and cache writes at their premium (``docs/metrics.md#cost-and-savings``). Self-hosted
 models carry a shadow price: it is labelled as such, with its source, wherever it appears.
 """
 
@@ -94,7 +94,7 @@ with data.guard(db):
             st.caption(f"{m}: {note}")
     if not unpriced.empty:
         st.warning("No price for: " + ", ".join(f"`{m}`" for m in unpriced["model"].astype(str))
-                   + ". Add them to the price table (`data/prices.toml`, see docs/metrics.md#cost) "
+                   + ". Add them to the price table (`data/prices.toml`, see docs/metrics.md#cost-and-savings) "
                    "to see their cost; self-hosted models take a shadow price.",
                    icon=":material/money_off:")
 

@@ -70,7 +70,7 @@ f = filters.current()
 st.title("Scopes")
 st.caption("Hit rate = Σ cached_tokens ÷ Σ prompt_tokens (requests that reported cached tokens); "
            f"saved prefill tokens = Σ cached_tokens; by cache scope and namespace digest. "
-           f"{f.describe()}.")
+           f"{f.describe(every_run_by_default=True)}.")
 
 with data.guard(db):
     common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids(), models=f.models,
