@@ -34,7 +34,7 @@ import msgspec
 
 from ingest.bookkeeping import IngestSummary, source_id_for
 from ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
-from prefixscope.errors import NothingIngested
+from prefixscope.errors import NothingIngested, invalid_json_reason
 from replay.identity import ALL_REASONS
 from store.queries.decisions import (  # the column orders are re-exported: parse_line's rows
     DECISION_COLUMNS,  # noqa: F401
@@ -133,7 +133,9 @@ def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
         text, _, where = text.partition(" - at `")
         field = where.rstrip("`").removeprefix("$.") or None
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
-        return _Bad(None, "not a JSON object")
+        return _Bad(None, invalid_json_reason(exc))  # truncated or not JSON at all
+    if field is None and text.startswith("Expected `object`"):
+        return _Bad(None, "not a JSON object")  # valid JSON, but an array, string, number...
     if text.startswith("Object contains unknown field"):
         # name the field (a key), never a value
         return _Bad(text.split("`")[1] if "`" in text else None, "unknown field")

@@ -36,7 +36,7 @@ def test_ingest_decisions_prints_each_quarantined_line(cli, db_path, tmp_path):
                  + '{"v": 1, "record": "deci\n')
     code, out, err = cli(["ingest", "decisions", f, "--db", db_path])
     assert code == 0, err
-    assert "1 records, 1 added" in out and "2 quarantined" in out
+    assert "1 record, 1 added" in out and "2 quarantined" in out
     assert f"quarantined {f}:2: ts_unix_s: " in err
     assert f"quarantined {f}:3: " in err
     assert "Traceback" not in err

@@ -15,6 +15,20 @@ from prefixscope.errors import NothingIngested, problem_text
 _MAX_PROBLEMS_SHOWN = 20
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 record``, ``2 records``, ``500,000 records``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def _nothing_new_note(source: str) -> str:
+    """Why a readable file gave no record: empty, or read up to its end before (a tail)."""
+    try:
+        empty = Path(source).stat().st_size == 0
+    except OSError:
+        empty = False
+    return "empty file" if empty else "no new lines since the last ingest"
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
     """Add ``ingest decisions``."""
 
@@ -57,28 +71,39 @@ def register(groups: dict[str, typer.Typer]) -> None:
         if not paths:
             raise NothingIngested(f"no decision could be read: {unreadable} source(s) could not "
                                   "be read (see above)")
-        summaries, problems = [], []
+        summaries, problems, per_source = [], [], []
         with store_db.writer(db) as con:
             for path in paths:
                 started_s = time.time()
                 s = ingest_decisions_file(con, path, run_id=run_id)
                 summaries.append(s)
+                mine: list[dict] = []
                 if s.rows_quarantined:
                     q = quarantined_lines(con, limit=10_000)
                     q = q[(q["location"] == clean_location(path)) & (q["at_unix_s"] >= started_s)]
-                    problems.extend(q.assign(location=path).sort_values("line").to_dict("records"))
-        if as_json:
-            print_json([s.as_dict() for s in summaries])
+                    mine = [{"location": path, "line": int(r["line"]),
+                             "field": r["field"] if isinstance(r["field"], str) else None,
+                             "reason": r["reason"]}
+                            for r in q.sort_values("line").to_dict("records")]
+                per_source.append(mine)
+                problems.extend(mine)
+        if as_json:  # one summary per source, with its quarantined lines (docs/ingest.md)
+            print_json([{**s.as_dict(), "quarantined": mine}
+                        for s, mine in zip(summaries, per_source, strict=True)])
             return
         for s in summaries:
-            out.print(f"{s.source}: {s.rows_read} records, {s.rows_added} added, "
-                      f"{s.rows_duplicate} already present, {s.rows_quarantined} quarantined",
+            out.print(f"{s.source}: {_count(s.rows_read, 'record')}, {s.rows_added:,} added, "
+                      f"{s.rows_duplicate:,} already present, {s.rows_quarantined:,} quarantined",
                       markup=False, highlight=False)
+            note = s.note or (_nothing_new_note(s.source) if s.rows_read == 0
+                              and not s.rows_quarantined else None)
+            if note:
+                out.print(f"  note: {note}", markup=False, highlight=False)
         for q in problems[:_MAX_PROBLEMS_SHOWN]:
-            field = q["field"] if isinstance(q["field"], str) else None
+            field = q["field"]
             err.print("quarantined " + problem_text(q["location"], int(q["line"]), q["reason"],
                                                     field), markup=False, highlight=False)
         if len(problems) > _MAX_PROBLEMS_SHOWN:
-            err.print(f"... and {len(problems) - _MAX_PROBLEMS_SHOWN} more: the Data sources page "
+            err.print(f"... and {len(problems) - _MAX_PROBLEMS_SHOWN:,} more: the Data sources page "
                       "of the dashboard lists every quarantined line", markup=False,
                       highlight=False)
