@@ -31,6 +31,11 @@ def _fmt_rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
+def _fmt_pct(x: float | None) -> str:
+    """A hit rate (fraction) as a percentage with one decimal: 0.8689 -> ``86.9%``."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
 def _print_run(res: Any) -> None:
     s = res.summary
     cap = "unbounded" if s.num_gpu_blocks is None else f"{s.num_gpu_blocks:,} blocks"
@@ -340,8 +345,8 @@ def register(groups: dict[str, typer.Typer]) -> None:
 def _print_compare(doc: dict[str, Any]) -> None:
     a, b, d = doc["a"], doc["b"], doc["delta"]
     price = doc.get("price")
-    rows = [("hit rate", _fmt_rate(a["hit_rate"]), _fmt_rate(b["hit_rate"]),
-             "n/a" if d["hit_rate"] is None else f"{d['hit_rate']:+.4f}"),
+    rows = [("hit rate", _fmt_pct(a["hit_rate"]), _fmt_pct(b["hit_rate"]),
+             "n/a" if d["hit_rate"] is None else f"{100 * d['hit_rate']:+.1f} pp"),
             ("prompt tokens", f"{a['prompt_tokens']:,}", f"{b['prompt_tokens']:,}",
              f"{d['prompt_tokens']:+,}"),
             ("cached tokens", f"{a['cached_tokens']:,}", f"{b['cached_tokens']:,}",
