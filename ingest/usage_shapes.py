@@ -41,6 +41,12 @@ from prefixscope.errors import ParseError
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
 MS_THRESHOLD = 1e11
 
+#: Request times outside [TS_MIN_UNIX_S, TS_MAX_UNIX_S) (seconds, after the milliseconds rule)
+#: are quarantined: 1970-01-01 to 2100-01-01 UTC. Outside it a time is a unit or typing error
+#: (and beyond year 9999 no report could print it).
+TS_MIN_UNIX_S = 0.0
+TS_MAX_UNIX_S = 4102444800.0
+
 #: A token count: a non-negative integer that fits a BIGINT (larger is quarantined, not stored).
 Tok = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 OptTok = Tok | None | UnsetType
@@ -371,20 +377,24 @@ def _normalise(rec: _Record) -> tuple:
             flags.append("cache-exceeds-prompt")
 
     # Time: the response's created, else the log record's time, else (caller) the file mtime.
-    ts = resp.created
+    prefix = "$.response." if resp is not rec else "$."
+    ts, ts_field = resp.created, prefix + "created"
     if ts is None:
-        ts = resp.created_at
+        ts, ts_field = resp.created_at, prefix + "created_at"
     if ts is not None:
         if ts > MS_THRESHOLD:
             ts = ts / 1000.0
     elif rec.ts_unix_s is not None:
-        ts = rec.ts_unix_s
+        ts, ts_field = rec.ts_unix_s, "$.ts_unix_s"
     else:
         for name in ("ts", "time", "timestamp"):
             val = getattr(rec, name)
             if val is not None:
-                ts = _parse_ts(val, "$." + name)
+                ts, ts_field = _parse_ts(val, "$." + name), "$." + name
                 break
+    if ts is not None and not TS_MIN_UNIX_S <= ts < TS_MAX_UNIX_S:
+        raise _Bad(ts_field, "time is outside 1970-01-01 to 2100-01-01 UTC (Unix seconds, or "
+                             f"milliseconds above {MS_THRESHOLD:.0e})")
     ts_estimated = rec.ts_estimated is True
 
     rid = rec.request_id

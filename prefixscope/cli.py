@@ -8,6 +8,7 @@ Each command parses arguments, calls one library function, prints, and lets
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -78,9 +79,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     raises for those.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    interrupted = _watch_sigint()
     try:
         app(args=args, prog_name="prefixscope", standalone_mode=True)
+    except KeyboardInterrupt:
+        return _interrupted()
     except SystemExit as exc:
+        if interrupted():
+            return _interrupted()
         code = exc.code
         if code is None:
             return 0
@@ -89,11 +95,59 @@ def run(argv: Sequence[str] | None = None) -> int:
         err.print(str(code), markup=False, highlight=False)
         return 1
     except PrefixscopeError as exc:
+        if interrupted():
+            return _interrupted()
         err.print(f"error: {exc}", markup=False, highlight=False)
         return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    except Exception:
+        # Ctrl-C inside a DuckDB query surfaces as duckdb.InterruptException or, from an Arrow
+        # scan, a RuntimeError("Query interrupted"): the interruption, not a bug.
+        if interrupted():
+            return _interrupted()
+        raise
+    finally:
+        interrupted.restore()
     return 0
+
+
+class _SigintWatch:
+    """Remembers whether SIGINT arrived while a command ran; the handler in place before
+    (Python's default raises KeyboardInterrupt) still runs. Restored by :meth:`restore`."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous = None
+        try:
+            self.previous = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: nothing to watch
+            self.previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.seen = True
+        if callable(self.previous):
+            self.previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    def __call__(self) -> bool:
+        return self.seen
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+def _watch_sigint() -> _SigintWatch:
+    return _SigintWatch()
+
+
+def _interrupted() -> int:
+    err.print("interrupted (Ctrl-C): what was committed before is kept and the transaction in "
+              "progress was rolled back; an ingest run again continues from its checkpoint",
+              markup=False, highlight=False)
+    return 130
 
 
 def main() -> None:

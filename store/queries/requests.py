@@ -362,7 +362,7 @@ def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float)
 
 
 def _num(x) -> int:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if x is None or pd.isna(x):  # None, NaN or pandas' NA (nullable Int64 columns)
         return 0
     return int(round(float(x)))
 
