@@ -16,6 +16,11 @@ from prefixscope.times import parse_duration, parse_time
 _MAX_PROBLEMS_SHOWN = 20
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 line``, ``2 lines``, ``500,000 samples``: thousands separators, singular for 1."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 @contextmanager
 def _stop_on_sigterm():
     """An event set by SIGTERM (and the previous handler restored after)."""
@@ -33,8 +38,9 @@ def _stop_on_sigterm():
 def _print_outcome(outcome, *, quiet: bool) -> None:
     s = outcome.summary
     if not quiet:
-        out.print(f"{s.source}: {s.rows_added} samples added, {s.rows_duplicate} already stored, "
-                  f"{s.rows_quarantined} lines quarantined", markup=False, highlight=False)
+        out.print(f"{s.source}: {_count(s.rows_added, 'sample')} added, {s.rows_duplicate:,} "
+                  f"already stored, {_count(s.rows_quarantined, 'line')} quarantined",
+                  markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
     for q in outcome.problems[:_MAX_PROBLEMS_SHOWN]:
@@ -42,7 +48,7 @@ def _print_outcome(outcome, *, quiet: bool) -> None:
         what = f"{q.field}: {q.reason}" if q.field else q.reason
         err.print(f"quarantined {where}: {what}", markup=False, highlight=False)
     if len(outcome.problems) > _MAX_PROBLEMS_SHOWN:
-        err.print(f"... and {len(outcome.problems) - _MAX_PROBLEMS_SHOWN} more quarantined lines "
+        err.print(f"... and {len(outcome.problems) - _MAX_PROBLEMS_SHOWN:,} more quarantined lines "
                   "(see the quarantine table)", markup=False, highlight=False)
 
 
@@ -208,8 +214,10 @@ def register(groups: dict[str, typer.Typer]) -> None:
 def _print_kv(outcome, *, quiet: bool) -> None:
     s = outcome.summary
     if not quiet:
-        out.print(f"{s.source}: {s.rows_added} event rows added, {s.rows_duplicate} already "
-                  f"stored, {s.rows_quarantined} lines quarantined", markup=False, highlight=False)
+        out.print(f"{s.source}: {_count(s.rows_added, 'event row')} added, "
+                  f"{s.rows_duplicate:,} already stored, "
+                  f"{_count(s.rows_quarantined, 'line')} quarantined", markup=False,
+                  highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
     _print_outcome(outcome, quiet=True)
