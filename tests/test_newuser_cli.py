@@ -75,3 +75,20 @@ def test_captions_name_the_runs_a_page_shows():
     assert two.describe(every_run_by_default=True).endswith("· 2 runs")
     assert Filters(start_s=None, end_s=None, range_label="all").describe() == (
         "all time · all models · all instances")
+
+
+def test_ingest_decisions_goes_on_after_a_file_whose_lines_were_all_quarantined(cli, db_path,
+                                                                              tmp_path):
+    """A file of bad lines is an error line (exit 4 only if no file gave a record); the files
+    after it are still read."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"v": 1, "record": "deci\nnot json\n')
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(_good_decision()) + "\n")
+    code, out, err = cli(["ingest", "decisions", bad, good, "--db", db_path])
+    assert code == 0, err
+    assert f"error: {bad}: all 2 lines quarantined; first at line 1: not valid JSON" in err
+    assert f"{good}: 1 record, 1 added" in out
+    code, out, err = cli(["ingest", "decisions", bad, "--db", tmp_path / "other.duckdb"])
+    assert code == 4
+    assert "no decision could be read" in err

@@ -72,10 +72,18 @@ def register(groups: dict[str, typer.Typer]) -> None:
             raise NothingIngested(f"no decision could be read: {unreadable} source(s) could not "
                                   "be read (see above)")
         summaries, problems, per_source = [], [], []
+        failed = 0
         with store_db.writer(db) as con:
             for path in paths:
                 started_s = time.time()
-                s = ingest_decisions_file(con, path, run_id=run_id)
+                try:
+                    s = ingest_decisions_file(con, path, run_id=run_id)
+                except NothingIngested as exc:
+                    # Every new line of this file was quarantined (stored with file:line): say
+                    # so and go on with the other files; exit 4 only if no file gave a record.
+                    failed += 1
+                    err.print(f"error: {exc}", markup=False, highlight=False)
+                    continue
                 summaries.append(s)
                 mine: list[dict] = []
                 if s.rows_quarantined:
@@ -87,6 +95,9 @@ def register(groups: dict[str, typer.Typer]) -> None:
                             for r in q.sort_values("line").to_dict("records")]
                 per_source.append(mine)
                 problems.extend(mine)
+        if not summaries:
+            raise NothingIngested(f"no decision could be read: every line of the {failed:,} "
+                                  "file(s) was quarantined (see above)")
         if as_json:  # one summary per source, with its quarantined lines (docs/ingest.md)
             print_json([{**s.as_dict(), "quarantined": mine}
                         for s, mine in zip(summaries, per_source, strict=True)])
