@@ -79,7 +79,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     raises for those.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    interrupted = _watch_sigint()
+    interrupted = _SigintWatch()
     try:
         app(args=args, prog_name="prefixscope", standalone_mode=True)
     except KeyboardInterrupt:
@@ -137,10 +137,6 @@ class _SigintWatch:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             self.previous = None
-
-
-def _watch_sigint() -> _SigintWatch:
-    return _SigintWatch()
 
 
 def _interrupted() -> int:

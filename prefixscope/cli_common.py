@@ -28,6 +28,11 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+def count_noun(n: int, noun: str) -> str:
+    """``1 line``, ``2 lines``, ``500,000 requests``: thousands separators, singular for 1."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def print_json(value: Any) -> None:
     """Print ``value`` as JSON on stdout (no colour, one document), for ``--json``."""
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")

@@ -8,16 +8,13 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli_common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
+from prefixscope.cli_common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out,
+                                     print_json)
 from prefixscope.errors import NothingIngested, problem_text
 
 #: At most this many quarantined lines are printed (all are in the quarantine table).
 _MAX_PROBLEMS_SHOWN = 20
 
-
-def _count(n: int, noun: str) -> str:
-    """``1 record``, ``2 records``, ``500,000 records``."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def _nothing_new_note(source: str) -> str:
@@ -103,7 +100,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
                         for s, mine in zip(summaries, per_source, strict=True)])
             return
         for s in summaries:
-            out.print(f"{s.source}: {_count(s.rows_read, 'record')}, {s.rows_added:,} added, "
+            out.print(f"{s.source}: {count_noun(s.rows_read, 'record')}, {s.rows_added:,} added, "
                       f"{s.rows_duplicate:,} already present, {s.rows_quarantined:,} quarantined",
                       markup=False, highlight=False)
             note = s.note or (_nothing_new_note(s.source) if s.rows_read == 0

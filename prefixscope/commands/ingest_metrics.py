@@ -9,16 +9,13 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli_common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
+from prefixscope.cli_common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out,
+                                     print_json)
 from prefixscope.errors import NothingIngested, UsageError
 from prefixscope.times import parse_duration, parse_time
 
 _MAX_PROBLEMS_SHOWN = 20
 
-
-def _count(n: int, noun: str) -> str:
-    """``1 line``, ``2 lines``, ``500,000 samples``: thousands separators, singular for 1."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 @contextmanager
@@ -38,8 +35,8 @@ def _stop_on_sigterm():
 def _print_outcome(outcome, *, quiet: bool) -> None:
     s = outcome.summary
     if not quiet:
-        out.print(f"{s.source}: {_count(s.rows_added, 'sample')} added, {s.rows_duplicate:,} "
-                  f"already stored, {_count(s.rows_quarantined, 'line')} quarantined",
+        out.print(f"{s.source}: {count_noun(s.rows_added, 'sample')} added, {s.rows_duplicate:,} "
+                  f"already stored, {count_noun(s.rows_quarantined, 'line')} quarantined",
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
@@ -214,9 +211,9 @@ def register(groups: dict[str, typer.Typer]) -> None:
 def _print_kv(outcome, *, quiet: bool) -> None:
     s = outcome.summary
     if not quiet:
-        out.print(f"{s.source}: {_count(s.rows_added, 'event row')} added, "
+        out.print(f"{s.source}: {count_noun(s.rows_added, 'event row')} added, "
                   f"{s.rows_duplicate:,} already stored, "
-                  f"{_count(s.rows_quarantined, 'line')} quarantined", markup=False,
+                  f"{count_noun(s.rows_quarantined, 'line')} quarantined", markup=False,
                   highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)

@@ -7,15 +7,12 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli_common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
+from prefixscope.cli_common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out,
+                                     print_json)
 from prefixscope.errors import NothingIngested, PrefixscopeError
 
 _MAX_PROBLEMS_SHOWN = 20
 
-
-def _count(n: int, noun: str) -> str:
-    """``1 line``, ``2 lines``, ``500,000 requests``: thousands separators, singular for 1."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def ingest_request_files(db: str, files: list[str], *, run_id: str | None = None,
@@ -90,9 +87,9 @@ def register(groups: dict[str, typer.Typer]) -> None:
                         "quarantined": problems})
         else:
             for s in summaries:
-                out.print(f"{s.source}: {_count(s.rows_added, 'request')} added, "
+                out.print(f"{s.source}: {count_noun(s.rows_added, 'request')} added, "
                           f"{s.rows_duplicate:,} already stored, "
-                          f"{_count(s.rows_quarantined, 'line')} quarantined",
+                          f"{count_noun(s.rows_quarantined, 'line')} quarantined",
                           markup=False, highlight=False)
                 if s.note:
                     out.print(f"  note: {s.note}", markup=False, highlight=False)
