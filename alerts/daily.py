@@ -9,9 +9,9 @@ Definitions (also in ``docs/alerts.md``, with examples):
    samples in the day (source ``metrics``: ``hit_tokens`` = increase of
    ``vllm:prefix_cache_hits_total``, ``prompt_tokens`` = increase of
    ``vllm:prefix_cache_queries_total``, through
-   :func:`store.queries.metrics.hit_rate_by_window` with one window of the day's length), else
+   :func:`prefixscope.store.queries.metrics.hit_rate_by_window` with one window of the day's length), else
    from production requests (``run_id = ''``) that reported ``cached_tokens`` (source
-   ``requests``: :func:`store.queries.requests.request_hit_rate_by_window`). A **scope line**
+   ``requests``: :func:`prefixscope.store.queries.requests.request_hit_rate_by_window`). A **scope line**
    (model, PUBLIC/TENANT/PRINCIPAL) always comes from requests. ``hit_rate`` = cached / prompt
    tokens, a fraction, None when prompt tokens are 0.
 3. **Status**, in this order: STALE when a metrics source of the model stopped reporting
@@ -42,8 +42,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import duckdb
 import pandas as pd
 
-from prefixscope.config import AlertsConfig
-from prefixscope.errors import ConfigError, UsageError
+from prefixscope.core.config import AlertsConfig
+from prefixscope.core.errors import ConfigError, UsageError
 
 OK = "OK"
 ALERT = "ALERT"
@@ -296,7 +296,7 @@ def line_dict(line: ReportLine) -> dict[str, object]:
 
 def percent(hit_rate: float) -> int:
     """A hit rate as whole percent, rounded down (so that 49.9% never reads ``50%: ALERT``),
-    as :func:`store.queries.requests.percent_floor` does for token counts."""
+    as :func:`prefixscope.store.queries.requests.percent_floor` does for token counts."""
     return int(math.floor(hit_rate * 100 + 1e-9))
 
 
@@ -304,12 +304,12 @@ def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: 
               stale: Sequence[StaleSource] = (), tz: str = "UTC") -> str:
     """The report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
 
-    OK and ALERT lines are exactly :func:`store.queries.requests.format_report_line`'s (the
+    OK and ALERT lines are exactly :func:`prefixscope.store.queries.requests.format_report_line`'s (the
     line ``prefixscope report`` prints; ALERT adds ``: check the top of the prompt``). NO DATA
     names the volume guard; STALE names the silent source and its last scrape (local time in
     ``tz``).
     """
-    from store.queries.requests import format_report_line, percent_floor
+    from prefixscope.store.queries.requests import format_report_line, percent_floor
 
     if status in (OK, ALERT):
         fstatus, text = format_report_line(fig.cached_tokens, fig.prompt_tokens, threshold)
@@ -332,8 +332,8 @@ def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: 
 
 def status_of(fig: Figures, *, threshold: float, min_query_tokens: int, stale: bool) -> str:
     """Definition 3 of the module docstring (OK/ALERT as
-    :func:`store.queries.requests.format_report_line`: OK when cached >= threshold x prompt)."""
-    from store.queries.requests import format_report_line
+    :func:`prefixscope.store.queries.requests.format_report_line`: OK when cached >= threshold x prompt)."""
+    from prefixscope.store.queries.requests import format_report_line
 
     if stale:
         return STALE
@@ -378,7 +378,7 @@ def _rate(cached: int, prompt: int) -> float | None:
 def metric_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, Figures]:
     """Production counter figures per model over the day (one window of the day's length);
     replay runs' samples are left out."""
-    from store.queries.metrics import hit_rate_by_window
+    from prefixscope.store.queries.metrics import hit_rate_by_window
 
     df = hit_rate_by_window(con, start_s=w.start_s, end_s=w.end_s, window_s=w.length_s,
                             by=("model",), origin_s=w.start_s, run_ids=[PRODUCTION_RUN_ID])
@@ -396,7 +396,7 @@ def metric_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, Fi
 def request_figures(con: duckdb.DuckDBPyConnection, w: DayWindow,
                     by: tuple[str, ...]) -> dict[tuple, Figures]:
     """Production-request figures over the day, keyed by the ``by`` columns' values."""
-    from store.queries.requests import request_hit_rate_by_window
+    from prefixscope.store.queries.requests import request_hit_rate_by_window
 
     df = request_hit_rate_by_window(con, start_s=w.start_s, end_s=w.end_s, window_s=w.length_s,
                                     by=by, run_ids=[PRODUCTION_RUN_ID], origin_s=w.start_s)
@@ -416,7 +416,7 @@ def request_figures(con: duckdb.DuckDBPyConnection, w: DayWindow,
 
 def savings_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, dict]:
     """Savings per model over the day (production requests and the price table), by model."""
-    from store.queries.savings import savings_by_model
+    from prefixscope.store.queries.savings import savings_by_model
 
     df = savings_by_model(con, start_s=w.start_s, end_s=w.end_s, run_ids=[PRODUCTION_RUN_ID])
     out: dict[str, dict] = {}
@@ -430,7 +430,7 @@ def savings_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, d
 def stale_sources(con: duckdb.DuckDBPyConnection, w: DayWindow, cfg: AlertsConfig, *,
                   now_unix_s: float) -> list[StaleSource]:
     """Definition 4 of the module docstring, for every metrics source."""
-    from store.queries.alerts import scrape_activity
+    from prefixscope.store.queries.alerts import scrape_activity
 
     cutoff = min(w.end_s, now_unix_s)
     if cutoff <= w.start_s:

@@ -22,13 +22,13 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 from pathlib import Path
 
-from alerts.daily import DailyReport, ReportLine, build_daily_report, default_day, line_dict, resolve_tz
-from alerts.mailer import SmtpSettings, SmtpUnavailable, build_message, deliver, new_message_id, smtp_settings
-from alerts.render import render_chart_png, render_html, render_text, subject, worst_line
-from prefixscope.config import AlertsConfig, Settings
-from prefixscope.errors import ConfigError
-from store import db as store_db
-from store.queries import alerts as q
+from prefixscope.alerts.daily import DailyReport, ReportLine, build_daily_report, default_day, line_dict, resolve_tz
+from prefixscope.alerts.mailer import SmtpSettings, SmtpUnavailable, build_message, deliver, new_message_id, smtp_settings
+from prefixscope.alerts.render import render_chart_png, render_html, render_text, subject, worst_line
+from prefixscope.core.config import AlertsConfig, Settings
+from prefixscope.core.errors import ConfigError
+from prefixscope.store import db as store_db
+from prefixscope.store.queries import alerts as q
 
 #: A ``sending`` claim older than this (seconds) belongs to a process that died: the next run
 #: may send again.
@@ -52,7 +52,7 @@ class PlannedEmail:
         recipients: addresses, sorted.
         lines: the report lines for them (all lines for ``[alerts] recipients``; a model's
             lines for ``recipients_by_model``; a scope's lines for ``recipients_by_scope``).
-        subject: from :func:`alerts.render.subject`.
+        subject: from :func:`prefixscope.alerts.render.subject`.
         report_status: the worst status among ``lines`` (NO DATA when empty).
     """
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 
-from prefixscope.config import AlertsConfig
-from prefixscope.errors import ConfigError, SourceUnavailable
+from prefixscope.core.config import AlertsConfig
+from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 PASSWORD_ENV = "PREFIXSCOPE_SMTP_PASSWORD"
 PASSWORD_FILE_ENV = "PREFIXSCOPE_SMTP_PASSWORD_FILE"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from urllib.parse import urlencode
 
-from alerts.daily import (
+from prefixscope.alerts.daily import (
     ALERT,
     NO_DATA,
     OK,
@@ -26,7 +26,7 @@ from alerts.daily import (
     percent,
     resolve_tz,
 )
-from dashboard.formatting import money_decimals
+from prefixscope.core.formatting import money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"
 #: At most this many lines in the chart (worst first); the text lists all.
@@ -57,7 +57,7 @@ def _fmt_pp(change: float | None) -> str:
 
 def _fmt_money(amount: float | None, currency: str | None) -> str:
     """``INR 48.64``; an amount under 0.1 keeps three significant digits (``USD 0.000357``), as
-    on the dashboard (``dashboard.formatting.money_decimals``), so a small saving never reads
+    on the dashboard (``prefixscope.core.formatting.money_decimals``), so a small saving never reads
     0.00."""
     if amount is None:
         return ""

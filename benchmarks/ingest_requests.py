@@ -8,7 +8,7 @@ separately (`resource.getrusage(RUSAGE_SELF).ru_maxrss` of that child):
 
 1. baseline: DuckDB `CREATE TABLE raw AS SELECT * FROM read_json(file)` into a fresh database
    file (DuckDB parses and stores every field; it does no normalisation);
-2. ours: `ingest.usage.ingest_usage_file` into a fresh, migrated database file (parse,
+2. ours: `prefixscope.ingest.usage.ingest_usage_file` into a fresh, migrated database file (parse,
    normalise, checkpoint, insert with the primary key);
 3. ours again on the same file and database (the re-ingest: nothing new to read).
 
@@ -125,8 +125,8 @@ def _baseline(path: str, db: str) -> dict:
 
 
 def _ours(path: str, db: str, workers: int | None = None) -> dict:
-    from ingest.usage import ingest_usage_file
-    from store import db as store_db
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
 
     with store_db.writer(db) as con:
         t, c = time.perf_counter(), time.process_time()

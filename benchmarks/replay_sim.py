@@ -7,7 +7,7 @@ In one run:
    (``tests/vllm_parity/drive_kv_cache_manager.py``); the time is measured *inside* that process
    around the vLLM calls only (request construction with its block hashing, lookup, allocation,
    decode, free), not the expansion of hash ids into tokens.
-2. Our model replays the same slice, read with the product's reader (``replay.traces``), with
+2. Our model replays the same slice, read with the product's reader (``prefixscope.replay.traces``), with
    vLLM-identical sha256 hashing (token ids) and with the fast key (the reader's block keys);
    the trace is read and expanded, and the empty cache built, before the clock starts, as on
    the vLLM side (the driver builds its manager before timing).
@@ -43,9 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from replay.sim import simulate  # noqa: E402
-from replay.traces import read_trace  # noqa: E402
-from replay.types import SimConfig, TraceRequest  # noqa: E402
+from prefixscope.replay.sim import simulate  # noqa: E402
+from prefixscope.replay.traces import read_trace  # noqa: E402
+from prefixscope.replay.types import SimConfig, TraceRequest  # noqa: E402
 
 DRIVER = ROOT / "tests" / "vllm_parity" / "drive_kv_cache_manager.py"
 DEFAULT_TRACE = ROOT / "data" / "traces" / "mooncake" / "conversation_trace.jsonl.gz"

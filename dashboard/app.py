@@ -3,35 +3,32 @@
 Run with ``prefixscope dashboard [--db PATH]``, or
 ``streamlit run dashboard/app.py -- --db PATH`` (or ``PREFIXSCOPE_DB=PATH``).
 
-Each page is one file in ``dashboard/pages/``. It reads the sidebar selection with
-``dashboard.filters.current()`` and the database path with ``dashboard.data.db_path()``, calls
-the cached wrappers of ``dashboard.data`` inside ``with dashboard.data.guard(db):``, and draws
-figures from ``dashboard.figures``. Pages never open the database or write SQL.
+Each page is one file in ``dashboard/views/``. It reads the sidebar selection with
+``prefixscope.dashboard.filters.current()`` and the database path with ``prefixscope.dashboard.data.db_path()``, calls
+the cached wrappers of ``prefixscope.dashboard.data`` inside ``with dashboard.data.guard(db):``, and draws
+figures from ``prefixscope.dashboard.figures``. Pages never open the database or write SQL.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-if str(_HERE.parent) not in sys.path:  # `streamlit run dashboard/app.py` puts only dashboard/ on the path
-    sys.path.insert(0, str(_HERE.parent))
 
 # Pages, in menu order: (file relative to this folder, title, Material icon).
-# To add a page: create dashboard/pages/<name>.py and append ONE line below.
+# To add a page: create dashboard/views/<name>.py and append ONE line below.
 PAGES: list[tuple[str, str, str]] = [
-    ("pages/overview.py", "Overview", ":material/monitoring:"),
-    ("pages/requests.py", "Requests", ":material/receipt_long:"),
-    ("pages/savings.py", "Savings", ":material/savings:"),
-    ("pages/data_sources.py", "Data sources", ":material/database:"),
-    ("pages/alerts.py", "Alerts", ":material/notifications:"),
-    ("pages/scopes.py", "Scopes", ":material/shield_person:"),
-    ("pages/rejections.py", "Rejections", ":material/block:"),
-    ("pages/invariants.py", "Invariants", ":material/verified_user:"),
-    ("pages/replay.py", "Replay", ":material/replay:"),
-    # append one line per page here: ("pages/<file>.py", "<Title>", ":material/<icon>:"),
+    ("views/overview.py", "Overview", ":material/monitoring:"),
+    ("views/requests.py", "Requests", ":material/receipt_long:"),
+    ("views/savings.py", "Savings", ":material/savings:"),
+    ("views/data_sources.py", "Data sources", ":material/database:"),
+    ("views/alerts.py", "Alerts", ":material/notifications:"),
+    ("views/scopes.py", "Scopes", ":material/shield_person:"),
+    ("views/rejections.py", "Rejections", ":material/block:"),
+    ("views/invariants.py", "Invariants", ":material/verified_user:"),
+    ("views/replay.py", "Replay", ":material/replay:"),
+    # append one line per page here: ("views/<file>.py", "<Title>", ":material/<icon>:"),
 ]
 
 
@@ -50,9 +47,9 @@ def main() -> None:
     """Draw the shared chrome and run the selected page."""
     import streamlit as st
 
-    from dashboard import data, filters
-    from prefixscope.errors import PrefixscopeError
-    from dashboard.formatting import fmt_age, fmt_time
+    from prefixscope.dashboard import data, filters
+    from prefixscope.core.errors import PrefixscopeError
+    from prefixscope.core.formatting import fmt_age, fmt_time
 
     st.set_page_config(page_title="prefixscope", page_icon=":material/cached:", layout="wide")
     db = data.db_path()

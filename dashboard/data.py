@@ -1,14 +1,14 @@
-"""The dashboard's data layer: cached wrappers around ``store.queries``.
+"""The dashboard's data layer: cached wrappers around ``prefixscope.store.queries``.
 
-Every function here opens ONE read-only connection with :func:`store.db.reader` for its call,
+Every function here opens ONE read-only connection with :func:`prefixscope.store.db.reader` for its call,
 runs one named query function and closes it (see the locking protocol in ``store/db.py``):
 a connection is never cached or held, so an ingester in another process can take the write lock
 between two calls. Results are cached with ``st.cache_data(ttl=...)``; the TTL is
 ``[dashboard] cache_ttl_s`` of the settings (default 15 s), so new data appears at most that
 long after an ingest commits. Pages never call ``store`` themselves and never write SQL.
 
-Lock conflicts are retried inside :func:`store.db.reader` for :data:`LOCK_TIMEOUT_S`; after that
-:class:`~prefixscope.errors.StoreLocked` propagates (a failed call is not cached) and
+Lock conflicts are retried inside :func:`prefixscope.store.db.reader` for :data:`LOCK_TIMEOUT_S`; after that
+:class:`~prefixscope.core.errors.StoreLocked` propagates (a failed call is not cached) and
 :func:`guard` turns it into a "database busy, retrying" notice and a rerun.
 
 Arguments are hashable (tuples, not lists) because they key the cache. ``db`` is the database
@@ -26,9 +26,9 @@ from collections.abc import Iterator
 import pandas as pd
 import streamlit as st
 
-from prefixscope.config import DEFAULT_DB_PATH, load_settings
-from prefixscope.errors import ConfigError, PrefixscopeError, SchemaMismatch, SourceUnavailable, StoreLocked
-from store import db as store_db
+from prefixscope.core.config import DEFAULT_DB_PATH, load_settings
+from prefixscope.core.errors import ConfigError, PrefixscopeError, SchemaMismatch, SourceUnavailable, StoreLocked
+from prefixscope.store import db as store_db
 
 LOCK_TIMEOUT_S = 5.0
 """Seconds a dashboard read keeps retrying a lock before the page shows "database busy"."""
@@ -94,12 +94,12 @@ def _cached(fn):
 
 @_cached
 def query(db: str, module: str, name: str, **kwargs):
-    """One cached call of ``store.queries.<module>.<name>(con, **kwargs)`` on a read-only
+    """One cached call of ``prefixscope.store.queries.<module>.<name>(con, **kwargs)`` on a read-only
     connection opened for the call (tuples in ``kwargs`` become lists). For pages whose queries
     have no wrapper of their own (Replay, Scopes, Rejections, Invariants)."""
     import importlib
 
-    q = importlib.import_module(f"store.queries.{module}")
+    q = importlib.import_module(f"prefixscope.store.queries.{module}")
     args = {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
     with _reader(db) as con:
         return getattr(q, name)(con, **args)
@@ -116,8 +116,8 @@ def filter_values(db: str) -> dict:
         ``models``, ``instances``, ``run_ids`` (sorted lists) and ``min_ts_unix_s``,
         ``max_ts_unix_s`` (Unix seconds, or None when nothing is stored).
     """
-    from store.queries import metrics as qm
-    from store.queries import requests as qr
+    from prefixscope.store.queries import metrics as qm
+    from prefixscope.store.queries import requests as qr
 
     with _reader(db) as con:
         m = qm.metric_filter_values(con)
@@ -145,10 +145,10 @@ def hit_rate_by_window(db: str, *, start_s: float | None, end_s: float | None, w
                        models: tuple[str, ...] | None = None,
                        instances: tuple[str, ...] | None = None,
                        run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.metrics.hit_rate_by_window`` (counter increases per window; columns
+    """``prefixscope.store.queries.metrics.hit_rate_by_window`` (counter increases per window; columns
     ``window_start_s, window_end_s, <by>, hit_tokens, query_tokens, hit_rate, restarts, legacy,
     external_hit_tokens``)."""
-    from store.queries import metrics as q
+    from prefixscope.store.queries import metrics as q
 
     with _reader(db) as con:
         return q.hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
@@ -161,9 +161,9 @@ def hit_rate_totals(db: str, *, start_s: float | None, end_s: float | None,
                     by: tuple[str, ...] = ("model",), models: tuple[str, ...] | None = None,
                     instances: tuple[str, ...] | None = None,
                     run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.metrics.hit_rate_totals`` (``<by>, hit_tokens, query_tokens, hit_rate,
+    """``prefixscope.store.queries.metrics.hit_rate_totals`` (``<by>, hit_tokens, query_tokens, hit_rate,
     legacy, first_ts_unix_s, last_ts_unix_s``)."""
-    from store.queries import metrics as q
+    from prefixscope.store.queries import metrics as q
 
     with _reader(db) as con:
         return q.hit_rate_totals(con, start_s=start_s, end_s=end_s, by=by, models=_t(models),
@@ -173,8 +173,8 @@ def hit_rate_totals(db: str, *, start_s: float | None, end_s: float | None,
 @_cached
 def cache_config(db: str, *, instances: tuple[str, ...] | None = None,
                  run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.metrics.cache_config`` (latest ``cache_config_info`` per instance/engine)."""
-    from store.queries import metrics as q
+    """``prefixscope.store.queries.metrics.cache_config`` (latest ``cache_config_info`` per instance/engine)."""
+    from prefixscope.store.queries import metrics as q
 
     with _reader(db) as con:
         return q.cache_config(con, instances=_t(instances), run_ids=_t(run_ids))
@@ -182,8 +182,8 @@ def cache_config(db: str, *, instances: tuple[str, ...] | None = None,
 
 @_cached
 def last_sample_ts(db: str, *, instances: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.metrics.last_sample_ts`` (``instance, model, last_ts_unix_s``)."""
-    from store.queries import metrics as q
+    """``prefixscope.store.queries.metrics.last_sample_ts`` (``instance, model, last_ts_unix_s``)."""
+    from prefixscope.store.queries import metrics as q
 
     with _reader(db) as con:
         return q.last_sample_ts(con, instances=_t(instances))
@@ -198,9 +198,9 @@ def request_hit_rate_by_window(db: str, *, start_s: float | None, end_s: float |
                                models: tuple[str, ...] | None = None,
                                instances: tuple[str, ...] | None = None,
                                run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.requests.request_hit_rate_by_window`` (Σ cached / Σ reported prompt
+    """``prefixscope.store.queries.requests.request_hit_rate_by_window`` (Σ cached / Σ reported prompt
     tokens per window, with coverage)."""
-    from store.queries import requests as q
+    from prefixscope.store.queries import requests as q
 
     with _reader(db) as con:
         return q.request_hit_rate_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
@@ -213,9 +213,9 @@ def request_hit_rates(db: str, *, start_s: float | None, end_s: float | None,
                       models: tuple[str, ...] | None = None,
                       instances: tuple[str, ...] | None = None,
                       run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.requests.request_hit_rates`` (one row per request that reported
+    """``prefixscope.store.queries.requests.request_hit_rates`` (one row per request that reported
     cached_tokens)."""
-    from store.queries import requests as q
+    from prefixscope.store.queries import requests as q
 
     with _reader(db) as con:
         return q.request_hit_rates(con, start_s=start_s, end_s=end_s, models=_t(models),
@@ -227,9 +227,9 @@ def request_hit_rate_histogram(db: str, *, start_s: float | None, end_s: float |
                                bins: int = 20, models: tuple[str, ...] | None = None,
                                instances: tuple[str, ...] | None = None,
                                run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.requests.request_hit_rate_histogram`` (``bin_start, bin_end,
+    """``prefixscope.store.queries.requests.request_hit_rate_histogram`` (``bin_start, bin_end,
     requests``: per-request hit rates counted in ``bins`` equal bins over [0, 1])."""
-    from store.queries import requests as q
+    from prefixscope.store.queries import requests as q
 
     with _reader(db) as con:
         return q.request_hit_rate_histogram(con, bins=bins, start_s=start_s, end_s=end_s,
@@ -242,9 +242,9 @@ def cached_tokens_coverage(db: str, *, start_s: float | None, end_s: float | Non
                            models: tuple[str, ...] | None = None,
                            instances: tuple[str, ...] | None = None,
                            run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.requests.cached_tokens_coverage`` (``model, instance, requests,
+    """``prefixscope.store.queries.requests.cached_tokens_coverage`` (``model, instance, requests,
     reported_requests, coverage``)."""
-    from store.queries import requests as q
+    from prefixscope.store.queries import requests as q
 
     with _reader(db) as con:
         return q.cached_tokens_coverage(con, start_s=start_s, end_s=end_s, models=_t(models),
@@ -256,8 +256,8 @@ def savings_by_model(db: str, *, start_s: float | None, end_s: float | None,
                      models: tuple[str, ...] | None = None,
                      instances: tuple[str, ...] | None = None,
                      run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.savings.savings_by_model`` (cost without/with cache per model)."""
-    from store.queries import savings as q
+    """``prefixscope.store.queries.savings.savings_by_model`` (cost without/with cache per model)."""
+    from prefixscope.store.queries import savings as q
 
     with _reader(db) as con:
         return q.savings_by_model(con, start_s=start_s, end_s=end_s, models=_t(models),
@@ -269,9 +269,9 @@ def savings_totals(db: str, *, start_s: float | None, end_s: float | None,
                    models: tuple[str, ...] | None = None,
                    instances: tuple[str, ...] | None = None,
                    run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.savings.savings_totals`` (sums over priced models per currency and
+    """``prefixscope.store.queries.savings.savings_totals`` (sums over priced models per currency and
     shadow/list, never mixing them)."""
-    from store.queries import savings as q
+    from prefixscope.store.queries import savings as q
 
     with _reader(db) as con:
         return q.savings_totals(con, start_s=start_s, end_s=end_s, models=_t(models),
@@ -283,8 +283,8 @@ def savings_by_window(db: str, *, start_s: float | None, end_s: float | None, wi
                       models: tuple[str, ...] | None = None,
                       instances: tuple[str, ...] | None = None,
                       run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``store.queries.savings.savings_by_window`` (saved per window and model)."""
-    from store.queries import savings as q
+    """``prefixscope.store.queries.savings.savings_by_window`` (saved per window and model)."""
+    from prefixscope.store.queries import savings as q
 
     with _reader(db) as con:
         return q.savings_by_window(con, start_s=start_s, end_s=end_s, window_s=window_s,
@@ -297,8 +297,8 @@ def savings_by_window(db: str, *, start_s: float | None, end_s: float | None, wi
 
 @_cached
 def ingest_sources(db: str) -> pd.DataFrame:
-    """``store.queries.ingest.ingest_sources`` (every source ingested, newest first)."""
-    from store.queries import ingest as q
+    """``prefixscope.store.queries.ingest.ingest_sources`` (every source ingested, newest first)."""
+    from prefixscope.store.queries import ingest as q
 
     with _reader(db) as con:
         return q.ingest_sources(con)
@@ -306,8 +306,8 @@ def ingest_sources(db: str) -> pd.DataFrame:
 
 @_cached
 def quarantined_lines(db: str, *, limit: int = 1000) -> pd.DataFrame:
-    """``store.queries.ingest.quarantined_lines`` (newest first)."""
-    from store.queries import ingest as q
+    """``prefixscope.store.queries.ingest.quarantined_lines`` (newest first)."""
+    from prefixscope.store.queries import ingest as q
 
     with _reader(db) as con:
         return q.quarantined_lines(con, limit=limit)
@@ -315,8 +315,8 @@ def quarantined_lines(db: str, *, limit: int = 1000) -> pd.DataFrame:
 
 @_cached
 def table_row_counts(db: str) -> dict[str, int]:
-    """``store.queries.ingest.table_row_counts`` (rows per table)."""
-    from store.queries import ingest as q
+    """``prefixscope.store.queries.ingest.table_row_counts`` (rows per table)."""
+    from prefixscope.store.queries import ingest as q
 
     with _reader(db) as con:
         return q.table_row_counts(con)

@@ -1,7 +1,7 @@
 """Plotly figures of the dashboard: pure functions, DataFrame in, figure out.
 
 No function here reads the store, Streamlit state or the clock; each documents the columns it
-expects (the columns the matching ``store.queries`` function returns) and returns a
+expects (the columns the matching ``prefixscope.store.queries`` function returns) and returns a
 ``plotly.graph_objects.Figure``. None computes a hit rate: rates arrive computed by the store's
 queries (formulas in ``docs/metrics.md``) and are only drawn. Times are Unix seconds in, UTC on
 the axes; fractions in [0, 1] are drawn on percent axes.
@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.formatting import currency_prefix, fmt_money, fmt_window
+from prefixscope.core.formatting import currency_prefix, fmt_money, fmt_window
 
 # A fixed qualitative palette so that one series keeps its colour across figures of a page.
 PALETTE = (
@@ -86,7 +86,7 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
     """Token hit rate per window, one line per series, with the alert threshold and restarts.
 
     Args:
-        df: rows of ``store.queries.metrics.hit_rate_by_window``: ``window_start_s`` (Unix s),
+        df: rows of ``prefixscope.store.queries.metrics.hit_rate_by_window``: ``window_start_s`` (Unix s),
             ``window_end_s``, the ``by`` columns, ``hit_tokens``, ``query_tokens`` (tokens),
             ``hit_rate`` (fraction in [0, 1], NULL when no queries: drawn as a gap) and
             ``restarts`` (counter drops in the window: marked with a red x and a dotted line).
@@ -196,7 +196,7 @@ def request_hit_rate_histogram(df: pd.DataFrame, *,
     by the store.
 
     Args:
-        df: rows of ``store.queries.requests.request_hit_rate_histogram``: ``bin_start``,
+        df: rows of ``prefixscope.store.queries.requests.request_hit_rate_histogram``: ``bin_start``,
             ``bin_end`` (fractions; bins ``[start, end)``, the last one closed) and ``requests``
             (count of requests whose cached_tokens / prompt_tokens falls in the bin). Lowest
             bin first.
@@ -292,7 +292,7 @@ def coverage_bars(df: pd.DataFrame, *, title: str = "Requests reporting cached_t
     """Share of requests whose usage reported ``cached_tokens``, per model and instance.
 
     Args:
-        df: rows of ``store.queries.requests.cached_tokens_coverage``: ``model``, ``instance``,
+        df: rows of ``prefixscope.store.queries.requests.cached_tokens_coverage``: ``model``, ``instance``,
             ``requests``, ``reported_requests`` (counts) and ``coverage`` (fraction in [0, 1]).
         title: figure title.
 
@@ -363,7 +363,7 @@ def savings_by_model_bars(df: pd.DataFrame, *, title: str = "Cost without and wi
     """Cost without the cache beside cost with it, per model (models without a price left out).
 
     Args:
-        df: rows of ``store.queries.savings.savings_by_model``: ``model``, ``currency``,
+        df: rows of ``prefixscope.store.queries.savings.savings_by_model``: ``model``, ``currency``,
             ``shadow`` (bool: a self-hosted shadow price), ``cost_without_cache``,
             ``cost_with_cache``, ``saved`` (currency amounts), ``saved_fraction`` (fraction).
         title: figure title.
@@ -399,7 +399,7 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
     """Amount saved per window and model.
 
     Args:
-        df: rows of ``store.queries.savings.savings_by_window``: ``window_start_s`` (Unix s),
+        df: rows of ``prefixscope.store.queries.savings.savings_by_window``: ``window_start_s`` (Unix s),
             ``model``, ``currency``, ``saved`` (currency amount; rows without are not drawn).
         window_s: window length in seconds, for the title and bar width.
         title: figure title.

@@ -73,7 +73,7 @@ class Filters:
         if self.range_label == "all":
             when = "all time"
         elif self.range_label == CUSTOM:
-            from dashboard.formatting import fmt_time
+            from prefixscope.core.formatting import fmt_time
 
             when = f"{fmt_time(self.start_s)} to {fmt_time(self.end_s)}"
         else:
@@ -143,7 +143,7 @@ def sidebar(values: dict, *, now_s: float) -> Filters:
     """Draw the filter widgets in the sidebar and return the selection (also stored in session).
 
     Args:
-        values: ``dashboard.data.filter_values`` output: ``models``, ``instances``, ``run_ids``
+        values: ``prefixscope.dashboard.data.filter_values`` output: ``models``, ``instances``, ``run_ids``
             (lists), ``min_ts_unix_s``, ``max_ts_unix_s`` (Unix s or None).
         now_s: the wall clock, Unix seconds (for quick picks).
     """

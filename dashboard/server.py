@@ -1,18 +1,14 @@
-"""Starting the dashboard server: ``prefixscope dashboard`` runs ``streamlit run dashboard/app.py``.
+"""Starting the dashboard server: ``prefixscope dashboard`` runs ``streamlit run`` on the installed
+``prefixscope/dashboard/app.py``.
 
-The server is started through this module (``python -m dashboard.server run ...``) rather than
-``python -m streamlit run ...`` for one reason: Streamlit treats a ``pages/`` folder beside the
-main script as a legacy (v1) multipage app until the first ``st.navigation`` call of the
-process, so a first request straight to ``/requests`` would run that page without the router
-(no sidebar filters, a wrong page list) and keep the whole server in that mode.
-:func:`launch` turns the legacy mode off before the server starts (Streamlit 1.40 to 1.67:
-``PagesManager.uses_pages_directory``; the router's own ``st.navigation`` call does the same
-on every run).
+The pages live in ``dashboard/views/`` (not ``pages/``), so Streamlit's legacy folder-based
+multipage mode never engages and the router's ``st.navigation`` is the only page list from the
+first request on.
 
 The database path reaches the app twice, as ``$PREFIXSCOPE_DB`` and as ``-- --db PATH`` after
-the script (``dashboard.data.db_path`` reads either), made absolute so the server's working
-directory does not matter. The server is headless (no browser opened, no e-mail prompt), sends no
-usage statistics and watches no files.
+the script (``prefixscope.dashboard.data.db_path`` reads either), made absolute so the server's
+working directory does not matter. The server is headless (no browser opened, no e-mail prompt),
+sends no usage statistics and watches no files.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ def streamlit_argv(db: str, *, port: int = 8501, host: str = "127.0.0.1") -> lis
         argv for :func:`os.execvpe` / :mod:`subprocess`, starting with this Python.
     """
     return [
-        sys.executable, "-m", "dashboard.server", "run", str(APP_PATH),
+        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
         "--server.port", str(int(port)),
         "--server.address", host,
         "--server.headless", "true",
@@ -70,22 +66,3 @@ def serve(db: str, *, port: int = 8501, host: str = "127.0.0.1") -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, streamlit_env(db))
-
-
-def launch(argv: list[str]) -> None:
-    """Run Streamlit's command line (``argv`` = ``['run', APP, ...]``) with the legacy
-    ``pages/``-folder mode off (see the module docstring)."""
-    try:
-        from streamlit.runtime.pages_manager import PagesManager
-
-        PagesManager.uses_pages_directory = False
-    except ImportError:  # a Streamlit without the legacy mode: nothing to turn off
-        pass
-    from streamlit.web import cli
-
-    sys.argv = ["streamlit", *argv]
-    cli.main(prog_name="streamlit")
-
-
-if __name__ == "__main__":
-    launch(sys.argv[1:])

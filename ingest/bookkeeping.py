@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import duckdb
 
-from store.queries.ingest import (
+from prefixscope.store.queries.ingest import (
     insert_ingest_run,
     insert_quarantine,
     source_checkpoint,

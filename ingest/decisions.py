@@ -32,11 +32,11 @@ from typing import Annotated, Literal
 import duckdb
 import msgspec
 
-from ingest.bookkeeping import IngestSummary, source_id_for
-from ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
-from prefixscope.errors import NothingIngested, invalid_json_reason
-from replay.identity import ALL_REASONS
-from store.queries.decisions import (  # the column orders are re-exported: parse_line's rows
+from prefixscope.ingest.bookkeeping import IngestSummary, source_id_for
+from prefixscope.ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
+from prefixscope.core.errors import NothingIngested, invalid_json_reason
+from prefixscope.core.identity import ALL_REASONS
+from prefixscope.store.queries.decisions import (  # the column orders are re-exported: parse_line's rows
     DECISION_COLUMNS,  # noqa: F401
     EVENT_COLUMNS,  # noqa: F401
     SHORT_FIELDS,
@@ -217,7 +217,7 @@ def parse_line(raw: bytes, *, source_id: str = "", line: int = 0,
 def save_decisions(con: duckdb.DuckDBPyConnection, decisions: list[tuple],
                    events: list[tuple]) -> int:
     """Insert decision and event rows (existing keys skipped); returns rows added. Runs inside
-    the caller's transaction (``store.queries.decisions.insert_decision_rows``)."""
+    the caller's transaction (``prefixscope.store.queries.decisions.insert_decision_rows``)."""
     return insert_decision_rows(con, decisions, events)
 
 
@@ -233,7 +233,7 @@ def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLik
 
     Everything new since the file's checkpoint is stored in one transaction with its
     quarantine entries, the new checkpoint and the ``ingest_runs`` record
-    (:func:`ingest.jsonl_driver.ingest_jsonl_tail`); a final line without newline is left for
+    (:func:`prefixscope.ingest.jsonl_driver.ingest_jsonl_tail`); a final line without newline is left for
     the next run.
 
     Args:

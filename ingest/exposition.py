@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 import duckdb
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.bookkeeping import (
+from prefixscope.ingest.bookkeeping import (
     IngestSummary,
     Quarantined,
     new_ingest_run_id,
@@ -60,8 +60,8 @@ from ingest.bookkeeping import (
     source_id_for,
     upsert_source,
 )
-from prefixscope.errors import NothingIngested, SourceUnavailable
-from store.queries.ingest import ingest_transaction
+from prefixscope.core.errors import NothingIngested, SourceUnavailable
+from prefixscope.store.queries.ingest import ingest_transaction
 
 LEGACY_NOTE = "legacy metric names (vllm:gpu_prefix_cache_*): vLLM < 0.11"
 V0_GAUGE_NOTE = ("V0 gauge vllm:gpu_prefix_cache_hit_rate stored for reference, never used as "
@@ -180,7 +180,7 @@ class MetricSample:
 
     def row(self, source_id: str) -> tuple:
         """The sample as a ``metric_samples`` row (column order of
-        :data:`store.queries.metrics.METRIC_SAMPLE_COLUMNS`)."""
+        :data:`prefixscope.store.queries.metrics.METRIC_SAMPLE_COLUMNS`)."""
         return (self.metric, self.labels, self.instance, self.model, self.engine, self.ts_unix_s,
                 self.value, self.raw_metric, self.legacy, self.created_zero, source_id)
 
@@ -329,7 +329,7 @@ def _screen_labels(name: str, labels: dict[str, str],
         return labels, None
     if label_key is None:
         return labels, extra[0]
-    from ingest.privacy import digest_tenant
+    from prefixscope.ingest.privacy import digest_tenant
 
     screened = dict(labels)
     for k in extra:
@@ -348,7 +348,7 @@ def configured_label_key(config_path: str | None = None) -> bytes | None:
 
     Read once per command (the ingest functions call it when they start, never per scrape):
     ``$PREFIXSCOPE_HMAC_KEY_FILE``, then ``[identity] hmac_key_file`` of the settings, then the
-    hex string in ``$PREFIXSCOPE_HMAC_KEY`` (``replay.identity.load_hmac_key``).
+    hex string in ``$PREFIXSCOPE_HMAC_KEY`` (``prefixscope.core.identity.load_hmac_key``).
 
     Args:
         config_path: settings file (default ``$PREFIXSCOPE_CONFIG`` or ``./prefixscope.toml``).
@@ -360,8 +360,8 @@ def configured_label_key(config_path: str | None = None) -> bytes | None:
     """
     import os
 
-    from prefixscope.config import load_settings
-    from replay.identity import load_hmac_key
+    from prefixscope.core.config import load_settings
+    from prefixscope.core.identity import load_hmac_key
 
     key_file = load_settings(config_path).identity.hmac_key_file  # includes the env variable
     if not key_file and not os.environ.get("PREFIXSCOPE_HMAC_KEY"):
@@ -493,9 +493,9 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
     Raises:
         Whatever the store raises (``duckdb.Error``), after ROLLBACK: none of the scrape's
         samples, quarantine entries, source or run record are kept
-        (:func:`store.queries.ingest.ingest_transaction`).
+        (:func:`prefixscope.store.queries.ingest.ingest_transaction`).
     """
-    from store.queries.metrics import insert_metric_samples
+    from prefixscope.store.queries.metrics import insert_metric_samples
 
     started = time.time() if started_unix_s is None else started_unix_s
     source_id = source_id_for(kind, read.location)
@@ -576,7 +576,7 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
         NothingIngested: no source gave a single kept sample (the message lists each reason).
         ConfigError: a configured HMAC key cannot be read (before any source is read).
     """
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     key = _label_key(label_key)
     outcomes: list[ScrapeOutcome] = []
@@ -639,7 +639,7 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
     """
     import httpx
 
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     if every_s <= 0:
         raise ValueError("every_s must be > 0")

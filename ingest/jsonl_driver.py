@@ -31,7 +31,7 @@ Contract of :func:`ingest_jsonl_tail` (the rules of ``ingest/bookkeeping.py``):
    commits one empty batch (the source's last-ingest time and the run record). On any error
    the batch is rolled back: its rows and its checkpoint stay as they were; earlier batches
    of the same call stay committed (each with its own checkpoint); the error propagates.
-5. The connection is the caller's (``store.db.writer``: one short unit of work, then close);
+5. The connection is the caller's (``prefixscope.store.db.writer``: one short unit of work, then close);
    the driver opens no connection and must not be called inside a transaction. Its SQL
    (transaction, source row, quarantine, run record) is in ``store/queries/ingest.py``.
 6. Returns a :class:`TailResult`; ``summary.rows_read`` counts good rows, ``rows_added`` new
@@ -55,7 +55,7 @@ from typing import Any, BinaryIO, Generic, TypeVar
 
 import duckdb
 
-from ingest.bookkeeping import (
+from prefixscope.ingest.bookkeeping import (
     FINGERPRINT_BYTES,
     Checkpoint,
     IngestSummary,
@@ -69,8 +69,8 @@ from ingest.bookkeeping import (
     source_id_for,
     upsert_source,
 )
-from prefixscope.errors import SourceUnavailable
-from store.queries.ingest import ingest_transaction
+from prefixscope.core.errors import SourceUnavailable
+from prefixscope.store.queries.ingest import ingest_transaction
 
 R = TypeVar("R")
 T = TypeVar("T")

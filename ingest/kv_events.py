@@ -40,16 +40,16 @@ from typing import Any
 
 import duckdb
 
-from ingest.bookkeeping import IngestSummary, Quarantined, new_ingest_run_id, source_id_for
-from ingest.exposition import ScrapeOutcome
-from ingest.jsonl_driver import (
+from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, new_ingest_run_id, source_id_for
+from prefixscope.ingest.exposition import ScrapeOutcome
+from prefixscope.ingest.jsonl_driver import (
     BadLine,
     TailCounts,
     commit_batch,
     ingest_jsonl_tail,
     line_parser,
 )
-from prefixscope.errors import NothingIngested, SourceUnavailable
+from prefixscope.core.errors import NothingIngested, SourceUnavailable
 
 FILE_KIND = "kv-events-file"
 ZMQ_KIND = "kv-events-zmq"
@@ -130,7 +130,7 @@ def rows_from_batch(payload: Any, *, instance: str, seq: int, topic: str | None,
         topic, received_from, source_id: stored as they are.
 
     Returns:
-        Tuples in :data:`store.queries.kv_events.KV_EVENT_COLUMNS` order: one per block hash of
+        Tuples in :data:`prefixscope.store.queries.kv_events.KV_EVENT_COLUMNS` order: one per block hash of
         BlockStored/BlockRemoved, one per AllBlocksCleared.
 
     Raises:
@@ -188,7 +188,7 @@ def rows_from_batch(payload: Any, *, instance: str, seq: int, topic: str | None,
 
 
 def _insert(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> int:
-    from store.queries.kv_events import insert_kv_event_rows
+    from prefixscope.store.queries.kv_events import insert_kv_event_rows
 
     return insert_kv_event_rows(con, rows)
 
@@ -217,7 +217,7 @@ def ingest_kv_events_file(con: duckdb.DuckDBPyConnection, path: str, *,
 
     Reading, checkpoint (truncation and rotation start over; a final line without newline is
     left for the next run) and the transaction are the shared JSONL driver's
-    (:func:`ingest.jsonl_driver.ingest_jsonl_tail`).
+    (:func:`prefixscope.ingest.jsonl_driver.ingest_jsonl_tail`).
 
     Args:
         con: read-write connection, not inside a transaction.
@@ -289,7 +289,7 @@ def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str |
     Raises:
         NothingIngested: no file could be read, or none held a single good line.
     """
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     outcomes: list[ScrapeOutcome] = []
     errors: list[str] = []
@@ -360,7 +360,7 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
     import msgspec
     import zmq
 
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     stop = stop or threading.Event()
     name = instance or endpoint_instance(endpoint)

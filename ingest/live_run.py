@@ -1,14 +1,14 @@
-"""Ingest a live replay run directory (written by ``replay.live_run.run_live``).
+"""Ingest a live replay run directory (written by ``prefixscope.replay.live_run.run_live``).
 
 Everything goes through the ordinary ingest paths, so a live run looks exactly like production
 traffic of its server, tagged with its run id:
 
-1. ``requests.jsonl`` through :func:`ingest.usage.ingest_usage_file` (``run_id`` on every row);
+1. ``requests.jsonl`` through :func:`prefixscope.ingest.usage.ingest_usage_file` (``run_id`` on every row);
 2. ``metrics_before.prom`` and ``metrics_after.prom`` through
-   :func:`ingest.exposition.ingest_exposition`, stamped with their scrape times and the server's
+   :func:`prefixscope.ingest.exposition.ingest_exposition`, stamped with their scrape times and the server's
    instance (host:port), so the hit-rate queries see the run's window like any two scrapes;
 3. the ``runs`` row (kind ``replay-live``, parameters as JSON) and the run-scoped counter deltas
-   (``live_run_counters``) through :func:`store.queries.replay_live.save_live_run`.
+   (``live_run_counters``) through :func:`prefixscope.store.queries.replay_live.save_live_run`.
 
 Safe to run twice (every step is idempotent).
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import duckdb
 
-from ingest.bookkeeping import IngestSummary
-from prefixscope.errors import ParseError, SourceUnavailable, invalid_json_reason
+from prefixscope.ingest.bookkeeping import IngestSummary
+from prefixscope.core.errors import ParseError, SourceUnavailable, invalid_json_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +44,9 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
         SourceUnavailable: the directory has no ``run.json``.
         ParseError: ``run.json`` is not valid JSON or lacks ``run_id``/``instance``.
     """
-    from ingest.exposition import configured_label_key, ingest_exposition
-    from ingest.usage import ingest_usage_file
-    from store.queries.replay_live import save_live_run
+    from prefixscope.ingest.exposition import configured_label_key, ingest_exposition
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store.queries.replay_live import save_live_run
 
     d = Path(run_dir)
     manifest = d / "run.json"

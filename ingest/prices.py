@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from prefixscope.errors import ConfigError, SourceUnavailable
+from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 
 class PriceEntry(BaseModel):
@@ -140,7 +140,7 @@ def load_prices(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str]) ->
     Raises:
         SourceUnavailable, ConfigError: see :func:`read_price_file` (the table is unchanged).
     """
-    from store.queries.savings import replace_prices
+    from prefixscope.store.queries.savings import replace_prices
 
     rows = read_price_file(path)
     replace_prices(con, rows, price_file=str(Path(path).resolve()), loaded_unix_s=time.time())

@@ -13,8 +13,8 @@ so usage rows and gateway decisions of one tenant group together (``tenant_diges
 
 from __future__ import annotations
 
-from replay.identity import load_hmac_key, namespace_digest, namespace_for
-from replay.identity import TENANT as _TENANT
+from prefixscope.core.identity import load_hmac_key, namespace_digest, namespace_for
+from prefixscope.core.identity import TENANT as _TENANT
 
 __all__ = ["digest_tenant", "load_hmac_key"]
 

@@ -15,7 +15,7 @@ Two modes:
    whose counter outgrows its old value within one step cannot be seen; use it for downsampled
    long-term stores.
 
-The same families as the exposition ingester are kept (:mod:`ingest.exposition`), legacy names
+The same families as the exposition ingester are kept (:mod:`prefixscope.ingest.exposition`), legacy names
 mapped the same way. Labels are kept minus ``job`` and the instance label; ``instance`` is the
 value of ``--instance-label`` (default ``instance``). ``<family>_created`` series, which
 Prometheus stores as gauges when it scrapes the 0.0.4 text format, become created-zero samples
@@ -30,8 +30,8 @@ import math
 import time
 from datetime import datetime, timezone
 
-from ingest.bookkeeping import Quarantined
-from ingest.exposition import (
+from prefixscope.ingest.bookkeeping import Quarantined
+from prefixscope.ingest.exposition import (
     CONFIGURED_KEY,
     CREATED_SPECS,
     SAMPLE_SPECS,
@@ -47,7 +47,7 @@ from ingest.exposition import (
     instance_for_url,
     save_samples,
 )
-from prefixscope.errors import NothingIngested, SourceUnavailable
+from prefixscope.core.errors import NothingIngested, SourceUnavailable
 
 KIND = "prometheus"
 
@@ -110,7 +110,7 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
                         label_key: bytes | None = None) -> ExpositionRead:
     """Turn API series into stored samples (pure), with created-zero samples.
 
-    Labels outside ``ingest.exposition.ALLOWED_LABELS`` are digested with ``label_key`` or the
+    Labels outside ``prefixscope.ingest.exposition.ALLOWED_LABELS`` are digested with ``label_key`` or the
     series is quarantined, as for direct scrapes.
 
     A ``<family>_created`` series gives one created-zero sample per distinct created time ``C``
@@ -202,7 +202,7 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
 
 
 def _merge(a, b):
-    from ingest.bookkeeping import IngestSummary
+    from prefixscope.ingest.bookkeeping import IngestSummary
 
     if a is None:
         return b
@@ -234,7 +234,7 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
         instance_label: label naming the vLLM instance (dropped from the stored labels).
         chunk_s: seconds per query.
         label_key: HMAC key for labels outside the allowlist (None: quarantine them); default
-            the configured key (``ingest.exposition.configured_label_key``), read once.
+            the configured key (``prefixscope.ingest.exposition.configured_label_key``), read once.
 
     Returns:
         One :class:`~ingest.exposition.ScrapeOutcome` for the whole range.
@@ -244,7 +244,7 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
         NothingIngested: no kept series in the range.
         ConfigError: a configured HMAC key cannot be read (before the first query).
     """
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     if chunk_s <= 0:
         raise ValueError("chunk_s must be > 0")

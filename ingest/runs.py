@@ -3,9 +3,9 @@
 A run directory (``replay/runner.py``: ``run.json``, ``requests.jsonl``, ``metrics/*.prom``)
 goes in through the *normal* ingest functions, exactly as production files would:
 
-1. ``requests.jsonl`` with :func:`ingest.usage.ingest_usage_file` (rows keyed by run id and
+1. ``requests.jsonl`` with :func:`prefixscope.ingest.usage.ingest_usage_file` (rows keyed by run id and
    request id; the run's instance and model);
-2. every exposition snapshot with :func:`ingest.exposition.ingest_exposition`, stamped with its
+2. every exposition snapshot with :func:`prefixscope.ingest.exposition.ingest_exposition`, stamped with its
    snapshot time from the manifest, instance = the run id;
 3. the run itself with :func:`save_run` (one ``runs`` row: kind ``replay-sim``, label,
    created time, parameters and summary as JSON).
@@ -16,6 +16,7 @@ Ingesting the same directory twice adds nothing (file checkpoints, primary keys,
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Any
 
 import duckdb
 
-from ingest.bookkeeping import IngestSummary
-from ingest.exposition import configured_label_key, ingest_exposition
-from ingest.usage import ingest_usage_file
+from prefixscope.core.paths import RUN_MANIFEST
+from prefixscope.ingest.bookkeeping import IngestSummary
+from prefixscope.ingest.exposition import configured_label_key, ingest_exposition
+from prefixscope.ingest.usage import ingest_usage_file
 
 
 @dataclass
@@ -72,10 +74,27 @@ def save_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label: s
     Returns:
         True when the row was added.
     """
-    from store.queries.replay import insert_run
+    from prefixscope.store.queries.replay import insert_run
 
     return insert_run(con, run_id=run_id, kind=kind, label=label,
                       created_unix_s=created_unix_s, params=params, source_id=source_id)
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``run.json`` of a run directory (written by ``prefixscope.replay.runner``).
+
+    Raises:
+        SourceUnavailable: no manifest there. ConfigError: not valid JSON.
+    """
+    from prefixscope.core.errors import ConfigError, SourceUnavailable, invalid_json_reason, problem_text
+
+    path = Path(run_dir) / RUN_MANIFEST
+    if not path.is_file():
+        raise SourceUnavailable(f"{run_dir}: no {RUN_MANIFEST} (not a replay run directory)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(problem_text(str(path), exc.lineno, invalid_json_reason(exc))) from exc
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection,
@@ -86,8 +105,7 @@ def ingest_run_dir(con: duckdb.DuckDBPyConnection,
         SourceUnavailable: no ``run.json``, or an output file it lists is missing.
         ConfigError: ``run.json`` is not valid JSON.
     """
-    from prefixscope.errors import SourceUnavailable
-    from replay.runner import read_manifest
+    from prefixscope.core.errors import SourceUnavailable
 
     d = Path(run_dir)
     doc = read_manifest(d)

@@ -1,9 +1,9 @@
 """Usage-log ingest: JSONL of per-request usage objects into the ``requests`` table.
 
 The accepted shapes and their normalisation (inclusive ``prompt_tokens``, NULL vs 0
-``cached_tokens``, the cache read/write split, privacy) are in :mod:`ingest.usage_shapes`;
+``cached_tokens``, the cache read/write split, privacy) are in :mod:`prefixscope.ingest.usage_shapes`;
 reading a file from its checkpoint into Arrow batches (in forked parser processes for large
-files) is :mod:`ingest.usage_read`. This module writes: each batch goes to DuckDB with
+files) is :mod:`prefixscope.ingest.usage_read`. This module writes: each batch goes to DuckDB with
 ``INSERT`` (``ON CONFLICT DO NOTHING`` once a key repeats), committed together with its
 quarantine entries and the file checkpoint (``ingest/bookkeeping.py``), so a crash repeats
 nothing and a second run adds nothing.
@@ -18,7 +18,7 @@ import time
 import duckdb
 import pyarrow as pa
 
-from ingest.bookkeeping import (
+from prefixscope.ingest.bookkeeping import (
     Checkpoint,
     IngestSummary,
     Quarantined,
@@ -27,8 +27,8 @@ from ingest.bookkeeping import (
     resume_offset,
     source_id_for,
 )
-from ingest.jsonl_driver import RetryBatch, commit_batch
-from ingest.usage_read import (
+from prefixscope.ingest.jsonl_driver import RetryBatch, commit_batch
+from prefixscope.ingest.usage_read import (
     _COLUMN_LIST,
     BATCH_ROWS,
     INSERT_ROWS,
@@ -41,8 +41,8 @@ from ingest.usage_read import (
     fetch_usage_parallel,
     rows_to_arrow,
 )
-from ingest.usage_shapes import MS_THRESHOLD, UsageRecord, normalise_usage
-from prefixscope.errors import SourceUnavailable
+from prefixscope.ingest.usage_shapes import MS_THRESHOLD, UsageRecord, normalise_usage
+from prefixscope.core.errors import SourceUnavailable
 
 __all__ = [
     "BATCH_ROWS", "INSERT_ROWS", "KIND", "MS_THRESHOLD", "PARALLEL_MIN_BYTES", "PROBLEMS_RETURNED",
@@ -66,14 +66,14 @@ def save_usage_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple] | pa.Table
     table = rows if isinstance(rows, pa.Table) else rows_to_arrow(rows)
     if table.num_rows == 0:
         return 0
-    from store.queries.requests import insert_new_request_rows, insert_request_rows
+    from prefixscope.store.queries.requests import insert_new_request_rows, insert_request_rows
 
     insert = insert_new_request_rows if assume_new else insert_request_rows
     return insert(con, table, _COLUMN_LIST)
 
 
 class _Inserter:
-    """The ``requests`` inserter for :func:`ingest.jsonl_driver.commit_batch`: rows from new
+    """The ``requests`` inserter for :func:`prefixscope.ingest.jsonl_driver.commit_batch`: rows from new
     lines are nearly always new keys, so a plain ``INSERT`` is tried first; on a repeated key
     the batch is rolled back (:class:`~ingest.jsonl_driver.RetryBatch`) and this and every
     later batch use ``ON CONFLICT DO NOTHING``."""
@@ -115,7 +115,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
 
     Each batch is committed in one transaction with its quarantine entries and the new
     checkpoint (offset, line, fingerprint), the last one also with the ``ingest_runs`` record
-    (:func:`ingest.jsonl_driver.commit_batch`; this module keeps its own file reading, which
+    (:func:`prefixscope.ingest.jsonl_driver.commit_batch`; this module keeps its own file reading, which
     parses regions in processes straight from the file). Safe to run twice: the primary key
     ``request_key`` (a 128-bit digest of ``(run_id, request_id)``, migration 9) and the
     checkpoint make a second run add nothing.

@@ -1,6 +1,6 @@
 """Usage-log reading: JSONL bytes from a checkpoint -> Arrow batches of ``requests`` rows.
 
-Reads only (no DuckDB): lines are decoded and normalised by :mod:`ingest.usage_shapes`, the
+Reads only (no DuckDB): lines are decoded and normalised by :mod:`prefixscope.ingest.usage_shapes`, the
 rows built column by column into Arrow tables with the ``requests`` types, and bad lines
 collected as quarantine entries. Large files are parsed by forked processes, one region of
 complete lines each (:func:`fetch_usage_parallel`); the writer is ``ingest/usage.py``.
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.bookkeeping import Checkpoint, Quarantined
-from ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
-from prefixscope.errors import SourceUnavailable
+from prefixscope.ingest.bookkeeping import Checkpoint, Quarantined
+from prefixscope.ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
+from prefixscope.core.errors import SourceUnavailable
 
 #: Rows per transaction (and per Arrow batch) when parsing in this process.
 BATCH_ROWS = 50_000

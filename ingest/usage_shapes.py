@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from prefixscope.errors import ParseError
+from prefixscope.core.errors import ParseError
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
 MS_THRESHOLD = 1e11

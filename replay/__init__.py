@@ -1,7 +1,7 @@
 """Replay: an exact CPU model of vLLM's prefix cache, trace readers and the live replayer.
 
-Pure computation (no DuckDB, no HTTP) except the live replayer (``replay.live`` client,
-``replay.live_metrics`` scrapes, ``replay.live_run`` a whole run; ``replay.live_outputs`` is
+Pure computation (no DuckDB, no HTTP) except the live replayer (``prefixscope.replay.live`` client,
+``prefixscope.replay.live_metrics`` scrapes, ``prefixscope.replay.live_run`` a whole run; ``prefixscope.replay.live_outputs`` is
 pure). Layers, as in vLLM's v1 core:
 ``hashing`` (block hashes), ``block_pool`` (pool and free queue), ``kv_cache_manager`` (lookup,
 allocate, free), ``scheduler`` (sequential and step-based concurrent admission), ``traces``
@@ -12,5 +12,5 @@ production formats), ``runner`` (one simulated run to files), ``compare`` (A/B o
 ``tokenization`` (chat traces, rendered and tokenised offline). Multi-tenant gateway model:
 ``identity`` (cache identity and the acceptance check), ``gateway_trace`` (the trace and its
 reader), ``gateway`` (the gateway and its decisions), ``gateway_replay`` (a whole trace, the
-decision log). Shared value types are in ``replay.types``.
+decision log). Shared value types are in ``prefixscope.replay.types``.
 """

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError, SourceUnavailable, invalid_json_reason
+from prefixscope.core.errors import ParseError, SourceUnavailable, invalid_json_reason
 
 #: Seconds assumed between two user inputs of one aider chat (the log records no times).
 AIDER_TURN_GAP_S = 30.0

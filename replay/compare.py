@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
-from replay.sim import SimSummary
+from prefixscope.replay.sim import SimSummary
 
 MTOK = Decimal(1_000_000)
 

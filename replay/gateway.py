@@ -8,15 +8,15 @@ front of vLLM:
    runtime, the tenant's adapter, prompt bundle = chat template, toolset, the tenant's policy
    revision), the request's authorization epoch and the cache epoch. A request is PUBLIC only
    when every message and its tool set are on the approved public inventory.
-2. **Apply the salt** (``replay.identity.derive_salt``): namespace + cache epoch + runtime digest
+2. **Apply the salt** (``prefixscope.core.identity.derive_salt``): namespace + cache epoch + runtime digest
    for TENANT/PRINCIPAL, the shared public salt for PUBLIC. Private prefixes are therefore
    separated physically before any lookup.
 3. **Look up candidates** in the gateway's registry of stored prefix objects: one object per
    message boundary of earlier requests (everything before the last message), keyed by a short
    lookup key of (namespace, content digest). The deepest boundary found is the candidate. A
    client-supplied ``cache_handle`` is only a hint: its object is compared like any other.
-4. **Check acceptance** (``replay.identity.check_acceptance``): every identity field must match,
-   then a use-permit is taken from the :class:`~replay.identity.AuthorizationGate`. Before
+4. **Check acceptance** (``prefixscope.core.identity.check_acceptance``): every identity field must match,
+   then a use-permit is taken from the :class:`~prefixscope.core.identity.AuthorizationGate`. Before
    forwarding, the outgoing salt must equal the derived one (reason ``salt`` otherwise).
 5. **Forward**: an accepted or missed request goes to the engine as is; a rejected one is sent
    with vLLM's ``skip_reading_prefix_cache`` (``TraceRequest.skip_reading``) so it reads no cached
@@ -28,14 +28,14 @@ Registry objects are written only by requests forwarded with their derived salt 
 authorization epoch. The registry does not see engine evictions or restarts: an accepted
 candidate may still find nothing in the engine (accepted > cached tokens in the usage join).
 
-Version events (:data:`replay.gateway_trace.EVENT_KINDS`) change the state; ``model_upgrade``, ``tokenizer_upgrade``,
+Version events (:data:`prefixscope.replay.gateway_trace.EVENT_KINDS`) change the state; ``model_upgrade``, ``tokenizer_upgrade``,
 ``runtime_upgrade`` and ``worker_restart`` start a new engine (empty cache, counters from 0):
-vLLM loads those at start-up. :func:`replay.gateway_replay.replay_gateway_trace` runs each engine lifetime through
-``replay.sim.simulate`` with the salts applied.
+vLLM loads those at start-up. :func:`prefixscope.replay.gateway_replay.replay_gateway_trace` runs each engine lifetime through
+``prefixscope.replay.sim.simulate`` with the salts applied.
 
-The model is three modules: ``replay.gateway_trace`` (the trace format and its reader),
-``replay.gateway`` (this one: identity, salts, registry, acceptance, decision records) and
-``replay.gateway_replay`` (a whole trace through the gateway and the simulator, the decision
+The model is three modules: ``prefixscope.replay.gateway_trace`` (the trace format and its reader),
+``prefixscope.replay.gateway`` (this one: identity, salts, registry, acceptance, decision records) and
+``prefixscope.replay.gateway_replay`` (a whole trace through the gateway and the simulator, the decision
 log).
 
 Pure: no DuckDB, no HTTP; reads only the trace, its text library, inventory and tokenizers.
@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError
-from replay.identity import (
+from prefixscope.core.errors import ParseError
+from prefixscope.core.identity import (
     PRINCIPAL,
     PUBLIC,
     TENANT,
@@ -72,8 +72,8 @@ from replay.identity import (
     short_digest,
     toolset_digest,
 )
-from replay.types import TraceRequest
-from replay.gateway_trace import GatewayRequest, TraceHeader, VersionEvent
+from prefixscope.replay.types import TraceRequest
+from prefixscope.replay.gateway_trace import GatewayRequest, TraceHeader, VersionEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +178,7 @@ class Gateway:
     """The gateway model. Feed it events and requests in time order (see the module docstring).
 
     Args:
-        key: the server-side HMAC key (``replay.identity.load_hmac_key``).
+        key: the server-side HMAC key (``prefixscope.core.identity.load_hmac_key``).
         header: the deployment at t = 0.
         base_dir: folder that relative paths of the header and events resolve against.
         inventory: approved public inventory (default: the header's file, or empty).
@@ -217,7 +217,7 @@ class Gateway:
     # ---- state
 
     def _tokenizer(self) -> Any:
-        from replay.tokenization import BUNDLED_TOKENIZER_DIR, load_chat_tokenizer
+        from prefixscope.replay.tokenization import BUNDLED_TOKENIZER_DIR, load_chat_tokenizer
 
         ref = self.tokenizer_ref
         if ref not in self._tok_cache:

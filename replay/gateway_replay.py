@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from replay.gateway import DecisionRecord, Faults, Gateway
-from replay.gateway_trace import RESTART_EVENTS, MultiTenantTrace, VersionEvent
-from replay.identity import PublicInventory
-from replay.types import RequestResult, SimConfig, TraceRequest
+from prefixscope.replay.gateway import DecisionRecord, Faults, Gateway
+from prefixscope.replay.gateway_trace import RESTART_EVENTS, MultiTenantTrace, VersionEvent
+from prefixscope.core.identity import PublicInventory
+from prefixscope.replay.types import RequestResult, SimConfig, TraceRequest
 
 
 @dataclass
@@ -64,14 +64,14 @@ def replay_gateway_trace(trace: MultiTenantTrace, *, key: bytes, run_id: str | N
         run_id: copied into every decision and event record.
         sim_config: default: the header's block size and ``num_gpu_blocks``, sequential, sha256.
         faults: failure injection (tests only).
-        simulate: the simulator (default ``replay.sim.simulate``).
+        simulate: the simulator (default ``prefixscope.replay.sim.simulate``).
 
     Returns:
         A :class:`GatewayReplay`; each engine lifetime (see :data:`RESTART_EVENTS`) was
         simulated from an empty cache.
     """
     if simulate is None:
-        from replay.sim import simulate as simulate  # noqa: PLW0127
+        from prefixscope.replay.sim import simulate as simulate  # noqa: PLW0127
     cfg = sim_config or SimConfig(block_size=trace.header.block_size,
                                   num_gpu_blocks=trace.header.num_gpu_blocks)
     if cfg.block_size != trace.header.block_size:

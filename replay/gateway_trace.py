@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError, SourceUnavailable, invalid_json_reason
-from replay.identity import PRINCIPAL, TENANT
+from prefixscope.core.errors import ParseError, SourceUnavailable, invalid_json_reason
+from prefixscope.core.identity import PRINCIPAL, TENANT
 
 TRACE_FORMAT = "prefixscope-multitenant/v1"
 EVENT_KINDS = ("model_upgrade", "tokenizer_upgrade", "runtime_upgrade", "adapter_upgrade",

@@ -50,7 +50,7 @@ from typing import Any
 import cbor2
 import numpy as np
 
-from prefixscope.errors import SimulationError
+from prefixscope.core.errors import SimulationError
 
 #: vLLM's fixed seed for the SHA-256 variants when PYTHONHASHSEED is unset (0.32 and 0.33).
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from itertools import islice
 
-from replay.block_pool import BlockPool
-from replay.hashing import BlockHasher
+from prefixscope.replay.block_pool import BlockPool
+from prefixscope.replay.hashing import BlockHasher
 
 #: Token id used for generated tokens when a trace has no output ids: -2**62, never a real id
 #: nor one of the synthetic tail tokens of the hash-id readers, so no prompt can contain it and

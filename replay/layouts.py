@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from prefixscope.errors import ConfigError, SourceUnavailable
+from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 
 class MoveLines(BaseModel):

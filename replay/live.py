@@ -19,13 +19,13 @@ sent as ``prompt(R) + output(R) + own prompt tokens`` (an agent or chat loop fee
 answer back), so decode blocks of R are hit exactly as in production.
 
 The live replayer is four modules, one responsibility each (none touches DuckDB;
-:mod:`prefixscope.commands.replay_live` calls the ingest path):
+:mod:`prefixscope.cli.commands.replay_live` calls the ingest path):
 
-- ``replay.live`` (this one): the async client: :class:`LiveConfig`, :class:`LiveResult`,
+- ``prefixscope.replay.live`` (this one): the async client: :class:`LiveConfig`, :class:`LiveResult`,
   :func:`replay_live` / :func:`replay_live_async`, synthetic prompts;
-- ``replay.live_metrics``: ``/metrics`` scrapes and run-scoped counter deltas;
-- ``replay.live_outputs``: results as usage JSONL lines and as exact token-id traces;
-- ``replay.live_run``: a whole run (scrape, send, settle, scrape, write the run directory).
+- ``prefixscope.replay.live_metrics``: ``/metrics`` scrapes and run-scoped counter deltas;
+- ``prefixscope.replay.live_outputs``: results as usage JSONL lines and as exact token-id traces;
+- ``prefixscope.replay.live_run``: a whole run (scrape, send, settle, scrape, write the run directory).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any
 
 import httpx
 
-from prefixscope.errors import SourceUnavailable, UsageError
-from replay.types import TraceRequest
+from prefixscope.core.errors import SourceUnavailable, UsageError
+from prefixscope.replay.types import TraceRequest
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 

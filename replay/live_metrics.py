@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from prefixscope.errors import SourceUnavailable
+from prefixscope.core.errors import SourceUnavailable
 
 # Counters whose run-scoped deltas are stored (vLLM 0.32/0.33 names as exposed, tokens unless
 # noted; vllm/v1/metrics/loggers.py).

@@ -14,9 +14,9 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from prefixscope.errors import UsageError
-from replay.live import LiveResult
-from replay.types import TraceRequest
+from prefixscope.core.errors import UsageError
+from prefixscope.replay.live import LiveResult
+from prefixscope.replay.types import TraceRequest
 
 
 def result_to_usage_line(res: LiveResult, *, run_id: str, instance: str | None) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def results_as_trace(results: Iterable[LiveResult], *, order: Sequence[str] | No
 
 def write_token_trace(results: Iterable[LiveResult], path: Any, *,
                       order: Sequence[str] | None = None) -> int:
-    """Write answered requests as a ``token-ids`` trace (``replay.traces`` reads it back).
+    """Write answered requests as a ``token-ids`` trace (``prefixscope.replay.traces`` reads it back).
 
     One line per request, in ``order`` (trace request ids) or send order: ``request_id``,
     ``arrival_s`` (seconds after the first send), ``prompt_token_ids`` (as sent),

@@ -1,6 +1,6 @@
 """Live replay, a whole run: scrape ``/metrics``, send the trace, wait for the counters to
 settle, scrape again and write the run directory (``requests.jsonl``, ``failed.jsonl``, both
-expositions, ``run.json``), which ``ingest.live_run.ingest_live_run`` stores.
+expositions, ``run.json``), which ``prefixscope.ingest.live_run.ingest_live_run`` stores.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixscope.errors import UsageError
-from replay.live import LiveConfig, LiveResult, replay_live
-from replay.live_metrics import counter_deltas, counter_totals, scrape_metrics, wait_for_counters
-from replay.live_outputs import result_to_usage_line, write_token_trace
-from replay.types import TraceRequest
+from prefixscope.core.errors import UsageError
+from prefixscope.replay.live import LiveConfig, LiveResult, replay_live
+from prefixscope.replay.live_metrics import counter_deltas, counter_totals, scrape_metrics, wait_for_counters
+from prefixscope.replay.live_outputs import result_to_usage_line, write_token_trace
+from prefixscope.replay.types import TraceRequest
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -97,7 +97,7 @@ def run_live(requests: Iterable[TraceRequest], config: LiveConfig, out_dir: str 
     requests, :func:`result_to_usage_line`, the shape ``prefixscope ingest requests`` reads),
     ``failed.jsonl`` (failures: trace request id, attempts, status, reason), both expositions
     and ``run.json`` (:class:`LiveRunSummary`). Ingest the directory with
-    ``ingest.live_run.ingest_live_run``.
+    ``prefixscope.ingest.live_run.ingest_live_run``.
 
     With other traffic on the server the deltas include it; the counters are server-wide.
 

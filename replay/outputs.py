@@ -43,7 +43,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from replay.types import RequestResult, SimConfig
+from prefixscope.replay.types import RequestResult, SimConfig
 
 ENGINE = "0"
 #: Default and cap for exposition snapshots.

@@ -28,15 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import UsageError
-from replay.layouts import Layout, load_layout
-from replay.outputs import MAX_SNAPSHOTS, SNAPSHOT_EVERY_S, UsageWriter, write_exposition
-from replay.sim import SimSummary, simulate
-from replay.traces import TraceProblem, read_trace
-from replay.types import ConcurrencyConfig, SimConfig
+from prefixscope.core.errors import UsageError
+from prefixscope.core.paths import RUN_MANIFEST
+from prefixscope.replay.layouts import Layout, load_layout
+from prefixscope.replay.outputs import MAX_SNAPSHOTS, SNAPSHOT_EVERY_S, UsageWriter, write_exposition
+from prefixscope.replay.sim import SimSummary, simulate
+from prefixscope.replay.traces import TraceProblem, read_trace
+from prefixscope.replay.types import ConcurrencyConfig, SimConfig
 
 KIND = "replay-sim"
-MANIFEST = "run.json"
+MANIFEST = RUN_MANIFEST  # the run directory's manifest (read back by prefixscope.ingest.runs)
 #: Problems (skipped trace records) listed by name in the manifest; all are counted.
 MAX_LISTED_PROBLEMS = 100
 DEFAULT_MODEL = "replay-sim"
@@ -50,7 +51,7 @@ class SimRunSpec:
 
     Attributes:
         trace: trace file or directory.
-        format: trace format (``replay.traces.FORMATS``).
+        format: trace format (``prefixscope.replay.traces.FORMATS``).
         block_size: engine block size in tokens.
         capacity_blocks: vLLM ``num_gpu_blocks`` including the null block; None = unbounded.
         algo: block hash algorithm (``sha256``, ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``,
@@ -268,23 +269,6 @@ def write_manifest(result: SimRunResult) -> Path:
     path = out / MANIFEST
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     return path
-
-
-def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``run.json`` of a run directory.
-
-    Raises:
-        SourceUnavailable: no manifest there. ConfigError: not valid JSON.
-    """
-    from prefixscope.errors import ConfigError, SourceUnavailable, invalid_json_reason, problem_text
-
-    path = Path(run_dir) / MANIFEST
-    if not path.is_file():
-        raise SourceUnavailable(f"{run_dir}: no {MANIFEST} (not a replay run directory)")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(problem_text(str(path), exc.lineno, invalid_json_reason(exc))) from exc
 
 
 @dataclass

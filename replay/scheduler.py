@@ -38,9 +38,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from prefixscope.errors import SimulationError
-from replay.kv_cache_manager import KVCacheManager, SimRequest
-from replay.types import ConcurrencyConfig
+from prefixscope.core.errors import SimulationError
+from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest
+from prefixscope.replay.types import ConcurrencyConfig
 
 
 class EngineStats:

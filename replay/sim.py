@@ -9,8 +9,8 @@ Entry points:
 - :class:`SimSummary`: totals in vLLM's counter terms; ``SimSummary.from_results(run, config)``
   or ``run.summary()``.
 
-Layers (as in vLLM's v1 core): :mod:`replay.hashing` -> :mod:`replay.block_pool` ->
-:mod:`replay.kv_cache_manager` -> :mod:`replay.scheduler` -> this module.
+Layers (as in vLLM's v1 core): :mod:`prefixscope.replay.hashing` -> :mod:`prefixscope.replay.block_pool` ->
+:mod:`prefixscope.replay.kv_cache_manager` -> :mod:`prefixscope.replay.scheduler` -> this module.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prefixscope.errors import SimulationError
-from replay.hashing import BlockHasher, check_algo
-from replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
-from replay.scheduler import EngineStats, run_concurrent, run_sequential
-from replay.types import RequestResult, SimConfig, TraceRequest
+from prefixscope.core.errors import SimulationError
+from prefixscope.replay.hashing import BlockHasher, check_algo
+from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
+from prefixscope.replay.scheduler import EngineStats, run_concurrent, run_sequential
+from prefixscope.replay.types import RequestResult, SimConfig, TraceRequest
 
 #: How many rejected requests the summary lists by id (all are counted).
 MAX_LISTED_REJECTIONS = 100
@@ -326,7 +326,7 @@ def simulate(requests: Iterable[TraceRequest], config: SimConfig) -> SimRun:
         config: cache and scheduler configuration. ``config.concurrency`` None replays
             sequentially (exact: each request finishes before the next starts; simulated time
             does not advance, ``admitted_s = finished_s = arrival_s``); otherwise the step model
-            of :mod:`replay.scheduler`.
+            of :mod:`prefixscope.replay.scheduler`.
 
     Returns:
         A :class:`SimRun`: iterate it for :class:`RequestResult` (trace order when sequential,

@@ -36,12 +36,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ConfigError, SourceUnavailable
+from prefixscope.core.paths import data_file
+from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: The tokenizer shipped with prefixscope (also the tiny Llama's tokenizer for a live vLLM).
-BUNDLED_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "data" / "tiny-tokenizer"
+BUNDLED_TOKENIZER_DIR = data_file("tiny-tokenizer")
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ParseError, invalid_json_reason, problem_text
-from replay.types import TraceRequest
+from prefixscope.core.errors import ParseError, invalid_json_reason, problem_text
+from prefixscope.replay.types import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)

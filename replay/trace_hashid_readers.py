@@ -8,10 +8,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import SourceUnavailable, invalid_json_reason
-from replay.trace_common import _Bad, _id_list, _int_field, _num_field, _Reader, open_text
-from replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
-from replay.types import TraceRequest
+from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
+from prefixscope.replay.trace_common import _Bad, _id_list, _int_field, _num_field, _Reader, open_text
+from prefixscope.replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
+from prefixscope.replay.types import TraceRequest
 
 #: Seconds between the last arrival of one kv-cache-tester conversation and the next one's start.
 CONVERSATION_GAP_S = 1.0

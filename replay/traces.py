@@ -32,7 +32,7 @@ gzip-compressed, ``.gz``):
 
 ``output_tokens="trace"`` keeps each request's output length; ``"0"`` sets it to 0 (then no
 decode blocks are simulated). A malformed record is reported in ``problems`` with file, line and
-field and skipped, or raises :class:`~prefixscope.errors.ParseError` when ``strict``. Reading is
+field and skipped, or raises :class:`~prefixscope.core.errors.ParseError` when ``strict``. Reading is
 lazy: requests are produced as the simulator pulls them (kv-cache-tester reads one conversation
 file at a time).
 """
@@ -45,8 +45,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from prefixscope.errors import ConfigError, SourceUnavailable, UsageError
-from replay.trace_common import (  # noqa: F401  (TraceProblem, TraceReadResult re-exported)
+from prefixscope.core.errors import ConfigError, SourceUnavailable, UsageError
+from prefixscope.replay.trace_common import (  # noqa: F401  (TraceProblem, TraceReadResult re-exported)
     TraceProblem,
     TraceReadResult,
     _Bad,
@@ -55,13 +55,13 @@ from replay.trace_common import (  # noqa: F401  (TraceProblem, TraceReadResult 
     _Reader,
     open_text,
 )
-from replay.trace_hashid_readers import (  # noqa: F401  (constants re-exported)
+from prefixscope.replay.trace_hashid_readers import (  # noqa: F401  (constants re-exported)
     CONVERSATION_GAP_S,
     KV_CACHE_TESTER_BLOCK_SIZE,
     read_kv_cache_tester,
     read_mooncake,
 )
-from replay.types import TraceRequest
+from prefixscope.replay.types import TraceRequest
 
 FORMATS = ("auto", "mooncake", "kv-cache-tester", "token-ids", "chat")
 OUTPUT_TOKENS_CHOICES = ("trace", "0")
@@ -157,8 +157,8 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
 
 def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
                layout: Any) -> Iterator[TraceRequest]:
-    from replay.chat_requests import chat_body, output_tokens_of
-    from replay.tokenization import load_chat_tokenizer
+    from prefixscope.replay.chat_requests import chat_body, output_tokens_of
+    from prefixscope.replay.tokenization import load_chat_tokenizer
 
     tok = load_chat_tokenizer(tokenizer_dir)
     end_of_turn = tok.end_of_turn
@@ -277,7 +277,7 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "auto",
         tokenizer_dir: tokenizer for ``chat`` (default: the bundled ``data/tiny-tokenizer``).
         output_tokens: ``"trace"`` (simulate the trace's output lengths) or ``"0"``.
         strict: raise on the first malformed record instead of skipping it.
-        layout: a :class:`replay.layouts.Layout` applied to ``chat`` requests before rendering.
+        layout: a :class:`prefixscope.replay.layouts.Layout` applied to ``chat`` requests before rendering.
         vocab_size: map hash-id tokens into a vocabulary (live replay); None keeps raw values.
         limit: stop after this many requests (a slice of a big trace).
 

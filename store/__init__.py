@@ -1,5 +1,5 @@
-"""The DuckDB store: schema and migrations (``store.schema``), connections and the locking
-protocol (``store.db``), and every query as a named, typed function (``store.queries``).
+"""The DuckDB store: schema and migrations (``prefixscope.store.schema``), connections and the locking
+protocol (``prefixscope.store.db``), and every query as a named, typed function (``prefixscope.store.queries``).
 
 No SQL lives outside this package.
 """

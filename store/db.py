@@ -8,7 +8,7 @@ once. prefixscope therefore never holds a connection open between units of work:
 2. Readers (dashboard, reports) open it read-only inside :func:`reader` for one set of queries
    and close it; the dashboard caches the results (TTL) rather than the connection.
 3. Both retry a lock conflict with backoff (10 ms doubling to 0.5 s) for ``lock_timeout_s``
-   (default 30 s), then raise :class:`~prefixscope.errors.StoreLocked`.
+   (default 30 s), then raise :class:`~prefixscope.core.errors.StoreLocked`.
 
 See ``docs/architecture.md#concurrency``.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import duckdb
 
-from prefixscope.errors import SchemaMismatch, SourceUnavailable, StoreLocked
-from store.schema import MIGRATIONS
+from prefixscope.core.errors import SchemaMismatch, SourceUnavailable, StoreLocked
+from prefixscope.store.schema import MIGRATIONS
 
 DEFAULT_LOCK_TIMEOUT_S = 30.0
 

@@ -1,8 +1,8 @@
 """Versioned DuckDB schema: every table, view and migration of prefixscope, in one module.
 
-A migration is ``(number, name, statements)``. :func:`store.db.migrate` applies, in number order,
+A migration is ``(number, name, statements)``. :func:`prefixscope.store.db.migrate` applies, in number order,
 every migration whose number is not yet recorded in ``schema_migrations``; a database that
-records a number this code does not know raises :class:`~prefixscope.errors.SchemaMismatch`.
+records a number this code does not know raises :class:`~prefixscope.core.errors.SchemaMismatch`.
 Numbers are never reused and applied migrations are never edited: add a new one.
 
 Reserved numbers, one owner each, so that parallel work never collides:

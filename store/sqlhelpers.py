@@ -25,7 +25,7 @@ def window_start_sql(ts_column: str, *, window_s: float,
         ts_column: the time column, Unix seconds (``ts_unix_s``, ``batch_ts_unix_s``, or
             ``alias.column``); a plain identifier from our own code, never user input.
         window_s: window length, seconds (> 0; the caller has already rejected others with
-            its own ``UsageError``).
+            its own ``InvalidArgument``).
         origin_s: where windows are aligned, Unix seconds.
 
     Returns:

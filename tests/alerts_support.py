@@ -4,9 +4,9 @@ certificate made by ``openssl`` in the test.
 
 Counter scrapes are copies of the real vLLM 0.32 CPU capture ``data/vllm-cpu-0.32/metrics.txt``
 (its prefix-cache families: HELP, TYPE, ``_total`` and ``_created`` lines) with the model name,
-counter values and created time edited; they go in through ``ingest.exposition.ingest_exposition``
+counter values and created time edited; they go in through ``prefixscope.ingest.exposition.ingest_exposition``
 as files stamped at chosen times. Requests go in as prefixscope usage-log JSONL through
-``ingest.usage.ingest_usage_file``.
+``prefixscope.ingest.usage.ingest_usage_file``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class CounterSource:
     scrapes: list[float] = field(default_factory=list)
 
     def scrape(self, con, at_unix_s: float, *, queries: int = 0, hits: int = 0):
-        from ingest.exposition import ingest_exposition
+        from prefixscope.ingest.exposition import ingest_exposition
 
         assert hits <= queries or queries == 0 and hits == 0
         self.queries_total += queries
@@ -148,8 +148,8 @@ def usage_line(*, request_id: str, ts_unix_s: float, model: str, prompt_tokens: 
 
 
 def ingest_usage_lines(con, path: Path, lines: Iterable[str]):
-    """Write the lines to ``path`` and ingest them with ``ingest.usage.ingest_usage_file``."""
-    from ingest.usage import ingest_usage_file
+    """Write the lines to ``path`` and ingest them with ``prefixscope.ingest.usage.ingest_usage_file``."""
+    from prefixscope.ingest.usage import ingest_usage_file
 
     path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
     return ingest_usage_file(con, str(path))

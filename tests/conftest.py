@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from store import db as store_db
+from prefixscope.store import db as store_db
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -43,3 +44,17 @@ def cli(capsys):
         return code, captured.out, captured.err
 
     return _run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``CI=true`` a skip is a failure (a missing engine, browser or server must never pass
+    silently): `make test` installs everything before pytest starts. Only tests marked
+    ``may_skip`` (a condition of the interpreter itself, not something to install) may skip."""
+    outcome = yield
+    report = outcome.get_result()
+    if (os.environ.get("CI", "").lower() == "true" and report.skipped
+            and not hasattr(report, "wasxfail") and item.get_closest_marker("may_skip") is None):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run every test: {reason}"

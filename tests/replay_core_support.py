@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 
-from replay.hashing import BlockHasher
-from replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN, KVCacheManager, SimRequest
-from replay.types import TraceRequest
+from prefixscope.replay.hashing import BlockHasher
+from prefixscope.replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN, KVCacheManager, SimRequest
+from prefixscope.replay.types import TraceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "vllm_parity" / "drive_kv_cache_manager.py"

@@ -7,11 +7,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from replay.gateway import Faults, Gateway
-from replay.gateway_trace import AuthContext, GatewayRequest, TraceHeader, VersionEvent
-from replay.hashing import block_hashes
-from replay.sim import simulate
-from replay.types import SimConfig, TraceRequest
+from prefixscope.replay.gateway import Faults, Gateway
+from prefixscope.replay.gateway_trace import AuthContext, GatewayRequest, TraceHeader, VersionEvent
+from prefixscope.replay.hashing import block_hashes
+from prefixscope.replay.sim import simulate
+from prefixscope.replay.types import SimConfig, TraceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 MT = ROOT / "data" / "multitenant"

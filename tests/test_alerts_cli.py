@@ -7,7 +7,7 @@ from datetime import date, timedelta
 
 import pytest
 
-from store import db as store_db
+from prefixscope.store import db as store_db
 from tests.alerts_support import CounterSource, free_port, local_ts, start_smtp
 
 DAY = date(2026, 11, 28)

@@ -8,7 +8,7 @@ from datetime import date, timedelta
 
 import pytest
 
-from alerts.daily import (
+from prefixscope.alerts.daily import (
     ALERT,
     NO_DATA,
     OK,
@@ -19,8 +19,8 @@ from alerts.daily import (
     parse_day,
     resolve_tz,
 )
-from prefixscope.config import AlertsConfig
-from prefixscope.errors import ConfigError, UsageError
+from prefixscope.core.config import AlertsConfig
+from prefixscope.core.errors import ConfigError, UsageError
 from tests.alerts_support import CounterSource, ingest_usage_lines, local_ts, requests_for
 
 DAY = date(2026, 11, 28)  # a Saturday
@@ -78,7 +78,7 @@ def test_alert_day_reads_the_users_line(con, tmp_path):
 
 def test_ok_and_alert_lines_equal_the_report_command_lines(con, tmp_path):
     """The daily line for OK/ALERT is exactly what ``prefixscope report`` (H2) prints."""
-    from store.queries.requests import report_lines
+    from prefixscope.store.queries.requests import report_lines
 
     src = _source(tmp_path)
     src.day(con, DAY - timedelta(days=1), queries=1_000, hits=0, every_h=12)
@@ -341,7 +341,7 @@ def test_legal_research_example_line_and_savings(con, tmp_path):
     """The product brief's example: a 32,000-token prefix, 20 questions of 200 tokens, 500-token
     answers, the first a miss; Rs 0.10 / 0.02 / 0.40 per 1,000 input / cached / output tokens.
     The day reads 608,000 of 644,000 (94%): OK, and saves Rs 68.40 - Rs 19.76 = Rs 48.64."""
-    from ingest.prices import load_prices
+    from prefixscope.ingest.prices import load_prices
     from tests.alerts_support import usage_line
 
     prices = tmp_path / "prices.toml"
@@ -358,6 +358,6 @@ def test_legal_research_example_line_and_savings(con, tmp_path):
     assert line.currency == "INR" and line.shadow_price is False
     assert line.cost_without_cache == pytest.approx(68.40)
     assert line.saved == pytest.approx(48.64)
-    from alerts.render import render_text
+    from prefixscope.alerts.render import render_text
 
     assert "saved INR 48.64 (list price)" in render_text(_report(con))

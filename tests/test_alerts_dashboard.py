@@ -6,9 +6,9 @@ from datetime import date, timedelta
 
 import pytest
 
-from alerts.job import run_daily
-from prefixscope.config import AlertsConfig, Settings
-from store import db as store_db
+from prefixscope.alerts.job import run_daily
+from prefixscope.core.config import AlertsConfig, Settings
+from prefixscope.store import db as store_db
 from tests.alerts_support import CounterSource, free_port, local_ts, start_smtp
 
 DAY = date(2026, 11, 28)
@@ -46,7 +46,7 @@ def alerts_db(db_path, tmp_path, monkeypatch):
 def _open(db: str, day: date = DAY):
     from tests.dashboard_support import run_app
 
-    at = run_app(db, "pages/alerts.py")
+    at = run_app(db, "views/alerts.py")
     at.date_input(key="alerts_day").set_value(day)
     at.run()
     return at
@@ -91,6 +91,6 @@ def test_alerts_page_on_an_empty_database(db_path, tmp_path, monkeypatch):
     monkeypatch.setenv("PREFIXSCOPE_DB", db_path)
     monkeypatch.setenv("PREFIXSCOPE_CONFIG", str(tmp_path / "none.toml"))
     (tmp_path / "none.toml").write_text("")
-    at = run_app(db_path, "pages/alerts.py")
+    at = run_app(db_path, "views/alerts.py")
     assert not at.exception and not at.error
     assert any("No report email recorded yet" in t for t in texts(at, "caption"))

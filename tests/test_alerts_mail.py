@@ -10,12 +10,12 @@ from datetime import date, timedelta
 
 import pytest
 
-from alerts.job import DRY_RUN, FAILED, SENT, SKIPPED, run_daily
-from alerts.mailer import SmtpUnavailable
-from prefixscope.config import AlertsConfig, Settings
-from prefixscope.errors import ConfigError
-from store import db as store_db
-from store.queries.alerts import alert_sends
+from prefixscope.alerts.job import DRY_RUN, FAILED, SENT, SKIPPED, run_daily
+from prefixscope.alerts.mailer import SmtpUnavailable
+from prefixscope.core.config import AlertsConfig, Settings
+from prefixscope.core.errors import ConfigError
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.alerts import alert_sends
 from tests.alerts_support import (
     CounterSource,
     free_port,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from store import db as store_db
+from prefixscope.store import db as store_db
 from tests.alerts_support import CounterSource, local_ts, start_smtp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def test_promtool_unit_tests_of_the_rules(tmp_path):
 
 
 def test_rules_use_the_daily_threshold_and_volume_guard():
-    from prefixscope.config import AlertsConfig
+    from prefixscope.core.config import AlertsConfig
 
     cfg = AlertsConfig()
     doc = yaml.safe_load(RULES.read_text())

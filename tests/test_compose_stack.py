@@ -280,7 +280,7 @@ def test_every_sh_runs_a_command_each_round(tmp_path):
 def test_alert_config_points_at_the_mail_catcher(compose):
     import tomllib
 
-    from prefixscope.config import load_settings
+    from prefixscope.core.config import load_settings
 
     path = ROOT / "deploy/compose/prefixscope.toml"
     settings = load_settings(path)

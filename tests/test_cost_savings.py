@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from ingest.prices import load_prices, read_price_file
-from ingest.usage import ingest_usage_file
-from prefixscope.errors import ConfigError, SourceUnavailable
-from store.queries.savings import (
+from prefixscope.ingest.prices import load_prices, read_price_file
+from prefixscope.ingest.usage import ingest_usage_file
+from prefixscope.core.errors import ConfigError, SourceUnavailable
+from prefixscope.store.queries.savings import (
     NO_PRICE_NOTE,
     price_table,
     savings_by_model,

@@ -18,11 +18,11 @@ import pytest
 
 from tests import dashboard_support as ds
 
-MY_PAGES = ("pages/overview.py", "pages/requests.py", "pages/savings.py", "pages/data_sources.py")
+MY_PAGES = ("views/overview.py", "views/requests.py", "views/savings.py", "views/data_sources.py")
 
 
 def _rows_added(db: str) -> int:
-    at = ds.run_app(db, "pages/data_sources.py")
+    at = ds.run_app(db, "views/data_sources.py")
     ds.assert_clean(at)
     return int(ds.metrics(at)["Rows added"].replace(",", ""))
 
@@ -32,13 +32,13 @@ def _live_query_tokens(db: str, instance: str) -> int:
         a.radio(key="filter_range").set_value("all")
         a.multiselect(key="filter_instances").set_value([instance])
 
-    at = ds.run_app(db, "pages/overview.py", setup=pick)
+    at = ds.run_app(db, "views/overview.py", setup=pick)
     ds.assert_clean(at)
     return int(at.dataframe[0].value["query tokens"].iloc[0].replace(",", ""))
 
 
 def test_pages_render_while_a_writer_ingests(tmp_path, monkeypatch):
-    from dashboard import data
+    from prefixscope.dashboard import data
 
     db = ds.build_real_db(tmp_path / "busy.duckdb")
     monkeypatch.setenv("PREFIXSCOPE_DB", db)
@@ -82,7 +82,7 @@ def test_pages_render_while_a_writer_ingests(tmp_path, monkeypatch):
 
 HOLD_LOCK = """
 import sys, time
-from store import db as store_db
+from prefixscope.store import db as store_db
 with store_db.writer(sys.argv[1]) as con:
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -91,7 +91,7 @@ with store_db.writer(sys.argv[1]) as con:
 
 @pytest.mark.parametrize("page", MY_PAGES)
 def test_a_long_write_lock_shows_database_busy_not_a_traceback(tmp_path, monkeypatch, page):
-    from dashboard import data
+    from prefixscope.dashboard import data
 
     db = ds.build_real_db(tmp_path / "locked.duckdb")
     monkeypatch.setenv("PREFIXSCOPE_DB", db)

@@ -8,10 +8,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from dashboard import figures
-from dashboard.filters import (Filters, custom_range, default_range_label, quick_range, run_label,
+from prefixscope.dashboard import figures
+from prefixscope.dashboard.filters import (Filters, custom_range, default_range_label, quick_range, run_label,
                                selection)
-from dashboard.formatting import (fmt_age, fmt_int, fmt_money, fmt_ms, fmt_pct, fmt_time, fmt_tokens,
+from prefixscope.core.formatting import (fmt_age, fmt_int, fmt_money, fmt_ms, fmt_pct, fmt_time, fmt_tokens,
                                   fmt_window)
 
 T0 = 1795860000.0  # 2026-11-28T10:00:00Z

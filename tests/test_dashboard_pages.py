@@ -16,7 +16,7 @@ import pytest
 
 from tests import dashboard_support as ds
 
-MY_PAGES = ("pages/overview.py", "pages/requests.py", "pages/savings.py", "pages/data_sources.py")
+MY_PAGES = ("views/overview.py", "views/requests.py", "views/savings.py", "views/data_sources.py")
 ALL_PAGES = [p[0] for p in ds.page_entries()]
 
 
@@ -39,7 +39,7 @@ def use_db(monkeypatch):
 
 
 def test_router_lists_my_pages_first_and_each_file_exists():
-    from dashboard.app import PAGES
+    from prefixscope.dashboard.app import PAGES
 
     assert [p[0] for p in PAGES[:4]] == list(MY_PAGES)
     for rel, title, icon in PAGES:
@@ -67,7 +67,7 @@ def test_every_page_renders_on_real_data(real_db, use_db, page):
 
 
 def test_overview_on_real_data(real_db, use_db):
-    at = ds.run_app(use_db(real_db), "pages/overview.py",
+    at = ds.run_app(use_db(real_db), "views/overview.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
     assert ds.metrics(at) == {ds.MODEL: "50.2%"}
@@ -102,7 +102,7 @@ def test_overview_instance_filter(real_db, use_db, instance, value, status):
         a.radio(key="filter_range").set_value("all")
         a.multiselect(key="filter_instances").set_value([instance])
 
-    at = ds.run_app(use_db(real_db), "pages/overview.py", setup=pick)
+    at = ds.run_app(use_db(real_db), "views/overview.py", setup=pick)
     ds.assert_clean(at)
     assert ds.metrics(at) == {ds.MODEL: value}
     colour = "green" if status == "OK" else "red"
@@ -115,7 +115,7 @@ def test_overview_window_selector(real_db, use_db):
         a.radio(key="filter_range").set_value("all")
         a.radio(key="overview_window").set_value("5m")
 
-    at = ds.run_app(use_db(real_db), "pages/overview.py", setup=pick)
+    at = ds.run_app(use_db(real_db), "views/overview.py", setup=pick)
     ds.assert_clean(at)
     # 5m windows: the kvevents server's last window holds only its second scrape's increase
     assert ds.metrics(at) == {ds.MODEL: "36.9%"}  # 7,136 / 19,341
@@ -123,7 +123,7 @@ def test_overview_window_selector(real_db, use_db):
 
 
 def test_requests_on_real_data(real_db, use_db):
-    at = ds.run_app(use_db(real_db), "pages/requests.py",
+    at = ds.run_app(use_db(real_db), "views/requests.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
     assert ds.metrics(at) == {"Requests": "31", "Reported cached_tokens": "31",
@@ -146,7 +146,7 @@ def test_requests_on_real_data(real_db, use_db):
 def test_savings_on_real_data(real_db, use_db):
     """The probe's 31 requests at the tiny model's shadow price (data/prices.toml: USD 0.05 input,
     0 cached input, 0.08 output per million tokens)."""
-    at = ds.run_app(use_db(real_db), "pages/savings.py",
+    at = ds.run_app(use_db(real_db), "views/savings.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
     assert ds.chart_count(at) == 2  # cost per model, saved per window
@@ -169,7 +169,7 @@ def test_savings_on_real_data(real_db, use_db):
 
 
 def test_data_sources_on_real_data(real_db, use_db):
-    at = ds.run_app(use_db(real_db), "pages/data_sources.py")
+    at = ds.run_app(use_db(real_db), "views/data_sources.py")
     ds.assert_clean(at)
     kpis = ds.metrics(at)
     assert kpis["Quarantined lines"] == "0"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from store import db as store_db
-from store.queries.metrics import hit_rate_totals
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.metrics import hit_rate_totals
 
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory):
-    from prefixscope.demo import build_demo
+    from prefixscope.cli.demo import build_demo
 
     path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     report = build_demo(str(path))
@@ -56,7 +56,7 @@ def test_demo_report_line(demo_db, cli):
 
 
 def test_demo_rebuild_replaces_the_database(demo_db, tmp_path):
-    from prefixscope.demo import build_demo
+    from prefixscope.cli.demo import build_demo
 
     path, _ = demo_db
     report = build_demo(path, with_replay=False)

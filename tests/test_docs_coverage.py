@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from store import db as store_db
+from prefixscope.store import db as store_db
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -70,7 +70,7 @@ def test_every_table_is_in_schema_doc(table):
 
 def test_every_dashboard_page_is_documented():
     app_py = (ROOT / "dashboard" / "app.py").read_text(encoding="utf-8")
-    pages = re.findall(r"\(\s*\"pages/([a-z_]+)\.py\"\s*,\s*\"([^\"]+)\"", app_py)
+    pages = re.findall(r"\(\s*\"views/([a-z_]+)\.py\"\s*,\s*\"([^\"]+)\"", app_py)
     assert pages, "no PAGES entries found in dashboard/app.py"
     text = (DOCS / "dashboard.md").read_text(encoding="utf-8")
     for _file, title in pages:
@@ -78,7 +78,7 @@ def test_every_dashboard_page_is_documented():
 
 
 def test_every_config_key_is_documented():
-    from prefixscope.config import Settings
+    from prefixscope.core.config import Settings
 
     text = (DOCS / "config.md").read_text(encoding="utf-8")
     for section_name, section_field in Settings.model_fields.items():

@@ -1,4 +1,4 @@
-"""One wording for a bad record across readers (``prefixscope.errors``): file:line: field: reason,
+"""One wording for a bad record across readers (``prefixscope.core.errors``): file:line: field: reason,
 and ``not valid JSON: <decoder message> (byte N)`` whichever decoder failed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from prefixscope.errors import ParseError, invalid_json_reason, problem_text
+from prefixscope.core.errors import ParseError, invalid_json_reason, problem_text
 
 
 def _stdlib_error(text: str) -> json.JSONDecodeError:

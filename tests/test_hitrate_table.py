@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from store import db as store_db
-from store.schema import REQUEST_KEY_SQL
+from prefixscope.store import db as store_db
+from prefixscope.store.schema import REQUEST_KEY_SQL
 
 BIG = 12_345_678_901  # tokens: 14 characters with separators
 
@@ -29,7 +29,7 @@ def wide_numbers_db(db_path):
 
 
 def _at_width(monkeypatch, width: int) -> None:
-    monkeypatch.setattr("prefixscope.commands.hitrate.out", Console(width=width, soft_wrap=True))
+    monkeypatch.setattr("prefixscope.cli.commands.hitrate.out", Console(width=width, soft_wrap=True))
 
 
 NUMBERS = ("12,345,678,901", "11,345,678,901", "987,654,321", "91.9%", "8.0%",

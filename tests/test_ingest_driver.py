@@ -11,16 +11,16 @@ import os
 import duckdb
 import pytest
 
-from ingest.bookkeeping import source_id_for
-from ingest.jsonl_driver import (
+from prefixscope.ingest.bookkeeping import source_id_for
+from prefixscope.ingest.jsonl_driver import (
     BadLine,
     ParsedChunk,
     RetryBatch,
     ingest_jsonl_tail,
     line_parser,
 )
-from prefixscope.errors import SourceUnavailable
-from store import db as store_db
+from prefixscope.core.errors import SourceUnavailable
+from prefixscope.store import db as store_db
 
 KIND = "driver-test"
 
@@ -263,7 +263,7 @@ def test_inside_a_transaction_is_refused(tmp_path):
 # --- the ingesters ported onto the driver ---------------------------------------------------
 
 def test_kv_capture_tail_bad_bytes_and_partial_line(db_path, tmp_path, data_dir):
-    from ingest.kv_events import ingest_kv_events_file
+    from prefixscope.ingest.kv_events import ingest_kv_events_file
 
     first = (data_dir / "vllm-cpu-0.32" / "kv_events.jsonl").read_bytes().split(b"\n")[0] + b"\n"
     f = tmp_path / "cap.jsonl"
@@ -283,7 +283,7 @@ def test_kv_capture_tail_bad_bytes_and_partial_line(db_path, tmp_path, data_dir)
 
 
 def test_decision_log_rotation_and_failed_insert(db_path, tmp_path, monkeypatch):
-    import ingest.decisions as decisions
+    import prefixscope.ingest.decisions as decisions
 
     def rec(rid):
         return json.dumps({"ts_unix_s": 1.0, "request_id": rid, "scope": "PUBLIC",

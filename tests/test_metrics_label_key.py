@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from ingest.exposition import configured_label_key, scrape_loop
-from prefixscope.errors import ConfigError
-from store import db as store_db
+from prefixscope.ingest.exposition import configured_label_key, scrape_loop
+from prefixscope.core.errors import ConfigError
+from prefixscope.store import db as store_db
 
 EXPOSITION = (
     "# TYPE vllm:prefix_cache_queries counter\n"

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from ingest.exposition import ingest_exposition
-from store.queries.metrics import hit_rate_by_window, hit_rate_totals
+from prefixscope.ingest.exposition import ingest_exposition
+from prefixscope.store.queries.metrics import hit_rate_by_window, hit_rate_totals
 
-usage = pytest.importorskip("ingest.usage", reason="request ingest (ingest.usage) not there yet")
+usage = pytest.importorskip("prefixscope.ingest.usage", reason="request ingest (ingest.usage) not there yet")
 if not hasattr(usage, "ingest_usage_file"):
-    pytest.skip("ingest.usage.ingest_usage_file not there yet", allow_module_level=True)
+    pytest.skip("prefixscope.ingest.usage.ingest_usage_file not there yet", allow_module_level=True)
 
 
 def _usage_jsonl(data_dir, tmp_path, probe: str, t0: float) -> str:

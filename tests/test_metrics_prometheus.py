@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from ingest.exposition import ingest_sources
-from ingest.prometheus_api import ingest_prometheus_range, samples_from_series, series_selector
-from store import db as store_db
-from store.queries.metrics import hit_rate_by_window, hit_rate_totals
+from prefixscope.ingest.exposition import ingest_sources
+from prefixscope.ingest.prometheus_api import ingest_prometheus_range, samples_from_series, series_selector
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.metrics import hit_rate_by_window, hit_rate_totals
 from tests.metrics_support import PROMETHEUS, ExpositionServer, PrometheusServer, counter_value, render
 
 pytestmark = pytest.mark.prometheus
@@ -140,7 +140,7 @@ def test_series_selector_and_conversion_without_a_server():
 
 
 def test_step_samples_place_the_restart_zero_after_the_old_process_steps(con):
-    from ingest.exposition import save_samples
+    from prefixscope.ingest.exposition import save_samples
 
     def series(name, points):
         return {"metric": {"__name__": name, "engine": "0", "model_name": "m", "instance": "h:1"},

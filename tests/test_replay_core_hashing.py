@@ -11,9 +11,9 @@ import cbor2
 import pytest
 import xxhash
 
-from prefixscope.errors import SimulationError
-from replay import hashing
-from replay.hashing import (
+from prefixscope.core.errors import SimulationError
+from prefixscope.replay import hashing
+from prefixscope.replay.hashing import (
     BlockHasher,
     block_extra_keys,
     block_hashes,
@@ -140,7 +140,7 @@ def test_hasher_extends_from_an_offset_window():
 
 
 def test_request_decode_keys_equal_hashes_of_prompt_plus_outputs():
-    from replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN, SimRequest
+    from prefixscope.replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN, SimRequest
 
     prompt = list(range(1000, 1037))
     for algo in ("sha256", "fast"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay.hashing import block_hashes
+from prefixscope.replay.hashing import block_hashes
 from tests.replay_core_support import free_ids, make_manager, make_request
 
 COMMON = [i for i in range(3) for _ in range(16)]  # three full blocks of 16 tokens

@@ -18,9 +18,9 @@ from __future__ import annotations
 import random
 import pytest
 
-from replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN
-from replay.sim import simulate
-from replay.types import SimConfig, TraceRequest
+from prefixscope.replay.kv_cache_manager import PLACEHOLDER_OUTPUT_TOKEN
+from prefixscope.replay.sim import simulate
+from prefixscope.replay.types import SimConfig, TraceRequest
 from tests.replay_core_support import (
     driver_requests,
     mooncake_lines,

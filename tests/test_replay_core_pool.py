@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay.block_pool import BlockPool, FreeBlockQueue
+from prefixscope.replay.block_pool import BlockPool, FreeBlockQueue
 
 
 def test_free_queue_initialization():

@@ -9,8 +9,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.sim import simulate
-from replay.types import ConcurrencyConfig, SimConfig, TraceRequest
+from prefixscope.replay.sim import simulate
+from prefixscope.replay.types import ConcurrencyConfig, SimConfig, TraceRequest
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""``replay.sim.simulate``: sequential replay (exact), counting, rejection, fast keys, the
+"""``prefixscope.replay.sim.simulate``: sequential replay (exact), counting, rejection, fast keys, the
 step-based scheduler model, streaming memory, and the Mooncake reuse figures."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from prefixscope.errors import SimulationError
-from replay.sim import SimRun, SimSummary, simulate
-from replay.types import ConcurrencyConfig, RequestResult, SimConfig, TraceRequest
+from prefixscope.core.errors import SimulationError
+from prefixscope.replay.sim import SimRun, SimSummary, simulate
+from prefixscope.replay.types import ConcurrencyConfig, RequestResult, SimConfig, TraceRequest
 from tests.replay_core_support import mooncake_path, mooncake_requests
 
 

@@ -1,7 +1,7 @@
 """Published reuse figures reproduced through the real simulator (vLLM's counting rule).
 
 Definitions (``docs/replay.md`` "Published figures"): every request is replayed in file order
-through ``replay.sim.simulate`` with an unbounded cache and no simulated outputs, so a request
+through ``prefixscope.replay.sim.simulate`` with an unbounded cache and no simulated outputs, so a request
 hits the longest run of its leading full blocks already cached, capped at
 ``floor((n - 1) / B)`` blocks (vLLM 0.33 ``KVCacheManager.get_computed_blocks``).
 
@@ -17,9 +17,9 @@ import statistics
 
 import pytest
 
-from replay.sim import simulate
-from replay.traces import read_trace
-from replay.types import SimConfig
+from prefixscope.replay.sim import simulate
+from prefixscope.replay.traces import read_trace
+from prefixscope.replay.types import SimConfig
 from tests.replay_io_support import KV_CACHE_TESTER, MOONCAKE_CONVERSATION, MOONCAKE_SYNTHETIC
 
 

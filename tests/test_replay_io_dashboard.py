@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.prices import load_prices
-from ingest.runs import ingest_run_dir
-from replay.runner import SimRunSpec, run_compare
-from store import db as store_db
+from prefixscope.ingest.prices import load_prices
+from prefixscope.ingest.runs import ingest_run_dir
+from prefixscope.replay.runner import SimRunSpec, run_compare
+from prefixscope.store import db as store_db
 from tests.dashboard_support import assert_clean, build_empty_db, chart_count, run_app, texts
 from tests.replay_io_support import AIDER_TRACE, DATA, LAYOUT_DATE_FIRST_USER, MOONCAKE_CONVERSATION
 
-PAGE = "pages/replay.py"
+PAGE = "views/replay.py"
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def replay_db(tmp_path_factory):
     db = str(d / "r.duckdb")
     cmp = run_compare(trace=str(AIDER_TRACE), layout_b=str(LAYOUT_DATE_FIRST_USER),
                       out_dir=d / "cmp", format="chat", block_size=16, limit=40)
-    from replay.runner import run_sim
+    from prefixscope.replay.runner import run_sim
 
     mc = run_sim(SimRunSpec(trace=str(MOONCAKE_CONVERSATION), block_size=512,
                             capacity_blocks=400, algo="fast", limit=200, label="mooncake 400"),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from prefixscope.errors import ConfigError, SourceUnavailable
-from replay.layouts import Layout, load_layout
-from replay.sim import simulate
-from replay.traces import read_trace
-from replay.types import SimConfig
+from prefixscope.core.errors import ConfigError, SourceUnavailable
+from prefixscope.replay.layouts import Layout, load_layout
+from prefixscope.replay.sim import simulate
+from prefixscope.replay.traces import read_trace
+from prefixscope.replay.types import SimConfig
 from tests.replay_io_support import (
     AIDER_TRACE,
     LAYOUT_DATE_AT_END,
@@ -104,7 +104,7 @@ def test_layout_file_errors_name_the_file_and_field(tmp_path):
 
 
 def test_layouts_apply_only_to_chat_traces(tmp_path):
-    from prefixscope.errors import UsageError
+    from prefixscope.core.errors import UsageError
 
     path = write_lines(tmp_path / "t.jsonl", [{"prompt_token_ids": [1, 2], "t": 0}])
     with pytest.raises(UsageError, match="chat-request traces only"):

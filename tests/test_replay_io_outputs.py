@@ -8,14 +8,14 @@ import os
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.prices import load_prices
-from ingest.runs import ingest_run_dir
-from replay.outputs import CounterEvent, snapshot_counters, snapshot_times
-from replay.runner import SimRunSpec, run_compare, run_sim
-from store import db as store_db
-from store.queries.metrics import cache_config, hit_rate_totals
-from store.queries.replay import replay_run_windows, replay_runs
-from store.queries.requests import request_hit_rate_totals
+from prefixscope.ingest.prices import load_prices
+from prefixscope.ingest.runs import ingest_run_dir
+from prefixscope.replay.outputs import CounterEvent, snapshot_counters, snapshot_times
+from prefixscope.replay.runner import SimRunSpec, run_compare, run_sim
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.metrics import cache_config, hit_rate_totals
+from prefixscope.store.queries.replay import replay_run_windows, replay_runs
+from prefixscope.store.queries.requests import request_hit_rate_totals
 from tests.replay_io_support import (
     AIDER_EXCERPT,
     AIDER_TRACE,
@@ -229,7 +229,7 @@ def test_cli_ingest_replay_run(cli, tmp_path, db_path, mooncake_run):
 
 
 def test_demo_replays_make_and_ingest_five_runs(tmp_path, monkeypatch):
-    from prefixscope import demo_replay
+    from prefixscope.cli import demo_replay
 
     monkeypatch.setattr(demo_replay, "MOONCAKE_REQUESTS", 200)
     db = str(tmp_path / "demo.duckdb")

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from prefixscope.errors import ParseError, SourceUnavailable, UsageError
-from replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
-from replay.traces import detect_format, read_trace
+from prefixscope.core.errors import ParseError, SourceUnavailable, UsageError
+from prefixscope.replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
+from prefixscope.replay.traces import detect_format, read_trace
 from tests.replay_io_support import (
     AIDER_TRACE,
     KV_CACHE_TESTER,

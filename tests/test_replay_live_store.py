@@ -1,11 +1,11 @@
-"""``store.queries.replay_live.save_live_run`` writes its ``runs`` row through the one writer,
-``store.queries.replay.insert_run``: twice is the same as once."""
+"""``prefixscope.store.queries.replay_live.save_live_run`` writes its ``runs`` row through the one writer,
+``prefixscope.store.queries.replay.insert_run``: twice is the same as once."""
 
 from __future__ import annotations
 
 import json
 
-from store.queries.replay_live import live_run_counters, save_live_run
+from prefixscope.store.queries.replay_live import live_run_counters, save_live_run
 
 Q = "vllm:prefix_cache_queries_total"
 H = "vllm:prefix_cache_hits_total"

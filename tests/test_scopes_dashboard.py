@@ -10,12 +10,12 @@ import pytest
 
 from tests import dashboard_support as ds
 
-PAGES = ("pages/scopes.py", "pages/rejections.py", "pages/invariants.py")
+PAGES = ("views/scopes.py", "views/rejections.py", "views/invariants.py")
 
 
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory) -> str:
-    from prefixscope.demo_scopes import run_demo_scopes
+    from prefixscope.cli.demo_scopes import run_demo_scopes
 
     d = tmp_path_factory.mktemp("scopes_demo")
     run_demo_scopes(str(d / "demo.duckdb"), str(d / "out"), key=bytes(range(32)))
@@ -43,9 +43,9 @@ def _line(rid, decision, *, cand_ns=NS_A, reasons=(), cand=64, acc=0, **extra):
 def bad_db(tmp_path_factory) -> str:
     """A gateway that accepted what it must not: one cross-namespace accept, one wrong-model
     accept, one old-epoch accept, plus usage rows (one reject whose KV was used anyway)."""
-    from ingest.decisions import ingest_decisions_file
-    from ingest.usage import ingest_usage_file
-    from store import db as store_db
+    from prefixscope.ingest.decisions import ingest_decisions_file
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
 
     d = tmp_path_factory.mktemp("scopes_bad")
     log = d / "decisions.jsonl"
@@ -80,15 +80,15 @@ def use_db(monkeypatch):
 
 
 def test_pages_are_in_the_router():
-    from dashboard.app import PAGES
+    from prefixscope.dashboard.app import PAGES
 
     files = [p[0] for p in PAGES]
-    for page in ("pages/scopes.py", "pages/rejections.py", "pages/invariants.py"):
+    for page in ("views/scopes.py", "views/rejections.py", "views/invariants.py"):
         assert page in files
 
 
 def test_scopes_page_on_the_demo(demo_db, use_db):
-    at = ds.run_app(use_db(demo_db), "pages/scopes.py")
+    at = ds.run_app(use_db(demo_db), "views/scopes.py")
     ds.assert_clean(at)
     m = ds.metrics(at)
     for scope in ("PUBLIC", "TENANT", "PRINCIPAL"):
@@ -102,14 +102,14 @@ def test_scopes_page_on_the_demo(demo_db, use_db):
 
 
 def test_scopes_window_selector(demo_db, use_db):
-    at = ds.run_app(use_db(demo_db), "pages/scopes.py")
+    at = ds.run_app(use_db(demo_db), "views/scopes.py")
     at.radio(key="scopes_window").set_value("1h").run()
     ds.assert_clean(at)
     assert "per 1 h" in at.get("plotly_chart")[0].proto.spec or ds.chart_count(at) == 3
 
 
 def test_rejections_page_on_the_demo(demo_db, use_db):
-    at = ds.run_app(use_db(demo_db), "pages/rejections.py")
+    at = ds.run_app(use_db(demo_db), "views/rejections.py")
     ds.assert_clean(at)
     m = ds.metrics(at)
     assert int(m["Rejected requests"].replace(",", "")) > 0
@@ -126,7 +126,7 @@ def test_rejections_page_on_the_demo(demo_db, use_db):
 
 
 def test_invariants_page_reads_zero_on_the_demo(demo_db, use_db):
-    at = ds.run_app(use_db(demo_db), "pages/invariants.py")
+    at = ds.run_app(use_db(demo_db), "views/invariants.py")
     ds.assert_clean(at)
     html = [m.value for m in at.markdown if "font-size:4rem" in m.value]
     assert len(html) == 3
@@ -135,7 +135,7 @@ def test_invariants_page_reads_zero_on_the_demo(demo_db, use_db):
 
 
 def test_invariants_page_turns_red_with_drill_down(bad_db, use_db):
-    at = ds.run_app(use_db(bad_db), "pages/invariants.py")
+    at = ds.run_app(use_db(bad_db), "views/invariants.py")
     assert not at.exception
     html = [m.value for m in at.markdown if "font-size:4rem" in m.value]
     # cross-scope: r1 (accepted another namespace) + r5 (rejected, KV used anyway)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixscope.errors import ConfigError
-from replay import identity as idn
-from replay.hashing import block_hashes
+from prefixscope.core.errors import ConfigError
+from prefixscope.core import identity as idn
+from prefixscope.replay.hashing import block_hashes
 
 KEY = bytes(range(32))
 KEY2 = bytes(range(1, 33))
@@ -125,7 +127,7 @@ def test_key_from_file_env_and_refusals(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="at least 32"):
         idn.load_hmac_key(short)
     with pytest.raises(ConfigError, match="inside the repository"):
-        idn.load_hmac_key(idn._REPO_ROOT / "pyproject.toml")
+        idn.load_hmac_key(Path(__file__).resolve().parent.parent / "pyproject.toml")
 
 
 def test_public_inventory_file(tmp_path):

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ingest.decisions import ingest_decisions_file
-from prefixscope.errors import NothingIngested
-from store.queries import scopes as q
+from prefixscope.ingest.decisions import ingest_decisions_file
+from prefixscope.core.errors import NothingIngested
+from prefixscope.store.queries import scopes as q
 
 NS = "0123456789abcdef"
 
@@ -62,7 +62,7 @@ def test_all_bad_raises(con, tmp_path):
 
 
 def test_join_with_usage_and_queries(con, tmp_path):
-    from ingest.usage import ingest_usage_file
+    from prefixscope.ingest.usage import ingest_usage_file
 
     f = tmp_path / "d.jsonl"
     f.write_text("\n".join([

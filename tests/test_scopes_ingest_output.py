@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from ingest.decisions import parse_line
-from prefixscope.errors import NOT_JSON
+from prefixscope.ingest.decisions import parse_line
+from prefixscope.core.errors import NOT_JSON
 
 
 def _good(request_id: str = "mt-0001") -> dict:

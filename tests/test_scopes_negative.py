@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from replay.gateway import Faults
-from replay.identity import AuthorizationGate, namespace_for
+from prefixscope.replay.gateway import Faults
+from prefixscope.core.identity import AuthorizationGate, namespace_for
 from tests.scopes_support import (
     DOC_A,
     DOC_A2,

@@ -8,9 +8,9 @@ import time
 import duckdb
 import pytest
 
-from prefixscope.errors import SchemaMismatch, SourceUnavailable, StoreLocked
-from store import db as store_db
-from store.schema import MIGRATIONS
+from prefixscope.core.errors import SchemaMismatch, SourceUnavailable, StoreLocked
+from prefixscope.store import db as store_db
+from prefixscope.store.schema import MIGRATIONS
 
 
 def test_migrate_is_idempotent(db_path):

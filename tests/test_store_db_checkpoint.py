@@ -1,4 +1,4 @@
-"""store.db.checkpoint: after it the database file alone holds every committed row (no .wal),
+"""prefixscope.store.db.checkpoint: after it the database file alone holds every committed row (no .wal),
 so it can be moved with os.replace and read at its new name."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import duckdb
 import pytest
 
-from store import db as store_db
-from store.queries.ingest import table_row_counts
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.ingest import table_row_counts
 
 
 def test_checkpoint_leaves_no_wal_and_the_moved_file_holds_every_row(tmp_path):

@@ -1,4 +1,4 @@
-"""``store.sqlhelpers.window_start_sql``: the one window cut of every per-window query."""
+"""``prefixscope.store.sqlhelpers.window_start_sql``: the one window cut of every per-window query."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from store.sqlhelpers import window_start_sql
+from prefixscope.store.sqlhelpers import window_start_sql
 
 
 def _start(ts: float, window_s: float, origin_s: float = 0.0) -> float:

@@ -33,7 +33,7 @@ def server(vllm_pool):  # noqa: F811
 
 
 def run_and_compare(server, reqs, tmp_path, *, reset: bool = True):
-    from replay.live_run import run_live
+    from prefixscope.replay.live_run import run_live
 
     if reset:
         server.reset_prefix_cache()
@@ -102,8 +102,8 @@ def test_kv_events_hashes_are_the_simulators(server, tmp_path):
     import msgspec
     import zmq
 
-    from replay.hashing import block_hashes, int_block_hash
-    from replay.live_run import run_live
+    from prefixscope.replay.hashing import block_hashes, int_block_hash
+    from prefixscope.replay.live_run import run_live
 
     reqs = build_traffic(30, seed=4, salted=True, followups=10)
     ctx = zmq.Context.instance()

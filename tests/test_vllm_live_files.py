@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from replay.live import LiveConfig, LiveResult, synth_prompt_ids
-from replay.live_metrics import counter_deltas, counter_totals
-from replay.live_outputs import result_to_usage_line, results_as_trace
-from replay.live_run import percentile
-from replay.types import TraceRequest
+from prefixscope.replay.live import LiveConfig, LiveResult, synth_prompt_ids
+from prefixscope.replay.live_metrics import counter_deltas, counter_totals
+from prefixscope.replay.live_outputs import result_to_usage_line, results_as_trace
+from prefixscope.replay.live_run import percentile
+from prefixscope.replay.types import TraceRequest
 from tests.vllm_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,9 +62,9 @@ def test_counter_totals_sum_series_and_skip_absent_counters():
 
 
 def test_simulator_reproduces_the_recorded_run_exactly():
-    from replay.sim import simulate
-    from replay.traces import read_trace
-    from replay.types import SimConfig
+    from prefixscope.replay.sim import simulate
+    from prefixscope.replay.traces import read_trace
+    from prefixscope.replay.types import SimConfig
 
     sent = list(read_trace(RUN / "sent.jsonl", format="token-ids").requests)
     live = {x["trace_request_id"]: x["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -79,8 +79,8 @@ def test_simulator_reproduces_the_recorded_run_exactly():
 
 
 def test_ingest_live_run_is_idempotent(con):
-    from ingest.live_run import ingest_live_run
-    from store.queries.replay_live import live_run_counters, live_run_summary
+    from prefixscope.ingest.live_run import ingest_live_run
+    from prefixscope.store.queries.replay_live import live_run_counters, live_run_summary
 
     first = ingest_live_run(con, RUN)
     assert first.run_id == "live-20261129T152933Z-d54ca3"
@@ -101,8 +101,8 @@ def test_ingest_live_run_is_idempotent(con):
 
 
 def test_ingested_requests_and_counters_agree_through_the_hit_rate_queries(con):
-    from ingest.live_run import ingest_live_run
-    from store.queries.metrics import hit_rate_totals
+    from prefixscope.ingest.live_run import ingest_live_run
+    from prefixscope.store.queries.metrics import hit_rate_totals
 
     ingest_live_run(con, RUN)
     doc = json.loads((RUN / "run.json").read_text())
@@ -117,7 +117,7 @@ def test_ingested_requests_and_counters_agree_through_the_hit_rate_queries(con):
 
 
 def test_usage_line_is_what_ingest_requests_reads():
-    from ingest.usage import normalise_usage
+    from prefixscope.ingest.usage import normalise_usage
 
     res = LiveResult(
         request_id="q1", response_id="cmpl-1", endpoint="completions", model="m", arrival_s=0.0,
@@ -144,7 +144,7 @@ def test_usage_line_is_what_ingest_requests_reads():
 
 
 def test_results_as_trace_orders_and_checks_token_ids():
-    from prefixscope.errors import UsageError
+    from prefixscope.core.errors import UsageError
 
     def res(rid, t, out=(9,)):
         return LiveResult(request_id=rid, response_id=f"cmpl-{rid}", endpoint="completions",
@@ -179,7 +179,7 @@ def test_percentile_is_nearest_rank():
 
 
 def test_config_rejects_bad_values():
-    from prefixscope.errors import UsageError
+    from prefixscope.core.errors import UsageError
 
     with pytest.raises(UsageError):
         LiveConfig(base_url="http://x", endpoint="embeddings")
@@ -221,8 +221,8 @@ def test_cli_ingest_live_run_names_a_missing_manifest(cli, db_path, tmp_path):
 
 
 def test_run_live_refuses_to_overwrite_a_run(tmp_path):
-    from prefixscope.errors import UsageError
-    from replay.live_run import run_live
+    from prefixscope.core.errors import UsageError
+    from prefixscope.replay.live_run import run_live
 
     (tmp_path / "run.json").write_text("{}")
     with pytest.raises(UsageError, match="already holds a run"):
@@ -232,8 +232,8 @@ def test_run_live_refuses_to_overwrite_a_run(tmp_path):
 def test_fleet_instances_stay_apart_and_sum_per_model(con):
     """Two servers (the same recorded scrapes stored under two instance names): each keeps its
     instance; per model, hits and queries are summed over instances before dividing."""
-    from ingest.exposition import ingest_exposition
-    from store.queries.metrics import hit_rate_totals, metric_filter_values
+    from prefixscope.ingest.exposition import ingest_exposition
+    from prefixscope.store.queries.metrics import hit_rate_totals, metric_filter_values
 
     doc = json.loads((RUN / "run.json").read_text())
     for inst in ("gpu-1:8000", "gpu-2:8000"):

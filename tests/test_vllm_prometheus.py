@@ -72,10 +72,10 @@ def _wait_for_scrapes(url: str, *, n: int, timeout_s: float = 30) -> None:
 
 
 def test_prometheus_range_pull_equals_direct_scrapes(prometheus, tmp_path, cli):
-    from ingest.live_run import ingest_live_run
-    from replay.live_run import run_live
-    from store import db as store_db
-    from store.queries.metrics import hit_rate_totals
+    from prefixscope.ingest.live_run import ingest_live_run
+    from prefixscope.replay.live_run import run_live
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries.metrics import hit_rate_totals
 
     server, prom_url = prometheus
     _wait_for_scrapes(prom_url, n=3)

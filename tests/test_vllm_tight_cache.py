@@ -34,7 +34,7 @@ def server(vllm_pool):  # noqa: F811
 
 
 def test_sequential_with_forced_eviction_is_exact(server, tmp_path):
-    from replay.live_run import run_live
+    from prefixscope.replay.live_run import run_live
 
     assert server.num_gpu_blocks() == 96
     reqs = build_traffic(70, seed=5, salted=True, followups=20, **SHORT)

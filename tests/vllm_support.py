@@ -327,8 +327,8 @@ def build_traffic(n: int, *, seed: int = 0, salted: bool = False, followups: int
     """
     import random as _random
 
-    from replay.tokenization import load_chat_tokenizer
-    from replay.types import TraceRequest
+    from prefixscope.replay.tokenization import load_chat_tokenizer
+    from prefixscope.replay.types import TraceRequest
 
     texts = json.loads(TEXTS.read_text())
     tok = load_chat_tokenizer(TOKENIZER_DIR)
@@ -389,8 +389,8 @@ def build_traffic(n: int, *, seed: int = 0, salted: bool = False, followups: int
 
 
 def live_config(server: VllmServer, *, concurrency: int = 1):
-    """The :class:`replay.live.LiveConfig` the tests use against ``server``."""
-    from replay.live import LiveConfig
+    """The :class:`prefixscope.replay.live.LiveConfig` the tests use against ``server``."""
+    from prefixscope.replay.live import LiveConfig
 
     return LiveConfig(base_url=server.base_url, model=SERVED_MODEL_NAME, concurrency=concurrency,
                       block_size=BLOCK_SIZE, max_retries=2, timeout_s=120.0)
@@ -403,14 +403,14 @@ def simulate_like(server: VllmServer, live_results, *, order=None, concurrency=N
     Args:
         order: trace request ids in the order to simulate (default: send order).
         concurrency: a ``ConcurrencyConfig`` for the step model, None for sequential.
-        step_s: arrival spacing for ``order`` (see ``replay.live_outputs.results_as_trace``).
+        step_s: arrival spacing for ``order`` (see ``prefixscope.replay.live_outputs.results_as_trace``).
 
     Returns:
         ``{request_id: RequestResult}``.
     """
-    from replay.live_outputs import results_as_trace
-    from replay.sim import simulate
-    from replay.types import SimConfig
+    from prefixscope.replay.live_outputs import results_as_trace
+    from prefixscope.replay.sim import simulate
+    from prefixscope.replay.types import SimConfig
 
     trace = results_as_trace(live_results, order=order, step_s=step_s)
     cfg = SimConfig(block_size=BLOCK_SIZE, num_gpu_blocks=server.num_gpu_blocks(),
@@ -452,8 +452,8 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
     """
     import dataclasses
 
-    from replay.live_run import run_live
-    from replay.types import ConcurrencyConfig
+    from prefixscope.replay.live_run import run_live
+    from prefixscope.replay.types import ConcurrencyConfig
 
     live_runs = []
     for k in range(runs):
@@ -490,9 +490,9 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
     for summary, results, order in live_runs:
         live = {r.request_id: r for r in results}
         t0 = min(r.sent_unix_s for r in results)
-        from replay.live_outputs import results_as_trace
-        from replay.sim import simulate
-        from replay.types import SimConfig
+        from prefixscope.replay.live_outputs import results_as_trace
+        from prefixscope.replay.sim import simulate
+        from prefixscope.replay.types import SimConfig
 
         trace, arrival = [], 0.0
         for t in results_as_trace(results, order=order):

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from replay.identity import message_digest, toolset_digest  # noqa: E402
+from prefixscope.core.identity import message_digest, toolset_digest  # noqa: E402
 
 T0_UNIX_S = 1_795_960_000.0  # 2026-11-28T11:06:40Z, beside the vLLM 0.32 captures
 

@@ -1,8 +1,8 @@
 """Queries of the daily report and alert email (``alerts/``): scrape activity for the STALE
 check, and the ``alert_sends`` log (claim, finish, list).
 
-Hit rates, request figures and savings come from ``store.queries.metrics`` (H1),
-``store.queries.requests`` and ``store.queries.savings`` (H2); only what those modules do not
+Hit rates, request figures and savings come from ``prefixscope.store.queries.metrics`` (H1),
+``prefixscope.store.queries.requests`` and ``prefixscope.store.queries.savings`` (H2); only what those modules do not
 answer lives here. Formulas: ``docs/alerts.md``.
 """
 

@@ -1,7 +1,7 @@
 """Writes of the gateway decision log: rows into ``gateway_decisions`` and ``gateway_events``.
 
 Rows come from ``ingest/decisions.py`` (one per decision or version event line, format in
-``docs/scopes.md#decision-log``); the reads are in :mod:`store.queries.scopes`. Keys:
+``docs/scopes.md#decision-log``); the reads are in :mod:`prefixscope.store.queries.scopes`. Keys:
 ``gateway_decisions (run_id, request_id)``, ``gateway_events (event_id)``; a row whose key
 exists is skipped, so ingesting a log twice adds nothing.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import duckdb
 
-from replay.identity import IDENTITY_FIELDS
+from prefixscope.core.identity import IDENTITY_FIELDS
 
 #: The identity fields logged as short digests/integers (scope and namespace have own columns).
 SHORT_FIELDS: tuple[str, ...] = tuple(f for f in IDENTITY_FIELDS if f not in ("scope", "namespace"))

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import duckdb
 import pandas as pd
 
-from prefixscope.errors import UsageError
-from store.sqlhelpers import window_start_sql
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.sqlhelpers import window_start_sql
 
 #: Column order of rows given to :func:`insert_kv_event_rows`.
 KV_EVENT_COLUMNS: tuple[str, ...] = (
@@ -145,10 +145,10 @@ def kv_event_counts_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float 
         ``batches`` (distinct batches), ordered by window, instance, event type.
 
     Raises:
-        UsageError: ``window_s <= 0``.
+        InvalidArgument: ``window_s <= 0``.
     """
     if window_s <= 0:
-        raise UsageError("window_s must be > 0")
+        raise InvalidArgument("window_s must be > 0")
     where = ""
     params: list = []
     if start_s is not None:

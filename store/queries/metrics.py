@@ -30,8 +30,8 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from prefixscope.errors import UsageError
-from store.sqlhelpers import window_start_sql
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.sqlhelpers import window_start_sql
 
 QUERIES_METRIC = "vllm:prefix_cache_queries_total"
 HITS_METRIC = "vllm:prefix_cache_hits_total"
@@ -50,9 +50,9 @@ def _by_columns(by: Sequence[str]) -> list[str]:
     cols = list(by)
     for c in cols:
         if c not in _BY_ALLOWED:
-            raise UsageError(f"cannot group counters by {c!r}: use one of {', '.join(_BY_ALLOWED)}")
+            raise InvalidArgument(f"cannot group counters by {c!r}: use one of {', '.join(_BY_ALLOWED)}")
     if len(set(cols)) != len(cols):
-        raise UsageError(f"repeated grouping column in {cols}")
+        raise InvalidArgument(f"repeated grouping column in {cols}")
     return cols
 
 
@@ -173,10 +173,10 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         plus external hit rate = (hit + external) / query).
 
     Raises:
-        UsageError: unknown grouping column or ``window_s <= 0``.
+        InvalidArgument: unknown grouping column or ``window_s <= 0``.
     """
     if window_s <= 0:
-        raise UsageError("window_s must be > 0")
+        raise InvalidArgument("window_s must be > 0")
     cols = _by_columns(by)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC, EXTERNAL_HITS_METRIC),
                                  start_s=start_s, end_s=end_s, models=models, instances=instances,
@@ -281,7 +281,7 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
         ordered by window then group.
     """
     if window_s <= 0:
-        raise UsageError("window_s must be > 0")
+        raise InvalidArgument("window_s must be > 0")
     cols = _by_columns(by)
     cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
                                  instances=instances, run_ids=run_ids)

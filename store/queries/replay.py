@@ -27,8 +27,8 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from prefixscope.errors import UsageError
-from store.sqlhelpers import window_start_sql
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.sqlhelpers import window_start_sql
 
 
 def replay_runs(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = None,
@@ -132,10 +132,10 @@ def replay_run_windows(con: duckdb.DuckDBPyConnection, *, run_ids: Sequence[str]
         ``hit_rate`` (fraction or NULL). Ordered by run, then window.
 
     Raises:
-        UsageError: ``window_s`` is not positive.
+        InvalidArgument: ``window_s`` is not positive.
     """
     if not window_s or window_s <= 0:
-        raise UsageError(f"window_s must be positive, got {window_s}")
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
     # Run time starts at 0 for each run: windows aligned to origin 0 of rel_s.
     window_start, window_params = window_start_sql("rel_s", window_s=window_s)
     sql = f"""

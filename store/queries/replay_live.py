@@ -1,7 +1,7 @@
 """Queries for live replay runs: the ``runs`` row and the run-scoped counter deltas.
 
 Tables: ``runs`` (kind ``replay-live``) and ``live_run_counters`` (migration 7,
-``docs/schema.md``). Written by :mod:`prefixscope.commands.replay_live` after the per-request
+``docs/schema.md``). Written by :mod:`prefixscope.cli.commands.replay_live` after the per-request
 usage JSONL and the two ``/metrics`` expositions went through the ordinary ingest path.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from store.queries.replay import insert_run
+from prefixscope.store.queries.replay import insert_run
 
 
 def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | None,
@@ -23,7 +23,7 @@ def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | N
                   settled: bool) -> int:
     """Record one live replay run and its counter deltas, in one transaction.
 
-    Safe to run twice: the run row is written by :func:`store.queries.replay.insert_run` (the
+    Safe to run twice: the run row is written by :func:`prefixscope.store.queries.replay.insert_run` (the
     one writer of ``runs``; an existing row is kept, and a run directory's ``run.json`` is
     written once, so a second ingest has the same values) and the instance's counter rows are
     replaced.
@@ -36,7 +36,7 @@ def save_live_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str | N
         params: the replay parameters (stored as JSON in ``runs.params_json``).
         instance: the server's scrape instance (host:port).
         before, after: counter totals (summed over series) in the before/after scrapes.
-        deltas: run-scoped increase per counter (see ``replay.live_metrics.counter_deltas``).
+        deltas: run-scoped increase per counter (see ``prefixscope.replay.live_metrics.counter_deltas``).
         before_ts_unix_s, after_ts_unix_s: scrape times, Unix seconds.
         settled: the queries counter caught up with the run's prompt tokens before the after
             scrape.

@@ -23,8 +23,8 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from prefixscope.errors import UsageError
-from store.schema import REQUEST_KEY_SQL
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.schema import REQUEST_KEY_SQL
 
 #: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
 GROUPABLE = ("model", "instance", "run_id", "endpoint", "usage_shape", "scope", "tenant_digest")
@@ -34,7 +34,7 @@ def _by_columns(by: Sequence[str]) -> list[str]:
     cols = list(by)
     bad = [c for c in cols if c not in GROUPABLE]
     if bad:
-        raise UsageError(f"cannot group requests by {bad}: choose from {list(GROUPABLE)}")
+        raise InvalidArgument(f"cannot group requests by {bad}: choose from {list(GROUPABLE)}")
     return cols
 
 
@@ -61,11 +61,11 @@ def _where(start_s: float | None, end_s: float | None, models: Sequence[str] | N
 def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
     """Insert an Arrow batch of request rows; rows whose (run_id, request_id) is stored are
     skipped (also repeats inside the batch: the first is kept). The pair is checked through
-    ``request_key`` (:data:`store.schema.REQUEST_KEY_SQL`, computed here).
+    ``request_key`` (:data:`prefixscope.store.schema.REQUEST_KEY_SQL`, computed here).
 
     Args:
         batch: Arrow table whose columns are ``columns`` (comma-separated ``requests`` columns,
-            without ``request_key``), built by ``ingest.usage.rows_to_arrow``.
+            without ``request_key``), built by ``prefixscope.ingest.usage.rows_to_arrow``.
 
     Returns:
         Rows added.
@@ -133,10 +133,10 @@ def request_hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float
         requests). Oldest window first, then by the ``by`` columns.
 
     Raises:
-        UsageError: ``window_s`` not positive, or a ``by`` column not in :data:`GROUPABLE`.
+        InvalidArgument: ``window_s`` not positive, or a ``by`` column not in :data:`GROUPABLE`.
     """
     if not window_s or window_s <= 0:
-        raise UsageError(f"window_s must be positive, got {window_s}")
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
     cols = _by_columns(by)
     where, params = _where(start_s, end_s, models, instances, run_ids)
     sel = "".join(f", {c}" for c in cols)
@@ -223,10 +223,10 @@ def request_hit_rate_histogram(con: duckdb.DuckDBPyConnection, *, bins: int = 20
         Columns ``bin_start, bin_end`` (fractions), ``requests``; all bins, lowest first.
 
     Raises:
-        UsageError: ``bins`` < 1.
+        InvalidArgument: ``bins`` < 1.
     """
     if bins < 1:
-        raise UsageError(f"bins must be at least 1, got {bins}")
+        raise InvalidArgument(f"bins must be at least 1, got {bins}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
     return con.execute(f"""
         WITH r AS (
@@ -380,7 +380,7 @@ def _has_counters(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None)
 
 
 def _counter_lines(con, start_s, end_s, threshold, run_ids) -> list[ReportLine]:
-    from store.queries.metrics import hit_rate_totals  # H1's module; imported lazily
+    from prefixscope.store.queries.metrics import hit_rate_totals  # H1's module; imported lazily
 
     df = hit_rate_totals(con, start_s=start_s, end_s=end_s, by=("model",), run_ids=run_ids)
     lines: list[ReportLine] = []
@@ -445,7 +445,7 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
     :data:`DEFAULT_REPORT_RANGE_S` (24 h) ending just after the newest data point of the
     source (so the newest point is included); with only one given, the other is unbounded.
 
-    Source: ``counters`` = vLLM counter increases (``store.queries.metrics.hit_rate_totals``:
+    Source: ``counters`` = vLLM counter increases (``prefixscope.store.queries.metrics.hit_rate_totals``:
     Δhits / Δqueries, restarts handled); ``requests`` = Σ cached_tokens / Σ prompt_tokens over
     requests that reported cached tokens; ``auto`` = counters when there are counter samples
     giving query tokens in the range, else requests.
@@ -457,14 +457,14 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
         :class:`ReportResult`; ``lines`` is empty when the range has no prompt tokens.
 
     Raises:
-        UsageError: unknown source, threshold outside [0, 1], or start after end.
+        InvalidArgument: unknown source, threshold outside [0, 1], or start after end.
     """
     if source not in ("auto", "counters", "requests"):
-        raise UsageError(f"unknown source {source!r}: use auto, counters or requests")
+        raise InvalidArgument(f"unknown source {source!r}: use auto, counters or requests")
     if not 0.0 <= threshold <= 1.0:
-        raise UsageError(f"threshold must be a fraction in [0, 1], got {threshold}")
+        raise InvalidArgument(f"threshold must be a fraction in [0, 1], got {threshold}")
     if start_s is not None and end_s is not None and start_s >= end_s:
-        raise UsageError("--start must be before --end")
+        raise InvalidArgument("--start must be before --end")
 
     def default_range(newest: float | None) -> tuple[float | None, float | None]:
         if start_s is not None or end_s is not None or newest is None:

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import duckdb
 import pandas as pd
 
-from prefixscope.errors import UsageError
-from store.sqlhelpers import window_start_sql
-from store.queries.requests import (  # noqa: F401  (re-exported: the report is about both)
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.sqlhelpers import window_start_sql
+from prefixscope.store.queries.requests import (  # noqa: F401  (re-exported: the report is about both)
     ReportLine,
     _where,
     report,
@@ -41,7 +41,7 @@ def replace_prices(con: duckdb.DuckDBPyConnection, rows: Sequence, *, price_file
     """Replace the whole ``prices`` table with ``rows`` in one transaction.
 
     Args:
-        rows: ``ingest.prices.PriceRow`` objects (per-million-token decimal prices).
+        rows: ``prefixscope.ingest.prices.PriceRow`` objects (per-million-token decimal prices).
 
     Returns:
         Rows written.
@@ -186,10 +186,10 @@ def savings_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
         oldest window first, then model.
 
     Raises:
-        UsageError: ``window_s`` not positive.
+        InvalidArgument: ``window_s`` not positive.
     """
     if not window_s or window_s <= 0:
-        raise UsageError(f"window_s must be positive, got {window_s}")
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)

@@ -38,9 +38,9 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from prefixscope.errors import UsageError
-from replay.identity import GENERATION_FIELDS, SCOPE_FIELDS, VERSION_FIELDS
-from store.sqlhelpers import window_start_sql
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.core.identity import GENERATION_FIELDS, SCOPE_FIELDS, VERSION_FIELDS
+from prefixscope.store.sqlhelpers import window_start_sql
 
 CROSS_SCOPE_REASONS = [*SCOPE_FIELDS, "salt"]
 VERSION_REASONS = [*VERSION_FIELDS]
@@ -108,7 +108,7 @@ def _by(by: Sequence[str]) -> list[str]:
     cols = list(by)
     bad = [c for c in cols if c not in GROUPABLE]
     if bad:
-        raise UsageError(f"cannot group scopes by {bad}: choose from {list(GROUPABLE)}")
+        raise InvalidArgument(f"cannot group scopes by {bad}: choose from {list(GROUPABLE)}")
     return cols
 
 
@@ -154,10 +154,10 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         (fraction, NULL when no reported prompt tokens). Oldest window first.
 
     Raises:
-        UsageError: ``window_s`` not positive or a ``by`` column not groupable.
+        InvalidArgument: ``window_s`` not positive or a ``by`` column not groupable.
     """
     if not window_s or window_s <= 0:
-        raise UsageError(f"window_s must be positive, got {window_s}")
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
     cols = _by(by)
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
                              instances=instances, scopes=scopes, namespaces=namespaces)
@@ -210,7 +210,7 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
         ``lost_candidate_tokens`` (Σ candidate_cached_tokens of those rejects). Oldest first.
     """
     if not window_s or window_s <= 0:
-        raise UsageError(f"window_s must be positive, got {window_s}")
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
                              namespaces=namespaces)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
@@ -245,7 +245,7 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         collision), ``accepts``. Oldest first.
     """
     if not window_s or window_s <= 0:
-        raise UsageError(f"window_s must be positive, got {window_s}")
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
                              namespaces=namespaces)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
@@ -368,11 +368,11 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
         prompt_tokens, cached_tokens``.
 
     Raises:
-        UsageError: unknown invariant name.
+        InvalidArgument: unknown invariant name.
     """
     preds = _invariant_predicates()
     if invariant not in preds:
-        raise UsageError(f"unknown invariant {invariant!r}: choose from {list(INVARIANTS)}")
+        raise InvalidArgument(f"unknown invariant {invariant!r}: choose from {list(INVARIANTS)}")
     pred, pp = preds[invariant]
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
     sql = f"""
@@ -445,7 +445,7 @@ def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 def record_replay_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str,
                       params: Mapping[str, Any]) -> None:
     """Register a gateway replay in ``runs`` (kind ``replay-sim``; kept when it exists)."""
-    from store.queries.replay import insert_run
+    from prefixscope.store.queries.replay import insert_run
 
     insert_run(con, run_id=run_id, kind="replay-sim", label=label, created_unix_s=time.time(),
                params=params)

@@ -1,0 +1,36 @@
+"""The Alerts page's one cached read that is not a single ``prefixscope.store.queries`` call: the daily
+report.
+
+Every other read of the page goes through :func:`prefixscope.dashboard.data.query` (e.g. the sends log,
+``data.query(db, "alerts", "alert_sends", day=..., limit=...)``). :func:`daily_report` cannot:
+``data.query`` calls one function of ``prefixscope.store.queries.<module>`` with the connection, while the
+report is assembled by ``prefixscope.alerts.daily.build_daily_report`` from several queries with the
+``[alerts]`` settings and the wall clock (the STALE cutoff of today). So it keeps its own
+wrapper, built the same way: one read-only connection per call (:func:`prefixscope.store.db.reader` with
+``prefixscope.dashboard.data.LOCK_TIMEOUT_S``; :class:`~prefixscope.core.errors.StoreLocked` propagates to
+``prefixscope.dashboard.data.guard``), result cached with ``st.cache_data`` for ``[dashboard] cache_ttl_s``
+(``prefixscope.dashboard.data.CACHE_TTL_S``).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import date
+
+import streamlit as st
+
+from prefixscope.dashboard import data
+from prefixscope.store import db as store_db
+
+
+@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=64)
+def daily_report(db: str, *, day_iso: str, tz: str) -> dict:
+    """``prefixscope.alerts.daily.build_daily_report(...).as_dict()`` of ``day_iso`` in ``tz`` with the
+    ``[alerts]`` settings, "now" = the wall clock (for the STALE cutoff of today)."""
+    from prefixscope.alerts.daily import build_daily_report
+    from prefixscope.core.config import load_settings
+
+    cfg = load_settings().alerts
+    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
+        return build_daily_report(con, day=date.fromisoformat(day_iso), tz=tz, cfg=cfg,
+                                  now_unix_s=time.time()).as_dict()

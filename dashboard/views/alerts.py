@@ -1,0 +1,134 @@
+"""Alerts: the daily report of one local day (OK / ALERT / NO DATA / STALE per model and scope)
+and the log of every report email sent (``alert_sends``).
+
+Reads through ``prefixscope.dashboard.data.query`` and, for the report, ``prefixscope.dashboard.alerts_data`` (both
+cached, read-only, one connection per call). The day
+and zone come from the URL (``?day=YYYY-MM-DD&tz=Zone``, the link in the email) or the inputs;
+the sidebar filters do not apply: a report covers every model of one local day. Definitions:
+``docs/alerts.md``.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pandas as pd
+import streamlit as st
+
+from prefixscope.dashboard import alerts_data as dashboard_data
+from prefixscope.dashboard import data
+from prefixscope.core.formatting import fmt_pct, fmt_time
+
+STATUS_ICON = {"OK": "🟢 OK", "ALERT": "🔴 ALERT", "NO DATA": "⚪ NO DATA", "STALE": "🟠 STALE"}
+
+
+def _default_tz() -> str:
+    try:
+        from prefixscope.core.config import load_settings
+
+        return load_settings().alerts.timezone
+    except Exception:  # a broken config file: the page still opens (guard reports later)
+        return "UTC"
+
+
+def _pp(change: float | None) -> str:
+    return "" if change is None or change != change else f"{change * 100:+.0f} pp"
+
+
+def _rate(fig: dict | None) -> str:
+    return "" if not fig else fmt_pct(fig.get("hit_rate"), digits=0)
+
+
+db = data.db_path()
+st.title("Alerts")
+st.caption("The daily report that `prefixscope report daily --send` emails: per model (and scope "
+           "from per-request data) the token hit rate of one local day, OK at or above the "
+           "threshold, ALERT below, NO DATA under the minimum volume, STALE when a metrics source "
+           "stopped reporting. Not filtered by the sidebar. Formulas: docs/alerts.md.")
+
+params = st.query_params
+tz_default = params.get("tz") or _default_tz()
+try:
+    from prefixscope.alerts.daily import default_day
+
+    day_default = date.fromisoformat(params["day"]) if "day" in params else default_day(tz_default)
+except Exception:
+    day_default = date.today()
+c1, c2 = st.columns(2)
+day = c1.date_input("Day (local)", value=day_default, key="alerts_day")
+tz = c2.text_input("Time zone (IANA)", value=tz_default, key="alerts_tz").strip() or "UTC"
+
+with data.guard(db):
+    rep = dashboard_data.daily_report(db, day_iso=day.isoformat(), tz=tz)
+    lines = rep["lines"]
+    k1, k2, k3, k4 = st.columns(4)
+    k1.metric("Status", STATUS_ICON.get(rep["status"], rep["status"]), border=True,
+              help="The worst status among the lines.")
+    k2.metric("Lines", f"{len(lines):,}", border=True, help="Models, and (model, scope) pairs.")
+    k3.metric("ALERT lines", f"{sum(1 for ln in lines if ln['status'] == 'ALERT'):,}",
+              border=True)
+    k4.metric("Stale sources", f"{len(rep['stale_sources']):,}", border=True,
+              help="Metrics sources that stopped reporting during the day.")
+
+    st.subheader(f"Daily report {rep['day']} ({rep['tz']})")
+    if not lines:
+        st.info("No prefix-cache data for this day: no vLLM counters and no production requests "
+                "with cached_tokens. Pick another day, or ingest data.", icon=":material/info:")
+    else:
+        st.dataframe(pd.DataFrame({
+            "model": [ln["model"] for ln in lines],
+            "scope": [ln["scope"] or "all" for ln in lines],
+            "status": [STATUS_ICON[ln["status"]] for ln in lines],
+            "report line": [ln["text"] for ln in lines],
+            "hit rate": [_rate(ln["figures"]) for ln in lines],
+            "previous day": [_rate(ln["prev_day"]) for ln in lines],
+            "change": [_pp(ln["change_prev_day"]) for ln in lines],
+            "week before": [_rate(ln["prev_week"]) for ln in lines],
+            "change vs week": [_pp(ln["change_prev_week"]) for ln in lines],
+            "threshold": [fmt_pct(ln["threshold"], digits=0) for ln in lines],
+            "source": [ln["figures"]["source"] for ln in lines],
+        }), hide_index=True)
+    for s in rep["stale_sources"]:
+        st.warning(f"STALE: no scrape from `{s['instance']}` ({s['model']}) after "
+                   f"{fmt_time(s['last_ts_unix_s'])}; stale after {s['stale_after_s']:g} s of "
+                   "silence.", icon=":material/sensors_off:")
+    fell = rep["fell_models"] + rep["fell_namespaces"]
+    if fell:
+        st.subheader("Fell most since the previous day")
+        st.dataframe(pd.DataFrame({
+            "model": [c["model"] for c in fell],
+            "namespace": [c["tenant_digest"] or "" for c in fell],
+            "previous day": [fmt_pct(c["prev_hit_rate"], digits=0) for c in fell],
+            "this day": [fmt_pct(c["hit_rate"], digits=0) for c in fell],
+            "change": [_pp(c["change"]) for c in fell],
+            "prompt tokens": [f"{c['prompt_tokens']:,}" for c in fell],
+        }), hide_index=True)
+
+    st.subheader("Emails sent")
+    only_day = st.checkbox("Only this day", value=False, key="alerts_only_day")
+    sends = data.query(db, "alerts", "alert_sends", day=day.isoformat() if only_day else None,
+                       limit=500)
+    if sends.empty:
+        st.caption("No report email recorded yet. Send with `prefixscope report daily --send` "
+                   "(cron or systemd timer: docs/alerts.md).")
+    else:
+        failed = sends[sends["status"] == "failed"]
+        if not failed.empty:
+            st.warning(f"{len(failed):,} send(s) failed (recorded as failed, not sent; the next "
+                       "run retries them): " + "; ".join(
+                           f"{d} to {r}: {e}" for d, r, e in
+                           zip(failed["day"], failed["recipients"], failed["error"])),
+                       icon=":material/mail_lock:")
+        st.dataframe(pd.DataFrame({
+            "recorded": sends["created_unix_s"].map(fmt_time),
+            "day": sends["day"],
+            "tz": sends["tz"],
+            "status": sends["status"],
+            "report status": sends["report_status"],
+            "recipients": sends["recipients"],
+            "subject": sends["subject"],
+            "attempts": sends["attempts"],
+            "resend": sends["resend"],
+            "message id": sends["message_id"].fillna(""),
+            "error": sends["error"].fillna(""),
+        }), hide_index=True)

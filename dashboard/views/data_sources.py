@@ -1,0 +1,66 @@
+"""Data sources: what was ingested, from where, what was set aside, and legacy-name notes.
+
+Reads the ingest bookkeeping (``ingest_sources``, ``quarantined_lines``, ``table_row_counts``)
+through ``prefixscope.dashboard.data``. Not filtered by the sidebar: bookkeeping is per source, not per model.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from prefixscope.dashboard import data
+from prefixscope.core.formatting import fmt_int, fmt_time
+
+db = data.db_path()
+st.title("Data sources")
+st.caption(f"Everything ingested into `{db}` (not filtered by the sidebar).")
+
+with data.guard(db):
+    sources = data.ingest_sources(db)
+    if sources.empty:
+        st.info("No data in this database yet — ingest with `prefixscope ingest metrics "
+                "http://localhost:8000/metrics` or `prefixscope ingest requests usage.jsonl`.",
+                icon=":material/info:")
+        st.stop()
+
+    notes = sources[sources["note"].notna() & (sources["note"].astype(str) != "")]
+    legacy = notes[notes["note"].astype(str).str.contains("legacy", case=False)]
+    if not legacy.empty:
+        st.info("Legacy metric names: " + "; ".join(
+            f"`{loc}`: {note}" for loc, note in zip(legacy["location"], legacy["note"]))
+            + ". They feed the same hit-rate analysis.", icon=":material/history:")
+
+    quarantine = data.quarantined_lines(db, limit=1000)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Sources", fmt_int(len(sources)), border=True)
+    c2.metric("Rows added", fmt_int(sources["rows_added"].fillna(0).sum()), border=True)
+    c3.metric("Quarantined lines", fmt_int(len(quarantine)), border=True,
+              help="Input lines set aside with a reason (newest 1,000 listed).")
+
+    st.subheader("Sources")
+    st.dataframe(pd.DataFrame({
+        "kind": sources["kind"],
+        "location": sources["location"],
+        "rows added": sources["rows_added"].map(fmt_int),
+        "lines read": sources["checkpoint_line"].map(fmt_int),
+        "first ingest": sources["first_ingest_unix_s"].map(fmt_time),
+        "last ingest": sources["last_ingest_unix_s"].map(fmt_time),
+        "note": sources["note"].fillna(""),
+    }), hide_index=True)
+
+    st.subheader("Quarantine")
+    if quarantine.empty:
+        st.caption("No line was quarantined.")
+    else:
+        st.dataframe(pd.DataFrame({
+            "where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
+            "field": quarantine["field"].fillna(""),
+            "reason": quarantine["reason"],
+            "when": quarantine["at_unix_s"].map(fmt_time),
+        }), hide_index=True)
+
+    st.subheader("Tables")
+    counts = data.table_row_counts(db)
+    st.dataframe(pd.DataFrame({"table": list(counts), "rows": [fmt_int(v) for v in counts.values()]}),
+                 hide_index=True, height=35 * (len(counts) + 1) + 3)

@@ -1,0 +1,84 @@
+"""Invariants: the three numbers that must read 0 — cross-scope acceptance, wrong-version
+acceptance, old-generation use — red otherwise, with drill-down to the requests.
+
+Reads ``prefixscope.store.queries.scopes.invariant_counts`` and ``invariant_violations``. Each count is
+computed from the logged digests and the usage join, not from the gateway's own verdict
+(definitions in ``docs/scopes.md#formulas``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from prefixscope.dashboard import data, filters
+from prefixscope.core.formatting import fmt_int
+
+TITLES = {
+    "cross_scope_acceptance": "Cross-scope acceptance",
+    "wrong_version_acceptance": "Wrong-version acceptance",
+    "old_generation_use": "Old-generation use",
+}
+HELP = {
+    "cross_scope_acceptance": "Accepted candidates whose scope or namespace digest differs from "
+                              "the request's, plus rejected ones whose KV was used anyway.",
+    "wrong_version_acceptance": "Accepted candidates whose content, model, tokenizer, runtime, "
+                                "adapter, prompt-bundle or toolset digest or policy revision "
+                                "differs, plus rejected ones whose KV was used anyway.",
+    "old_generation_use": "Accepted candidates from another authorization or cache epoch, plus "
+                          "rejected ones whose KV was used anyway.",
+}
+OK_COLOUR = "#2ca02c"
+BAD_COLOUR = "#d62728"
+EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-tenant trace with "
+         "`prefixscope replay gateway data/multitenant/trace.jsonl` or ingest gateway logs with "
+         "`prefixscope ingest decisions FILE`.")
+
+
+def load(db: str, query: str, **kwargs):
+    """``prefixscope.dashboard.data.query`` on ``prefixscope.store.queries.scopes.<query>`` (cached)."""
+    return data.query(db, "scopes", query, **kwargs)
+
+
+def big_number(value: int) -> str:
+    """HTML of one large number: green when 0, red otherwise (pure)."""
+    colour = OK_COLOUR if value == 0 else BAD_COLOUR
+    return (f"<div style='font-size:4rem;font-weight:700;line-height:1.1;color:{colour}'>"
+            f"{value:,}</div>")
+
+
+db = data.db_path()
+f = filters.current()
+st.title("Invariants")
+st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
+           f"{f.describe(every_run_by_default=True)}.")
+
+with data.guard(db):
+    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())
+    counts = load(db, "invariant_counts", **common)
+    if counts["decided_requests"] == 0:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    cols = st.columns(3)
+    for col, (name, title) in zip(cols, TITLES.items()):
+        with col:
+            st.markdown(f"**{title}**", help=HELP[name])
+            st.markdown(big_number(counts[name]), unsafe_allow_html=True)
+            if counts[name] == 0:
+                st.success("0: holds", icon=":material/check_circle:")
+            else:
+                st.error(f"{fmt_int(counts[name])} requests violate it: see below",
+                         icon=":material/error:")
+    st.caption(f"Over {fmt_int(counts['decided_requests'])} requests with a gateway decision"
+               + (f"; {fmt_int(counts['unverifiable_accepts'])} accepts were logged without a "
+                  "candidate identity and could not be checked" if counts["unverifiable_accepts"]
+                  else "") + ".")
+    st.subheader("Drill-down")
+    pick = st.selectbox("Invariant", list(TITLES), format_func=TITLES.get,
+                        key="invariants_pick")
+    rows = load(db, "invariant_violations", invariant=pick, **common)
+    if isinstance(rows, pd.DataFrame) and not rows.empty:
+        st.dataframe(rows.assign(time=pd.to_datetime(rows["ts_unix_s"], unit="s")),
+                     hide_index=True, key="invariants_rows")
+    else:
+        st.caption(f"No request violates {TITLES[pick].lower()}.")

@@ -1,0 +1,131 @@
+"""Overview: is the prefix cache working? Hit rate over time from vLLM's counters.
+
+Reads ``hit_rate_by_window`` (Δhits / Δqueries per window, from ``vllm:prefix_cache_hits_total``
+and ``vllm:prefix_cache_queries_total``), ``hit_rate_totals`` and ``cache_config`` through
+``prefixscope.dashboard.data``. Every rate shown is computed by the store (``docs/metrics.md``); this page
+only formats and draws it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from prefixscope.dashboard import data, figures, filters
+from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_tokens, fmt_window
+
+WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
+EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
+         "http://localhost:8000/metrics` (or a saved exposition file), or widen the time range.")
+
+
+def status_word(hit_rate: float | None, threshold: float) -> str:
+    """OK at or above the threshold (a fraction), ALERT below, NO DATA without a rate."""
+    if hit_rate is None or hit_rate != hit_rate:
+        return "NO DATA"
+    return "OK" if hit_rate >= threshold else "ALERT"
+
+
+def status_badge(hit_rate: float | None, threshold: float) -> str:
+    """The status as a coloured Markdown badge."""
+    word = status_word(hit_rate, threshold)
+    colour = {"OK": "green", "ALERT": "red"}.get(word, "gray")
+    return f":{colour}-badge[{word}]"
+
+
+db = data.db_path()
+f = filters.current()
+st.title("Overview")
+st.caption("Prefix-cache hit rate from vLLM's counters: hit tokens ÷ query tokens of each window "
+           f"(`vllm:prefix_cache_hits_total`, `vllm:prefix_cache_queries_total`). {f.describe()}.")
+
+with data.guard(db):
+    window_label = st.radio("Window", list(WINDOWS_S), index=1, horizontal=True, key="overview_window",
+                            help="Counter increases are summed per window (windows aligned to UTC).")
+    window_s = WINDOWS_S[window_label]
+    by = ("model", "instance")
+    windows = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
+                                      by=by, models=f.models, instances=f.instances,
+                                      run_ids=f.run_ids)
+    if windows.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+
+    per_model = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
+                                        by=("model",), models=f.models, instances=f.instances,
+                                        run_ids=f.run_ids)
+    totals = data.hit_rate_totals(db, start_s=f.start_s, end_s=f.end_s, by=("model",),
+                                  models=f.models, instances=f.instances, run_ids=f.run_ids)
+
+    if bool(windows["legacy"].fillna(False).any()):
+        st.info("Some of this data comes from the legacy metric names `vllm:gpu_prefix_cache_queries`"
+                " / `vllm:gpu_prefix_cache_hits` (older vLLM). They count the same tokens and feed "
+                "the same analysis; upgrade vLLM to get `vllm:prefix_cache_*`.",
+                icon=":material/history:")
+    restarts = int(windows["restarts"].fillna(0).sum())
+    if restarts:
+        st.warning(f"{restarts} counter drop(s) in this range: the server restarted. Increases are "
+                   "counted from the new value (marked ✕ on the chart).",
+                   icon=":material/restart_alt:")
+
+    st.subheader(f"Latest {window_label} window per model")
+    latest = (per_model[per_model["query_tokens"].fillna(0) > 0]
+              .sort_values("window_start_s").groupby("model", dropna=False).tail(1)
+              .sort_values("model"))
+    cols = st.columns(4)
+    for i, (_, row) in enumerate(latest.iterrows()):
+        model = row["model"]
+        threshold = data.alert_threshold(model)
+        with cols[i % len(cols)]:
+            st.metric(
+                label=f"{model}",
+                value=fmt_pct(row["hit_rate"]),
+                help=(f"Window from {fmt_time(row['window_start_s'])} ({window_label}): "
+                      f"{fmt_int(row['hit_tokens'])} of {fmt_tokens(row['query_tokens'])} from cache. "
+                      f"OK at {threshold:.0%} or more."),
+                border=True,
+            )
+            st.markdown(f"{status_badge(row['hit_rate'], threshold)} "
+                        f"{fmt_int(row['hit_tokens'])} of {fmt_tokens(row['query_tokens'])}")
+    if latest.empty:
+        st.caption("No window in this range had any query tokens.")
+
+    st.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),
+                                               window_s=window_s),
+                    key="overview_hit_rate")
+    st.plotly_chart(figures.tokens_over_time(windows, by=by, window_s=window_s),
+                    key="overview_tokens")
+
+    st.subheader("Whole range per model")
+    if not totals.empty:
+        st.dataframe(pd.DataFrame({
+            "model": totals["model"],
+            "hit rate": totals["hit_rate"].map(fmt_pct),
+            "status": [status_word(h, data.alert_threshold(m))
+                       for h, m in zip(totals["hit_rate"], totals["model"])],
+            "hit tokens": totals["hit_tokens"].map(fmt_int),
+            "query tokens": totals["query_tokens"].map(fmt_int),
+            "first sample": totals["first_ts_unix_s"].map(fmt_time),
+            "last sample": totals["last_ts_unix_s"].map(fmt_time),
+            "legacy names": totals["legacy"].map(lambda v: "yes" if bool(v) else "no"),
+        }), hide_index=True)
+
+    st.subheader("Cache configuration")
+    config = data.cache_config(db, instances=f.instances, run_ids=f.run_ids)
+    if f.models is not None and not config.empty:
+        config = config[config["model"].isin(f.models)]
+    if config.empty:
+        st.caption("No `vllm:cache_config_info` sample for these instances.")
+    else:
+        st.dataframe(pd.DataFrame({
+            "instance": config["instance"],
+            "model": config["model"],
+            "engine": config["engine"],
+            "block size (tokens)": config["block_size"].map(fmt_int),
+            "GPU blocks": config["num_gpu_blocks"].map(fmt_int),
+            "hash algorithm": config["hash_algo"],
+            "prefix caching": config["enable_prefix_caching"],
+            "as of": config["ts_unix_s"].map(fmt_time),
+        }), hide_index=True)
+    st.caption(f"Window: {fmt_window(window_s)}. Formulas: docs/metrics.md (hit rate per window, "
+               "restarts). Status threshold from `[alerts] hit_rate_threshold`.")

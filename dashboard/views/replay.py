@@ -1,0 +1,180 @@
+"""Replay: simulated (and live) replay runs side by side — hit rate, tokens saved, cost.
+
+Reads ``prefixscope.store.queries.replay.replay_runs`` and ``replay_run_windows``, and the price table
+(``prefixscope.store.queries.savings.price_table``). Per run: hit rate = Σ cached_tokens ÷ Σ prompt_tokens;
+tokens saved = Σ cached_tokens (prefill tokens the cache served); cost without and with the
+cache at one price-table entry (a self-hosted model's shadow price by default, labelled as
+such), ``docs/replay.md#outputs``. The sidebar's time, model and instance filters do not apply:
+a run is compared whole. The run filter does, when set.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from prefixscope.dashboard import data, filters
+from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
+
+EACH_MODEL = "each run's own model"
+MAX_DEFAULT_RUNS = 8
+EMPTY = ("No replay runs stored yet — run `prefixscope replay sim TRACE --ingest` (or "
+         "`prefixscope replay compare TRACE --layout-b LAYOUT --ingest`), or `make demo`.")
+
+
+def load(db: str, module: str, query: str, **kwargs) -> pd.DataFrame:
+    """``prefixscope.dashboard.data.query`` (cached ``prefixscope.store.queries.<module>.<query>``)."""
+    return data.query(db, module, query, **kwargs)
+
+
+def run_params(params_json: object) -> dict:
+    """The replay parameters of a run (``runs.params_json``), {} when absent or unreadable."""
+    if not isinstance(params_json, str) or not params_json:
+        return {}
+    try:
+        value = json.loads(params_json)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def describe_cache(p: dict) -> str:
+    """``'B=16, 2,000 blocks'`` from a run's parameters ('' when unknown)."""
+    if "block_size" not in p:
+        return ""
+    cap = p.get("capacity_blocks")
+    return f"B={p['block_size']}, " + ("unbounded" if cap is None else f"{int(cap):,} blocks")
+
+
+def layout_of(p: dict) -> str:
+    """The prompt layout of a run: its name, ``as recorded`` for a chat trace without one, and
+    '' for traces without prompts (hash ids, token ids)."""
+    if p.get("layout"):
+        return str(p["layout"])
+    fmt = (p.get("summary") or {}).get("format") or p.get("format")
+    return "as recorded" if fmt == "chat" else ""
+
+
+def hit_rate_bars(runs: pd.DataFrame) -> go.Figure:
+    """Hit rate per run, one horizontal bar each (first run on top); pure."""
+    fig = go.Figure(go.Bar(y=runs["label"], x=runs["hit_rate"], orientation="h",
+                           text=[fmt_pct(v) for v in runs["hit_rate"]], textposition="auto"))
+    fig.update_layout(title="Hit rate per run (Σ cached ÷ Σ prompt tokens)",
+                      xaxis=dict(range=[0, 1], tickformat=".0%"),
+                      yaxis=dict(autorange="reversed", automargin=True),
+                      height=120 + 40 * len(runs), margin=dict(t=50, b=10))
+    return fig
+
+
+def cost_bars(runs: pd.DataFrame, currency: str) -> go.Figure:
+    """Cost without and with the cache per run, in ``currency``, horizontal bars; pure."""
+    fig = go.Figure([
+        go.Bar(name="without cache", y=runs["label"], x=runs["cost_without_cache"],
+               orientation="h"),
+        go.Bar(name="with cache", y=runs["label"], x=runs["cost_with_cache"], orientation="h"),
+    ])
+    fig.update_layout(barmode="group", title=f"Cost per run ({currency})",
+                      yaxis=dict(autorange="reversed", automargin=True),
+                      height=120 + 60 * len(runs), margin=dict(t=50, b=10),
+                      legend=dict(orientation="h"))
+    return fig
+
+
+def windows_figure(windows: pd.DataFrame, labels: dict[str, str], window_s: float) -> go.Figure:
+    """Hit rate per window of run time (since each run's first request; minutes, or hours for
+    runs longer than 10 hours); pure."""
+    hours = float(windows["window_start_s"].max()) > 36_000
+    unit_s, unit = (3600.0, "hours") if hours else (60.0, "minutes")
+    fig = go.Figure()
+    for run_id, g in windows.groupby("run_id", sort=False):
+        fig.add_trace(go.Scatter(x=g["window_start_s"] / unit_s, y=g["hit_rate"],
+                                 mode="lines+markers", name=labels.get(run_id, run_id)))
+    fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
+                      xaxis_title=f"{unit} since the run's first request",
+                      yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,
+                      margin=dict(t=50, b=10), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+db = data.db_path()
+f = filters.current()
+st.title("Replay")
+st.caption("Runs of `prefixscope replay sim` / `replay compare` (exact model of vLLM's prefix "
+           "cache) and `replay live`, side by side. Hit rate = Σ cached ÷ Σ prompt tokens of the "
+           "run; tokens saved = Σ cached tokens (prefill the cache served); cost without the "
+           "cache prices every prompt token as input, cost with it prices cached tokens at the "
+           "cached-input price (docs/replay.md#outputs).")
+
+with data.guard(db):
+    runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids())
+    if runs.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    prices = load(db, "savings", "price_table")
+    choices = [EACH_MODEL, *prices["model"].tolist()]
+    shadow = prices.loc[prices["shadow"].astype(bool), "model"].tolist() if not prices.empty else []
+    price_as = st.selectbox("Price the runs as", choices,
+                            index=choices.index(shadow[0]) if shadow else 0,
+                            help="A price-table entry applied to every run (e.g. a self-hosted "
+                                 "model's shadow price), or each run's own model.")
+    if price_as != EACH_MODEL:
+        runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids(), price_as=price_as)
+
+    labels = {r: (lab if isinstance(lab, str) and lab else r)
+              for r, lab in zip(runs["run_id"], runs["label"])}
+    picked = st.multiselect("Runs", list(labels), default=list(labels)[:MAX_DEFAULT_RUNS],
+                            format_func=lambda r: labels[r])
+    if not picked:
+        st.info("Pick at least one run.", icon=":material/info:")
+        st.stop()
+    sel = runs[runs["run_id"].isin(picked)].copy()
+    sel["label"] = [labels[r] for r in sel["run_id"]]
+    params = [run_params(p) for p in sel["params_json"]]
+
+    best = sel.loc[sel["hit_rate"].idxmax()] if sel["hit_rate"].notna().any() else None
+    cols = st.columns(3)
+    cols[0].metric("Runs shown", f"{len(sel):,}", border=True)
+    cols[1].metric("Best hit rate", fmt_pct(best["hit_rate"]) if best is not None else "—",
+                   help=None if best is None else labels[best["run_id"]], border=True)
+    cols[2].metric("Tokens saved (sum)", fmt_tokens(sel["cached_tokens"].sum()), border=True)
+
+    priced = sel[sel["cost_without_cache"].notna()]
+    if not priced.empty:
+        kinds = {"shadow price" if bool(s) else "list price" for s in priced["shadow"]}
+        srcs = sorted({str(s) for s in priced["price_source"] if isinstance(s, str)})
+        st.info(f"Costs at the {' / '.join(sorted(kinds))}"
+                + (f" of `{price_as}`" if price_as != EACH_MODEL else "")
+                + (": " + "; ".join(srcs) if srcs else "") + ".", icon=":material/price_change:")
+
+    st.dataframe(pd.DataFrame({
+        "run": sel["label"],
+        "kind": sel["kind"],
+        "cache": [describe_cache(p) for p in params],
+        "layout": [layout_of(p) for p in params],
+        "requests": sel["requests"].map(lambda v: f"{int(v):,}"),
+        "prompt tokens": sel["prompt_tokens"].map(fmt_tokens),
+        "tokens saved": sel["cached_tokens"].map(fmt_tokens),
+        "hit rate": sel["hit_rate"].map(fmt_pct),
+        "cost without cache": [fmt_money(v, c) for v, c in zip(sel["cost_without_cache"], sel["currency"])],
+        "cost with cache": [fmt_money(v, c) for v, c in zip(sel["cost_with_cache"], sel["currency"])],
+        "saved": [fmt_money(v, c) for v, c in zip(sel["saved"], sel["currency"])],
+        "run id": sel["run_id"],
+    }), hide_index=True)
+    unpriced = sel[sel["cost_without_cache"].isna()]
+    if not unpriced.empty:
+        st.caption("No price for the model of: " + ", ".join(unpriced["label"])
+                   + " — pick a price-table entry above, or load one with "
+                     "`prefixscope ingest prices data/prices.toml`.")
+
+    left, right = st.columns(2)
+    left.plotly_chart(hit_rate_bars(sel), key="replay_hit_rate")
+    if not priced.empty and priced["currency"].nunique() == 1:
+        right.plotly_chart(cost_bars(priced, str(priced["currency"].iloc[0])), key="replay_cost")
+
+    window_s = 60.0 * st.select_slider("Window (minutes)", options=[1, 5, 15, 60, 1440], value=5)
+    windows = load(db, "replay", "replay_run_windows", run_ids=tuple(picked), window_s=window_s)
+    if not windows.empty:
+        st.plotly_chart(windows_figure(windows, labels, window_s), key="replay_windows")

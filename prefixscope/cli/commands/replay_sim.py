@@ -1,0 +1,369 @@
+"""``prefixscope replay sim``, ``replay compare``, ``replay chat-trace`` and ``ingest replay-run``:
+simulated replays of a trace through the exact cache model, in production output formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
+from prefixscope.core.errors import NothingIngested, UsageError
+
+_FORMAT_HELP = "Trace format: auto, mooncake, kv-cache-tester, token-ids, chat."
+
+
+def _concurrency(concurrency: int | None, max_num_batched_tokens: int, step_time: float,
+                 no_chunked_prefill: bool, long_prefill_token_threshold: int):
+    from prefixscope.replay.types import ConcurrencyConfig
+
+    if concurrency is None:
+        return None
+    return ConcurrencyConfig(max_num_seqs=concurrency,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             enable_chunked_prefill=not no_chunked_prefill,
+                             step_time_s=step_time,
+                             long_prefill_token_threshold=long_prefill_token_threshold)
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def _fmt_pct(x: float | None) -> str:
+    """A hit rate (fraction) as a percentage with one decimal: 0.8689 -> ``86.9%``."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _print_run(res: Any) -> None:
+    s = res.summary
+    cap = "unbounded" if s.num_gpu_blocks is None else f"{s.num_gpu_blocks:,} blocks"
+    out.print(f"run {res.run_id} ({res.label}): {s.requests:,} requests "
+              f"({s.rejected_requests:,} rejected, {len(res.problems):,} trace records skipped)",
+              markup=False, highlight=False)
+    out.print(f"  prompt {s.prompt_tokens:,} tokens, cached {s.cached_tokens:,} tokens, hit rate "
+              f"{_fmt_rate(s.hit_rate)} (Σ cached / Σ prompt); block size {s.block_size}, "
+              f"capacity {cap}, {s.mode}, hash {s.hash_algo}", markup=False, highlight=False)
+    for rid, reason in s.rejected[:5]:
+        out.print(f"  rejected {rid}: {reason}", markup=False, highlight=False)
+    out.print(f"  files: {res.out_dir} (requests.jsonl, {len(res.metrics)} /metrics snapshots, "
+              "run.json)", markup=False, highlight=False)
+
+
+def _report_problems(problems: list, *, quiet: bool) -> None:
+    if quiet:
+        return
+    for p in problems[:20]:
+        err.print(f"skipped {p}", markup=False, highlight=False)
+    if len(problems) > 20:
+        err.print(f"... and {len(problems) - 20} more skipped records (run.json lists 100)",
+                  markup=False, highlight=False)
+
+
+def _check_nonempty(res: Any, trace: Path) -> None:
+    if res.summary.requests == 0:
+        first = f" (first: {res.problems[0]})" if res.problems else ""
+        raise NothingIngested(f"{trace}: no usable requests; {len(res.problems)} records "
+                              f"skipped{first}")
+
+
+def _ingest(db: str, run_dirs: list[Path]) -> list[dict[str, Any]]:
+    from prefixscope.ingest.runs import ingest_run_dir
+    from prefixscope.store import db as store_db
+
+    with store_db.writer(db) as con:
+        return [ingest_run_dir(con, d).as_dict() for d in run_dirs]
+
+
+def _price(model: str, prices_file: str | None):
+    """The :class:`prefixscope.replay.compare.Price` of ``model`` from the price table file (``--prices``,
+    else ``[pricing] prices_file``), or None when the file or the model is missing."""
+    from prefixscope.ingest.prices import read_price_file
+    from prefixscope.core.config import load_settings
+    from prefixscope.core.errors import SourceUnavailable
+    from prefixscope.replay.compare import Price
+
+    path = prices_file or load_settings().pricing.prices_file
+    try:
+        rows = read_price_file(path)
+    except SourceUnavailable:
+        if prices_file:
+            raise
+        return None
+    for r in rows:
+        if r.model == model:
+            return Price(model=r.priced_as, currency=r.currency, input_per_mtok=r.input_per_mtok,
+                         cached_input_per_mtok=r.cached_input_per_mtok,
+                         cache_write_per_mtok=r.cache_write_per_mtok,
+                         output_per_mtok=r.output_per_mtok, shadow=r.shadow,
+                         price_source=r.price_source)
+    return None
+
+
+def register(groups: dict[str, typer.Typer]) -> None:
+    """Add ``replay sim``, ``replay compare``, ``replay chat-trace`` and ``ingest replay-run``."""
+    replay_app = groups["replay"]
+    ingest_app = groups["ingest"]
+
+    @replay_app.command("sim")
+    def sim_cmd(
+        trace: Annotated[Path, typer.Argument(help="Trace file (or a kv-cache-tester directory).")],
+        fmt: Annotated[str, typer.Option("--format", help=_FORMAT_HELP)] = "auto",
+        block_size: Annotated[int, typer.Option(
+            "--block-size", min=1, help="Engine KV block size, tokens (vLLM default 16).")] = 16,
+        capacity_blocks: Annotated[int | None, typer.Option(
+            "--capacity-blocks", min=2,
+            help="vLLM num_gpu_blocks, null block included (default: unbounded).")] = None,
+        algo: Annotated[str, typer.Option(
+            "--algo", help="sha256 (vLLM default), sha256_cbor, xxhash, xxhash_cbor, or fast "
+                           "(same hits, no vLLM hash values).")] = "sha256",
+        hash_id_block_size: Annotated[int, typer.Option(
+            "--hash-id-block-size", min=1,
+            help="Tokens per hash id (Mooncake 512, Bailian 16).")] = 512,
+        output_tokens: Annotated[str, typer.Option(
+            "--output-tokens", help="trace (simulate output lengths) or 0.")] = "trace",
+        concurrency: Annotated[int | None, typer.Option(
+            "--concurrency", min=1,
+            help="Step-based scheduler with this max_num_seqs (default: sequential, exact).")] = None,
+        max_num_batched_tokens: Annotated[int, typer.Option(
+            "--max-num-batched-tokens", min=1, help="With --concurrency: token budget per step.")] = 8192,
+        step_time: Annotated[float, typer.Option(
+            "--step-time", min=0.0, help="With --concurrency: seconds per engine step.")] = 0.02,
+        no_chunked_prefill: Annotated[bool, typer.Option(
+            "--no-chunked-prefill", help="With --concurrency: no chunked prefill.")] = False,
+        long_prefill_token_threshold: Annotated[int, typer.Option(
+            "--long-prefill-token-threshold", min=0,
+            help="With --concurrency: cap on a prefill chunk, tokens (0 = none).")] = 0,
+        max_model_len: Annotated[int | None, typer.Option(
+            "--max-model-len", min=1, help="Reject prompts reaching this many tokens.")] = None,
+        tokenizer: Annotated[Path | None, typer.Option(
+            "--tokenizer", help="Tokenizer dir for chat traces (default data/tiny-tokenizer).")] = None,
+        layout: Annotated[Path | None, typer.Option(
+            "--layout", help="Prompt layout file (YAML/TOML) for chat traces.")] = None,
+        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N requests.")] = None,
+        model: Annotated[str | None, typer.Option(
+            "--model", help="Model name in the outputs (default replay-sim).")] = None,
+        label: Annotated[str | None, typer.Option("--label", help="Short name of the run.")] = None,
+        seed: Annotated[str | None, typer.Option(
+            "--seed", help="Plays PYTHONHASHSEED for the vLLM hash algorithms.")] = None,
+        strict: Annotated[bool, typer.Option(
+            "--strict", help="Stop at the first malformed trace record.")] = False,
+        out_dir: Annotated[Path | None, typer.Option(
+            "--out", help="Run directory (default out/replay/<run id>).")] = None,
+        run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default sim-<label>-<time>-<hex>).")] = None,
+        t0: Annotated[str | None, typer.Option(
+            "--t0", help="Time of trace time 0 (ISO, Unix s, -1h...; default: run ends now).")] = None,
+        snapshot_every: Annotated[float, typer.Option(
+            "--snapshot-every", min=1.0, help="Simulated seconds between /metrics snapshots.")] = 60.0,
+        ingest: Annotated[bool, typer.Option(
+            "--ingest", help="Store the run in the database (requests, metrics, runs row).")] = False,
+        db: DbOption = DB_DEFAULT,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Replay a trace through the exact model of vLLM's prefix cache.
+
+        Writes requests.jsonl (the format 'prefixscope ingest requests' reads), vLLM /metrics
+        snapshots over the trace's time span and run.json into the run directory; --ingest
+        stores them through the normal ingest path. A malformed trace record is named
+        (file:line) and skipped; a request the cache can never hold is reported as rejected.
+
+        Examples:
+
+          prefixscope replay sim data/traces/mooncake/conversation_trace.jsonl --format mooncake --block-size 512 --capacity-blocks 20000 --algo fast --json
+
+          prefixscope replay sim data/captures/aider/chat-requests.jsonl --format chat --layout data/layouts/date-at-end.yaml --ingest
+        """
+        from prefixscope.core.times import parse_time
+        from prefixscope.replay.runner import SimRunSpec, run_sim
+
+        spec = SimRunSpec(
+            trace=str(trace), format=fmt, block_size=block_size, capacity_blocks=capacity_blocks,
+            algo=algo, hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+            concurrency=_concurrency(concurrency, max_num_batched_tokens, step_time,
+                                     no_chunked_prefill, long_prefill_token_threshold),
+            max_model_len=max_model_len, tokenizer_dir=str(tokenizer) if tokenizer else None,
+            layout_path=str(layout) if layout else None, limit=limit, label=label, model=model,
+            hash_seed=seed, strict=strict)
+        res = run_sim(spec, out_dir, run_id=run_id,
+                      t0_unix_s=parse_time(t0) if t0 else None, snapshot_every_s=snapshot_every)
+        _report_problems(res.problems, quiet=as_json)
+        _check_nonempty(res, trace)
+        ingested = _ingest(db, [res.out_dir])[0] if ingest else None
+        if as_json:
+            doc = res.summary_dict()
+            if ingested is not None:
+                doc["ingested"] = {"db": db, **ingested}
+            print_json(doc)
+            return
+        _print_run(res)
+        if ingested is not None:
+            out.print(f"  stored in {db}: {ingested['requests_added']:,} requests, "
+                      f"{ingested['metric_samples_added']:,} metric samples", markup=False,
+                      highlight=False)
+
+    @replay_app.command("compare")
+    def compare_cmd(
+        trace: Annotated[Path, typer.Argument(help="Trace file (or a kv-cache-tester directory).")],
+        layout_a: Annotated[Path | None, typer.Option(
+            "--layout-a", help="Layout of run A (default: requests as recorded).")] = None,
+        layout_b: Annotated[Path | None, typer.Option(
+            "--layout-b", help="Layout of run B (default: as recorded).")] = None,
+        capacity_blocks: Annotated[int | None, typer.Option(
+            "--capacity-blocks", min=2, help="num_gpu_blocks of run A (default unbounded).")] = None,
+        capacity_blocks_b: Annotated[int | None, typer.Option(
+            "--capacity-blocks-b", min=2, help="num_gpu_blocks of run B (default: as A).")] = None,
+        fmt: Annotated[str, typer.Option("--format", help=_FORMAT_HELP)] = "auto",
+        block_size: Annotated[int, typer.Option("--block-size", min=1, help="Engine block size, tokens.")] = 16,
+        algo: Annotated[str, typer.Option("--algo", help="Hash algorithm (see replay sim).")] = "sha256",
+        hash_id_block_size: Annotated[int, typer.Option(
+            "--hash-id-block-size", min=1, help="Tokens per hash id.")] = 512,
+        output_tokens: Annotated[str, typer.Option(
+            "--output-tokens", help="trace or 0.")] = "trace",
+        concurrency: Annotated[int | None, typer.Option(
+            "--concurrency", min=1, help="Step model with this max_num_seqs (default sequential).")] = None,
+        tokenizer: Annotated[Path | None, typer.Option(
+            "--tokenizer", help="Tokenizer dir for chat traces.")] = None,
+        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N requests.")] = None,
+        model: Annotated[str | None, typer.Option(
+            "--model", help="Model name (also the price-table entry used for cost).")] = None,
+        prices: Annotated[str | None, typer.Option(
+            "--prices", help="Price table TOML (default: [pricing] prices_file).")] = None,
+        price_as: Annotated[str | None, typer.Option(
+            "--price-as", help="Cost both runs at this price-table entry (default: --model).")] = None,
+        label: Annotated[str | None, typer.Option("--label", help="Prefix of both runs' labels.")] = None,
+        out_dir: Annotated[Path | None, typer.Option(
+            "--out", help="Directory for both runs (a/ and b/; default out/replay/<id>).")] = None,
+        t0: Annotated[str | None, typer.Option("--t0", help="Time of trace time 0 for both runs.")] = None,
+        ingest: Annotated[bool, typer.Option("--ingest", help="Store both runs in the database.")] = False,
+        db: DbOption = DB_DEFAULT,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Run a trace twice (layout A vs B, or capacity A vs B) and report the difference.
+
+        Prints hit rate, cached tokens and cost (at the model's price, shadow prices labelled)
+        of A and B and B - A. Both runs are placed on the same time span.
+
+        Examples:
+
+          prefixscope replay compare data/captures/aider/chat-requests.jsonl --format chat --layout-b data/layouts/date-in-first-user.yaml --price-as tiny-llama-random
+
+          prefixscope replay compare conversation_trace.jsonl --format mooncake --block-size 512 --algo fast --capacity-blocks 2000 --capacity-blocks-b 20000 --json
+        """
+        from prefixscope.core.times import parse_time
+        from prefixscope.replay.runner import run_compare
+
+        res = run_compare(
+            trace=str(trace), layout_a=str(layout_a) if layout_a else None,
+            layout_b=str(layout_b) if layout_b else None, capacity_blocks=capacity_blocks,
+            capacity_blocks_b=capacity_blocks_b, format=fmt, block_size=block_size, algo=algo,
+            hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+            concurrency=_concurrency(concurrency, 8192, 0.02, False, 0),
+            tokenizer_dir=str(tokenizer) if tokenizer else None, limit=limit, model=model,
+            label=label, out_dir=out_dir, t0_unix_s=parse_time(t0) if t0 else None)
+        for side in (res.a, res.b):
+            _report_problems(side.problems, quiet=as_json)
+            _check_nonempty(side, trace)
+        price = _price(price_as or res.a.model, prices)
+        from prefixscope.replay.compare import compare_runs
+
+        doc = compare_runs(res.a.summary, res.b.summary, price=price,
+                           a_extra={"run_id": res.a.run_id, "label": res.a.label,
+                                    "layout": res.a.layout},
+                           b_extra={"run_id": res.b.run_id, "label": res.b.label,
+                                    "layout": res.b.layout})
+        if ingest:
+            doc["ingested"] = {"db": db, "runs": _ingest(db, [res.a.out_dir, res.b.out_dir])}
+        doc["out_dir"] = str(res.out_dir)
+        if as_json:
+            print_json(doc)
+            return
+        _print_compare(doc)
+
+    @replay_app.command("chat-trace")
+    def chat_trace_cmd(
+        source: Annotated[Path, typer.Argument(help="aider chat history (.md) or SWE-agent trajectory (.traj).")],
+        out_file: Annotated[Path, typer.Option("--out", help="Chat trace JSONL to write.")],
+        kind: Annotated[str, typer.Option(
+            "--from", help="aider or swe-agent (default: from the file name).")] = "auto",
+        chats_per_day: Annotated[int | None, typer.Option(
+            "--chats-per-day", min=1, help="aider: first N chats of each day only.")] = None,
+        max_turns: Annotated[int | None, typer.Option(
+            "--max-turns", min=1, help="aider: first N inputs of each chat only.")] = None,
+        max_message_chars: Annotated[int | None, typer.Option(
+            "--max-message-chars", min=1, help="aider: cut messages to this many characters.")] = None,
+    ) -> None:
+        """Build a chat-request trace (replay sim --format chat) from captured conversations.
+
+        aider: one request per user input, with a system prompt carrying aider's volatile
+        "- Current date:" line (see docs/replay.md#traces). SWE-agent: one request per model
+        call of a trajectory.
+
+        Example: prefixscope replay chat-trace .aider.chat.history.md --out out/aider-requests.jsonl --chats-per-day 4
+        """
+        from prefixscope.replay.chat_captures import (
+            aider_chat_requests,
+            swe_agent_chat_requests,
+            write_chat_trace,
+        )
+
+        k = kind
+        if k == "auto":
+            k = "swe-agent" if source.suffix == ".traj" else "aider"
+        if k == "aider":
+            lines = aider_chat_requests(source, chats_per_day=chats_per_day, max_turns=max_turns,
+                                        max_message_chars=max_message_chars)
+        elif k == "swe-agent":
+            lines = swe_agent_chat_requests(source)
+        else:
+            raise UsageError("--from must be aider or swe-agent")
+        n = write_chat_trace(lines, out_file)
+        if n == 0:
+            raise NothingIngested(f"{source}: no requests found")
+        out.print(f"wrote {n} chat requests to {out_file}", markup=False, highlight=False)
+
+    @ingest_app.command("replay-run")
+    def ingest_replay_run_cmd(
+        run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by replay sim.")],
+        db: DbOption = DB_DEFAULT,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Store simulated replay runs (requests, /metrics snapshots, runs row). Safe to run twice.
+
+        Example: prefixscope ingest replay-run out/replay/sim-conversation-20261129T101500-3fa2
+        """
+        docs = _ingest(db, list(run_dirs))
+        if as_json:
+            print_json(docs)
+            return
+        for d in docs:
+            out.print(f"run {d['run_id']}: {d['requests_added']:,} requests added, "
+                      f"{d['metric_samples_added']:,} metric samples from "
+                      f"{d['metric_snapshots']} snapshots", markup=False, highlight=False)
+
+
+def _print_compare(doc: dict[str, Any]) -> None:
+    a, b, d = doc["a"], doc["b"], doc["delta"]
+    price = doc.get("price")
+    rows = [("hit rate", _fmt_pct(a["hit_rate"]), _fmt_pct(b["hit_rate"]),
+             "n/a" if d["hit_rate"] is None else f"{100 * d['hit_rate']:+.1f} pp"),
+            ("prompt tokens", f"{a['prompt_tokens']:,}", f"{b['prompt_tokens']:,}",
+             f"{d['prompt_tokens']:+,}"),
+            ("cached tokens", f"{a['cached_tokens']:,}", f"{b['cached_tokens']:,}",
+             f"{d['cached_tokens']:+,}")]
+    if price is not None:
+        cur = price["currency"]
+        for key, name in (("cost_with_cache", "cost with cache"), ("saved", "saved by cache")):
+            rows.append((f"{name} ({cur})", f"{a[key]:,.4f}", f"{b[key]:,.4f}", f"{d[key]:+,.4f}"))
+    out.print(f"A: {a['label']}\nB: {b['label']}", markup=False, highlight=False)
+    out.print(f"{'':<24}{'A':>16}{'B':>16}{'B - A':>16}", markup=False, highlight=False)
+    for name, va, vb, vd in rows:
+        out.print(f"{name:<24}{va:>16}{vb:>16}{vd:>16}", markup=False, highlight=False)
+    if price is None:
+        out.print("cost: no price for this model in the price table (give --price-as MODEL)",
+                  markup=False, highlight=False)
+    else:
+        kind = "shadow price" if price["shadow"] else "price"
+        out.print(f"cost at the {kind} of {price['model']} ({price['price_source']})",
+                  markup=False, highlight=False)
+    out.print(f"files: {doc['out_dir']}", markup=False, highlight=False)

@@ -1,0 +1,151 @@
+"""The ``prefixscope`` command: a thin layer over the library.
+
+Each command parses arguments, calls one library function, prints, and lets
+:class:`~prefixscope.core.errors.PrefixscopeError` become a one-line message and an exit code
+(see :func:`run`). Commands live in ``prefixscope/commands/``, one module per subject, each with a
+``register(groups)`` function.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Sequence
+
+import typer
+
+from prefixscope import __version__
+from prefixscope.cli.common import err
+from prefixscope.core.errors import PrefixscopeError
+
+app = typer.Typer(
+    name="prefixscope",
+    help=(
+        "Observability, hit-rate analytics and replay for LLM prompt prefix caching (vLLM).\n\n"
+        "Examples:\n\n"
+        "  prefixscope ingest metrics http://localhost:8000/metrics --every 15\n\n"
+        "  prefixscope ingest requests logs/usage.jsonl\n\n"
+        "  prefixscope hitrate --by model --window 1h --json\n\n"
+        "  prefixscope report\n\n"
+        "  prefixscope dashboard"
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+ingest_app = typer.Typer(help="Load sources into the DuckDB store (safe to run twice).",
+                         no_args_is_help=True)
+replay_app = typer.Typer(help="Replay captured traffic through the exact cache model or a live vLLM.",
+                         no_args_is_help=True)
+report_app = typer.Typer(help="Hit-rate reports (the report line; the daily report).")
+db_app = typer.Typer(help="Database maintenance.", no_args_is_help=True)
+app.add_typer(ingest_app, name="ingest")
+app.add_typer(replay_app, name="replay")
+app.add_typer(report_app, name="report")
+app.add_typer(db_app, name="db")
+
+GROUPS = {"app": app, "ingest": ingest_app, "replay": replay_app, "report": report_app, "db": db_app}
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        typer.echo(f"prefixscope {__version__}")
+        raise typer.Exit(0)
+
+
+def _register_all() -> None:
+    import importlib
+    import pkgutil
+
+    import prefixscope.cli.commands as commands
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"prefixscope.cli.commands.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(GROUPS)
+
+
+_register_all()
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
+
+    Expected errors print ``error: <message>`` on stderr and return their class's exit code;
+    usage errors (unknown option, bad value) print Click's usage message and return 2. Never
+    raises for those.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    interrupted = _SigintWatch()
+    try:
+        app(args=args, prog_name="prefixscope", standalone_mode=True)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except SystemExit as exc:
+        if interrupted():
+            return _interrupted()
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        err.print(str(code), markup=False, highlight=False)
+        return 1
+    except PrefixscopeError as exc:
+        if interrupted():
+            return _interrupted()
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        return exc.exit_code
+    except Exception:
+        # Ctrl-C inside a DuckDB query surfaces as duckdb.InterruptException or, from an Arrow
+        # scan, a RuntimeError("Query interrupted"): the interruption, not a bug.
+        if interrupted():
+            return _interrupted()
+        raise
+    finally:
+        interrupted.restore()
+    return 0
+
+
+class _SigintWatch:
+    """Remembers whether SIGINT arrived while a command ran; the handler in place before
+    (Python's default raises KeyboardInterrupt) still runs. Restored by :meth:`restore`."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous = None
+        try:
+            self.previous = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: nothing to watch
+            self.previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.seen = True
+        if callable(self.previous):
+            self.previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    def __call__(self) -> bool:
+        return self.seen
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+def _interrupted() -> int:
+    err.print("interrupted (Ctrl-C): what was committed before is kept and the transaction in "
+              "progress was rolled back; an ingest run again continues from its checkpoint",
+              markup=False, highlight=False)
+    return 130
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run())

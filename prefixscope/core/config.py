@@ -1,0 +1,143 @@
+"""Configuration: one TOML file plus environment variables, validated by pydantic.
+
+Lookup order for the file: ``--config`` (where a command has it), ``$PREFIXSCOPE_CONFIG``,
+``./prefixscope.toml``; no file means defaults. Environment variables override the file for the
+values that name one (``PREFIXSCOPE_DB``, ``PREFIXSCOPE_HMAC_KEY_FILE``, ``PREFIXSCOPE_HMAC_KEY``,
+``PREFIXSCOPE_SMTP_PASSWORD``...). Secrets are never read from the repository.
+
+Sections (see ``docs/config.md``): ``[store]``, ``[pricing]``, ``[alerts]``, ``[identity]``,
+``[dashboard]``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from prefixscope.core.errors import ConfigError
+
+DEFAULT_DB_PATH = "data/prefixscope.duckdb"
+
+
+def default_db_path() -> str:
+    """The database path used when ``--db`` is not given: ``$PREFIXSCOPE_DB`` or
+    ``data/prefixscope.duckdb`` (relative to the working directory)."""
+    return os.environ.get("PREFIXSCOPE_DB") or DEFAULT_DB_PATH
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(_Section):
+    """``[store]``: where the DuckDB file lives and how long to wait for its lock."""
+
+    db: str = Field(default_factory=default_db_path)
+    lock_timeout_s: float = 30.0
+
+
+class PricingConfig(_Section):
+    """``[pricing]``: the price table file (TOML, see ``docs/metrics.md#cost``)."""
+
+    prices_file: str = "data/prices.toml"
+
+
+class AlertsConfig(_Section):
+    """``[alerts]``: thresholds and delivery of the daily report (see ``docs/alerts.md``).
+
+    ``hit_rate_threshold`` is a fraction in [0, 1]; ``min_query_tokens`` is the volume (prompt
+    tokens per day) under which a day reads NO DATA instead of OK/ALERT. A metrics source is
+    STALE when its last scrape of the day is older than ``max(stale_min_s, stale_after_scrapes
+    x its median scrape interval)`` at the end of the day. SMTP delivery makes ``smtp_attempts``
+    attempts, waiting ``smtp_backoff_s`` doubled each time. ``timezone`` and the values of
+    ``per_model_threshold`` are checked when the report runs (``alerts/daily.py``).
+    """
+
+    hit_rate_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    per_model_threshold: dict[str, float] = Field(default_factory=dict)
+    min_query_tokens: int = Field(1000, ge=0)
+    timezone: str = "UTC"
+    dashboard_url: str = "http://localhost:8501"
+    stale_after_scrapes: float = Field(4.0, gt=0.0)
+    stale_min_s: float = Field(900.0, ge=0.0)
+    top_changes: int = Field(5, ge=0)
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_security: str = Field("none", pattern="^(none|starttls|ssl)$")
+    smtp_user: str | None = None
+    smtp_password_file: str | None = None
+    smtp_ca_file: str | None = None
+    smtp_timeout_s: float = Field(30.0, gt=0.0)
+    smtp_attempts: int = Field(5, ge=1)
+    smtp_backoff_s: float = Field(2.0, ge=0.0)
+    mail_from: str = "prefixscope@localhost"
+    recipients: list[str] = Field(default_factory=list)
+    recipients_by_model: dict[str, list[str]] = Field(default_factory=dict)
+    recipients_by_scope: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class IdentityConfig(_Section):
+    """``[identity]``: the server-side HMAC key (a file path; never the key itself)."""
+
+    hmac_key_file: str | None = None
+    public_inventory_file: str | None = None
+
+
+class DashboardConfig(_Section):
+    """``[dashboard]``: refresh interval of cached query results, in seconds."""
+
+    cache_ttl_s: float = 15.0
+
+
+class Settings(_Section):
+    """All settings. Build with :func:`load_settings`."""
+
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    pricing: PricingConfig = Field(default_factory=PricingConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    identity: IdentityConfig = Field(default_factory=IdentityConfig)
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Load settings from a TOML file and the environment.
+
+    Args:
+        path: explicit file; else ``$PREFIXSCOPE_CONFIG``; else ``./prefixscope.toml`` if present.
+
+    Returns:
+        Validated, immutable :class:`Settings`.
+
+    Raises:
+        ConfigError: the file is unreadable, not TOML, or has an unknown key or a bad value
+            (the message names the file and the key).
+    """
+    candidate = path or os.environ.get("PREFIXSCOPE_CONFIG")
+    data: dict = {}
+    source = "<defaults>"
+    if candidate is None and Path("prefixscope.toml").is_file():
+        candidate = "prefixscope.toml"
+    if candidate is not None:
+        source = str(candidate)
+        try:
+            with open(candidate, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{source}: config file not found") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    env_db = os.environ.get("PREFIXSCOPE_DB")
+    if env_db:
+        data.setdefault("store", {})["db"] = env_db
+    env_key = os.environ.get("PREFIXSCOPE_HMAC_KEY_FILE")
+    if env_key:
+        data.setdefault("identity", {})["hmac_key_file"] = env_key
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{source}: {key}: {first['msg']}") from exc

@@ -1,0 +1,72 @@
+"""Parsing and formatting of points in time.
+
+All stored times are Unix seconds (float, UTC). Users may type ISO 8601 (``2026-11-28T10:00:00Z``,
+a date ``2026-11-28`` meaning its midnight UTC), Unix seconds (``1795960824.2``) or a relative
+time (``now``, ``-1h``, ``-30m``, ``-7d``, ``-90s``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, timezone
+
+from prefixscope.core.errors import UsageError
+
+_REL = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time(text: str, *, now_unix_s: float | None = None) -> float:
+    """Parse a user-given time into Unix seconds (UTC).
+
+    Args:
+        text: ISO 8601 date or date-time (naive values are UTC), Unix seconds, ``now``, or a
+            negative offset from now such as ``-1h`` (units s, m, h, d).
+        now_unix_s: the reference for ``now`` and offsets; defaults to the wall clock.
+
+    Returns:
+        Seconds since the Unix epoch, UTC.
+
+    Raises:
+        UsageError: the text is none of the accepted forms.
+    """
+    now = time.time() if now_unix_s is None else now_unix_s
+    t = text.strip()
+    if t == "now":
+        return now
+    m = _REL.match(t)
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise UsageError(
+            f"cannot read time {text!r}: use ISO 8601 (2026-11-28T10:00:00Z), Unix seconds, "
+            "'now' or an offset like -1h"
+        ) from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def parse_duration(text: str) -> float:
+    """Parse a duration such as ``5m``, ``1h``, ``1d``, ``90s`` or ``300`` into seconds.
+
+    Raises:
+        UsageError: not a positive duration.
+    """
+    t = text.strip()
+    m = re.match(r"^(\d+(?:\.\d+)?)([smhd]?)$", t)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"cannot read duration {text!r}: use e.g. 300, 90s, 5m, 1h or 1d")
+    return float(m.group(1)) * _UNIT_S.get(m.group(2) or "s", 1.0)
+
+
+def format_time(ts_unix_s: float) -> str:
+    """Format Unix seconds as ISO 8601 UTC with a ``Z`` suffix, to the second."""
+    return datetime.fromtimestamp(ts_unix_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
