@@ -208,18 +208,54 @@ def request_hit_rate_by_window(db: str, *, start_s: float | None, end_s: float |
                                             run_ids=_t(run_ids))
 
 
-@_cached
-def request_hit_rates(db: str, *, start_s: float | None, end_s: float | None,
-                      models: tuple[str, ...] | None = None,
-                      instances: tuple[str, ...] | None = None,
-                      run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``prefixscope.store.queries.requests.request_hit_rates`` (one row per request that reported
-    cached_tokens)."""
+def _request_query(name: str, db: str, models, instances, run_ids, **kwargs):
     from prefixscope.store.queries import requests as q
 
     with _reader(db) as con:
-        return q.request_hit_rates(con, start_s=start_s, end_s=end_s, models=_t(models),
-                                   instances=_t(instances), run_ids=_t(run_ids))
+        return getattr(q, name)(con, models=_t(models), instances=_t(instances),
+                                run_ids=_t(run_ids), **kwargs)
+
+
+@_cached
+def request_counts(db: str, *, start_s: float | None, end_s: float | None,
+                   models: tuple[str, ...] | None = None,
+                   instances: tuple[str, ...] | None = None,
+                   run_ids: tuple[str, ...] | None = None) -> dict[str, int]:
+    """``prefixscope.store.queries.requests.request_counts`` (``requests, reported_requests,
+    hit_requests, with_ttft, with_latency``)."""
+    return _request_query("request_counts", db, models, instances, run_ids, start_s=start_s,
+                          end_s=end_s)
+
+
+@_cached
+def request_hit_rate_bands(db: str, *, start_s: float | None, end_s: float | None,
+                           window_s: float, models: tuple[str, ...] | None = None,
+                           instances: tuple[str, ...] | None = None,
+                           run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``prefixscope.store.queries.requests.request_hit_rate_bands`` by model (quantiles of
+    per-request hit rate per window)."""
+    return _request_query("request_hit_rate_bands", db, models, instances, run_ids,
+                          start_s=start_s, end_s=end_s, window_s=window_s, by=("model",))
+
+
+@_cached
+def request_latency_quantiles(db: str, *, column: str, start_s: float | None,
+                              end_s: float | None, models: tuple[str, ...] | None = None,
+                              instances: tuple[str, ...] | None = None,
+                              run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``prefixscope.store.queries.requests.request_latency_quantiles`` (hit / miss quantiles)."""
+    return _request_query("request_latency_quantiles", db, models, instances, run_ids,
+                          column=column, start_s=start_s, end_s=end_s)
+
+
+@_cached
+def newest_requests(db: str, *, start_s: float | None, end_s: float | None, limit: int = 500,
+                    offset: int = 0, models: tuple[str, ...] | None = None,
+                    instances: tuple[str, ...] | None = None,
+                    run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``prefixscope.store.queries.requests.newest_requests`` (one page, newest first)."""
+    return _request_query("newest_requests", db, models, instances, run_ids, start_s=start_s,
+                          end_s=end_s, limit=limit, offset=offset)
 
 
 @_cached

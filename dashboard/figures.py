@@ -223,69 +223,88 @@ def request_hit_rate_histogram(df: pd.DataFrame, *,
     return fig
 
 
-def request_hit_rate_over_time(requests: pd.DataFrame, windows: pd.DataFrame | None = None, *,
+def request_hit_rate_over_time(bands: pd.DataFrame, windows: pd.DataFrame | None = None, *,
                                color: str = "model", window_s: float | None = None,
                                threshold: float | None = 0.5,
                                title: str = "Per-request hit rate over time") -> go.Figure:
-    """Each request's hit rate as a dot, and the token-weighted hit rate per window as a line.
+    """The spread of per-request hit rates per window as bands (10th-90th and 25th-75th
+    percentile, median line) and the token-weighted hit rate per window as a line. The browser
+    gets a few points per window, never one per request.
 
     Args:
-        requests: rows of ``request_hit_rates``: ``ts_unix_s`` (Unix s; rows with none are not
-            drawn), ``hit_rate`` (fraction), ``prompt_tokens``, ``cached_tokens``, the ``color``
-            column, ``request_id``.
+        bands: rows of ``request_hit_rate_bands``: ``window_start_s`` (Unix s), the ``color``
+            column, ``requests``, ``p10``, ``p25``, ``p50``, ``p75``, ``p90`` (fractions).
         windows: rows of ``request_hit_rate_by_window`` (``window_start_s``, the ``color`` column,
             ``hit_rate`` = Σ cached / Σ reported prompt tokens, ``requests``), or None.
         color: column naming the series.
-        window_s: window length in seconds, for the legend.
+        window_s: window length in seconds (points at the window's middle; legend).
         threshold: fraction drawn as a dashed line, or None.
         title: figure title.
 
     Returns:
-        A scatter (requests) plus lines (windows), y on a 0-100% axis.
+        Per series: a light 10-90% band, a darker 25-75% band, a dotted median and the
+        token-weighted line, y on a 0-100% axis.
     """
-    have_req = not requests.empty and requests["ts_unix_s"].notna().any()
+    have_band = bands is not None and not bands.empty
     have_win = windows is not None and not windows.empty
-    if not have_req and not have_win:
+    if not have_band and not have_win:
         return _empty(title, "no request with a time and cached tokens in this range")
     fig = go.Figure()
     labels: list[str] = []
-    r = requests[requests["ts_unix_s"].notna()].copy() if have_req else requests.iloc[0:0]
-    if have_req:
-        r["series"] = series_label(r, [color])
-        labels += r["series"].tolist()
-    w = None
+    half = 0.5 * float(window_s) if window_s else 0.0
+    b = w = None
+    if have_band:
+        b = bands.sort_values("window_start_s").copy()
+        b["series"] = series_label(b, [color])
+        b["t"] = _utc(b["window_start_s"].astype("float64") + half)
+        labels += b["series"].tolist()
     if have_win:
         w = windows.sort_values("window_start_s").copy()
         w["series"] = series_label(w, [color])
+        w["t"] = _utc(w["window_start_s"].astype("float64") + half)
         labels += w["series"].tolist()
     colours = _colour_map(labels)
-    if have_req:
-        r["t"] = _utc(r["ts_unix_s"])
-        for label, g in r.groupby("series", sort=True):
+    name = f"per {fmt_window(window_s)} window" if window_s else "per window"
+    if b is not None:
+        for label, g in b.groupby("series", sort=True):
+            c = colours[label]
+            for lo, hi, alpha, what in (("p10", "p90", 0.15, "10-90% of requests"),
+                                        ("p25", "p75", 0.3, "25-75% of requests")):
+                fig.add_trace(go.Scatter(x=g["t"], y=g[lo].astype("float64"), mode="lines",
+                                         line=dict(width=0, color=c), showlegend=False,
+                                         hoverinfo="skip", legendgroup=f"{label}{what}"))
+                fig.add_trace(go.Scatter(
+                    x=g["t"], y=g[hi].astype("float64"), mode="lines", fill="tonexty",
+                    line=dict(width=0, color=c), fillcolor=_rgba(c, alpha),
+                    name=f"{label}: {what}", legendgroup=f"{label}{what}",
+                    customdata=g[[lo, "requests"]].astype("float64").to_numpy(),
+                    hovertemplate=(f"{what}<br>%{{customdata[0]:.1%}} to %{{y:.1%}}<br>"
+                                   "%{customdata[1]:,.0f} requests" f"<extra>{label}</extra>")))
             fig.add_trace(go.Scatter(
-                x=g["t"], y=g["hit_rate"].astype("float64"), mode="markers", name=f"{label}: requests",
-                marker=dict(color=colours[label], size=7, opacity=0.6),
-                customdata=g[["cached_tokens", "prompt_tokens"]].astype("float64").to_numpy(),
-                hovertemplate="%{x|%Y-%m-%d %H:%M:%S} UTC<br>hit rate %{y:.1%}<br>"
-                              "%{customdata[0]:,.0f} of %{customdata[1]:,.0f} prompt tokens"
-                              f"<extra>{label}</extra>",
-            ))
+                x=g["t"], y=g["p50"].astype("float64"), mode="lines",
+                name=f"{label}: median request", line=dict(color=c, width=1, dash="dot"),
+                hovertemplate="median request %{y:.1%}" f"<extra>{label}</extra>"))
     if w is not None:
-        w["t"] = _utc(w["window_start_s"])
-        name = f"per {fmt_window(window_s)} window" if window_s else "per window"
         for label, g in w.groupby("series", sort=True):
             fig.add_trace(go.Scatter(
                 x=g["t"], y=g["hit_rate"].astype("float64"), mode="lines+markers",
-                name=f"{label}: {name}", line=dict(color=colours[label], width=2, shape="hv"),
-                hovertemplate="window from %{x|%Y-%m-%d %H:%M} UTC<br>hit rate %{y:.1%}"
+                name=f"{label}: {name}", line=dict(color=colours[label], width=2),
+                marker=dict(size=5),
+                hovertemplate="window %{x|%Y-%m-%d %H:%M} UTC<br>hit rate %{y:.1%}"
                               f"<extra>{label}</extra>",
             ))
     if threshold is not None:
         fig.add_hline(y=float(threshold), line=dict(color=THRESHOLD_COLOUR, width=1, dash="dash"))
-    fig.update_layout(title=title, **_LAYOUT)
+    fig.update_layout(title=title + (f" ({name})" if window_s else ""), **_LAYOUT)
     fig.update_yaxes(title="hit rate", range=[-0.03, 1.05], tickformat=".0%")
     fig.update_xaxes(title="time (UTC)")
     return fig
+
+
+def _rgba(hex_colour: str, alpha: float) -> str:
+    h = hex_colour.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
 
 
 def coverage_bars(df: pd.DataFrame, *, title: str = "Requests reporting cached_tokens") -> go.Figure:
@@ -321,30 +340,36 @@ def coverage_bars(df: pd.DataFrame, *, title: str = "Requests reporting cached_t
 
 def latency_by_hit(df: pd.DataFrame, *, column: str = "ttft_ms",
                    title: str = "Time to first token, hit vs miss") -> go.Figure:
-    """Latency of requests that hit the prefix cache beside those that missed (box plots).
+    """Latency of requests that hit the prefix cache beside those that missed: box plots drawn
+    from quantiles the store computed (no points: the browser never gets the requests).
 
     Args:
-        df: rows of ``request_hit_rates``: ``cached_tokens`` (tokens; > 0 is a hit, 0 a miss)
-            and ``column`` (milliseconds; rows without a value are not drawn).
-        column: ``ttft_ms`` or ``latency_ms``.
+        df: rows of ``request_latency_quantiles``: ``outcome`` (``hit``: cached_tokens > 0,
+            ``miss``: cached_tokens = 0), ``requests``, ``p05_ms``, ``p25_ms``, ``p50_ms``,
+            ``p75_ms``, ``p95_ms``, ``mean_ms`` (milliseconds).
+        column: ``ttft_ms`` or ``latency_ms`` (axis title and the empty note).
         title: figure title.
 
     Returns:
-        Two boxes (hit, miss) with every point, y in milliseconds.
+        Up to two boxes (hit, miss): box = 25th-75th percentile, line = median, whiskers = 5th
+        and 95th percentile, dashed = mean; y in milliseconds.
     """
-    d = df[df[column].notna()] if column in df.columns else df.iloc[0:0]
-    if d.empty:
+    if df.empty or "outcome" not in df.columns:
         return _empty(title, f"no request has {column} in this range")
     fig = go.Figure()
-    for name, mask, colour in (("hit (cached_tokens > 0)", d["cached_tokens"] > 0, HIT_COLOUR),
-                               ("miss (cached_tokens = 0)", d["cached_tokens"] == 0, MISS_COLOUR)):
-        g = d[mask]
+    for outcome, name, colour in (("hit", "hit (cached_tokens > 0)", HIT_COLOUR),
+                                  ("miss", "miss (cached_tokens = 0)", MISS_COLOUR)):
+        g = df[df["outcome"] == outcome]
         if g.empty:
             continue
-        fig.add_trace(go.Box(y=g[column].astype("float64"), name=f"{name}, {len(g):,} requests",
-                             marker_color=colour, boxpoints="all", jitter=0.4, pointpos=0,
-                             hovertemplate="%{y:,.1f} ms<extra></extra>"))
-    fig.update_layout(title=title, showlegend=False,
+        r = g.iloc[0]
+        label = f"{name}, {int(r['requests']):,} requests"
+        fig.add_trace(go.Box(
+            x=[label], name=label, q1=[float(r["p25_ms"])], median=[float(r["p50_ms"])],
+            q3=[float(r["p75_ms"])], lowerfence=[float(r["p05_ms"])],
+            upperfence=[float(r["p95_ms"])], mean=[float(r["mean_ms"])], boxpoints=False,
+            marker_color=colour))
+    fig.update_layout(title=title + " (whiskers: 5th and 95th percentile)", showlegend=False,
                       **{k: v for k, v in _LAYOUT.items() if k != "legend"})
     fig.update_yaxes(title=f"{column.removesuffix('_ms')} (ms)", rangemode="tozero",
                      tickformat=",.0f")

@@ -89,11 +89,17 @@ def test_histogram_and_over_time():
     assert len(figures.request_hit_rate_histogram(bins.assign(requests=0)).data) == 0
     win = pd.DataFrame({"window_start_s": [T0], "model": ["m1"], "hit_rate": [576 / 1223],
                         "requests": [2]})
-    o = figures.request_hit_rate_over_time(req, win, window_s=3600)
-    names = [t.name for t in o.data]
-    assert "m1: requests" in names and "m1: per 1h window" in names
-    # the request without a time is not drawn
-    assert sum(len(t.x) for t in o.data if t.name.endswith("requests")) == 3
+    bands = pd.DataFrame({"window_start_s": [T0, T0 + 3600], "model": ["m1", "m1"],
+                          "requests": [2, 5], "p10": [0.0, 0.1], "p25": [0.2, 0.3],
+                          "p50": [0.5, 0.5], "p75": [0.7, 0.8], "p90": [0.9, 1.0]})
+    o = figures.request_hit_rate_over_time(bands, win, window_s=3600)
+    names = [t.name for t in o.data if t.name]
+    assert names == ["m1: 10-90% of requests", "m1: 25-75% of requests", "m1: median request",
+                     "m1: per 1h window"]
+    # bands: one point per window (never one per request), filled between the quantiles
+    assert all(len(t.x) == 2 for t in o.data[:5])
+    assert list(o.data[1].y) == [0.9, 1.0] and o.data[1].fill == "tonexty"
+    assert list(o.data[4].y) == [0.5, 0.5]
 
 
 def test_coverage_bars_red_below_full():
@@ -106,11 +112,19 @@ def test_coverage_bars_red_below_full():
     assert "25% (1 of 4)" in bar.text
 
 
-def test_latency_by_hit_splits_on_cached_tokens():
-    fig = figures.latency_by_hit(requests_frame(), column="latency_ms")
+def test_latency_by_hit_draws_store_quantiles_without_points():
+    q = pd.DataFrame({"outcome": ["hit", "miss"], "requests": [3, 1], "min_ms": [1.0, 9.0],
+                      "p05_ms": [1.5, 9.0], "p25_ms": [2.0, 9.0], "p50_ms": [3.0, 9.0],
+                      "p75_ms": [4.0, 9.0], "p95_ms": [5.0, 9.0], "max_ms": [6.0, 9.0],
+                      "mean_ms": [3.1, 9.0]})
+    fig = figures.latency_by_hit(q, column="latency_ms")
     assert [t.name for t in fig.data] == ["hit (cached_tokens > 0), 3 requests",
                                           "miss (cached_tokens = 0), 1 requests"]
-    empty = figures.latency_by_hit(requests_frame(), column="ttft_ms")
+    box = fig.data[0]
+    assert (list(box.q1), list(box.median), list(box.q3)) == ([2.0], [3.0], [4.0])
+    assert (list(box.lowerfence), list(box.upperfence)) == ([1.5], [5.0])
+    assert box.boxpoints is False and box.y is None  # no per-request points are sent
+    empty = figures.latency_by_hit(q.iloc[0:0], column="ttft_ms")
     assert len(empty.data) == 0 and "no request has ttft_ms" in empty.layout.annotations[0].text
 
 
@@ -133,7 +147,7 @@ def test_savings_figures_label_shadow_prices():
     lambda d: figures.hit_rate_over_time(d),
     lambda d: figures.tokens_over_time(d),
     lambda d: figures.request_hit_rate_histogram(d),
-    lambda d: figures.request_hit_rate_over_time(d.assign(ts_unix_s=[])),
+    lambda d: figures.request_hit_rate_over_time(d),
     lambda d: figures.coverage_bars(d),
     lambda d: figures.latency_by_hit(d),
     lambda d: figures.savings_by_model_bars(d),
@@ -152,7 +166,7 @@ def test_every_figure_function_documents_its_columns():
         if name.startswith("_") or fn.__module__ != figures.__name__ or name == "series_label":
             continue
         doc = inspect.getdoc(fn) or ""
-        assert "df:" in doc or "requests:" in doc, f"figures.{name} does not document its DataFrame"
+        assert "df:" in doc or "requests:" in doc or "bands:" in doc, f"figures.{name} does not document its DataFrame"
 
 
 def test_formatting_for_humans():

@@ -11,10 +11,12 @@ from tests.requests_support import write_jsonl
 
 
 
-def _req(i, ts, prompt, cached, *, model="m1", instance="a", run_id=None):
+def _req(i, ts, prompt, cached, *, model="m1", instance="a", run_id=None, ttft_ms=None):
     rec = {"request_id": f"r{i}", "ts_unix_s": ts, "model": model, "instance": instance,
            "usage": {"prompt_tokens": prompt,
                      "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}}
+    if ttft_ms is not None:
+        rec["ttft_ms"] = ttft_ms
     if run_id is not None:
         rec["run_id"] = run_id
     return rec
@@ -25,10 +27,10 @@ def loaded(con, tmp_path):
     h = 3600.0
     base = 1_795_003_200.0  # = 498,612 h: aligned to the hour
     write_jsonl(tmp_path / "u.jsonl", [
-        _req(1, base + 10, 1000, 900),
-        _req(2, base + 20, 1000, 0),
-        _req(3, base + 30, 1000, None),          # not reported: not in hit_rate, lowers coverage
-        _req(4, base + h + 5, 400, 400, model="m2", instance="b"),
+        _req(1, base + 10, 1000, 900, ttft_ms=10.0),
+        _req(2, base + 20, 1000, 0, ttft_ms=100.0),
+        _req(3, base + 30, 1000, None, ttft_ms=1.0),  # not reported: not in hit_rate, lowers coverage
+        _req(4, base + h + 5, 400, 400, model="m2", instance="b", ttft_ms=20.0),
         _req(5, base + h + 6, 600, 300, model="m2", instance="b"),
     ])
     ingest_usage_file(con, tmp_path / "u.jsonl")
@@ -76,6 +78,39 @@ def test_request_rows_histogram_coverage(loaded):
     assert h.values.tolist() == [[0.0, 0.25, 1], [0.25, 0.5, 0], [0.5, 0.75, 1], [0.75, 1.0, 2]]
     cov = q.cached_tokens_coverage(con)
     assert cov.values.tolist() == [["m1", "a", 3, 2, pytest.approx(2 / 3)], ["m2", "b", 2, 2, 1.0]]
+
+
+def test_aggregates_replace_per_request_rows(loaded):
+    """Counts, quantile bands, latency quantiles and the paged table: small results that agree
+    with the per-request rows."""
+    con, base = loaded
+    rows = q.request_hit_rates(con)
+    assert q.request_counts(con) == {"requests": 5, "reported_requests": 4, "hit_requests": 3,
+                                     "with_ttft": 3, "with_latency": 0}
+    assert q.request_counts(con, start_s=base + 3600) == {
+        "requests": 2, "reported_requests": 2, "hit_requests": 2, "with_ttft": 1,
+        "with_latency": 0}
+    assert q.request_counts(con, start_s=0, end_s=1) == dict.fromkeys(
+        ("requests", "reported_requests", "hit_requests", "with_ttft", "with_latency"), 0)
+    bands = q.request_hit_rate_bands(con, window_s=3600)
+    assert bands[["model", "requests", "p10", "p50", "p90"]].values.tolist() == [
+        ["m1", 2, pytest.approx(0.09), pytest.approx(0.45), pytest.approx(0.81)],
+        ["m2", 2, pytest.approx(0.55), pytest.approx(0.75), pytest.approx(0.95)]]
+    assert bands["window_start_s"].tolist() == [base, base + 3600]
+    lat = q.request_latency_quantiles(con, column="ttft_ms")
+    assert lat[["outcome", "requests", "min_ms", "p50_ms", "max_ms"]].values.tolist() == [
+        ["hit", 2, 10.0, 15.0, 20.0], ["miss", 1, 100.0, 100.0, 100.0]]
+    assert lat["p25_ms"].tolist() == [12.5, 100.0]
+    assert q.request_latency_quantiles(con, column="latency_ms").empty
+    with pytest.raises(InvalidArgument):
+        q.request_latency_quantiles(con, column="prompt_tokens")
+    newest = rows.sort_values("ts_unix_s", ascending=False)["request_id"].tolist()
+    assert q.newest_requests(con, limit=2)["request_id"].tolist() == newest[:2]
+    assert q.newest_requests(con, limit=2, offset=2)["request_id"].tolist() == newest[2:]
+    assert q.newest_requests(con, limit=2, offset=4).empty
+    with pytest.raises(InvalidArgument):
+        q.newest_requests(con, limit=0)
+    assert len(q.request_hit_rates(con, limit=1)) == 1
 
 
 def test_filter_values_and_flags(loaded, tmp_path):

@@ -1,9 +1,11 @@
 """Requests: per-request hit rates from the usage each response reported.
 
-Reads ``request_hit_rates`` (one row per request that reported
-``usage.prompt_tokens_details.cached_tokens``), ``request_hit_rate_by_window`` (Σ cached ÷ Σ
-prompt tokens of the reporting requests, per window) and ``cached_tokens_coverage`` through
-``prefixscope.dashboard.data``. Requests whose usage did not report cached tokens are never counted as 0:
+Every number and figure is an aggregate computed in DuckDB (issue 17: no per-request rows in
+pandas or in the browser): ``request_counts``, ``request_hit_rate_by_window`` (Σ cached ÷ Σ
+prompt tokens of the reporting requests, per window), ``request_hit_rate_bands`` (quantiles of
+per-request hit rate per window), ``request_latency_quantiles`` (hit vs miss),
+``cached_tokens_coverage`` and one page of ``newest_requests`` (LIMIT/OFFSET in the store),
+through ``prefixscope.dashboard.data``. Requests whose usage did not report cached tokens are never counted as 0:
 they lower the coverage instead (``docs/metrics.md``).
 """
 
@@ -16,6 +18,7 @@ from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_tokens
 
 WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
+PAGE_ROWS = 500
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
          "usage.jsonl`, or widen the time range.")
 COVERAGE_HINT = ("start vLLM with `--enable-prompt-tokens-details` so that every response's usage "
@@ -33,8 +36,8 @@ with data.guard(db):
     if coverage.empty or int(coverage["requests"].fillna(0).sum()) == 0:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
-    requests = data.request_hit_rates(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
-                                      instances=f.instances, run_ids=f.run_ids)
+    counts = data.request_counts(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
+                                 instances=f.instances, run_ids=f.run_ids)
     window_label = st.radio("Window", list(WINDOWS_S), index=1, horizontal=True,
                             key="requests_window")
     window_s = WINDOWS_S[window_label]
@@ -56,8 +59,7 @@ with data.guard(db):
     c1.metric("Requests", fmt_int(total_requests), border=True)
     c2.metric("Reported cached_tokens", fmt_int(reported), border=True,
               help="Requests whose usage carried prompt_tokens_details.cached_tokens (0 included).")
-    hits = int((requests["cached_tokens"].fillna(0) > 0).sum()) if not requests.empty else 0
-    c3.metric("Requests with a hit", fmt_int(hits), border=True,
+    c3.metric("Requests with a hit", fmt_int(counts["hit_requests"]), border=True,
               help="Reporting requests with cached_tokens > 0.")
 
     left, right = st.columns(2)
@@ -68,20 +70,29 @@ with data.guard(db):
         st.plotly_chart(figures.request_hit_rate_histogram(histogram), key="requests_hist")
     with right:
         st.plotly_chart(figures.coverage_bars(coverage), key="requests_coverage")
-    st.plotly_chart(figures.request_hit_rate_over_time(requests, windows, window_s=window_s,
+    bands = data.request_hit_rate_bands(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
+                                        models=f.models, instances=f.instances,
+                                        run_ids=f.run_ids)
+    st.plotly_chart(figures.request_hit_rate_over_time(bands, windows, window_s=window_s,
                                                        threshold=data.alert_threshold()),
                     key="requests_over_time")
 
-    if not requests.empty and requests["ttft_ms"].notna().any():
-        st.plotly_chart(figures.latency_by_hit(requests, column="ttft_ms"), key="requests_ttft")
-    elif not requests.empty and requests["latency_ms"].notna().any():
-        st.caption("No time to first token was recorded for these requests; total latency shown "
-                   "instead (it includes decoding, which the cache does not shorten).")
-        st.plotly_chart(figures.latency_by_hit(requests, column="latency_ms",
-                                               title="Total latency, hit vs miss"),
-                        key="requests_latency")
-    else:
+    column = ("ttft_ms" if counts["with_ttft"] else
+              "latency_ms" if counts["with_latency"] else None)
+    if column is None:
         st.caption("No time to first token or latency recorded for these requests.")
+    else:
+        if column == "latency_ms":
+            st.caption("No time to first token was recorded for these requests; total latency "
+                       "shown instead (it includes decoding, which the cache does not shorten).")
+        quantiles = data.request_latency_quantiles(db, column=column, start_s=f.start_s,
+                                                   end_s=f.end_s, models=f.models,
+                                                   instances=f.instances, run_ids=f.run_ids)
+        st.plotly_chart(figures.latency_by_hit(
+            quantiles, column=column, title=("Time to first token, hit vs miss"
+                                             if column == "ttft_ms" else
+                                             "Total latency, hit vs miss")),
+            key=f"requests_{column.removesuffix('_ms')}")
 
     st.subheader("Per window")
     if windows.empty:
@@ -99,10 +110,18 @@ with data.guard(db):
         }), hide_index=True)
 
     st.subheader("Requests")
-    if requests.empty:
+    n = counts["reported_requests"]
+    if n == 0:
         st.caption("No request in this range reported cached tokens.")
     else:
-        shown = requests.sort_values("ts_unix_s", ascending=False, na_position="last").head(500)
+        pages = (n + PAGE_ROWS - 1) // PAGE_ROWS
+        page = 1
+        if pages > 1:
+            page = int(st.number_input(f"Page (of {pages:,}, newest first)", min_value=1,
+                                       max_value=pages, value=1, step=1, key="requests_page"))
+        shown = data.newest_requests(db, start_s=f.start_s, end_s=f.end_s, limit=PAGE_ROWS,
+                                     offset=(page - 1) * PAGE_ROWS, models=f.models,
+                                     instances=f.instances, run_ids=f.run_ids)
         st.dataframe(pd.DataFrame({
             "time": shown["ts_unix_s"].map(lambda t: fmt_time(t, seconds=True)),
             "model": shown["model"],
@@ -116,5 +135,7 @@ with data.guard(db):
             "run": shown["run_id"].map(filters.run_label),
             "request id": shown["request_id"],
         }), hide_index=True)
-        if len(requests) > 500:
-            st.caption(f"Newest 500 of {len(requests):,} requests shown.")
+        if pages > 1:
+            first = (page - 1) * PAGE_ROWS + 1
+            st.caption(f"Requests {first:,} to {first + len(shown) - 1:,} of {n:,}, "
+                       "newest first.")

@@ -191,8 +191,16 @@ def request_hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | 
 def request_hit_rates(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                       end_s: float | None = None, models: Sequence[str] | None = None,
                       instances: Sequence[str] | None = None,
-                      run_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per request that reported cached tokens (the histogram's data).
+                      run_ids: Sequence[str] | None = None,
+                      limit: int | None = None) -> pd.DataFrame:
+    """One row per request that reported cached tokens, oldest first.
+
+    For tests and exports of small ranges only: the dashboard never calls it (at 10 M requests
+    it is 10 M rows); it uses :func:`request_counts`, :func:`request_hit_rate_bands`,
+    :func:`request_latency_quantiles` and :func:`newest_requests`.
+
+    Args:
+        limit: at most this many rows (the oldest), None = all.
 
     Returns:
         Columns ``run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
@@ -200,13 +208,166 @@ def request_hit_rates(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
         latency_ms, scope, tenant_digest``; oldest first.
     """
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    lim = "" if limit is None else f" LIMIT {int(limit)}"
     return con.execute(f"""
         SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
                cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
                ttft_ms, latency_ms, scope, tenant_digest
         FROM requests WHERE cached_tokens IS NOT NULL AND {where}
-        ORDER BY ts_unix_s NULLS LAST, run_id, request_id
+        ORDER BY ts_unix_s NULLS LAST, run_id, request_id{lim}
     """, params).df()
+
+
+#: Most rows :func:`newest_requests` returns per page.
+MAX_PAGE_ROWS = 1000
+
+
+def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                    end_s: float | None = None, models: Sequence[str] | None = None,
+                    instances: Sequence[str] | None = None,
+                    run_ids: Sequence[str] | None = None, limit: int = 500,
+                    offset: int = 0) -> pd.DataFrame:
+    """One page of the requests that reported cached tokens, newest first (the Requests
+    page's table). DuckDB keeps a top-(offset + limit) heap while it scans: memory is bounded
+    by the page, not by the range.
+
+    Args:
+        limit: rows per page, 1..:data:`MAX_PAGE_ROWS`.
+        offset: rows skipped (page number x limit), >= 0.
+
+    Returns:
+        Same columns as :func:`request_hit_rates`; newest first (requests without a time
+        last), ties by run_id, request_id.
+
+    Raises:
+        InvalidArgument: ``limit`` outside 1..MAX_PAGE_ROWS or ``offset`` negative.
+    """
+    if not 1 <= int(limit) <= MAX_PAGE_ROWS:
+        raise InvalidArgument(f"limit must be in 1..{MAX_PAGE_ROWS}, got {limit}")
+    if int(offset) < 0:
+        raise InvalidArgument(f"offset must be >= 0, got {offset}")
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    return con.execute(f"""
+        SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
+               cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
+               ttft_ms, latency_ms, scope, tenant_digest
+        FROM requests WHERE cached_tokens IS NOT NULL AND {where}
+        ORDER BY ts_unix_s DESC NULLS LAST, run_id, request_id
+        LIMIT ? OFFSET ?
+    """, [*params, int(limit), int(offset)]).df()
+
+
+def request_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                   end_s: float | None = None, models: Sequence[str] | None = None,
+                   instances: Sequence[str] | None = None,
+                   run_ids: Sequence[str] | None = None) -> dict[str, int]:
+    """Request counts of the range (one aggregate row).
+
+    Returns:
+        ``requests`` (all), ``reported_requests`` (cached_tokens reported, 0 included),
+        ``hit_requests`` (cached_tokens > 0), ``with_ttft`` and ``with_latency`` (reporting
+        requests with ``ttft_ms`` / ``latency_ms``); all 0 on an empty range.
+    """
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    row = con.execute(f"""
+        SELECT count(*), count(cached_tokens), count(*) FILTER (WHERE cached_tokens > 0),
+               count(ttft_ms) FILTER (WHERE cached_tokens IS NOT NULL),
+               count(latency_ms) FILTER (WHERE cached_tokens IS NOT NULL)
+        FROM requests WHERE {where}
+    """, params).fetchone()
+    keys = ("requests", "reported_requests", "hit_requests", "with_ttft", "with_latency")
+    return {k: int(v or 0) for k, v in zip(keys, row)}
+
+
+#: Quantiles :func:`request_latency_quantiles` returns (fractions), named ``p05`` ... ``p95``.
+LATENCY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "ttft_ms",
+                              start_s: float | None = None, end_s: float | None = None,
+                              models: Sequence[str] | None = None,
+                              instances: Sequence[str] | None = None,
+                              run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Latency of reporting requests that hit the prefix cache (cached_tokens > 0) and of
+    those that missed (cached_tokens = 0), as quantiles: the box plot's statistics computed in
+    DuckDB (exact ``quantile_cont``, linear interpolation), never the rows.
+
+    Args:
+        column: ``ttft_ms`` or ``latency_ms`` (milliseconds; requests without it left out).
+
+    Returns:
+        Columns ``outcome`` (``hit``, ``miss``), ``requests``, ``min_ms``, ``p05_ms``,
+        ``p25_ms``, ``p50_ms``, ``p75_ms``, ``p95_ms``, ``max_ms``, ``mean_ms``; hit first;
+        an outcome without requests is absent.
+
+    Raises:
+        InvalidArgument: ``column`` is not ``ttft_ms`` or ``latency_ms``.
+    """
+    if column not in ("ttft_ms", "latency_ms"):
+        raise InvalidArgument(f"column must be ttft_ms or latency_ms, got {column!r}")
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    qs = ", ".join(str(q) for q in LATENCY_QUANTILES)
+    names = ", ".join(f"q[{i + 1}] AS p{round(q * 100):02d}_ms"
+                      for i, q in enumerate(LATENCY_QUANTILES))
+    return con.execute(f"""
+        WITH a AS (
+            SELECT CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome,
+                   count(*) AS requests, min({column}) AS min_ms, max({column}) AS max_ms,
+                   avg({column}) AS mean_ms, quantile_cont({column}, [{qs}]) AS q
+            FROM requests
+            WHERE cached_tokens IS NOT NULL AND {column} IS NOT NULL AND {where}
+            GROUP BY 1
+        )
+        SELECT outcome, requests, min_ms, {names}, max_ms, mean_ms FROM a ORDER BY outcome
+    """, params).df()
+
+
+#: Quantiles of per-request hit rate per window (:func:`request_hit_rate_bands`).
+BAND_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def request_hit_rate_bands(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                           end_s: float | None = None, window_s: float = 3600,
+                           by: Sequence[str] = ("model",),
+                           models: Sequence[str] | None = None,
+                           instances: Sequence[str] | None = None,
+                           run_ids: Sequence[str] | None = None,
+                           origin_s: float = 0.0) -> pd.DataFrame:
+    """Distribution of per-request hit rate (cached / prompt tokens, requests that reported
+    cached tokens and had prompt tokens) per window: the quantile bands the Requests page draws
+    instead of one dot per request.
+
+    Returns:
+        Columns ``window_start_s, window_end_s, <by...>, requests, p10, p25, p50, p75, p90``
+        (fractions, exact ``quantile_cont``); oldest window first, then by the ``by`` columns.
+
+    Raises:
+        InvalidArgument: ``window_s`` not positive, or a ``by`` column not in :data:`GROUPABLE`.
+    """
+    if not window_s or window_s <= 0:
+        raise InvalidArgument(f"window_s must be positive, got {window_s}")
+    cols = _by_columns(by)
+    where, params = _where(start_s, end_s, models, instances, run_ids)
+    sel = "".join(f", {c}" for c in cols)
+    qs = ", ".join(str(q) for q in BAND_QUANTILES)
+    names = ", ".join(f"q[{i + 1}] AS p{round(q * 100):02d}" for i, q in enumerate(BAND_QUANTILES))
+    sql = f"""
+        WITH w AS (
+            SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s{sel},
+                   CAST(cached_tokens AS DOUBLE) / prompt_tokens AS rate
+            FROM requests
+            WHERE ts_unix_s IS NOT NULL AND cached_tokens IS NOT NULL AND prompt_tokens > 0
+              AND {where}
+        ), a AS (
+            SELECT window_start_s{sel}, count(*) AS requests, quantile_cont(rate, [{qs}]) AS q
+            FROM w GROUP BY ALL
+        )
+        SELECT window_start_s, window_start_s + ? AS window_end_s{sel}, requests, {names}
+        FROM a ORDER BY window_start_s{sel}
+    """
+    p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *params,
+         float(window_s)]
+    return con.execute(sql, p).df()
 
 
 def request_hit_rate_histogram(con: duckdb.DuckDBPyConnection, *, bins: int = 20,
