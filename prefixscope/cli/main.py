@@ -2,8 +2,10 @@
 
 Each command parses arguments, calls one library function, prints, and lets
 :class:`~prefixscope.core.errors.PrefixscopeError` become a one-line message and an exit code
-(see :func:`run`). Commands live in ``prefixscope/commands/``, one module per subject, each with a
-``register(groups)`` function.
+(see :func:`run`). Commands are module-level functions in ``prefixscope/cli/commands/``, one
+module per subject (importable and callable without the CLI runner); each module's
+``register(groups)`` adds its functions to the Typer groups. Options used by several commands
+are declared once in :mod:`prefixscope.cli.options`.
 """
 
 from __future__ import annotations

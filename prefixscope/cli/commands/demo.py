@@ -9,22 +9,23 @@ import typer
 from prefixscope.cli.common import DB_DEFAULT, DbOption, out
 
 
+def demo_cmd(
+    db: DbOption = DB_DEFAULT,
+    no_replay: Annotated[bool, typer.Option("--no-replay", help="Skip the replay and scope demos (faster).")] = False,
+) -> None:
+    """Build the demo database from the real vLLM captures, traces and chat logs in data/.
+
+    Example: prefixscope demo --db data/prefixscope.duckdb && prefixscope dashboard
+    """
+    from prefixscope.cli.demo import build_demo
+
+    report = build_demo(db, with_replay=not no_replay)
+    for step in report.steps:
+        out.print(f"  {step}", markup=False, highlight=False)
+    out.print(f"demo database ready: {report.db_path} ({report.seconds:.1f} s)")
+    out.print("open the dashboard: prefixscope dashboard --db " + report.db_path)
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
     """Add the ``demo`` command."""
-
-    @groups["app"].command("demo")
-    def demo_cmd(
-        db: DbOption = DB_DEFAULT,
-        no_replay: Annotated[bool, typer.Option("--no-replay", help="Skip the replay and scope demos (faster).")] = False,
-    ) -> None:
-        """Build the demo database from the real vLLM captures, traces and chat logs in data/.
-
-        Example: prefixscope demo --db data/prefixscope.duckdb && prefixscope dashboard
-        """
-        from prefixscope.cli.demo import build_demo
-
-        report = build_demo(db, with_replay=not no_replay)
-        for step in report.steps:
-            out.print(f"  {step}", markup=False, highlight=False)
-        out.print(f"demo database ready: {report.db_path} ({report.seconds:.1f} s)")
-        out.print("open the dashboard: prefixscope dashboard --db " + report.db_path)
+    groups["app"].command("demo")(demo_cmd)

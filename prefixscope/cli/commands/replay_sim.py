@@ -9,9 +9,10 @@ from typing import Annotated, Any
 import typer
 
 from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
+from prefixscope.cli.options import (AlgoOption, BlockSizeOption, ConcurrencyOption, FormatOption,
+                                     HashIdBlockSizeOption, IngestOption, LimitOption,
+                                     OutputTokensOption, T0Option, TokenizerOption, TraceArg)
 from prefixscope.core.errors import NothingIngested, UsageError
-
-_FORMAT_HELP = "Trace format: auto, mooncake, kv-cache-tester, token-ids, chat."
 
 
 def _concurrency(concurrency: int | None, max_num_batched_tokens: int, step_time: float,
@@ -101,245 +102,232 @@ def _price(model: str, prices_file: str | None):
     return None
 
 
+def sim_cmd(
+    trace: TraceArg,
+    fmt: FormatOption = "auto",
+    block_size: BlockSizeOption = 16,
+    capacity_blocks: Annotated[int | None, typer.Option(
+        "--capacity-blocks", min=2,
+        help="vLLM num_gpu_blocks, null block included (default: unbounded).")] = None,
+    algo: AlgoOption = "sha256",
+    hash_id_block_size: HashIdBlockSizeOption = 512,
+    output_tokens: OutputTokensOption = "trace",
+    concurrency: ConcurrencyOption = None,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        "--max-num-batched-tokens", min=1, help="With --concurrency: token budget per step.")] = 8192,
+    step_time: Annotated[float, typer.Option(
+        "--step-time", min=0.0, help="With --concurrency: seconds per engine step.")] = 0.02,
+    no_chunked_prefill: Annotated[bool, typer.Option(
+        "--no-chunked-prefill", help="With --concurrency: no chunked prefill.")] = False,
+    long_prefill_token_threshold: Annotated[int, typer.Option(
+        "--long-prefill-token-threshold", min=0,
+        help="With --concurrency: cap on a prefill chunk, tokens (0 = none).")] = 0,
+    max_model_len: Annotated[int | None, typer.Option(
+        "--max-model-len", min=1, help="Reject prompts reaching this many tokens.")] = None,
+    tokenizer: TokenizerOption = None,
+    layout: Annotated[Path | None, typer.Option(
+        "--layout", help="Prompt layout file (YAML/TOML) for chat traces.")] = None,
+    limit: LimitOption = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model name in the outputs (default replay-sim).")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="Short name of the run.")] = None,
+    seed: Annotated[str | None, typer.Option(
+        "--seed", help="Plays PYTHONHASHSEED for the vLLM hash algorithms.")] = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Stop at the first malformed trace record.")] = False,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Run directory (default out/replay/<run id>).")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default sim-<label>-<time>-<hex>).")] = None,
+    t0: T0Option = None,
+    snapshot_every: Annotated[float, typer.Option(
+        "--snapshot-every", min=1.0, help="Simulated seconds between /metrics snapshots.")] = 60.0,
+    ingest: IngestOption = False,
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Replay a trace through the exact model of vLLM's prefix cache.
+
+    Writes requests.jsonl (the format 'prefixscope ingest requests' reads), vLLM /metrics
+    snapshots over the trace's time span and run.json into the run directory; --ingest
+    stores them through the normal ingest path. A malformed trace record is named
+    (file:line) and skipped; a request the cache can never hold is reported as rejected.
+
+    Examples:
+
+      prefixscope replay sim data/traces/mooncake/conversation_trace.jsonl --format mooncake --block-size 512 --capacity-blocks 20000 --algo fast --json
+
+      prefixscope replay sim data/captures/aider/chat-requests.jsonl --format chat --layout data/layouts/date-at-end.yaml --ingest
+    """
+    from prefixscope.core.times import parse_time
+    from prefixscope.replay.runner import SimRunSpec, run_sim
+
+    spec = SimRunSpec(
+        trace=str(trace), format=fmt, block_size=block_size, capacity_blocks=capacity_blocks,
+        algo=algo, hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+        concurrency=_concurrency(concurrency, max_num_batched_tokens, step_time,
+                                 no_chunked_prefill, long_prefill_token_threshold),
+        max_model_len=max_model_len, tokenizer_dir=str(tokenizer) if tokenizer else None,
+        layout_path=str(layout) if layout else None, limit=limit, label=label, model=model,
+        hash_seed=seed, strict=strict)
+    res = run_sim(spec, out_dir, run_id=run_id,
+                  t0_unix_s=parse_time(t0) if t0 else None, snapshot_every_s=snapshot_every)
+    _report_problems(res.problems, quiet=as_json)
+    _check_nonempty(res, trace)
+    ingested = _ingest(db, [res.out_dir])[0] if ingest else None
+    if as_json:
+        doc = res.summary_dict()
+        if ingested is not None:
+            doc["ingested"] = {"db": db, **ingested}
+        print_json(doc)
+        return
+    _print_run(res)
+    if ingested is not None:
+        out.print(f"  stored in {db}: {ingested['requests_added']:,} requests, "
+                  f"{ingested['metric_samples_added']:,} metric samples", markup=False,
+                  highlight=False)
+
+
+def compare_cmd(
+    trace: TraceArg,
+    layout_a: Annotated[Path | None, typer.Option(
+        "--layout-a", help="Layout of run A (default: requests as recorded).")] = None,
+    layout_b: Annotated[Path | None, typer.Option(
+        "--layout-b", help="Layout of run B (default: as recorded).")] = None,
+    capacity_blocks: Annotated[int | None, typer.Option(
+        "--capacity-blocks", min=2, help="num_gpu_blocks of run A (default unbounded).")] = None,
+    capacity_blocks_b: Annotated[int | None, typer.Option(
+        "--capacity-blocks-b", min=2, help="num_gpu_blocks of run B (default: as A).")] = None,
+    fmt: FormatOption = "auto",
+    block_size: BlockSizeOption = 16,
+    algo: AlgoOption = "sha256",
+    hash_id_block_size: HashIdBlockSizeOption = 512,
+    output_tokens: OutputTokensOption = "trace",
+    concurrency: ConcurrencyOption = None,
+    tokenizer: TokenizerOption = None,
+    limit: LimitOption = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Model name (also the price-table entry used for cost).")] = None,
+    prices: Annotated[str | None, typer.Option(
+        "--prices", help="Price table TOML (default: [pricing] prices_file).")] = None,
+    price_as: Annotated[str | None, typer.Option(
+        "--price-as", help="Cost both runs at this price-table entry (default: --model).")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="Prefix of both runs' labels.")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Directory for both runs (a/ and b/; default out/replay/<id>).")] = None,
+    t0: T0Option = None,
+    ingest: IngestOption = False,
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a trace twice (layout A vs B, or capacity A vs B) and report the difference.
+
+    Prints hit rate, cached tokens and cost (at the model's price, shadow prices labelled)
+    of A and B and B - A. Both runs are placed on the same time span.
+
+    Examples:
+
+      prefixscope replay compare data/captures/aider/chat-requests.jsonl --format chat --layout-b data/layouts/date-in-first-user.yaml --price-as tiny-llama-random
+
+      prefixscope replay compare conversation_trace.jsonl --format mooncake --block-size 512 --algo fast --capacity-blocks 2000 --capacity-blocks-b 20000 --json
+    """
+    from prefixscope.core.times import parse_time
+    from prefixscope.replay.runner import run_compare
+
+    res = run_compare(
+        trace=str(trace), layout_a=str(layout_a) if layout_a else None,
+        layout_b=str(layout_b) if layout_b else None, capacity_blocks=capacity_blocks,
+        capacity_blocks_b=capacity_blocks_b, format=fmt, block_size=block_size, algo=algo,
+        hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+        concurrency=_concurrency(concurrency, 8192, 0.02, False, 0),
+        tokenizer_dir=str(tokenizer) if tokenizer else None, limit=limit, model=model,
+        label=label, out_dir=out_dir, t0_unix_s=parse_time(t0) if t0 else None)
+    for side in (res.a, res.b):
+        _report_problems(side.problems, quiet=as_json)
+        _check_nonempty(side, trace)
+    price = _price(price_as or res.a.model, prices)
+    from prefixscope.replay.compare import compare_runs
+
+    doc = compare_runs(res.a.summary, res.b.summary, price=price,
+                       a_extra={"run_id": res.a.run_id, "label": res.a.label,
+                                "layout": res.a.layout},
+                       b_extra={"run_id": res.b.run_id, "label": res.b.label,
+                                "layout": res.b.layout})
+    if ingest:
+        doc["ingested"] = {"db": db, "runs": _ingest(db, [res.a.out_dir, res.b.out_dir])}
+    doc["out_dir"] = str(res.out_dir)
+    if as_json:
+        print_json(doc)
+        return
+    _print_compare(doc)
+
+
+def chat_trace_cmd(
+    source: Annotated[Path, typer.Argument(help="aider chat history (.md) or SWE-agent trajectory (.traj).")],
+    out_file: Annotated[Path, typer.Option("--out", help="Chat trace JSONL to write.")],
+    kind: Annotated[str, typer.Option(
+        "--from", help="aider or swe-agent (default: from the file name).")] = "auto",
+    chats_per_day: Annotated[int | None, typer.Option(
+        "--chats-per-day", min=1, help="aider: first N chats of each day only.")] = None,
+    max_turns: Annotated[int | None, typer.Option(
+        "--max-turns", min=1, help="aider: first N inputs of each chat only.")] = None,
+    max_message_chars: Annotated[int | None, typer.Option(
+        "--max-message-chars", min=1, help="aider: cut messages to this many characters.")] = None,
+) -> None:
+    """Build a chat-request trace (replay sim --format chat) from captured conversations.
+
+    aider: one request per user input, with a system prompt carrying aider's volatile
+    "- Current date:" line (see docs/replay.md#traces). SWE-agent: one request per model
+    call of a trajectory.
+
+    Example: prefixscope replay chat-trace .aider.chat.history.md --out out/aider-requests.jsonl --chats-per-day 4
+    """
+    from prefixscope.replay.chat_captures import (
+        aider_chat_requests,
+        swe_agent_chat_requests,
+        write_chat_trace,
+    )
+
+    k = kind
+    if k == "auto":
+        k = "swe-agent" if source.suffix == ".traj" else "aider"
+    if k == "aider":
+        lines = aider_chat_requests(source, chats_per_day=chats_per_day, max_turns=max_turns,
+                                    max_message_chars=max_message_chars)
+    elif k == "swe-agent":
+        lines = swe_agent_chat_requests(source)
+    else:
+        raise UsageError("--from must be aider or swe-agent")
+    n = write_chat_trace(lines, out_file)
+    if n == 0:
+        raise NothingIngested(f"{source}: no requests found")
+    out.print(f"wrote {n} chat requests to {out_file}", markup=False, highlight=False)
+
+
+def ingest_replay_run_cmd(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by replay sim.")],
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Store simulated replay runs (requests, /metrics snapshots, runs row). Safe to run twice.
+
+    Example: prefixscope ingest replay-run out/replay/sim-conversation-20261129T101500-3fa2
+    """
+    docs = _ingest(db, list(run_dirs))
+    if as_json:
+        print_json(docs)
+        return
+    for d in docs:
+        out.print(f"run {d['run_id']}: {d['requests_added']:,} requests added, "
+                  f"{d['metric_samples_added']:,} metric samples from "
+                  f"{d['metric_snapshots']} snapshots", markup=False, highlight=False)
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
     """Add ``replay sim``, ``replay compare``, ``replay chat-trace`` and ``ingest replay-run``."""
-    replay_app = groups["replay"]
-    ingest_app = groups["ingest"]
-
-    @replay_app.command("sim")
-    def sim_cmd(
-        trace: Annotated[Path, typer.Argument(help="Trace file (or a kv-cache-tester directory).")],
-        fmt: Annotated[str, typer.Option("--format", help=_FORMAT_HELP)] = "auto",
-        block_size: Annotated[int, typer.Option(
-            "--block-size", min=1, help="Engine KV block size, tokens (vLLM default 16).")] = 16,
-        capacity_blocks: Annotated[int | None, typer.Option(
-            "--capacity-blocks", min=2,
-            help="vLLM num_gpu_blocks, null block included (default: unbounded).")] = None,
-        algo: Annotated[str, typer.Option(
-            "--algo", help="sha256 (vLLM default), sha256_cbor, xxhash, xxhash_cbor, or fast "
-                           "(same hits, no vLLM hash values).")] = "sha256",
-        hash_id_block_size: Annotated[int, typer.Option(
-            "--hash-id-block-size", min=1,
-            help="Tokens per hash id (Mooncake 512, Bailian 16).")] = 512,
-        output_tokens: Annotated[str, typer.Option(
-            "--output-tokens", help="trace (simulate output lengths) or 0.")] = "trace",
-        concurrency: Annotated[int | None, typer.Option(
-            "--concurrency", min=1,
-            help="Step-based scheduler with this max_num_seqs (default: sequential, exact).")] = None,
-        max_num_batched_tokens: Annotated[int, typer.Option(
-            "--max-num-batched-tokens", min=1, help="With --concurrency: token budget per step.")] = 8192,
-        step_time: Annotated[float, typer.Option(
-            "--step-time", min=0.0, help="With --concurrency: seconds per engine step.")] = 0.02,
-        no_chunked_prefill: Annotated[bool, typer.Option(
-            "--no-chunked-prefill", help="With --concurrency: no chunked prefill.")] = False,
-        long_prefill_token_threshold: Annotated[int, typer.Option(
-            "--long-prefill-token-threshold", min=0,
-            help="With --concurrency: cap on a prefill chunk, tokens (0 = none).")] = 0,
-        max_model_len: Annotated[int | None, typer.Option(
-            "--max-model-len", min=1, help="Reject prompts reaching this many tokens.")] = None,
-        tokenizer: Annotated[Path | None, typer.Option(
-            "--tokenizer", help="Tokenizer dir for chat traces (default data/tiny-tokenizer).")] = None,
-        layout: Annotated[Path | None, typer.Option(
-            "--layout", help="Prompt layout file (YAML/TOML) for chat traces.")] = None,
-        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N requests.")] = None,
-        model: Annotated[str | None, typer.Option(
-            "--model", help="Model name in the outputs (default replay-sim).")] = None,
-        label: Annotated[str | None, typer.Option("--label", help="Short name of the run.")] = None,
-        seed: Annotated[str | None, typer.Option(
-            "--seed", help="Plays PYTHONHASHSEED for the vLLM hash algorithms.")] = None,
-        strict: Annotated[bool, typer.Option(
-            "--strict", help="Stop at the first malformed trace record.")] = False,
-        out_dir: Annotated[Path | None, typer.Option(
-            "--out", help="Run directory (default out/replay/<run id>).")] = None,
-        run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default sim-<label>-<time>-<hex>).")] = None,
-        t0: Annotated[str | None, typer.Option(
-            "--t0", help="Time of trace time 0 (ISO, Unix s, -1h...; default: run ends now).")] = None,
-        snapshot_every: Annotated[float, typer.Option(
-            "--snapshot-every", min=1.0, help="Simulated seconds between /metrics snapshots.")] = 60.0,
-        ingest: Annotated[bool, typer.Option(
-            "--ingest", help="Store the run in the database (requests, metrics, runs row).")] = False,
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Replay a trace through the exact model of vLLM's prefix cache.
-
-        Writes requests.jsonl (the format 'prefixscope ingest requests' reads), vLLM /metrics
-        snapshots over the trace's time span and run.json into the run directory; --ingest
-        stores them through the normal ingest path. A malformed trace record is named
-        (file:line) and skipped; a request the cache can never hold is reported as rejected.
-
-        Examples:
-
-          prefixscope replay sim data/traces/mooncake/conversation_trace.jsonl --format mooncake --block-size 512 --capacity-blocks 20000 --algo fast --json
-
-          prefixscope replay sim data/captures/aider/chat-requests.jsonl --format chat --layout data/layouts/date-at-end.yaml --ingest
-        """
-        from prefixscope.core.times import parse_time
-        from prefixscope.replay.runner import SimRunSpec, run_sim
-
-        spec = SimRunSpec(
-            trace=str(trace), format=fmt, block_size=block_size, capacity_blocks=capacity_blocks,
-            algo=algo, hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
-            concurrency=_concurrency(concurrency, max_num_batched_tokens, step_time,
-                                     no_chunked_prefill, long_prefill_token_threshold),
-            max_model_len=max_model_len, tokenizer_dir=str(tokenizer) if tokenizer else None,
-            layout_path=str(layout) if layout else None, limit=limit, label=label, model=model,
-            hash_seed=seed, strict=strict)
-        res = run_sim(spec, out_dir, run_id=run_id,
-                      t0_unix_s=parse_time(t0) if t0 else None, snapshot_every_s=snapshot_every)
-        _report_problems(res.problems, quiet=as_json)
-        _check_nonempty(res, trace)
-        ingested = _ingest(db, [res.out_dir])[0] if ingest else None
-        if as_json:
-            doc = res.summary_dict()
-            if ingested is not None:
-                doc["ingested"] = {"db": db, **ingested}
-            print_json(doc)
-            return
-        _print_run(res)
-        if ingested is not None:
-            out.print(f"  stored in {db}: {ingested['requests_added']:,} requests, "
-                      f"{ingested['metric_samples_added']:,} metric samples", markup=False,
-                      highlight=False)
-
-    @replay_app.command("compare")
-    def compare_cmd(
-        trace: Annotated[Path, typer.Argument(help="Trace file (or a kv-cache-tester directory).")],
-        layout_a: Annotated[Path | None, typer.Option(
-            "--layout-a", help="Layout of run A (default: requests as recorded).")] = None,
-        layout_b: Annotated[Path | None, typer.Option(
-            "--layout-b", help="Layout of run B (default: as recorded).")] = None,
-        capacity_blocks: Annotated[int | None, typer.Option(
-            "--capacity-blocks", min=2, help="num_gpu_blocks of run A (default unbounded).")] = None,
-        capacity_blocks_b: Annotated[int | None, typer.Option(
-            "--capacity-blocks-b", min=2, help="num_gpu_blocks of run B (default: as A).")] = None,
-        fmt: Annotated[str, typer.Option("--format", help=_FORMAT_HELP)] = "auto",
-        block_size: Annotated[int, typer.Option("--block-size", min=1, help="Engine block size, tokens.")] = 16,
-        algo: Annotated[str, typer.Option("--algo", help="Hash algorithm (see replay sim).")] = "sha256",
-        hash_id_block_size: Annotated[int, typer.Option(
-            "--hash-id-block-size", min=1, help="Tokens per hash id.")] = 512,
-        output_tokens: Annotated[str, typer.Option(
-            "--output-tokens", help="trace or 0.")] = "trace",
-        concurrency: Annotated[int | None, typer.Option(
-            "--concurrency", min=1, help="Step model with this max_num_seqs (default sequential).")] = None,
-        tokenizer: Annotated[Path | None, typer.Option(
-            "--tokenizer", help="Tokenizer dir for chat traces.")] = None,
-        limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N requests.")] = None,
-        model: Annotated[str | None, typer.Option(
-            "--model", help="Model name (also the price-table entry used for cost).")] = None,
-        prices: Annotated[str | None, typer.Option(
-            "--prices", help="Price table TOML (default: [pricing] prices_file).")] = None,
-        price_as: Annotated[str | None, typer.Option(
-            "--price-as", help="Cost both runs at this price-table entry (default: --model).")] = None,
-        label: Annotated[str | None, typer.Option("--label", help="Prefix of both runs' labels.")] = None,
-        out_dir: Annotated[Path | None, typer.Option(
-            "--out", help="Directory for both runs (a/ and b/; default out/replay/<id>).")] = None,
-        t0: Annotated[str | None, typer.Option("--t0", help="Time of trace time 0 for both runs.")] = None,
-        ingest: Annotated[bool, typer.Option("--ingest", help="Store both runs in the database.")] = False,
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Run a trace twice (layout A vs B, or capacity A vs B) and report the difference.
-
-        Prints hit rate, cached tokens and cost (at the model's price, shadow prices labelled)
-        of A and B and B - A. Both runs are placed on the same time span.
-
-        Examples:
-
-          prefixscope replay compare data/captures/aider/chat-requests.jsonl --format chat --layout-b data/layouts/date-in-first-user.yaml --price-as tiny-llama-random
-
-          prefixscope replay compare conversation_trace.jsonl --format mooncake --block-size 512 --algo fast --capacity-blocks 2000 --capacity-blocks-b 20000 --json
-        """
-        from prefixscope.core.times import parse_time
-        from prefixscope.replay.runner import run_compare
-
-        res = run_compare(
-            trace=str(trace), layout_a=str(layout_a) if layout_a else None,
-            layout_b=str(layout_b) if layout_b else None, capacity_blocks=capacity_blocks,
-            capacity_blocks_b=capacity_blocks_b, format=fmt, block_size=block_size, algo=algo,
-            hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
-            concurrency=_concurrency(concurrency, 8192, 0.02, False, 0),
-            tokenizer_dir=str(tokenizer) if tokenizer else None, limit=limit, model=model,
-            label=label, out_dir=out_dir, t0_unix_s=parse_time(t0) if t0 else None)
-        for side in (res.a, res.b):
-            _report_problems(side.problems, quiet=as_json)
-            _check_nonempty(side, trace)
-        price = _price(price_as or res.a.model, prices)
-        from prefixscope.replay.compare import compare_runs
-
-        doc = compare_runs(res.a.summary, res.b.summary, price=price,
-                           a_extra={"run_id": res.a.run_id, "label": res.a.label,
-                                    "layout": res.a.layout},
-                           b_extra={"run_id": res.b.run_id, "label": res.b.label,
-                                    "layout": res.b.layout})
-        if ingest:
-            doc["ingested"] = {"db": db, "runs": _ingest(db, [res.a.out_dir, res.b.out_dir])}
-        doc["out_dir"] = str(res.out_dir)
-        if as_json:
-            print_json(doc)
-            return
-        _print_compare(doc)
-
-    @replay_app.command("chat-trace")
-    def chat_trace_cmd(
-        source: Annotated[Path, typer.Argument(help="aider chat history (.md) or SWE-agent trajectory (.traj).")],
-        out_file: Annotated[Path, typer.Option("--out", help="Chat trace JSONL to write.")],
-        kind: Annotated[str, typer.Option(
-            "--from", help="aider or swe-agent (default: from the file name).")] = "auto",
-        chats_per_day: Annotated[int | None, typer.Option(
-            "--chats-per-day", min=1, help="aider: first N chats of each day only.")] = None,
-        max_turns: Annotated[int | None, typer.Option(
-            "--max-turns", min=1, help="aider: first N inputs of each chat only.")] = None,
-        max_message_chars: Annotated[int | None, typer.Option(
-            "--max-message-chars", min=1, help="aider: cut messages to this many characters.")] = None,
-    ) -> None:
-        """Build a chat-request trace (replay sim --format chat) from captured conversations.
-
-        aider: one request per user input, with a system prompt carrying aider's volatile
-        "- Current date:" line (see docs/replay.md#traces). SWE-agent: one request per model
-        call of a trajectory.
-
-        Example: prefixscope replay chat-trace .aider.chat.history.md --out out/aider-requests.jsonl --chats-per-day 4
-        """
-        from prefixscope.replay.chat_captures import (
-            aider_chat_requests,
-            swe_agent_chat_requests,
-            write_chat_trace,
-        )
-
-        k = kind
-        if k == "auto":
-            k = "swe-agent" if source.suffix == ".traj" else "aider"
-        if k == "aider":
-            lines = aider_chat_requests(source, chats_per_day=chats_per_day, max_turns=max_turns,
-                                        max_message_chars=max_message_chars)
-        elif k == "swe-agent":
-            lines = swe_agent_chat_requests(source)
-        else:
-            raise UsageError("--from must be aider or swe-agent")
-        n = write_chat_trace(lines, out_file)
-        if n == 0:
-            raise NothingIngested(f"{source}: no requests found")
-        out.print(f"wrote {n} chat requests to {out_file}", markup=False, highlight=False)
-
-    @ingest_app.command("replay-run")
-    def ingest_replay_run_cmd(
-        run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by replay sim.")],
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Store simulated replay runs (requests, /metrics snapshots, runs row). Safe to run twice.
-
-        Example: prefixscope ingest replay-run out/replay/sim-conversation-20261129T101500-3fa2
-        """
-        docs = _ingest(db, list(run_dirs))
-        if as_json:
-            print_json(docs)
-            return
-        for d in docs:
-            out.print(f"run {d['run_id']}: {d['requests_added']:,} requests added, "
-                      f"{d['metric_samples_added']:,} metric samples from "
-                      f"{d['metric_snapshots']} snapshots", markup=False, highlight=False)
+    groups["replay"].command("sim")(sim_cmd)
+    groups["replay"].command("compare")(compare_cmd)
+    groups["replay"].command("chat-trace")(chat_trace_cmd)
+    groups["ingest"].command("replay-run")(ingest_replay_run_cmd)
 
 
 def _print_compare(doc: dict[str, Any]) -> None:

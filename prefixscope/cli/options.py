@@ -1,0 +1,45 @@
+"""Option declarations shared by several commands (as sqlite-utils' ``output_options``).
+
+Each is an ``Annotated`` type: a command declares ``block_size: BlockSizeOption = 16`` and gets
+the same flag, help and validation as every other command that replays a trace. The default
+stays at the use site, so a command can choose its own. ``--db`` and ``--json`` are in
+:mod:`prefixscope.cli.common`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+#: Trace formats ``replay sim``, ``replay compare`` and ``replay live`` read (replay/traces.py).
+FORMAT_HELP = "Trace format: auto, mooncake, kv-cache-tester, token-ids, chat."
+
+TraceArg = Annotated[Path, typer.Argument(help="Trace file (or a kv-cache-tester directory).")]
+FormatOption = Annotated[str, typer.Option("--format", help=FORMAT_HELP)]
+TokenizerOption = Annotated[Path | None, typer.Option(
+    "--tokenizer", help="Tokenizer dir for chat traces (default data/tiny-tokenizer).")]
+LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N requests.")]
+
+# The exact cache model's parameters (replay sim and replay compare).
+BlockSizeOption = Annotated[int, typer.Option(
+    "--block-size", min=1, help="Engine KV block size, tokens (vLLM default 16).")]
+AlgoOption = Annotated[str, typer.Option(
+    "--algo", help="sha256 (vLLM default), sha256_cbor, xxhash, xxhash_cbor, or fast "
+                   "(same hits, no vLLM hash values).")]
+HashIdBlockSizeOption = Annotated[int, typer.Option(
+    "--hash-id-block-size", min=1, help="Tokens per hash id (Mooncake 512, Bailian 16).")]
+OutputTokensOption = Annotated[str, typer.Option(
+    "--output-tokens", help="trace (simulate output lengths) or 0.")]
+ConcurrencyOption = Annotated[int | None, typer.Option(
+    "--concurrency", min=1,
+    help="Step-based scheduler with this max_num_seqs (default: sequential, exact).")]
+T0Option = Annotated[str | None, typer.Option(
+    "--t0", help="Time of trace time 0 (ISO, Unix s, -1h...; default: run ends now).")]
+IngestOption = Annotated[bool, typer.Option(
+    "--ingest", help="Store the run(s) in the database through the normal ingest path.")]
+
+# Which traffic a query reads (hitrate and report).
+AllRunsOption = Annotated[bool, typer.Option(
+    "--all-runs", help="Production traffic and every replay run together.")]
