@@ -8,7 +8,8 @@ Numbers are never reused and applied migrations are never edited: add a new one.
 Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
-9 requests digest key. Columns documented in
+9 requests digest key, 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices,
+residency). Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -338,4 +339,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "UPDATE metric_samples SET run_id = '' WHERE run_id IS NULL",
     )),
     Migration(9, "requests keyed by a 128-bit digest of (run_id, request_id)", _REQUESTS_KEY),
+    Migration(60, "requests carry their provider", (
+        # gen_ai.provider.name of an OTLP span, LiteLLM custom_llm_provider, ...: NULL when the
+        # source names none (usage logs). Used to price a request (genai-prices provider ids).
+        "ALTER TABLE requests ADD COLUMN IF NOT EXISTS provider VARCHAR",
+    )),
 )

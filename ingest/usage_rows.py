@@ -1,0 +1,49 @@
+"""``requests`` rows from sources other than usage JSONL (OTLP spans, LiteLLM, Langfuse).
+
+Those sources normalise a record to a dict of ``requests`` columns (the rules of
+:mod:`prefixscope.ingest.usage_shapes`: inclusive prompt, NULL = not reported, digests only),
+plus ``provider`` (migration 60). This module turns such dicts into the same Arrow batch the
+usage-log reader builds and inserts it with the same writer
+(``store/queries/requests.py``: ``request_key``, ``ON CONFLICT DO NOTHING``), so every source
+lands in one table under one rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from prefixscope.ingest.usage_read import _COLUMNS
+
+#: ``requests`` columns written by these sources: the usage-log columns, then ``provider``.
+ROW_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (*_COLUMNS, ("provider", pa.string()))
+_SCHEMA = pa.schema([pa.field(n, t) for n, t in ROW_COLUMNS])
+ROW_COLUMN_LIST = ", ".join(n for n, _ in ROW_COLUMNS)
+_DEFAULTS = {"run_id": "", "ts_estimated": False}
+
+
+def dict_rows_to_arrow(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Row dicts (keys: :data:`ROW_COLUMNS` names; a missing key is NULL, ``run_id`` '' and
+    ``ts_estimated`` false) -> an Arrow table with the ``requests`` types."""
+    cols = []
+    for name, typ in ROW_COLUMNS:
+        default = _DEFAULTS.get(name)
+        cols.append(pa.array([r.get(name, default) if r.get(name) is not None else default
+                              for r in rows], type=typ))
+    return pa.Table.from_arrays(cols, schema=_SCHEMA)
+
+
+def insert_dict_rows(con: duckdb.DuckDBPyConnection, rows: Sequence[dict[str, Any]] | pa.Table
+                     ) -> int:
+    """Insert rows (dicts or their :func:`dict_rows_to_arrow` table) into ``requests``;
+    a (run_id, request_id) already stored, or repeated in the batch, is skipped. Runs inside
+    the caller's transaction. Returns rows added."""
+    from prefixscope.store.queries.requests import insert_request_rows
+
+    table = rows if isinstance(rows, pa.Table) else dict_rows_to_arrow(rows)
+    if table.num_rows == 0:
+        return 0
+    return insert_request_rows(con, table, ROW_COLUMN_LIST)
