@@ -42,61 +42,61 @@ def _host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def otlp_cmd(
+    files: Annotated[list[str] | None, typer.Argument(
+        help="Collector file-exporter output: OTLP/JSON, one trace request per line.")] = None,
+    listen: Annotated[str | None, typer.Option(
+        "--listen", help="Receive OTLP/HTTP on HOST:PORT (POST /v1/traces, protobuf or "
+        "JSON) until Ctrl-C, e.g. 127.0.0.1:4318.")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", help="Run id of the stored rows (default '': production traffic).")] = None,
+    instance: Annotated[str | None, typer.Option(
+        "--instance", help="Instance for spans without server.address.")] = None,
+    input_rule: Annotated[str, typer.Option(
+        "--input-rule", help="semconv: gen_ai.usage.input_tokens includes cached tokens "
+        "(corrected and flagged when it cannot); provider: Anthropic and Bedrock spans "
+        "carry the API's exclusive count.")] = "semconv",
+    hmac_key_file: HmacKeyOption = None,
+    lock_timeout: Annotated[float, typer.Option(
+        "--lock-timeout", help="--listen: seconds a request waits for the store's lock "
+        "before answering 503 (the exporter retries).")] = 2.0,
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Store token usage from OpenTelemetry GenAI spans as requests.
+
+    Reads gen_ai.usage.input_tokens / output_tokens and the cache attributes under every
+    name in use (gen_ai.usage.cache_read.input_tokens, cache_write / cache_creation,
+    OpenLLMetry, Sentry, Langfuse, OpenInference llm.token_count.*, Vercel ai.usage.*),
+    gen_ai.request.model, gen_ai.response.id, the provider, server address and span
+    durations (docs/ingest.md#otlp). Spans without usage are skipped. Tenant and user ids
+    are stored only as HMAC namespace digests. With --listen, each request is answered
+    after its spans are committed; a locked store answers 503 and the exporter retries.
+
+    Examples:
+
+      prefixscope ingest otlp --listen 127.0.0.1:4318
+
+      prefixscope ingest otlp /var/lib/otelcol/traces.jsonl --json
+    """
+    from prefixscope.ingest.genai_spans import INPUT_RULES
+    from prefixscope.ingest.otlp import SpanOptions
+
+    if input_rule not in INPUT_RULES:
+        raise UsageError(f"--input-rule must be one of {', '.join(INPUT_RULES)}")
+    if bool(files) == bool(listen):
+        raise UsageError("give FILE... (collector file exporter) or --listen HOST:PORT")
+    opts = SpanOptions(run_id=run_id or "", instance=instance, input_rule=input_rule,
+                       tenant_digester=tenant_digester(hmac_key_file))
+    if listen:
+        _listen(db, listen, opts, lock_timeout, as_json)
+        return
+    _files(db, files or [], opts, as_json)
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
     """Add ``ingest otlp``."""
-    ingest_app = groups["ingest"]
-
-    @ingest_app.command("otlp")
-    def otlp_cmd(
-        files: Annotated[list[str] | None, typer.Argument(
-            help="Collector file-exporter output: OTLP/JSON, one trace request per line.")] = None,
-        listen: Annotated[str | None, typer.Option(
-            "--listen", help="Receive OTLP/HTTP on HOST:PORT (POST /v1/traces, protobuf or "
-            "JSON) until Ctrl-C, e.g. 127.0.0.1:4318.")] = None,
-        run_id: Annotated[str | None, typer.Option(
-            "--run-id", help="Run id of the stored rows (default '': production traffic).")] = None,
-        instance: Annotated[str | None, typer.Option(
-            "--instance", help="Instance for spans without server.address.")] = None,
-        input_rule: Annotated[str, typer.Option(
-            "--input-rule", help="semconv: gen_ai.usage.input_tokens includes cached tokens "
-            "(corrected and flagged when it cannot); provider: Anthropic and Bedrock spans "
-            "carry the API's exclusive count.")] = "semconv",
-        hmac_key_file: HmacKeyOption = None,
-        lock_timeout: Annotated[float, typer.Option(
-            "--lock-timeout", help="--listen: seconds a request waits for the store's lock "
-            "before answering 503 (the exporter retries).")] = 2.0,
-        db: DbOption = DB_DEFAULT,
-        as_json: JsonOption = False,
-    ) -> None:
-        """Store token usage from OpenTelemetry GenAI spans as requests.
-
-        Reads gen_ai.usage.input_tokens / output_tokens and the cache attributes under every
-        name in use (gen_ai.usage.cache_read.input_tokens, cache_write / cache_creation,
-        OpenLLMetry, Sentry, Langfuse, OpenInference llm.token_count.*, Vercel ai.usage.*),
-        gen_ai.request.model, gen_ai.response.id, the provider, server address and span
-        durations (docs/ingest.md#otlp). Spans without usage are skipped. Tenant and user ids
-        are stored only as HMAC namespace digests. With --listen, each request is answered
-        after its spans are committed; a locked store answers 503 and the exporter retries.
-
-        Examples:
-
-          prefixscope ingest otlp --listen 127.0.0.1:4318
-
-          prefixscope ingest otlp /var/lib/otelcol/traces.jsonl --json
-        """
-        from prefixscope.ingest.genai_spans import INPUT_RULES
-        from prefixscope.ingest.otlp import SpanOptions
-
-        if input_rule not in INPUT_RULES:
-            raise UsageError(f"--input-rule must be one of {', '.join(INPUT_RULES)}")
-        if bool(files) == bool(listen):
-            raise UsageError("give FILE... (collector file exporter) or --listen HOST:PORT")
-        opts = SpanOptions(run_id=run_id or "", instance=instance, input_rule=input_rule,
-                           tenant_digester=tenant_digester(hmac_key_file))
-        if listen:
-            _listen(db, listen, opts, lock_timeout, as_json)
-            return
-        _files(db, files or [], opts, as_json)
+    groups["ingest"].command("otlp")(otlp_cmd)
 
 
 def _files(db: str, files: list[str], opts, as_json: bool) -> None:
