@@ -8,8 +8,8 @@ Numbers are never reused and applied migrations are never edited: add a new one.
 Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
-9 requests digest key, 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices,
-residency). Columns documented in
+9 requests digest key, 10-19 counts you can trust (issue 11: metric_samples keyed by run),
+60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency). Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -201,6 +201,39 @@ _REQUESTS_KEY = (
     "ALTER TABLE requests_m9 RENAME TO requests",
 )
 
+_METRIC_SAMPLES_COLUMNS = (
+    "metric, labels, instance, model, engine, ts_unix_s, value, raw_metric, legacy, "
+    "created_zero, source_id, run_id")
+
+_METRIC_SAMPLES_BY_RUN = (
+    # The key gains run_id: two replay runs against the same instance name (two `replay
+    # gateway` runs, or a live run and production scrapes of one server) keep their own
+    # samples instead of the second being skipped as a duplicate. DuckDB cannot alter a
+    # primary key: the table is rebuilt with the same columns in the same order, rows copied.
+    """
+    CREATE TABLE metric_samples_m10 (
+        metric          VARCHAR NOT NULL,
+        labels          VARCHAR NOT NULL,
+        instance        VARCHAR NOT NULL,
+        model           VARCHAR,
+        engine          VARCHAR,
+        ts_unix_s       DOUBLE NOT NULL,
+        value           DOUBLE NOT NULL,
+        raw_metric      VARCHAR NOT NULL,
+        legacy          BOOLEAN NOT NULL DEFAULT FALSE,
+        created_zero    BOOLEAN NOT NULL DEFAULT FALSE,
+        source_id       VARCHAR NOT NULL,
+        run_id          VARCHAR NOT NULL DEFAULT '',  -- '' production; else runs.run_id
+        PRIMARY KEY (run_id, metric, labels, instance, ts_unix_s)
+    )
+    """,
+    f"INSERT INTO metric_samples_m10 ({_METRIC_SAMPLES_COLUMNS}) "
+    f"SELECT {_METRIC_SAMPLES_COLUMNS.removesuffix('run_id')}coalesce(run_id, '') "
+    "FROM metric_samples",
+    "DROP TABLE metric_samples",
+    "ALTER TABLE metric_samples_m10 RENAME TO metric_samples",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
     Migration(6, "alerts: daily report sends", (
@@ -339,6 +372,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "UPDATE metric_samples SET run_id = '' WHERE run_id IS NULL",
     )),
     Migration(9, "requests keyed by a 128-bit digest of (run_id, request_id)", _REQUESTS_KEY),
+    Migration(10, "metric samples keyed by run", _METRIC_SAMPLES_BY_RUN),
     Migration(60, "requests carry their provider", (
         # gen_ai.provider.name of an OTLP span, LiteLLM custom_llm_provider, ...: NULL when the
         # source names none (usage logs). Used to price a request (genai-prices provider ids).

@@ -56,7 +56,7 @@ def test_migration_9_keeps_rows_and_columns(db_at_8, monkeypatch):
         before_cols = [r[0] for r in con.execute("DESCRIBE requests").fetchall()]
         before = con.execute(f"SELECT {', '.join(before_cols)} FROM requests ORDER BY line"
                              ).fetchall()
-        assert store_db.migrate(con) == [9]
+        assert store_db.migrate(con)[:1] == [9]  # and any later ones
     finally:
         con.close()
     con = store_db.connect(db_at_8)  # the rebuilt table and its index read back from the file

@@ -2,7 +2,8 @@
 
 The rules (``docs/metrics.md``; vLLM's counters: ``vllm/v1/metrics/loggers.py``, 0.32/0.33):
 
-1. A **series** is (metric, labels, instance). Its samples are ordered by ``ts_unix_s``.
+1. A **series** is (run_id, metric, labels, instance): a replay run's samples never continue
+   production's or another run's series. Its samples are ordered by ``ts_unix_s``.
 2. The **increase** of a sample is ``value - previous value`` of the same series; when the value
    dropped (a restart) it is the new ``value`` (counting from 0), never negative. The first
    sample of a series has no increase.
@@ -59,7 +60,8 @@ def _by_columns(by: Sequence[str]) -> list[str]:
 def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple], *,
                           run_id: str = "") -> int:
     """Insert sample rows (tuples in :data:`METRIC_SAMPLE_COLUMNS` order); rows whose key
-    (metric, labels, instance, ts_unix_s) already exists are skipped. ``run_id`` is stored on
+    (run_id, metric, labels, instance, ts_unix_s) already exists are skipped (migration 10: the
+    same scrape stored under two runs is two rows). ``run_id`` is stored on
     every row (``''`` = production traffic, else the replay run they belong to).
 
     Runs inside the caller's transaction.
@@ -120,7 +122,7 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
         start_params = [float(start_s)]
     sql = f"""
         base AS (
-            SELECT metric, labels, instance, model, engine, ts_unix_s, value, legacy
+            SELECT run_id, metric, labels, instance, model, engine, ts_unix_s, value, legacy
             FROM metric_samples
             WHERE list_contains(?::VARCHAR[], metric){where}
         ),
@@ -129,7 +131,7 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
                    lag(value) OVER w AS prev_value,
                    lag(ts_unix_s) OVER w AS prev_ts_unix_s
             FROM base
-            WINDOW w AS (PARTITION BY metric, labels, instance ORDER BY ts_unix_s)
+            WINDOW w AS (PARTITION BY run_id, metric, labels, instance ORDER BY ts_unix_s)
         ),
         inc AS (
             SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy,
