@@ -17,7 +17,9 @@ Definitions (also in ``docs/alerts.md``, with examples):
 3. **Status**, in this order: STALE when a metrics source of the model stopped reporting
    (point 4); NO DATA when ``prompt_tokens < min_query_tokens`` (a cold restart with 0 of 1
    queried tokens is not an alert); OK when ``hit_rate >= threshold`` (``per_model_threshold``
-   of the model, else ``hit_rate_threshold``, default 0.5); ALERT below.
+   of the model, else ``hit_rate_threshold``, default 0.5); ALERT below. These rules, the
+   thresholds and the line text are :mod:`prefixscope.core.report`'s (shared with
+   ``prefixscope report`` and the dashboard); this module gathers the figures.
 4. **STALE**: an (instance, model) scraped at least once in ``[start_s - 86400, cutoff)``, with
    ``cutoff = min(end_s, now)``, whose last scrape is earlier than ``cutoff - stale_after_s``,
    ``stale_after_s = max(stale_min_s, stale_after_scrapes x median_gap_s)``, the median gap
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -42,15 +44,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import duckdb
 import pandas as pd
 
+from prefixscope.core import report as rules
 from prefixscope.core.config import AlertsConfig
-from prefixscope.core.errors import ConfigError, UsageError
+from prefixscope.core.errors import UsageError
+from prefixscope.core.report import NO_DATA, STALE, threshold_for
 
-OK = "OK"
-ALERT = "ALERT"
-NO_DATA = "NO DATA"
-STALE = "STALE"
-#: Worst first: the status of an email is that of its worst line.
-SEVERITY: dict[str, int] = {ALERT: 3, STALE: 2, NO_DATA: 1, OK: 0}
 LOOKBACK_S = 86400.0
 PRODUCTION_RUN_ID = ""
 
@@ -294,64 +292,19 @@ def line_dict(line: ReportLine) -> dict[str, object]:
 # ---------------------------------------------------------------------------------------------
 
 
-def percent(hit_rate: float) -> int:
-    """A hit rate as whole percent, rounded down (so that 49.9% never reads ``50%: ALERT``),
-    as :func:`prefixscope.store.queries.requests.percent_floor` does for token counts."""
-    return int(math.floor(hit_rate * 100 + 1e-9))
-
-
 def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: int,
               stale: Sequence[StaleSource] = (), tz: str = "UTC") -> str:
-    """The report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
-
-    OK and ALERT lines are exactly :func:`prefixscope.store.queries.requests.format_report_line`'s (the
-    line ``prefixscope report`` prints; ALERT adds ``: check the top of the prompt``). NO DATA
-    names the volume guard; STALE names the silent source and its last scrape (local time in
-    ``tz``).
-    """
-    from prefixscope.store.queries.requests import format_report_line, percent_floor
-
-    if status in (OK, ALERT):
-        fstatus, text = format_report_line(fig.cached_tokens, fig.prompt_tokens, threshold)
-        assert fstatus == status, (fstatus, status)
-        return text
-    head = f"{fig.cached_tokens:,} of {fig.prompt_tokens:,} prompt tokens from cache"
-    if fig.prompt_tokens > 0:
-        head += f" ({percent_floor(fig.cached_tokens, fig.prompt_tokens)}%)"
-    if status == NO_DATA:
-        return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
-    assert status == STALE, status
-    zone = resolve_tz(tz)
-    parts = []
-    for s in stale:
-        last = datetime.fromtimestamp(s.last_ts_unix_s, tz=zone)
-        every = f", scraped every {s.median_gap_s:g} s before" if s.median_gap_s else ""
-        parts.append(f"no scrape from {s.instance} after {last:%Y-%m-%d %H:%M}{every}")
-    return f"{head}: STALE: " + "; ".join(parts)
+    """The report line of ``fig`` (:func:`prefixscope.core.report.report_line`; STALE times in
+    the local time of ``tz``)."""
+    return rules.report_line(fig.cached_tokens, fig.prompt_tokens, status, threshold=threshold,
+                             min_query_tokens=min_query_tokens, stale=stale,
+                             zone=resolve_tz(tz) if status == STALE else None)
 
 
 def status_of(fig: Figures, *, threshold: float, min_query_tokens: int, stale: bool) -> str:
-    """Definition 3 of the module docstring (OK/ALERT as
-    :func:`prefixscope.store.queries.requests.format_report_line`: OK when cached >= threshold x prompt)."""
-    from prefixscope.store.queries.requests import format_report_line
-
-    if stale:
-        return STALE
-    if fig.prompt_tokens < min_query_tokens or fig.prompt_tokens <= 0:
-        return NO_DATA
-    return format_report_line(fig.cached_tokens, fig.prompt_tokens, threshold)[0]
-
-
-def threshold_for(cfg: AlertsConfig, model: str) -> float:
-    """``per_model_threshold[model]``, else ``hit_rate_threshold`` (fractions).
-
-    Raises:
-        ConfigError: a per-model threshold outside [0, 1].
-    """
-    value = cfg.per_model_threshold.get(model, cfg.hit_rate_threshold)
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"alerts.per_model_threshold.{model}: {value} is not a fraction in [0, 1]")
-    return float(value)
+    """Definition 3 of the module docstring (:func:`prefixscope.core.report.status_of`)."""
+    return rules.status_of(fig.cached_tokens, fig.prompt_tokens, threshold=threshold,
+                           min_query_tokens=min_query_tokens, stale=stale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,11 +433,6 @@ def _change(today: Figures | None, before: Figures | None, min_tokens: int) -> f
     return today.hit_rate - before.hit_rate
 
 
-def _worst(statuses: Iterable[str]) -> str:
-    statuses = list(statuses)
-    return max(statuses, key=lambda s: SEVERITY[s]) if statuses else NO_DATA
-
-
 def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
                        cfg: AlertsConfig, now_unix_s: float | None = None) -> DailyReport:
     """Compute the daily report of ``day`` in zone ``tz`` (definitions in the module docstring).
@@ -579,4 +527,4 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
     return DailyReport(
         window=w, generated_unix_s=now, lines=tuple(lines), fell_models=tuple(fell_models),
         fell_namespaces=tuple(fell_ns[:cfg.top_changes]), stale_sources=tuple(stale),
-        min_query_tokens=min_tokens, status=_worst(ln.status for ln in lines))
+        min_query_tokens=min_tokens, status=rules.worst(ln.status for ln in lines))

@@ -13,19 +13,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from urllib.parse import urlencode
 
-from prefixscope.alerts.daily import (
-    ALERT,
-    NO_DATA,
-    OK,
-    SEVERITY,
-    STALE,
-    Change,
-    DailyReport,
-    Figures,
-    ReportLine,
-    percent,
-    resolve_tz,
-)
+from prefixscope.alerts.daily import Change, DailyReport, Figures, ReportLine, resolve_tz
+from prefixscope.core.report import ALERT, NO_DATA, OK, SEVERITY, STALE, percent
 from prefixscope.core.formatting import money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"

@@ -28,6 +28,7 @@ import streamlit as st
 
 from prefixscope.core.config import DEFAULT_DB_PATH, load_settings
 from prefixscope.core.errors import ConfigError, PrefixscopeError, SchemaMismatch, SourceUnavailable, StoreLocked
+from prefixscope.core.report import DEFAULT_THRESHOLD, threshold_for
 from prefixscope.store import db as store_db
 
 LOCK_TIMEOUT_S = 5.0
@@ -49,15 +50,14 @@ CACHE_TTL_S: float = _settings_ttl()
 
 
 def alert_threshold(model: str | None = None) -> float:
-    """The OK/ALERT boundary as a fraction: ``[alerts] per_model_threshold[model]`` or
-    ``[alerts] hit_rate_threshold`` (default 0.5). A broken config file falls back to 0.5."""
+    """The OK/ALERT boundary of ``model`` as a fraction
+    (:func:`prefixscope.core.report.threshold_for`: ``[alerts] per_model_threshold[model]``, else
+    ``[alerts] hit_rate_threshold``). A broken config file (or a threshold outside [0, 1]) falls
+    back to :data:`prefixscope.core.report.DEFAULT_THRESHOLD`: a page still draws."""
     try:
-        alerts = load_settings().alerts
+        return threshold_for(load_settings().alerts, model)
     except ConfigError:
-        return 0.5
-    if model is not None and model in alerts.per_model_threshold:
-        return float(alerts.per_model_threshold[model])
-    return float(alerts.hit_rate_threshold)
+        return DEFAULT_THRESHOLD
 
 
 def db_path(argv: list[str] | None = None) -> str:

@@ -8,17 +8,8 @@ from datetime import date, timedelta
 
 import pytest
 
-from prefixscope.alerts.daily import (
-    ALERT,
-    NO_DATA,
-    OK,
-    STALE,
-    DayWindow,
-    build_daily_report,
-    default_day,
-    parse_day,
-    resolve_tz,
-)
+from prefixscope.alerts.daily import DayWindow, build_daily_report, default_day, parse_day, resolve_tz
+from prefixscope.core.report import ALERT, NO_DATA, OK, STALE
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import ConfigError, UsageError
 from tests.alerts_support import CounterSource, ingest_usage_lines, local_ts, requests_for

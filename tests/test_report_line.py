@@ -1,5 +1,6 @@
 """``prefixscope report``: the exact line users know, its rounding, the source choice and the
-default range (store/queries/requests.py, prefixscope/commands/report.py)."""
+default range (prefixscope/core/report.py, store/queries/requests.py,
+prefixscope/cli/commands/report.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,8 @@ import pytest
 
 from prefixscope.ingest.usage import ingest_usage_file
 from prefixscope.core.errors import InvalidArgument
-from prefixscope.store.queries.requests import (
-    DEFAULT_REPORT_RANGE_S,
-    format_report_line,
-    percent_floor,
-    report,
-    report_lines,
-)
+from prefixscope.core.report import format_report_line, percent_floor
+from prefixscope.store.queries.requests import DEFAULT_REPORT_RANGE_S, report, report_lines
 from tests.requests_support import write_jsonl
 
 T = 1_795_960_000.0

@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
+from prefixscope.core import report
 from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_tokens, fmt_window
 
 WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
@@ -19,18 +20,15 @@ EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
          "http://localhost:8000/metrics` (or a saved exposition file), or widen the time range.")
 
 
-def status_word(hit_rate: float | None, threshold: float) -> str:
-    """OK at or above the threshold (a fraction), ALERT below, NO DATA without a rate."""
-    if hit_rate is None or hit_rate != hit_rate:
-        return "NO DATA"
-    return "OK" if hit_rate >= threshold else "ALERT"
-
-
-def status_badge(hit_rate: float | None, threshold: float) -> str:
-    """The status as a coloured Markdown badge."""
-    word = status_word(hit_rate, threshold)
-    colour = {"OK": "green", "ALERT": "red"}.get(word, "gray")
+def status_badge(hit_tokens, query_tokens, threshold: float) -> str:
+    """The status (:func:`prefixscope.core.report.hit_status`) as a coloured Markdown badge."""
+    word = report.hit_status(_tokens(hit_tokens), _tokens(query_tokens), threshold)
+    colour = {report.OK: "green", report.ALERT: "red"}.get(word, "gray")
     return f":{colour}-badge[{word}]"
+
+
+def _tokens(x) -> int:
+    return 0 if x is None or x != x else int(x)
 
 
 db = data.db_path()
@@ -85,7 +83,7 @@ with data.guard(db):
                       f"OK at {threshold:.0%} or more."),
                 border=True,
             )
-            st.markdown(f"{status_badge(row['hit_rate'], threshold)} "
+            st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold)} "
                         f"{fmt_int(row['hit_tokens'])} of {fmt_tokens(row['query_tokens'])}")
     if latest.empty:
         st.caption("No window in this range had any query tokens.")
@@ -101,8 +99,9 @@ with data.guard(db):
         st.dataframe(pd.DataFrame({
             "model": totals["model"],
             "hit rate": totals["hit_rate"].map(fmt_pct),
-            "status": [status_word(h, data.alert_threshold(m))
-                       for h, m in zip(totals["hit_rate"], totals["model"])],
+            "status": [report.hit_status(_tokens(h), _tokens(q), data.alert_threshold(m))
+                       for h, q, m in zip(totals["hit_tokens"], totals["query_tokens"],
+                                          totals["model"])],
             "hit tokens": totals["hit_tokens"].map(fmt_int),
             "query tokens": totals["query_tokens"].map(fmt_int),
             "first sample": totals["first_ts_unix_s"].map(fmt_time),

@@ -53,7 +53,7 @@ class AlertsConfig(_Section):
     STALE when its last scrape of the day is older than ``max(stale_min_s, stale_after_scrapes
     x its median scrape interval)`` at the end of the day. SMTP delivery makes ``smtp_attempts``
     attempts, waiting ``smtp_backoff_s`` doubled each time. ``timezone`` and the values of
-    ``per_model_threshold`` are checked when the report runs (``alerts/daily.py``).
+    ``per_model_threshold`` are checked when the report runs (``prefixscope.core.report.threshold_for``).
     """
 
     hit_rate_threshold: float = Field(0.5, ge=0.0, le=1.0)

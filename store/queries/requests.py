@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from prefixscope.core.errors import InvalidArgument
+from prefixscope.core.report import format_report_line
 from prefixscope.store.schema import REQUEST_KEY_SQL
 
 #: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
@@ -458,7 +459,6 @@ def request_flag_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None
 
 #: Default report range: this many seconds ending at the newest data point.
 DEFAULT_REPORT_RANGE_S = 86400.0
-ALERT_HINT = "check the top of the prompt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,7 +470,8 @@ class ReportLine:
         cached_tokens: tokens served from cache (counter hits, or Σ cached_tokens).
         prompt_tokens: the denominator (counter queries, or Σ prompt_tokens of reporting requests).
         hit_rate: cached / prompt, fraction in [0, 1] (None when prompt is 0).
-        status: ``OK`` (hit_rate >= threshold) or ``ALERT``.
+        status: ``OK`` (cached >= threshold x prompt) or ``ALERT``
+            (:func:`prefixscope.core.report.format_report_line`).
         text: ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
         source: ``counters`` or ``requests``.
         requests, reported_requests: request counts (requests source only, else None).
@@ -498,28 +499,6 @@ class ReportResult:
     source: str
     start_s: float | None
     end_s: float | None
-
-
-def percent_floor(cached_tokens: int, prompt_tokens: int) -> int:
-    """The report's percentage: floor(100 * cached / prompt) in integer arithmetic, so that a
-    rate just under the threshold never prints as the threshold (49.9% -> 49)."""
-    return (int(cached_tokens) * 100) // int(prompt_tokens)
-
-
-def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float) -> tuple[str, str]:
-    """(status, text) of one report line; status ALERT when cached / prompt < threshold.
-
-    Raises:
-        ValueError: prompt_tokens is not positive.
-    """
-    if prompt_tokens <= 0:
-        raise ValueError("a report line needs prompt tokens")
-    status = "OK" if int(cached_tokens) >= threshold * int(prompt_tokens) else "ALERT"
-    text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
-            f"({percent_floor(cached_tokens, prompt_tokens)}%): {status}")
-    if status == "ALERT":
-        text += f": {ALERT_HINT}"
-    return status, text
 
 
 def _num(x) -> int:

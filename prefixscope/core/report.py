@@ -1,0 +1,150 @@
+"""The report rules: status (OK / ALERT / NO DATA / STALE), thresholds and the report line.
+
+The one owner of these rules for ``prefixscope report`` (lines built by
+:func:`prefixscope.store.queries.requests.report`), the daily report and its email
+(:mod:`prefixscope.alerts.daily`, :mod:`prefixscope.alerts.render`) and the dashboard (Overview
+badges, Requests threshold line, Alerts page). Pure functions over token counts; no I/O.
+
+Rules (docs/alerts.md, product-brief.md):
+
+- **OK / ALERT**: OK when ``cached_tokens >= threshold x prompt_tokens`` (integer tokens, so
+  a rate just under the threshold is ALERT), ALERT below. ``threshold`` is a fraction in [0, 1].
+- **NO DATA**: no prompt tokens, or fewer than ``min_query_tokens`` (the daily report's volume
+  guard: a cold restart with 0 of 1 queried tokens is not an alert).
+- **STALE** (daily report only): a metrics source of the model stopped reporting; it wins over
+  the other three. Severity, worst first: ALERT, STALE, NO DATA, OK.
+- **Threshold** of a model: ``[alerts] per_model_threshold[model]``, else
+  ``[alerts] hit_rate_threshold`` (default :data:`DEFAULT_THRESHOLD`).
+- **The line**: ``608,000 of 644,000 prompt tokens from cache (94%): OK``; the percentage is
+  rounded down (49.9% prints 49%); ALERT adds ``: check the top of the prompt``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime, tzinfo
+from typing import Protocol
+
+from prefixscope.core.config import AlertsConfig
+from prefixscope.core.errors import ConfigError
+
+OK = "OK"
+ALERT = "ALERT"
+NO_DATA = "NO DATA"
+STALE = "STALE"
+#: Worst first: the status of an email (or a page) is that of its worst line.
+SEVERITY: dict[str, int] = {ALERT: 3, STALE: 2, NO_DATA: 1, OK: 0}
+#: The OK/ALERT boundary when the config names none (``[alerts] hit_rate_threshold``).
+DEFAULT_THRESHOLD = 0.5
+ALERT_HINT = "check the top of the prompt"
+
+
+def percent_floor(cached_tokens: int, prompt_tokens: int) -> int:
+    """The report's percentage: floor(100 * cached / prompt) in integer arithmetic, so that a
+    rate just under the threshold never prints as the threshold (49.9% -> 49).
+
+    Raises:
+        ZeroDivisionError: ``prompt_tokens`` is 0.
+    """
+    return (int(cached_tokens) * 100) // int(prompt_tokens)
+
+
+def percent(hit_rate: float) -> int:
+    """A hit rate (fraction) as whole percent, rounded down as :func:`percent_floor`."""
+    return int(math.floor(hit_rate * 100 + 1e-9))
+
+
+def hit_status(cached_tokens: int, prompt_tokens: int, threshold: float) -> str:
+    """OK when ``cached >= threshold x prompt`` (tokens), ALERT below, NO DATA without prompt
+    tokens."""
+    if int(prompt_tokens) <= 0:
+        return NO_DATA
+    return OK if int(cached_tokens) >= threshold * int(prompt_tokens) else ALERT
+
+
+def status_of(cached_tokens: int, prompt_tokens: int, *, threshold: float,
+              min_query_tokens: int = 1, stale: bool = False) -> str:
+    """The status of one line, in the module's order: STALE, NO DATA (fewer than
+    ``min_query_tokens`` prompt tokens), then OK / ALERT."""
+    if stale:
+        return STALE
+    if int(prompt_tokens) < min_query_tokens or int(prompt_tokens) <= 0:
+        return NO_DATA
+    return hit_status(cached_tokens, prompt_tokens, threshold)
+
+
+def worst(statuses: Iterable[str]) -> str:
+    """The worst status by :data:`SEVERITY` (NO DATA when there is none)."""
+    statuses = list(statuses)
+    return max(statuses, key=lambda s: SEVERITY[s]) if statuses else NO_DATA
+
+
+def threshold_for(cfg: AlertsConfig, model: str | None = None) -> float:
+    """``per_model_threshold[model]``, else ``hit_rate_threshold`` (fractions).
+
+    Raises:
+        ConfigError: a per-model threshold outside [0, 1].
+    """
+    value = cfg.hit_rate_threshold if model is None else cfg.per_model_threshold.get(
+        model, cfg.hit_rate_threshold)
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"alerts.per_model_threshold.{model}: {value} is not a fraction in [0, 1]")
+    return float(value)
+
+
+def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float) -> tuple[str, str]:
+    """(status, text) of one OK/ALERT report line; status ALERT when cached / prompt < threshold.
+
+    Raises:
+        ValueError: prompt_tokens is not positive.
+    """
+    if prompt_tokens <= 0:
+        raise ValueError("a report line needs prompt tokens")
+    status = hit_status(cached_tokens, prompt_tokens, threshold)
+    text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
+            f"({percent_floor(cached_tokens, prompt_tokens)}%): {status}")
+    if status == ALERT:
+        text += f": {ALERT_HINT}"
+    return status, text
+
+
+class SilentSource(Protocol):
+    """What a STALE line names of a source (e.g. :class:`prefixscope.alerts.daily.StaleSource`)."""
+
+    instance: str
+    last_ts_unix_s: float
+    median_gap_s: float | None
+
+
+def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshold: float,
+                min_query_tokens: int = 1, stale: Sequence[SilentSource] = (),
+                zone: tzinfo | None = None) -> str:
+    """The report line of any status.
+
+    OK and ALERT are :func:`format_report_line`'s text (the line ``prefixscope report``
+    prints); NO DATA names the volume guard; STALE names each silent source and its last
+    scrape (local time in ``zone``, default UTC).
+    """
+    if status in (OK, ALERT):
+        fstatus, text = format_report_line(cached_tokens, prompt_tokens, threshold)
+        assert fstatus == status, (fstatus, status)
+        return text
+    head = f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache"
+    if prompt_tokens > 0:
+        head += f" ({percent_floor(cached_tokens, prompt_tokens)}%)"
+    if status == NO_DATA:
+        return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
+    assert status == STALE, status
+    parts = []
+    for s in stale:
+        last = datetime.fromtimestamp(s.last_ts_unix_s, tz=zone or _utc())
+        every = f", scraped every {s.median_gap_s:g} s before" if s.median_gap_s else ""
+        parts.append(f"no scrape from {s.instance} after {last:%Y-%m-%d %H:%M}{every}")
+    return f"{head}: STALE: " + "; ".join(parts)
+
+
+def _utc() -> tzinfo:
+    from datetime import timezone
+
+    return timezone.utc

@@ -1,0 +1,73 @@
+"""The report rules of prefixscope.core.report: one owner of the status, the thresholds and the
+line for ``prefixscope report``, the daily report/email and the dashboard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from prefixscope.core import report
+from prefixscope.core.config import AlertsConfig
+from prefixscope.core.errors import ConfigError
+
+
+def test_ok_at_the_threshold_alert_just_below_in_tokens():
+    assert report.hit_status(5_000, 10_000, 0.5) == report.OK
+    assert report.hit_status(4_999, 10_000, 0.5) == report.ALERT
+    assert report.hit_status(0, 0, 0.5) == report.NO_DATA
+
+
+def test_status_order_stale_then_volume_then_threshold():
+    assert report.status_of(0, 644_000, threshold=0.5, stale=True) == report.STALE
+    assert report.status_of(0, 999, threshold=0.5, min_query_tokens=1_000) == report.NO_DATA
+    assert report.status_of(0, 1_000, threshold=0.5, min_query_tokens=1_000) == report.ALERT
+    assert report.status_of(900, 1_000, threshold=0.5, min_query_tokens=1_000) == report.OK
+    assert report.worst([report.OK, report.NO_DATA, report.STALE]) == report.STALE
+    assert report.worst([report.STALE, report.ALERT]) == report.ALERT
+    assert report.worst([]) == report.NO_DATA
+
+
+def test_threshold_per_model_then_global():
+    cfg = AlertsConfig(hit_rate_threshold=0.6, per_model_threshold={"big": 0.8})
+    assert report.threshold_for(cfg, "big") == 0.8
+    assert report.threshold_for(cfg, "small") == 0.6
+    assert report.threshold_for(cfg) == 0.6
+    assert report.threshold_for(AlertsConfig()) == report.DEFAULT_THRESHOLD
+    with pytest.raises(ConfigError, match="per_model_threshold.bad"):
+        report.threshold_for(AlertsConfig(per_model_threshold={"bad": 1.5}), "bad")
+
+
+def test_the_line_of_each_status():
+    assert report.report_line(608_000, 644_000, report.OK, threshold=0.5) == (
+        "608,000 of 644,000 prompt tokens from cache (94%): OK")
+    assert report.report_line(0, 644_000, report.ALERT, threshold=0.5) == (
+        "0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt")
+    assert report.report_line(0, 1, report.NO_DATA, threshold=0.5, min_query_tokens=1_000) == (
+        "0 of 1 prompt tokens from cache (0%): NO DATA: under 1,000 prompt tokens in the day")
+    assert report.report_line(0, 0, report.NO_DATA, threshold=0.5, min_query_tokens=1_000) == (
+        "0 of 0 prompt tokens from cache: NO DATA: under 1,000 prompt tokens in the day")
+
+    @dataclass
+    class Silent:
+        instance: str
+        last_ts_unix_s: float
+        median_gap_s: float | None
+
+    line = report.report_line(850_000, 900_000, report.STALE, threshold=0.5,
+                              stale=[Silent("vllm-b:8000", 1_795_960_800.0, 900.0)],
+                              zone=ZoneInfo("Europe/Berlin"))
+    assert line == ("850,000 of 900,000 prompt tokens from cache (94%): STALE: no scrape from "
+                    "vllm-b:8000 after 2026-11-29 15:00, scraped every 900 s before")
+
+
+def test_a_status_that_disagrees_with_the_figures_is_refused():
+    with pytest.raises(AssertionError):
+        report.report_line(0, 644_000, report.OK, threshold=0.5)
+
+
+def test_percent_rounds_down():
+    assert report.percent(0.4999) == 49
+    assert report.percent(0.29) == 29
+    assert report.percent_floor(29, 100) == 29
