@@ -35,6 +35,7 @@ import msgspec
 from prefixscope.ingest.bookkeeping import IngestSummary, source_id_for
 from prefixscope.ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
+from prefixscope.core.decision_log import ERROR_CODES
 from prefixscope.core.identity import ALL_REASONS
 from prefixscope.store.queries.decisions import (  # the column orders are re-exported: parse_line's rows
     DECISION_COLUMNS,  # noqa: F401
@@ -100,6 +101,8 @@ class DecisionLine(msgspec.Struct, forbid_unknown_fields=True):
     candidate_request_id: RequestId | None = None
     expected: ShortIdentity | None = None
     candidate: ShortIdentity | None = None
+    error: Literal[ERROR_CODES] | None = None  # type: ignore[valid-type]
+    client_salt_replaced: bool | None = None
 
 
 class EventLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -178,6 +181,7 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
         *(getattr(exp, f) for f in SHORT_FIELDS),
         rec.candidate_request_id, cand.scope, cand.namespace_digest,
         *(getattr(cand, f) for f in SHORT_FIELDS),
+        rec.error, rec.client_salt_replaced,
     )
 
 

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefixscope.core.decision_log import (DecisionRecord, candidate_tokens, event_record,
+                                            lookup_key)
 from prefixscope.core.errors import ParseError
 from prefixscope.core.identity import (
     PRINCIPAL,
@@ -88,61 +90,6 @@ class StoredObject:
 
 
 @dataclass(frozen=True, slots=True)
-class DecisionRecord:
-    """One line of the decision log (``docs/scopes.md#decision-log``). Never a raw id.
-
-    Attributes:
-        ts_unix_s: decision time (Unix seconds).
-        decision: ``accept``, ``reject`` or ``miss`` (no candidate).
-        reasons: mismatching fields in check order (the first is ``first_mismatch``).
-        candidate_cached_tokens: tokens the candidate could supply:
-            ``floor(min(candidate tokens, prompt tokens - 1) / block_size) * block_size``.
-        accepted_cached_tokens: the same when accepted, else 0.
-        expected, candidate: short identities (``CacheIdentity.short``); candidate None for a
-            miss.
-    """
-
-    ts_unix_s: float
-    request_id: str
-    scope: str
-    namespace_digest: str
-    decision: str
-    reasons: tuple[str, ...]
-    candidate_cached_tokens: int
-    accepted_cached_tokens: int
-    salt_applied: bool
-    expected: Mapping[str, Any]
-    candidate: Mapping[str, Any] | None = None
-    candidate_request_id: str | None = None
-    run_id: str | None = None
-    instance: str | None = None
-    model: str | None = None
-
-    @property
-    def first_mismatch(self) -> str | None:
-        """The first mismatching field, or None."""
-        return self.reasons[0] if self.reasons else None
-
-    def as_json(self) -> dict[str, Any]:
-        """The JSON object of the decision log line."""
-        out: dict[str, Any] = {
-            "v": 1, "record": "decision", "ts_unix_s": round(self.ts_unix_s, 6),
-            "request_id": self.request_id, "scope": self.scope,
-            "namespace_digest": self.namespace_digest, "decision": self.decision,
-            "first_mismatch": self.first_mismatch, "reasons": list(self.reasons),
-            "candidate_cached_tokens": self.candidate_cached_tokens,
-            "accepted_cached_tokens": self.accepted_cached_tokens,
-            "salt_applied": self.salt_applied, "expected": dict(self.expected),
-            "candidate": None if self.candidate is None else dict(self.candidate),
-            "candidate_request_id": self.candidate_request_id,
-        }
-        for k in ("run_id", "instance", "model"):
-            if getattr(self, k) is not None:
-                out[k] = getattr(self, k)
-        return out
-
-
-@dataclass(frozen=True, slots=True)
 class Routed:
     """What the gateway forwards for one request and what it decided."""
 
@@ -150,10 +97,8 @@ class Routed:
     decision: DecisionRecord
 
 
-def default_short_key(namespace: str, material: str) -> bytes:
-    """Registry lookup key: the first 16 bytes of SHA-256(namespace, material), where material
-    is the adapter name and the digest of the prefix's messages."""
-    return hashlib.sha256(f"{namespace}\x00{material}".encode()).digest()[:16]
+#: Registry lookup key (``prefixscope.core.decision_log.lookup_key``, shared with the live gateway).
+default_short_key = lookup_key
 
 
 @dataclass
@@ -167,11 +112,6 @@ class Faults:
 
     drop_salt: Callable[[GatewayRequest], bool] | None = None
     short_key: Callable[[str, str], bytes] | None = None
-
-
-def _cap(num_tokens: int, prompt_tokens: int, block_size: int) -> int:
-    # vLLM 0.33 kv_cache_manager.get_computed_blocks: at most floor((n - 1) / B) blocks hit.
-    return (min(num_tokens, prompt_tokens - 1) // block_size) * block_size if prompt_tokens else 0
 
 
 class Gateway:
@@ -308,16 +248,8 @@ class Gateway:
             pass
         else:  # pragma: no cover - read_multitenant_trace validates kinds
             raise AssertionError(ev.event)
-        rec: dict[str, Any] = {"v": 1, "record": "event",
-                               "ts_unix_s": round(self.header.t0_unix_s + ev.t_s, 6),
-                               "event": ev.event}
-        if self.run_id is not None:
-            rec["run_id"] = self.run_id
-        if ns_digest is not None:
-            rec["namespace_digest"] = ns_digest
-        if new_value is not None:
-            rec["new_value"] = new_value
-        return rec
+        return event_record(self.header.t0_unix_s + ev.t_s, ev.event, run_id=self.run_id,
+                            namespace_digest=ns_digest, new_value=new_value)
 
     # ---- requests
 
@@ -397,7 +329,7 @@ class Gateway:
         if not salt_ok:  # forward check: a private request must carry its derived salt
             verdict = Decision("reject", "salt", ("salt",) + verdict.mismatches)
         outcome = verdict.outcome
-        cand_tokens = _cap(cand.num_tokens, n, B) if cand is not None else 0
+        cand_tokens = candidate_tokens(cand.num_tokens, n, B) if cand is not None else 0
         record = DecisionRecord(
             ts_unix_s=self.header.t0_unix_s + req.t_s, request_id=req.request_id, scope=scope,
             namespace_digest=namespace_digest(ns), decision=outcome,

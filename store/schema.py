@@ -373,6 +373,15 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     Migration(9, "requests keyed by a 128-bit digest of (run_id, request_id)", _REQUESTS_KEY),
     Migration(10, "metric samples keyed by run", _METRIC_SAMPLES_BY_RUN),
+    Migration(50, "gateway decisions carry an error code and the client-salt flag", (
+        # Why a live gateway request ended without a usable answer (prefixscope.core.
+        # decision_log.ERROR_CODES: bad_request, unknown_model, too_large, upstream_timeout,
+        # upstream_error, upstream_dropped, client_disconnected, upstream_status); NULL = completed.
+        "ALTER TABLE gateway_decisions ADD COLUMN IF NOT EXISTS error VARCHAR",
+        # The client sent its own cache_salt and the gateway replaced it (NULL: not a live
+        # gateway, or not recorded).
+        "ALTER TABLE gateway_decisions ADD COLUMN IF NOT EXISTS client_salt_replaced BOOLEAN",
+    )),
     Migration(60, "requests carry their provider", (
         # gen_ai.provider.name of an OTLP span, LiteLLM custom_llm_provider, ...: NULL when the
         # source names none (usage logs). Used to price a request (genai-prices provider ids).

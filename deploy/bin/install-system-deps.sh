@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests need when they are missing: chromium (browser test of
 # the dashboard), prometheus (+ promtool) for the Prometheus ingest and alert-rule tests, and
-# prometheus-alertmanager (amtool) to check the Alertmanager example.
+# prometheus-alertmanager (amtool) to check the Alertmanager example, redis-server for the
+# gateway's shared registry and permit gate (tests start their own on a loopback port).
 # Needs root for apt-get; as another user it only reports what is missing.
 set -euo pipefail
 missing=()
@@ -9,6 +10,7 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v promtool >/dev/null 2>&1 || { [[ " ${missing[*]-} " == *" prometheus "* ]] || missing+=(prometheus); }
 command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

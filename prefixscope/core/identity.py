@@ -372,19 +372,23 @@ def validate_cache_salt(salt: str | None) -> None:
 
 
 def derive_salt(key: bytes, *, scope: str, namespace: str, cache_epoch: int,
-                runtime_digest: str) -> str:
+                runtime_digest: str, generation: str = "") -> str:
     """The ``cache_salt`` a request is forwarded with (note 3).
 
     TENANT / PRINCIPAL: ``ps1-`` + HMAC-SHA256 hex over (namespace, cache epoch, runtime digest).
     PUBLIC: the same over (the PUBLIC namespace, cache epoch, runtime digest) — one shared salt
     per generation; callers give PUBLIC only to prompts approved by :class:`PublicInventory`.
+    ``generation`` (the live gateway: a digest of the other versions, the policy revision and the
+    current authorization epoch, "whatever else of the identity must split physical reuse" in
+    ``cache-identity.md``) joins the HMAC only when non-empty, so salts without it are unchanged.
 
     Returns:
         A 68-character salt, valid for vLLM (asserted).
     """
     assert scope in SCOPES
-    salt = SALT_PREFIX + _hmac_hex(key, "prefixscope/salt/v1", scope, namespace,
-                                   str(int(cache_epoch)), runtime_digest)
+    parts = (scope, namespace, str(int(cache_epoch)), runtime_digest) + (
+        (generation,) if generation else ())
+    salt = SALT_PREFIX + _hmac_hex(key, "prefixscope/salt/v1", *parts)
     validate_cache_salt(salt)
     return salt
 

@@ -1,0 +1,1 @@
+"""prefixscope gateway: a cache-identity reverse proxy in front of vLLM (docs/gateway.md)."""

@@ -1,0 +1,727 @@
+"""The gateway: an OpenAI-compatible reverse proxy that applies cache identity (docs/gateway.md).
+
+Per request to ``/v1/chat/completions``, ``/v1/completions`` or ``/v1/messages``:
+
+1. **Authenticate** (``gateway/auth.py``): no trusted context -> 401, nothing forwarded.
+2. **Read and check the body**: above ``max_body_bytes`` -> 413 ``too_large``; not a JSON
+   object or without the fields the endpoint needs -> 400 ``bad_request``; a model no upstream
+   serves -> 404 ``unknown_model``. Each of these still writes one decision record (with
+   ``error``) so nothing is lost from the logs.
+3. **Resolve the identity** (``prefixscope.core.identity``): scope (PUBLIC only in mode
+   ``public``, before ``stop public`` and for prompts whose every message and tool set are on
+   the inventory; else the context's TENANT or PRINCIPAL), namespace (HMAC), the versions of
+   the model (``gateway/upstream.py``), prompt bundle, toolset, policy revision, the
+   credential's authorization epoch and the cache epoch; one expected identity per prefix
+   boundary (``gateway/prompt.py``).
+4. **Look up** the candidate: a presented ``x-prefixscope-cache-handle`` (untrusted: compared in
+   full like any other), else the deepest boundary found in the registry.
+5. **Check acceptance** (``check_acceptance``), then take a CacheUsePermit from the gate for the
+   credential's epoch. A reject (every mismatching field logged), a stale credential or a lost
+   permit race is forwarded under a salt unique to the request, so vLLM reads nothing cached
+   and writes nothing anybody else can reach; an accept or a miss goes with the derived salt
+   (:func:`derive_salt`: namespace, cache epoch, runtime digest and the digest of the other
+   versions, so vLLM's own block hashes keep namespaces and generations apart). A client's
+   ``cache_salt`` is always replaced (``client_salt_replaced``).
+6. **Forward** over a pooled httpx client; the answer is passed through byte for byte, except
+   that a stream whose client did not ask for usage gets ``stream_options.include_usage`` and
+   the extra usage chunk is kept from that client.
+7. **Record**: one usage-log record (the shape ``ingest requests`` reads) when the upstream
+   reported usage, one decision record (``ingest decisions``), the registry entries of a
+   request forwarded under its own identity, metrics; the permit is released in every case.
+
+Modes: ``shadow`` computes and logs every decision but forwards every request isolated;
+``tenant`` enables TENANT/PRINCIPAL reuse; ``public`` also PUBLIC. The admin endpoints
+(``/admin/*``, loopback and bearer token) bump the cache epoch, revoke a namespace, stop public
+sharing and switch the bypass (every request isolated); turning the bypass off advances the cache
+epoch, so an old generation is never used again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record, lookup_key
+from prefixscope.core.identity import (
+    PUBLIC,
+    CacheIdentity,
+    Decision,
+    PublicInventory,
+    canonical_json,
+    check_acceptance,
+    content_digest,
+    derive_salt,
+    message_digest,
+    namespace_digest,
+    namespace_for,
+    reason_class,
+    resolve_scope,
+    sha256_hex,
+    toolset_digest,
+)
+from prefixscope.gateway.auth import AuthContext, Authenticator
+from prefixscope.gateway.config import GatewayConfig
+from prefixscope.gateway.logs import JsonlLog
+from prefixscope.gateway.metrics import GatewayMetrics
+from prefixscope.gateway.prompt import BadBody, extract
+from prefixscope.gateway.store import StoredObject
+from prefixscope.gateway.upstream import ModelInfo, discover
+from prefixscope.ingest.usage_shapes import normalise_usage
+
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+             "/v1/messages": "messages"}
+HANDLE_HEADER = "x-prefixscope-cache-handle"
+REQUEST_ID_HEADER = "x-prefixscope-request-id"
+_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "te",
+                  "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
+_VERSION_FIELDS = ("model_digest", "tokenizer_digest", "runtime_digest", "adapter_digest",
+                   "prompt_bundle_digest", "toolset_digest", "content_digest", "policy_revision")
+
+
+@dataclass
+class Faults:
+    """Failure injection for tests (never set by the CLI): ``between_lookup_and_permit`` is
+    awaited with the namespace after the lookup and before the permit (a revocation there)."""
+
+    between_lookup_and_permit: Callable[[str], Awaitable[None]] | None = None
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "gateway_error", "code": code}},
+                        status_code=status)
+
+
+def _sse_error(code: str, message: str) -> bytes:
+    return b"data: " + json.dumps({"error": {"message": message, "type": "gateway_error",
+                                             "code": code}}).encode() + b"\n\n"
+
+
+@dataclass
+class _Call:
+    """Per-request state collected for the records."""
+
+    rid: str
+    endpoint: str
+    ts: float
+    t0: float
+    auth: AuthContext
+    scope: str = ""
+    ns: str = ""
+    model: str | None = None
+    decision: Decision | None = None
+    expected: CacheIdentity | None = None
+    candidate: StoredObject | None = None
+    salt_applied: bool = False
+    client_salt: bool = False
+    error: str | None = None
+    status: int = 0
+    usage: dict | None = None
+    ttft_s: float | None = None
+    permit: bool = False
+    register: list[tuple[bytes, StoredObject]] = field(default_factory=list)
+    block_size: int = 16
+    upstream: str | None = None
+    streaming: bool = False
+    finished: bool = False
+
+
+class Gateway:
+    """The gateway's state and its Starlette app (:attr:`app`).
+
+    Args:
+        cfg: the configuration.
+        key: the HMAC key (``load_hmac_key``).
+        store: ``MemoryStore`` or ``RedisStore`` (``gateway/store.py``).
+        inventory: the approved public inventory.
+        authenticator: resolves trusted contexts.
+        admin_token: the admin bearer token, or None (admin endpoints off).
+        faults: test hooks.
+    """
+
+    def __init__(self, cfg: GatewayConfig, key: bytes, *, store, inventory: PublicInventory,
+                 authenticator: Authenticator, admin_token: str | None = None,
+                 faults: Faults | None = None) -> None:
+        self.cfg = cfg
+        self.key = key
+        self.store = store
+        self.inventory = inventory
+        self.auth = authenticator
+        self.admin_token = admin_token
+        self.faults = faults or Faults()
+        self.metrics = GatewayMetrics(cfg.metrics_namespace_labels)
+        self.models: dict[str, ModelInfo] = {}
+        self._rr = itertools.count()
+        self._last_discovery = 0.0
+        self.client: httpx.AsyncClient | None = None
+        self.usage_log: JsonlLog | None = None
+        self.decision_log: JsonlLog | None = None
+        self.in_flight = 0
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self.proxy, methods=["POST"]),
+            Route("/v1/completions", self.proxy, methods=["POST"]),
+            Route("/v1/messages", self.proxy, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/admin/state", self.admin, methods=["GET"]),
+            Route("/admin/cache-epoch/bump", self.admin, methods=["POST"]),
+            Route("/admin/revoke", self.admin, methods=["POST"]),
+            Route("/admin/public/stop", self.admin, methods=["POST"]),
+            Route("/admin/bypass", self.admin, methods=["POST"]),
+        ], lifespan=self._lifespan)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open the upstream pool and the logs, discover the upstreams."""
+        c = self.cfg
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
+                                  write=c.read_timeout_s, pool=c.connect_timeout_s),
+            limits=httpx.Limits(max_connections=c.pool_size,
+                                max_keepalive_connections=c.pool_size))
+        log_dir = Path(c.log_dir)
+        kw = dict(rotate_bytes=c.rotate_bytes, keep=c.rotate_keep,
+                  fsync_interval_s=c.fsync_interval_s)
+        self.usage_log = JsonlLog(log_dir / "usage.jsonl", **kw)
+        self.decision_log = JsonlLog(log_dir / "decisions.jsonl", **kw)
+        await self.rediscover(force=True)
+
+    async def stop(self) -> None:
+        """Flush and close the logs, the pool and the store (after in-flight requests ended)."""
+        for log in (self.usage_log, self.decision_log):
+            if log is not None:
+                log.close()
+        if self.client is not None:
+            await self.client.aclose()
+        await self.store.close()
+
+    def _lifespan(self, app):
+        gw = self
+
+        class _Ctx:
+            async def __aenter__(self):
+                await gw.start()
+
+            async def __aexit__(self, *exc):
+                await gw.stop()
+
+        return _Ctx()
+
+    async def rediscover(self, *, force: bool = False) -> None:
+        """Re-read every upstream's models (at most every 5 s unless forced)."""
+        now = time.monotonic()
+        if not force and now - self._last_discovery < 5.0:
+            return
+        self._last_discovery = now
+        found: dict[str, ModelInfo] = {}
+        for base in self.cfg.upstreams:
+            try:
+                infos = await discover(self.client, base.rstrip("/"), self.cfg.declared,
+                                       self.cfg.block_size)
+            except (httpx.HTTPError, ValueError):
+                self.metrics.upstream_errors.labels("discovery").inc()
+                continue
+            for info in infos:
+                if info.model in found:
+                    found[info.model].upstreams.extend(info.upstreams)
+                else:
+                    found[info.model] = info
+        if found or force:
+            self.models = found
+
+    # ------------------------------------------------------------------ small endpoints
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "models": sorted(self.models)})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        self.metrics.permits.set(await self.store.permits_in_flight())
+        self.metrics.cache_epoch.set((await self.store.generation()).cache_epoch)
+        return Response(self.metrics.exposition(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def list_models(self, request: Request) -> Response:
+        if self.auth.authenticate(request.headers, _client_host(request)) is None:
+            return _error(401, "unauthorized", "no valid API key or trusted proxy identity")
+        bases = self.cfg.upstreams
+        if len(bases) == 1:
+            try:
+                r = await self.client.get(bases[0].rstrip("/") + "/v1/models")
+            except httpx.HTTPError as exc:
+                self.metrics.upstream_errors.labels(_kind(exc)).inc()
+                return _error(502, _kind(exc), f"upstream /v1/models failed: {type(exc).__name__}")
+            return Response(r.content, status_code=r.status_code, headers=_pass_headers(r))
+        await self.rediscover()
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "owned_by": "vllm"} for m in sorted(self.models)]})
+
+    # ------------------------------------------------------------------ admin
+
+    async def admin(self, request: Request) -> Response:
+        if self.admin_token is None:
+            return _error(404, "not_found", "admin endpoints are off (no admin_token_file)")
+        host = _client_host(request)
+        if not self.cfg.admin_allow_remote and host not in ("127.0.0.1", "::1", "localhost"):
+            return _error(403, "forbidden", "admin endpoints answer loopback clients only")
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
+            return _error(401, "unauthorized", "admin token missing or wrong")
+        path = request.url.path
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            return _error(400, "bad_request", "admin body must be JSON")
+        now = time.time()
+        if path == "/admin/cache-epoch/bump":
+            epoch = await self.store.bump_cache_epoch()
+            self._event(event_record(now, "cache_epoch_bump", new_value=epoch))
+            return JSONResponse({"cache_epoch": epoch})
+        if path == "/admin/revoke":
+            tenant = body.get("tenant")
+            if not isinstance(tenant, str) or not tenant:
+                return _error(400, "bad_request", "revoke needs a tenant (and optionally principal)")
+            principal = body.get("principal")
+            scope = "PRINCIPAL" if principal else "TENANT"
+            ns = namespace_for(self.key, scope=scope, tenant_id=tenant, principal_id=principal)
+            new = await self.store.revoke(ns, body.get("from_epoch"))
+            if new is None:
+                return _error(409, "conflict", "the authorization epoch moved (compare-and-set)")
+            self._event(event_record(now, "authorization_epoch_bump",
+                                     namespace_digest=namespace_digest(ns), new_value=new))
+            return JSONResponse({"authorization_epoch": new,
+                                 "namespace_digest": namespace_digest(ns)})
+        if path == "/admin/public/stop":
+            await self.store.stop_public()
+            return JSONResponse({"public_stopped": True})
+        if path == "/admin/bypass":
+            on = body.get("on")
+            if not isinstance(on, bool):
+                return _error(400, "bad_request", "bypass needs {\"on\": true|false}")
+            before = (await self.store.generation()).cache_epoch
+            epoch = await self.store.set_bypass(on)
+            if epoch != before:
+                self._event(event_record(now, "cache_epoch_bump", new_value=epoch))
+            return JSONResponse({"bypass": on, "cache_epoch": epoch})
+        gen = await self.store.generation()
+        return JSONResponse({"mode": self.cfg.mode, "cache_epoch": gen.cache_epoch,
+                             "public_stopped": gen.public_stopped, "bypass": gen.bypass,
+                             "permits_in_flight": await self.store.permits_in_flight(),
+                             "requests_in_flight": self.in_flight})
+
+    def _event(self, rec: dict) -> None:
+        self.decision_log.write(rec)
+
+    # ------------------------------------------------------------------ the proxy
+
+    async def proxy(self, request: Request) -> Response:
+        endpoint = ENDPOINTS[request.url.path]
+        auth = self.auth.authenticate(request.headers, _client_host(request))
+        if auth is None:
+            self.metrics.client_errors.labels("unauthorized").inc()
+            return _error(401, "unauthorized", "no valid API key or trusted proxy identity")
+        call = _Call(rid="gw-" + uuid.uuid4().hex[:24], endpoint=endpoint, ts=time.time(),
+                     t0=time.perf_counter(), auth=auth)
+        call.scope = auth.scope
+        call.ns = namespace_for(self.key, scope=auth.scope, tenant_id=auth.tenant_id,
+                                principal_id=auth.principal_id)
+        self.in_flight += 1
+        try:
+            early = await self._prepare(request, call)
+            if isinstance(early, Response):
+                return early
+            body, info = early
+            return await self._forward(request, call, body, info)
+        finally:
+            if not call.streaming:  # a stream finishes in its generator (or its backstop task)
+                with anyio.CancelScope(shield=True):
+                    await self._finish(call)
+
+    async def _prepare(self, request: Request, call: _Call):
+        """Steps 2-5: the body, the identity, the decision. Returns an error Response or
+        (outgoing body, model info)."""
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.cfg.max_body_bytes:
+                    return self._refuse(call, 413, "too_large",
+                                        f"request body above {self.cfg.max_body_bytes} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            call.error, call.status = "client_disconnected", 499
+            return Response(status_code=499)
+        try:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError):
+            return self._refuse(call, 400, "bad_request", "body is not valid JSON")
+        if not isinstance(body, dict):
+            return self._refuse(call, 400, "bad_request", "body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return self._refuse(call, 400, "bad_request", "model: missing or not a string")
+        try:
+            prompt = extract(call.endpoint, body)
+        except BadBody as exc:
+            return self._refuse(call, 400, "bad_request", str(exc))
+        info = self.models.get(model)
+        if info is None:
+            await self.rediscover()
+            info = self.models.get(model)
+        if info is None:
+            return self._refuse(call, 404, "unknown_model",
+                                f"model {model!r} is not served by any upstream"
+                                if len(model) <= 200 else "model is not served by any upstream")
+        call.model = model
+        call.block_size = info.block_size
+        gen = await self.store.generation()
+        tools = list(prompt.tools)
+        t_digest = toolset_digest(tools) if tools else ""
+        scope = call.auth.scope
+        if self.cfg.mode == "public" and not gen.public_stopped:
+            scope = resolve_scope(call.auth.scope, [message_digest(m) for m in prompt.messages],
+                                  t_digest or None, self.inventory)
+        if scope == PUBLIC:
+            call.scope, call.ns = PUBLIC, namespace_for(self.key, scope=PUBLIC)
+        ns = call.ns
+        current = await self.store.auth_epoch(ns)
+        ctx_epoch = current if call.auth.epoch is None else call.auth.epoch
+        bundle = info.prompt_bundle_digest
+        if body.get("chat_template") is not None:
+            bundle = sha256_hex(bundle + "\x00" + canonical_json(body["chat_template"]).decode())
+        base = dict(scope=call.scope, namespace=ns, model_digest=info.model_digest,
+                    tokenizer_digest=info.tokenizer_digest, runtime_digest=info.runtime_digest,
+                    adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
+                    toolset_digest=t_digest, policy_revision=self.cfg.policy_revision,
+                    authorization_epoch=ctx_epoch, cache_epoch=gen.cache_epoch)
+        msgs = list(prompt.messages)
+        expected = [CacheIdentity(content_digest=content_digest(msgs[:k], tools), **base)
+                    for k in prompt.boundaries]
+        full = CacheIdentity(content_digest=content_digest(msgs, tools), **base)
+        # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
+        # adapter upgrade finds the old object and reports the version field (replay rule)
+        keys = [lookup_key(ns, f"{model}|{sha256_hex(canonical_json(msgs[:k]))}")
+                for k in prompt.boundaries]
+        cand, cand_k = None, None
+        presented = self._handle(request)
+        if presented:
+            cand = await self.store.by_handle(presented)
+            if cand is not None:
+                cand_k = next((i for i in range(len(expected) - 1, -1, -1)
+                               if expected[i].content_digest == cand.identity.content_digest),
+                              len(expected) - 1 if expected else None)
+        if cand is None:
+            found = await self.store.lookup(keys)
+            for i in range(len(found) - 1, -1, -1):
+                if found[i] is not None:
+                    cand, cand_k = found[i], i
+                    break
+        exp = expected[cand_k] if cand_k is not None else full
+        call.expected, call.candidate = exp, cand
+        verdict = Decision("miss") if cand is None else check_acceptance(exp, cand.identity)
+        stale = ctx_epoch != current
+        if stale and verdict.outcome != "reject":
+            verdict = Decision("reject", "authorization_epoch", ("authorization_epoch",))
+        isolated = (self.cfg.mode == "shadow" or gen.bypass or verdict.outcome == "reject")
+        if not isolated:
+            if self.faults.between_lookup_and_permit is not None:
+                await self.faults.between_lookup_and_permit(ns)
+            if await self.store.acquire_permit(ns, ctx_epoch):
+                call.permit = True
+            else:  # the revocation won: no cached KV for this request
+                verdict = Decision("reject", "authorization_epoch",
+                                   ("authorization_epoch",) + tuple(
+                                       f for f in verdict.mismatches if f != "authorization_epoch"))
+                isolated = True
+        call.decision = verdict
+        generation = sha256_hex("\x00".join(
+            [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
+             str(self.cfg.policy_revision), str(current)]))
+        if isolated:
+            salt = "ps1-iso-" + secrets.token_hex(24)
+        else:
+            salt = derive_salt(self.key, scope=call.scope, namespace=ns,
+                               cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
+                               generation=generation)
+        call.salt_applied = not isolated
+        call.client_salt = "cache_salt" in body
+        body["cache_salt"] = salt
+        # registry entries: written under this request's own identity, current epoch only
+        if not stale and not gen.bypass and verdict.first_mismatch != "authorization_epoch":
+            for i, k in enumerate(prompt.boundaries):
+                handle = "h-" + hmac.new(self.key, b"handle" + keys[i] + ns.encode(),
+                                         hashlib.sha256).hexdigest()[:32]
+                call.register.append((keys[i], StoredObject(expected[i], 0, call.rid, handle)))
+        return body, info
+
+    def _handle(self, request: Request) -> str | None:
+        h = request.headers.get(HANDLE_HEADER)
+        return h if h and len(h) <= 64 else None
+
+    def _refuse(self, call: _Call, status: int, code: str, message: str) -> Response:
+        call.error, call.status = code, status
+        self.metrics.client_errors.labels(code).inc()
+        return _error(status, code, message)
+
+    async def _forward(self, request: Request, call: _Call, body: dict, info: ModelInfo
+                       ) -> Response:
+        bases = info.upstreams
+        base = bases[next(self._rr) % len(bases)].rstrip("/")
+        call.upstream = base
+        strip_usage = False
+        if body.get("stream") and call.endpoint in ("chat", "completions"):
+            so = body.get("stream_options")
+            if not isinstance(so, dict) or not so.get("include_usage"):
+                body["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                          "include_usage": True}
+                strip_usage = True
+        headers = {"content-type": "application/json", "x-request-id": call.rid}
+        for h in ("accept", "anthropic-version", "anthropic-beta"):
+            if h in request.headers:
+                headers[h] = request.headers[h]
+        req = self.client.build_request("POST", base + request.url.path,
+                                        content=json.dumps(body, ensure_ascii=False).encode(),
+                                        headers=headers)
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            return self._upstream_failed(call, exc)
+        extra = {REQUEST_ID_HEADER: call.rid}
+        if call.register:
+            extra[HANDLE_HEADER] = call.register[-1][1].handle
+        if not body.get("stream") or resp.status_code != 200:
+            try:
+                content = await resp.aread()
+            except httpx.HTTPError as exc:
+                await resp.aclose()
+                return self._upstream_failed(call, exc)
+            call.status = resp.status_code
+            call.ttft_s = time.perf_counter() - call.t0
+            if resp.status_code == 200:
+                try:
+                    call.usage = json.loads(content).get("usage")
+                except (ValueError, AttributeError):
+                    call.usage = None
+            else:
+                call.error = "upstream_error" if resp.status_code >= 500 else "upstream_status"
+                if resp.status_code >= 500:
+                    self.metrics.upstream_errors.labels("status_5xx").inc()
+            return Response(content, status_code=resp.status_code,
+                            headers={**_pass_headers(resp), **extra})
+        call.status = 200
+        call.streaming = True
+        return StreamingResponse(self._stream(call, resp, strip_usage), status_code=200,
+                                 headers={**_pass_headers(resp), **extra},
+                                 background=BackgroundTask(self._finish_stream, call, resp))
+
+    async def _finish_stream(self, call: _Call, resp: httpx.Response) -> None:
+        """Backstop for a stream whose generator never ran (idempotent)."""
+        await resp.aclose()
+        await self._finish(call)
+
+    async def _stream(self, call: _Call, resp: httpx.Response, strip_usage: bool):
+        """Pass the SSE stream through event by event (byte for byte), keeping back the usage
+        chunk the gateway asked for; an upstream failure mid-stream ends with an error event."""
+        buf = b""
+        anthropic = call.endpoint == "messages"
+        usage: dict = {}
+        try:
+            async for chunk in resp.aiter_raw():
+                if call.ttft_s is None:
+                    call.ttft_s = time.perf_counter() - call.t0
+                buf += chunk
+                out = []
+                while True:
+                    cut = buf.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buf = buf[:cut + 2], buf[cut + 2:]
+                    if b'"usage"' in event:
+                        keep = self._usage_event(event, usage, anthropic, strip_usage)
+                        if not keep:
+                            continue
+                    out.append(event)
+                if out:
+                    yield b"".join(out)
+            if buf:
+                yield buf
+        except httpx.TimeoutException:
+            call.error = "upstream_timeout"
+            self.metrics.upstream_errors.labels("upstream_timeout").inc()
+            yield _sse_error("upstream_timeout", "the upstream stopped sending within the read "
+                             f"timeout ({self.cfg.read_timeout_s:g} s)")
+        except httpx.HTTPError:
+            call.error = "upstream_dropped"
+            self.metrics.upstream_errors.labels("upstream_dropped").inc()
+            yield _sse_error("upstream_dropped", "the upstream closed the stream before its end")
+        except BaseException:
+            call.error = call.error or "client_disconnected"
+            raise
+        finally:
+            call.usage = usage or None
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+                await self._finish(call)
+
+    def _usage_event(self, event: bytes, usage: dict, anthropic: bool, strip: bool) -> bool:
+        """Collect the usage of one SSE event; False = keep the event from the client."""
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                obj = json.loads(line[5:])
+            except ValueError:
+                return True
+            if not isinstance(obj, dict):
+                return True
+            if anthropic:
+                u = (obj.get("message") or {}).get("usage") if obj.get("type") == "message_start" \
+                    else obj.get("usage")
+                if isinstance(u, dict):
+                    usage.update({k: v for k, v in u.items() if v is not None})
+                return True
+            u = obj.get("usage")
+            if isinstance(u, dict):
+                usage.clear()
+                usage.update(u)
+                if strip and not obj.get("choices"):
+                    return False
+        return True
+
+    def _upstream_failed(self, call: _Call, exc: httpx.HTTPError) -> Response:
+        kind = _kind(exc)
+        call.error, call.status = kind, 502
+        self.metrics.upstream_errors.labels(kind).inc()
+        what = {"upstream_timeout": "did not answer within the timeouts "
+                f"(connect {self.cfg.connect_timeout_s:g} s, read {self.cfg.read_timeout_s:g} s)",
+                "upstream_dropped": "closed the connection before the answer was complete"}.get(
+                    kind, f"could not be reached ({type(exc).__name__})")
+        return _error(502, kind, f"upstream {call.upstream} {what}")
+
+    # ------------------------------------------------------------------ records
+
+    async def _finish(self, call: _Call) -> None:
+        """Release the permit, register objects, write the records and metrics (once)."""
+        if call.finished:
+            return
+        call.finished = True
+        self.in_flight -= 1
+        try:
+            if call.permit:
+                await self.store.release_permit()
+                call.permit = False
+            norm = None
+            if call.usage is not None:
+                try:
+                    norm = normalise_usage({"usage": call.usage, "endpoint": call.endpoint})
+                except Exception:  # noqa: BLE001 (an odd usage object is logged without counts)
+                    norm = None
+            prompt_tokens = norm.prompt_tokens if norm is not None else None
+            cached = norm.cached_tokens if norm is not None else None
+            ok = call.error is None and call.status == 200 and norm is not None
+            if ok and call.register:
+                await self.store.put([(k, StoredObject(o.identity, prompt_tokens or 0, o.request_id,
+                                                       o.handle)) for k, o in call.register])
+            self._write_records(call, prompt_tokens, cached, norm is not None)
+        finally:
+            pass
+
+    def _write_records(self, call: _Call, prompt_tokens: int | None, cached: int | None,
+                       has_usage: bool) -> None:
+        latency = time.perf_counter() - call.t0
+        ns_d = namespace_digest(call.ns)
+        m = self.metrics
+        status = f"{call.status // 100}xx" if call.status else "none"
+        m.requests.labels(call.endpoint, call.scope, status).inc()
+        m.latency.labels(call.endpoint).observe(latency)
+        if call.ttft_s is not None:
+            m.ttft.labels(call.endpoint).observe(call.ttft_s)
+        if call.client_salt:
+            m.salt_replaced.inc()
+        if has_usage:
+            rec = {"ts_unix_s": round(call.ts, 6), "request_id": call.rid, "run_id": "",
+                   "model": call.model, "instance": self.cfg.instance, "endpoint": call.endpoint,
+                   "ttft_ms": None if call.ttft_s is None else round(call.ttft_s * 1000, 3),
+                   "latency_ms": round(latency * 1000, 3), "scope": call.scope,
+                   "tenant_digest": ns_d, "usage": call.usage}
+            if call.error:
+                rec["error"] = call.error
+            self.usage_log.write(rec)
+            if prompt_tokens is not None:
+                m.prompt_tokens.labels(call.scope).inc(prompt_tokens)
+            if cached is not None:
+                m.cached_tokens.labels(call.scope).inc(cached)
+                m.namespace(ns_d, cached)
+        verdict = call.decision or Decision("miss")
+        cand = call.candidate
+        cand_tokens = 0
+        if cand is not None and prompt_tokens:
+            cand_tokens = candidate_tokens(cand.num_tokens, prompt_tokens, call.block_size)
+        exp_short = call.expected.short(self.key) if call.expected is not None else {
+            "scope": call.scope, "namespace_digest": ns_d}
+        rec = DecisionRecord(
+            ts_unix_s=call.ts, request_id=call.rid, scope=call.scope, namespace_digest=ns_d,
+            decision=verdict.outcome, reasons=verdict.mismatches,
+            candidate_cached_tokens=cand_tokens,
+            accepted_cached_tokens=cand_tokens if verdict.outcome == "accept" else 0,
+            salt_applied=call.salt_applied, expected=exp_short,
+            candidate=None if cand is None else cand.identity.short(self.key),
+            candidate_request_id=None if cand is None else cand.request_id,
+            instance=self.cfg.instance, model=call.model, error=call.error,
+            client_salt_replaced=call.client_salt)
+        self.decision_log.write(rec.as_json())
+        m.decisions.labels(verdict.outcome, verdict.first_mismatch or "none").inc()
+        self._check_invariants(call, verdict, cached or 0)
+
+    def _check_invariants(self, call: _Call, verdict: Decision, cached: int) -> None:
+        """The three invariants on this request, as ``store/queries/scopes.py`` counts them."""
+        m = self.metrics.invariants
+        exp, cand = call.expected, call.candidate
+        if verdict.outcome == "accept" and cand is not None and exp is not None:
+            c = cand.identity
+            if c.scope != exp.scope or c.namespace != exp.namespace:
+                m.labels("cross_scope_acceptance").inc()
+            if any(getattr(c, f) != getattr(exp, f) for f in _VERSION_FIELDS):
+                m.labels("wrong_version_acceptance").inc()
+            if (c.authorization_epoch, c.cache_epoch) != (exp.authorization_epoch,
+                                                            exp.cache_epoch):
+                m.labels("old_generation_use").inc()
+        elif verdict.outcome == "reject" and cached > 0:
+            cls = reason_class(verdict.first_mismatch)
+            name = {"cross_scope": "cross_scope_acceptance", "version": "wrong_version_acceptance",
+                    "collision": "wrong_version_acceptance",
+                    "generation": "old_generation_use"}[cls]
+            m.labels(name).inc()
+
+
+def _client_host(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _kind(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "upstream_timeout"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return "upstream_dropped"
+    return "upstream_error"
+
+
+def _pass_headers(resp: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}

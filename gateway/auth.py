@@ -1,0 +1,140 @@
+"""Trusted identity: API keys (a file of SHA-256 digests) or headers from a trusted proxy.
+
+The scope and the ids come from here only, never from the request body
+(``cache-identity.md#scope``). Two sources, checked in this order:
+
+1. ``Authorization: Bearer <key>`` or ``x-api-key: <key>``: the SHA-256 hex of the key is
+   looked up in the API key file (TOML, ``[[key]]`` tables with ``sha256``, ``tenant``,
+   optional ``principal``, ``scope`` = TENANT (default) or PRINCIPAL, and ``epoch`` = the
+   authorization epoch the key was issued at; without ``epoch`` the key follows the current one).
+2. When the client address is inside one of ``trusted_proxies`` (CIDRs): the tenant, principal,
+   scope and epoch headers (``x-prefixscope-*`` by default). From any other address those
+   headers are ignored.
+
+The raw key and raw ids stay in memory; logs get namespace digests only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefixscope.core.errors import ConfigError
+from prefixscope.core.identity import PRINCIPAL, TENANT
+
+
+@dataclass(frozen=True, slots=True)
+class AuthContext:
+    """The trusted authentication context of one request.
+
+    Attributes:
+        tenant_id, principal_id: raw ids (never logged).
+        scope: TENANT or PRINCIPAL.
+        epoch: authorization epoch the credential was issued at, or None (current).
+        source: ``api_key`` or ``trusted_proxy``.
+    """
+
+    tenant_id: str
+    principal_id: str | None
+    scope: str
+    epoch: int | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyEntry:
+    tenant: str
+    principal: str | None
+    scope: str
+    epoch: int | None
+
+
+def key_digest(api_key: str) -> str:
+    """SHA-256 hex of an API key (what the key file stores)."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def load_api_keys(path: str | None) -> dict[str, _KeyEntry]:
+    """Read the API key file (module docstring). Returns digest -> entry.
+
+    Raises:
+        ConfigError: unreadable, invalid TOML, or an entry without a 64-hex ``sha256`` or a
+            ``tenant`` (names the entry index, never a key).
+    """
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the API key file: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    out: dict[str, _KeyEntry] = {}
+    for i, e in enumerate(data.get("key", [])):
+        digest = str(e.get("sha256", "")).removeprefix("sha256:")
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ConfigError(f"{path}: key[{i}].sha256: expected 64 lowercase hex")
+        tenant = e.get("tenant")
+        if not isinstance(tenant, str) or not tenant:
+            raise ConfigError(f"{path}: key[{i}].tenant: missing")
+        scope = str(e.get("scope", TENANT)).upper()
+        principal = e.get("principal")
+        if scope not in (TENANT, PRINCIPAL) or (scope == PRINCIPAL and not principal):
+            raise ConfigError(f"{path}: key[{i}].scope: TENANT, or PRINCIPAL with a principal")
+        epoch = e.get("epoch")
+        if epoch is not None and (not isinstance(epoch, int) or epoch < 0):
+            raise ConfigError(f"{path}: key[{i}].epoch: must be an integer >= 0")
+        out[digest] = _KeyEntry(tenant, principal, scope, epoch)
+    return out
+
+
+class Authenticator:
+    """Resolves the :class:`AuthContext` of a request from its headers and client address."""
+
+    def __init__(self, *, api_keys: Mapping[str, _KeyEntry], trusted_proxies: list[str],
+                 tenant_header: str, principal_header: str, scope_header: str,
+                 epoch_header: str) -> None:
+        self.api_keys = dict(api_keys)
+        try:
+            self.proxies = [ipaddress.ip_network(c, strict=False) for c in trusted_proxies]
+        except ValueError as exc:
+            raise ConfigError(f"[gateway] trusted_proxies: {exc}") from None
+        self.h_tenant, self.h_principal = tenant_header.lower(), principal_header.lower()
+        self.h_scope, self.h_epoch = scope_header.lower(), epoch_header.lower()
+
+    def _trusted(self, client_host: str | None) -> bool:
+        if not client_host or not self.proxies:
+            return False
+        try:
+            addr = ipaddress.ip_address(client_host)
+        except ValueError:
+            return False
+        return any(addr in net for net in self.proxies)
+
+    def authenticate(self, headers: Mapping[str, str], client_host: str | None
+                     ) -> AuthContext | None:
+        """The trusted context, or None (no valid credential: the caller answers 401)."""
+        auth = headers.get("authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+        if key:
+            # a digest lookup: the key itself is never compared, so timing reveals nothing of it
+            entry = self.api_keys.get(key_digest(key))
+            if entry is not None:
+                return AuthContext(entry.tenant, entry.principal, entry.scope, entry.epoch,
+                                   "api_key")
+        if self._trusted(client_host):
+            tenant = headers.get(self.h_tenant)
+            if not tenant:
+                return None
+            principal = headers.get(self.h_principal) or None
+            scope = (headers.get(self.h_scope) or TENANT).upper()
+            if scope not in (TENANT, PRINCIPAL) or (scope == PRINCIPAL and not principal):
+                return None
+            raw_epoch = headers.get(self.h_epoch)
+            epoch = int(raw_epoch) if raw_epoch and raw_epoch.isdigit() else None
+            return AuthContext(tenant, principal, scope, epoch, "trusted_proxy")
+        return None

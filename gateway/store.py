@@ -1,0 +1,351 @@
+"""Acceptance registry, generation state and the CacheUsePermit gate.
+
+Two implementations of one interface (:class:`AcceptanceStore`):
+
+- :class:`MemoryStore`: one gateway. The authorization epochs and permits are
+  ``prefixscope.core.identity.AuthorizationGate`` (one lock: a revocation and a permit
+  acquisition are linearised, exactly one of two racing at the same epoch wins). With
+  ``state_file`` the generation state (cache epoch, authorization epochs, public stop,
+  bypass) and the registry are saved (atomic replace + fsync) on every admin change and at
+  shutdown, and loaded at start: a restart never re-enables an old generation.
+- :class:`RedisStore`: several replicas. Every state change and every permit is one Lua
+  script, which Redis runs atomically: the compare-and-set of a revocation and the epoch check
+  of a permit are linearised by the server (``docs/deploy.md#several-gateway-replicas``).
+
+State (``cache-identity.md``): ``cache_epoch`` (only grows), per namespace the authorization
+epoch (only grows, by compare-and-set), ``public_stopped`` (one-way), ``bypass`` (turning it
+off advances the cache epoch, so nothing written before the bypass is used again), the
+registry (lookup key -> the identity an object was last written under) and cache handles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from prefixscope.core.identity import AuthorizationGate, CacheIdentity
+
+INITIAL_EPOCH = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """A registry entry: the identity it was written under, its tokens (an upper bound: the
+    writer's prompt tokens), the writer's request id and the handle a client may present."""
+
+    identity: CacheIdentity
+    num_tokens: int
+    request_id: str
+    handle: str
+
+    def to_json(self) -> str:
+        return json.dumps({"identity": asdict(self.identity), "num_tokens": self.num_tokens,
+                           "request_id": self.request_id, "handle": self.handle},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> StoredObject:
+        d = json.loads(text)
+        return cls(CacheIdentity(**d["identity"]), int(d["num_tokens"]), d["request_id"],
+                   d["handle"])
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """The global generation state read at the start of each request."""
+
+    cache_epoch: int
+    public_stopped: bool
+    bypass: bool
+
+
+class AcceptanceStore(Protocol):
+    """What the gateway needs from its shared state (all methods are coroutines)."""
+
+    async def generation(self) -> Generation: ...
+    async def auth_epoch(self, namespace: str) -> int: ...
+    async def lookup(self, keys: list[bytes]) -> list[StoredObject | None]: ...
+    async def by_handle(self, handle: str) -> StoredObject | None: ...
+    async def put(self, items: list[tuple[bytes, StoredObject]]) -> None: ...
+    async def acquire_permit(self, namespace: str, epoch: int) -> bool: ...
+    async def release_permit(self) -> None: ...
+    async def permits_in_flight(self) -> int: ...
+    async def revoke(self, namespace: str, from_epoch: int | None = None) -> int | None: ...
+    async def bump_cache_epoch(self) -> int: ...
+    async def stop_public(self) -> None: ...
+    async def set_bypass(self, on: bool) -> int: ...
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """In-process state for one gateway (module docstring)."""
+
+    def __init__(self, state_file: str | None = None) -> None:
+        self.gate = AuthorizationGate(initial_epoch=INITIAL_EPOCH, keep_log=False)
+        self._lock = threading.Lock()
+        self.cache_epoch = INITIAL_EPOCH
+        self.public_stopped = False
+        self.bypass = False
+        self.registry: dict[bytes, StoredObject] = {}
+        self.handles: dict[str, bytes] = {}
+        self.in_flight = 0
+        self.state_file = state_file
+        if state_file and Path(state_file).exists():
+            self._load(Path(state_file))
+
+    # ---- persistence
+    def _load(self, path: Path) -> None:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        self.cache_epoch = int(d["cache_epoch"])
+        self.public_stopped = bool(d.get("public_stopped"))
+        self.bypass = bool(d.get("bypass"))
+        self.gate._epochs.update({k: int(v) for k, v in d.get("auth_epochs", {}).items()})
+        for hexkey, obj in d.get("registry", {}).items():
+            o = StoredObject.from_json(obj)
+            self.registry[bytes.fromhex(hexkey)] = o
+            self.handles[o.handle] = bytes.fromhex(hexkey)
+
+    def save(self) -> None:
+        """Write the state file (atomic replace, fsync); no-op without ``state_file``."""
+        if not self.state_file:
+            return
+        with self._lock, self.gate._lock:
+            d = {"cache_epoch": self.cache_epoch, "public_stopped": self.public_stopped,
+                 "bypass": self.bypass, "auth_epochs": dict(self.gate._epochs),
+                 "registry": {k.hex(): o.to_json() for k, o in self.registry.items()}}
+        path = Path(self.state_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(d, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    # ---- reads
+    async def generation(self) -> Generation:
+        return Generation(self.cache_epoch, self.public_stopped, self.bypass)
+
+    async def auth_epoch(self, namespace: str) -> int:
+        return self.gate.current(namespace)
+
+    async def lookup(self, keys: list[bytes]) -> list[StoredObject | None]:
+        return [self.registry.get(k) for k in keys]
+
+    async def by_handle(self, handle: str) -> StoredObject | None:
+        k = self.handles.get(handle)
+        return None if k is None else self.registry.get(k)
+
+    async def put(self, items: list[tuple[bytes, StoredObject]]) -> None:
+        with self._lock:
+            for k, obj in items:
+                old = self.registry.get(k)
+                if old is not None:
+                    self.handles.pop(old.handle, None)
+                self.registry[k] = obj
+                self.handles[obj.handle] = k
+
+    # ---- the gate
+    async def acquire_permit(self, namespace: str, epoch: int) -> bool:
+        return self.acquire_permit_sync(namespace, epoch)
+
+    def acquire_permit_sync(self, namespace: str, epoch: int) -> bool:
+        """The permit (thread-safe): the core gate's check, then one more permit in flight."""
+        with self.gate._lock:
+            ok = self.gate._epochs.get(namespace, self.gate.initial_epoch) == epoch
+            self.gate._record("permit", namespace, epoch, ok)
+            if ok:
+                self.in_flight += 1
+            return ok
+
+    async def release_permit(self) -> None:
+        with self.gate._lock:
+            assert self.in_flight > 0, "permit released twice"
+            self.in_flight -= 1
+
+    async def permits_in_flight(self) -> int:
+        return self.in_flight
+
+    async def revoke(self, namespace: str, from_epoch: int | None = None) -> int | None:
+        new = self.revoke_sync(namespace, from_epoch)
+        self.save()
+        return new
+
+    def revoke_sync(self, namespace: str, from_epoch: int | None = None) -> int | None:
+        """Compare-and-set revocation (thread-safe): ``AuthorizationGate.revoke``."""
+        return self.gate.revoke(namespace, from_epoch=from_epoch)
+
+    # ---- admin
+    async def bump_cache_epoch(self) -> int:
+        with self._lock:
+            self.cache_epoch += 1
+            new = self.cache_epoch
+        self.save()
+        return new
+
+    async def stop_public(self) -> None:
+        self.public_stopped = True
+        self.save()
+
+    async def set_bypass(self, on: bool) -> int:
+        with self._lock:
+            if self.bypass and not on:
+                self.cache_epoch += 1  # nothing written before the bypass is used again
+            self.bypass = on
+            epoch = self.cache_epoch
+        self.save()
+        return epoch
+
+    async def close(self) -> None:
+        self.save()
+
+
+# --------------------------------------------------------------------------- Redis
+
+_ACQUIRE = """
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[3])
+if cur == tonumber(ARGV[2]) then
+  redis.call('INCR', KEYS[2])
+  return 1
+end
+return 0
+"""
+_REVOKE = """
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[3])
+if ARGV[2] ~= '' and cur ~= tonumber(ARGV[2]) then
+  return -1
+end
+redis.call('HSET', KEYS[1], ARGV[1], cur + 1)
+return cur + 1
+"""
+_BUMP = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or ARGV[1])
+redis.call('SET', KEYS[1], cur + 1)
+return cur + 1
+"""
+_BYPASS = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or ARGV[2])
+local was = redis.call('GET', KEYS[2])
+if was == '1' and ARGV[1] == '0' then
+  cur = cur + 1
+  redis.call('SET', KEYS[1], cur)
+end
+redis.call('SET', KEYS[2], ARGV[1])
+return cur
+"""
+_PUT = """
+for i = 1, #KEYS do
+  local old = redis.call('GET', KEYS[i])
+  if old then
+    local h = cjson.decode(old)['handle']
+    redis.call('DEL', ARGV[2 * #KEYS + 1] .. h)
+  end
+  redis.call('SET', KEYS[i], ARGV[i])
+  redis.call('SET', ARGV[2 * #KEYS + 1] .. ARGV[#KEYS + i], KEYS[i])
+end
+return #KEYS
+"""
+
+
+class RedisStore:
+    """Shared state for several gateway replicas in one Redis (module docstring).
+
+    Keys (prefix ``prefixscope:gw:`` unless given): ``cache_epoch``, ``public_stopped``,
+    ``bypass`` (strings), ``auth_epochs`` (hash namespace -> epoch), ``permits`` (counter of
+    permits in flight), ``reg:<lookup key hex>`` (a :class:`StoredObject` as JSON) and
+    ``handle:<handle>`` (its lookup key). Raw tenant ids are never stored: namespaces are HMACs.
+    """
+
+    def __init__(self, url: str, prefix: str = "prefixscope:gw:") -> None:
+        import redis.asyncio as aioredis
+
+        self.url = url
+        self.p = prefix
+        self.r = aioredis.from_url(url, decode_responses=False)
+        self._acquire = self.r.register_script(_ACQUIRE)
+        self._revoke = self.r.register_script(_REVOKE)
+        self._bump = self.r.register_script(_BUMP)
+        self._bypass = self.r.register_script(_BYPASS)
+        self._put = self.r.register_script(_PUT)
+
+    async def generation(self) -> Generation:
+        ce, ps, bp = await self.r.mget(self.p + "cache_epoch", self.p + "public_stopped",
+                                       self.p + "bypass")
+        return Generation(int(ce) if ce else INITIAL_EPOCH, ps == b"1", bp == b"1")
+
+    async def auth_epoch(self, namespace: str) -> int:
+        v = await self.r.hget(self.p + "auth_epochs", namespace)
+        return int(v) if v else INITIAL_EPOCH
+
+    async def lookup(self, keys: list[bytes]) -> list[StoredObject | None]:
+        if not keys:
+            return []
+        vals = await self.r.mget([self.p + "reg:" + k.hex() for k in keys])
+        return [None if v is None else StoredObject.from_json(v) for v in vals]
+
+    async def by_handle(self, handle: str) -> StoredObject | None:
+        k = await self.r.get(self.p + "handle:" + handle)
+        if k is None:
+            return None
+        v = await self.r.get(k)
+        return None if v is None else StoredObject.from_json(v)
+
+    async def put(self, items: list[tuple[bytes, StoredObject]]) -> None:
+        if not items:
+            return
+        keys = [self.p + "reg:" + k.hex() for k, _ in items]
+        args = [o.to_json() for _, o in items] + [o.handle for _, o in items] + [
+            self.p + "handle:"]
+        await self._put(keys=keys, args=args)
+
+    async def acquire_permit(self, namespace: str, epoch: int) -> bool:
+        ok = await self._acquire(keys=[self.p + "auth_epochs", self.p + "permits"],
+                                 args=[namespace, epoch, INITIAL_EPOCH])
+        return int(ok) == 1
+
+    async def release_permit(self) -> None:
+        await self.r.decr(self.p + "permits")
+
+    async def permits_in_flight(self) -> int:
+        v = await self.r.get(self.p + "permits")
+        return int(v) if v else 0
+
+    async def revoke(self, namespace: str, from_epoch: int | None = None) -> int | None:
+        new = await self._revoke(keys=[self.p + "auth_epochs"],
+                                 args=[namespace, "" if from_epoch is None else from_epoch,
+                                       INITIAL_EPOCH])
+        return None if int(new) < 0 else int(new)
+
+    async def bump_cache_epoch(self) -> int:
+        return int(await self._bump(keys=[self.p + "cache_epoch"], args=[INITIAL_EPOCH]))
+
+    async def stop_public(self) -> None:
+        await self.r.set(self.p + "public_stopped", "1")
+
+    async def set_bypass(self, on: bool) -> int:
+        return int(await self._bypass(keys=[self.p + "cache_epoch", self.p + "bypass"],
+                                      args=["1" if on else "0", INITIAL_EPOCH]))
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+
+def open_store(spec: str, state_file: str | None = None) -> MemoryStore | RedisStore:
+    """``memory`` -> :class:`MemoryStore`; ``redis://...`` / ``rediss://...`` / ``unix://...``
+    -> :class:`RedisStore`."""
+    if spec == "memory":
+        return MemoryStore(state_file)
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(spec)
+    from prefixscope.core.errors import ConfigError
+
+    raise ConfigError(f"[gateway] store: expected 'memory' or a redis:// URL, got {spec[:40]!r}")
+
+
+__all__ = ["AcceptanceStore", "Generation", "MemoryStore", "RedisStore", "StoredObject",
+           "open_store"]
