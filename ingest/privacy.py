@@ -16,7 +16,7 @@ from __future__ import annotations
 from prefixscope.core.identity import load_hmac_key, namespace_digest, namespace_for
 from prefixscope.core.identity import TENANT as _TENANT
 
-__all__ = ["digest_tenant", "load_hmac_key"]
+__all__ = ["digest_namespace", "digest_tenant", "load_hmac_key"]
 
 
 def digest_tenant(raw_id: str, key: bytes) -> str:
@@ -33,3 +33,22 @@ def digest_tenant(raw_id: str, key: bytes) -> str:
     if not raw_id:
         raise ValueError("empty tenant id")
     return namespace_digest(namespace_for(key, scope=_TENANT, tenant_id=raw_id))
+
+
+def digest_namespace(key: bytes, *, tenant_id: str, principal_id: str | None = None
+                     ) -> tuple[str, str]:
+    """``(scope, 16-hex namespace digest)`` of a tenant, or of a principal within it: TENANT
+    when ``principal_id`` is empty, else PRINCIPAL (``core.identity.namespace_for``; the raw ids
+    are never stored).
+
+    Raises:
+        ValueError: empty ``tenant_id``.
+    """
+    from prefixscope.core.identity import PRINCIPAL
+
+    if not tenant_id:
+        raise ValueError("empty tenant id")
+    if principal_id:
+        return PRINCIPAL, namespace_digest(namespace_for(key, scope=PRINCIPAL, tenant_id=tenant_id,
+                                                         principal_id=principal_id))
+    return _TENANT, namespace_digest(namespace_for(key, scope=_TENANT, tenant_id=tenant_id))

@@ -18,21 +18,31 @@ HmacKeyOption = Annotated[str | None, typer.Option(
     "Without a key they are dropped, never stored.")]
 
 
-def tenant_digester(hmac_key_file: str | None):
-    """raw id -> TENANT namespace digest with the configured key, or None when no key is
-    configured anywhere (raw ids are then dropped by the ingesters)."""
+def optional_hmac_key(hmac_key_file: str | None) -> bytes | None:
+    """The configured HMAC key, or None when no key is configured anywhere (raw tenant ids
+    are then dropped by the ingesters, never stored).
+
+    Raises:
+        ConfigError: a key is configured but cannot be read or is too short.
+    """
     import os
 
     from prefixscope.core.config import load_settings
     from prefixscope.core.identity import load_hmac_key
-    from prefixscope.ingest.privacy import digest_tenant
 
     configured = load_settings().identity.hmac_key_file
     if not (hmac_key_file or configured or os.environ.get("PREFIXSCOPE_HMAC_KEY_FILE")
             or os.environ.get("PREFIXSCOPE_HMAC_KEY")):
         return None
-    key = load_hmac_key(hmac_key_file, config_path=configured)
-    return lambda raw: digest_tenant(raw, key)
+    return load_hmac_key(hmac_key_file, config_path=configured)
+
+
+def tenant_digester(hmac_key_file: str | None):
+    """raw id -> TENANT namespace digest with the configured key, or None (no key)."""
+    from prefixscope.ingest.privacy import digest_tenant
+
+    key = optional_hmac_key(hmac_key_file)
+    return None if key is None else (lambda raw: digest_tenant(raw, key))
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -101,13 +111,23 @@ def register(groups: dict[str, typer.Typer]) -> None:
 
 def _files(db: str, files: list[str], opts, as_json: bool) -> None:
     from prefixscope.ingest.otlp import ingest_otlp_file
+
+    ingest_and_report(db, files, lambda con, f: ingest_otlp_file(con, f, opts), as_json,
+                      nothing="every GenAI span was quarantined")
+
+
+def ingest_and_report(db: str, files: list[str], ingest_one, as_json: bool, *,
+                      nothing: str = "every record was quarantined") -> None:
+    """Run ``ingest_one(con, file) -> TailResult`` for each file in one writer session and
+    print the summaries the way every ingest command does (``--json``: files, errors,
+    quarantined). Raises NothingIngested when nothing was read and something failed."""
     from prefixscope.store import db as store_db
 
     results, errors = [], []
     with store_db.writer(db) as con:
         for f in files:
             try:
-                results.append(ingest_otlp_file(con, f, opts))
+                results.append(ingest_one(con, f))
             except PrefixscopeError as exc:
                 errors.append(str(exc))
     problems = [{"location": q.location, "line": q.line, "field": q.field, "reason": q.reason}
@@ -132,8 +152,8 @@ def _files(db: str, files: list[str], opts, as_json: bool) -> None:
                       markup=False, highlight=False)
     read = sum(r.summary.rows_read for r in results)
     if read == 0 and (errors or any(r.summary.rows_quarantined for r in results)):
-        why = (f"{len(errors)} file(s) could not be read (see above)" if errors else
-               "every GenAI span was quarantined (see the reasons above)")
+        why = f"{len(errors)} file(s) could not be read (see above)" if errors else \
+            f"{nothing} (see the reasons above)"
         raise NothingIngested(f"no request could be read: {why}")
 
 

@@ -1,0 +1,185 @@
+"""Files of JSON records (one request each) from other tools, into ``requests``.
+
+Shared by the LiteLLM and Langfuse readers: a reader supplies ``to_row(record) -> row dict or
+None`` (None = not a request, e.g. a span without usage; :class:`BadLine` = quarantine) and this
+module reads the file in the form the tool exports:
+
+- **JSON lines** (``.jsonl``, ``.ndjson``, or any file whose first byte is ``{`` followed by a
+  newline-separated record per line): tailed from its checkpoint by
+  ``ingest/jsonl_driver.py`` (one transaction per batch, quarantine, re-run adds nothing).
+- **One JSON document**: an array of records, or an object with the records under ``data``
+  (API responses, UI exports). Read whole, one transaction, ``line`` = the record's 1-based
+  position; read again, primary keys add nothing.
+- **CSV with a header row** (``.csv``: ``psql \\copy ... TO ... CSV HEADER`` of a table):
+  read whole with the stdlib ``csv`` module, columns by name; JSON-typed columns arrive as
+  JSON text and are decoded by the reader. ``line`` = the record's 1-based position.
+
+Rows go through :func:`prefixscope.ingest.usage_rows.insert_dict_rows`, the usage-log writer.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+
+from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
+from prefixscope.ingest.bookkeeping import (
+    Checkpoint,
+    IngestSummary,
+    Quarantined,
+    new_ingest_run_id,
+    source_id_for,
+)
+from prefixscope.ingest.jsonl_driver import (
+    BadLine,
+    ParsedChunk,
+    TailResult,
+    commit_batch,
+    ingest_jsonl_tail,
+)
+from prefixscope.ingest.usage_rows import insert_dict_rows
+
+ToRow = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+
+__all__ = ["BadLine", "ToRow", "ingest_record_file"]
+
+
+def _kind_of_file(path: str) -> str:
+    low = path.lower()
+    if low.endswith(".csv"):
+        return "csv"
+    if low.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    with open(path, "rb") as fh:
+        head = fh.read(4096).lstrip()
+    if head.startswith(b"["):
+        return "json"
+    if head.startswith(b"{"):
+        # One pretty-printed document, or one record a line?
+        first_line = head.split(b"\n", 1)[0].strip()
+        try:
+            json.loads(first_line)
+            return "jsonl"
+        except ValueError:
+            return "json"
+    return "jsonl"
+
+
+def _row(to_row: ToRow, rec: Any, location: str, line: int, source_id: str,
+         rows: list, bad: list) -> bool:
+    """Append the record's row (with source id and line); False when it gave none."""
+    if not isinstance(rec, dict):
+        bad.append(Quarantined(location, line, "not a JSON object", None))
+        return False
+    try:
+        row = to_row(rec)
+    except BadLine as exc:
+        bad.append(Quarantined(location, line, exc.reason, exc.field))
+        return False
+    if row is None:
+        return False
+    row["source_id"] = source_id
+    row["line"] = line
+    rows.append(row)
+    return True
+
+
+def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
+                       kind: str, to_row: ToRow, keep_problems: int = 100) -> TailResult:
+    """Ingest one file of records (JSON lines, one JSON document or CSV; module docstring).
+
+    Args:
+        con: read-write, migrated connection, not inside a transaction.
+        kind: ``ingest_sources.kind`` (e.g. ``litellm``, ``langfuse``).
+        to_row: record -> row dict, None (skip), or raises :class:`BadLine`.
+
+    Returns:
+        A :class:`~prefixscope.ingest.jsonl_driver.TailResult` (for a whole-file read:
+        ``start``/``end`` are offset 0 and the file size).
+
+    Raises:
+        SourceUnavailable: missing or unreadable file; a whole-file JSON document that is not
+            JSON (the message names the byte).
+    """
+    location = str(path)
+    if not os.path.isfile(location):
+        raise SourceUnavailable(f"cannot read {location}: no such file")
+    form = _kind_of_file(location)
+    source_id = source_id_for(kind, location)
+    if form == "jsonl":
+        def parse(data: bytes, first_line: int) -> ParsedChunk:
+            rows: list[dict[str, Any]] = []
+            bad: list[Quarantined] = []
+            skipped = 0
+            lines = data.split(b"\n")
+            if lines and lines[-1] == b"":
+                lines.pop()
+            for i, raw in enumerate(lines):
+                no = first_line + i
+                if not raw.strip():
+                    skipped += 1
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except ValueError as exc:
+                    bad.append(Quarantined(location, no, invalid_json_reason(exc), None))
+                    continue
+                if not _row(to_row, rec, location, no, source_id, rows, bad) and \
+                        (not bad or bad[-1].line != no):
+                    skipped += 1
+            return ParsedChunk(rows, len(rows), bad, skipped)
+
+        return ingest_jsonl_tail(con, location, kind=kind, parse_chunk=parse,
+                                 insert=insert_dict_rows, batch_bytes=16 << 20,
+                                 keep_problems=keep_problems)
+    return _whole_file(con, location, form, kind, source_id, to_row, keep_problems)
+
+
+def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row: ToRow,
+                keep_problems: int) -> TailResult:
+    started = time.time()
+    try:
+        with open(location, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}") from exc
+    if form == "csv":
+        text = data.decode("utf-8-sig", errors="replace")
+        records: list[Any] = list(csv.DictReader(io.StringIO(text, newline="")))
+    else:
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise SourceUnavailable(f"{location}: {invalid_json_reason(exc)}") from None
+        records = doc.get("data", []) if isinstance(doc, dict) else doc
+        if not isinstance(records, list):
+            raise SourceUnavailable(f"{location}: expected an array of records or "
+                                    "{\"data\": [...]}")
+    rows: list[dict[str, Any]] = []
+    bad: list[Quarantined] = []
+    skipped = 0
+    for i, rec in enumerate(records, start=1):
+        if not _row(to_row, rec, location, i, source_id, rows, bad) and \
+                (not bad or bad[-1].line != i):
+            skipped += 1
+    read = len(rows)
+    note = None if read or bad else "no request records in the file"
+
+    def summary(n: int) -> IngestSummary:
+        return IngestSummary(location, kind, read, n, read - n, len(bad), note)
+
+    end = Checkpoint(len(data), len(records), None)
+    run_id = new_ingest_run_id()
+    added = commit_batch(con, insert=insert_dict_rows, rows=rows, quarantined=bad,
+                         source_id=source_id, kind=kind, location=location,
+                         ingest_run_id=run_id, checkpoint=None, run_summary=summary,
+                         started_unix_s=started)
+    return TailResult(summary(added), bad[:keep_problems], Checkpoint(0, 0, None), end,
+                      skipped, 1, run_id)
