@@ -56,6 +56,15 @@ class Quarantined:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceOutcome:
+    """One ingested source (a file, a scrape): its summary and the lines this call quarantined
+    (file:line, field, reason). ``ScrapeOutcome`` in :mod:`prefixscope.ingest.exposition`."""
+
+    summary: IngestSummary
+    problems: tuple[Quarantined, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """Where a file source was read up to: byte offset and line count, and its fingerprint."""
 

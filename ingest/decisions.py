@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Literal
 
 import duckdb
 import msgspec
 
-from prefixscope.ingest.bookkeeping import IngestSummary, source_id_for
+from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
 from prefixscope.ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
 from prefixscope.core.decision_log import ERROR_CODES
@@ -233,6 +231,14 @@ def _insert_tagged(con: duckdb.DuckDBPyConnection, rows: list[tuple[str, tuple]]
 
 def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
                           run_id: str | None = None) -> IngestSummary:
+    """Ingest one gateway decision log; see :func:`ingest_decisions_file_detailed` (this
+    returns only its summary)."""
+    return ingest_decisions_file_detailed(con, path, run_id=run_id)[0]
+
+
+def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str],
+                                   *, run_id: str | None = None
+                                   ) -> tuple[IngestSummary, list[Quarantined]]:
     """Ingest one gateway decision log (JSONL) into ``gateway_decisions``/``gateway_events``.
 
     Everything new since the file's checkpoint is stored in one transaction with its
@@ -247,7 +253,8 @@ def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLik
             decision logs carry the replay's run id so they join its usage rows.
 
     Returns:
-        An :class:`IngestSummary` (``rows_read``/``rows_added`` count decisions + events).
+        (:class:`IngestSummary`, the lines this call quarantined, file order);
+        ``rows_read``/``rows_added`` count decisions + events.
 
     Raises:
         SourceUnavailable: the file cannot be read.
@@ -270,13 +277,4 @@ def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLik
         raise NothingIngested(
             f"{location}: all {summary.rows_quarantined} lines quarantined; first at line "
             f"{first.line}{' field ' + first.field if first.field else ''}: {first.reason}")
-    return summary
-
-
-def iter_decision_files(paths: list[str]) -> Iterator[str]:
-    """Expand directories to their ``*.jsonl`` files (sorted); files are yielded as given."""
-    for p in paths:
-        if Path(p).is_dir():
-            yield from (str(x) for x in sorted(Path(p).glob("*.jsonl")))
-        else:
-            yield p
+    return summary, list(result.problems)

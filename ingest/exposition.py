@@ -60,6 +60,7 @@ from prefixscope.ingest.bookkeeping import (
     source_id_for,
     upsert_source,
 )
+from prefixscope.ingest.bookkeeping import SourceOutcome as ScrapeOutcome  # one stored scrape
 from prefixscope.core.errors import NothingIngested, SourceUnavailable
 from prefixscope.store.queries.ingest import ingest_transaction
 
@@ -543,14 +544,6 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
                          instance=instance or raw.default_instance,
                          ts_unix_s=raw.ts_unix_s)
     return save_samples(con, read, kind=raw.kind, run_id=run_id)
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeOutcome:
-    """One stored scrape: its summary and the lines it quarantined (file:line, field, reason)."""
-
-    summary: IngestSummary
-    problems: tuple[Quarantined, ...] = ()
 
 
 def nothing_error(outcomes: Sequence[ScrapeOutcome], errors: Sequence[str]) -> NothingIngested:

@@ -42,6 +42,7 @@ import duckdb
 
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, new_ingest_run_id, source_id_for
 from prefixscope.ingest.exposition import ScrapeOutcome
+from prefixscope.ingest.files import FileOutcome, ingest_files
 from prefixscope.ingest.jsonl_driver import (
     BadLine,
     TailCounts,
@@ -280,8 +281,9 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: str, *,
 
 
 def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str | None = None
-                          ) -> tuple[list[ScrapeOutcome], list[str]]:
-    """Store several captures, each in its own short write transaction.
+                          ) -> tuple[list[FileOutcome], list[str]]:
+    """Store several captures, each in its own short write transaction
+    (:func:`prefixscope.ingest.files.ingest_files`).
 
     Returns:
         ``(outcomes, errors)``: one outcome per readable file, one message per unreadable one.
@@ -289,18 +291,8 @@ def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str |
     Raises:
         NothingIngested: no file could be read, or none held a single good line.
     """
-    from prefixscope.store import db as store_db
-
-    outcomes: list[ScrapeOutcome] = []
-    errors: list[str] = []
-    for f in files:
-        try:
-            with store_db.writer(db_path) as con:
-                summary, problems = _ingest_file(con, f, instance=instance)
-        except SourceUnavailable as exc:
-            errors.append(str(exc))
-            continue
-        outcomes.append(ScrapeOutcome(summary, tuple(problems)))
+    res = ingest_files(db_path, files, lambda con, f: _ingest_file(con, f, instance=instance))
+    outcomes, errors = res.outcomes, res.errors
     if not outcomes or all(o.summary.rows_read == 0 and o.problems for o in outcomes):
         reasons = errors + [f"{o.summary.source}: every line quarantined" for o in outcomes]
         raise NothingIngested("nothing could be read: " + "; ".join(reasons))

@@ -323,4 +323,4 @@ def test_cli_kv_events_files_and_a_silent_endpoint(cli, db_path):
     code, _, err = cli(["ingest", "kv-events", "--db", db_path])
     assert code == 2
     code, _, err = cli(["ingest", "kv-events", "/nonexistent.jsonl", "--db", db_path])
-    assert code == 4 and "cannot read" in err
+    assert code == 4 and "/nonexistent.jsonl: no such file" in err

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -43,53 +42,20 @@ def decisions_cmd(
 
     Example: prefixscope ingest decisions logs/gateway-decisions.jsonl --db data/prefixscope.duckdb
     """
-    from prefixscope.ingest.bookkeeping import clean_location
-    from prefixscope.ingest.decisions import ingest_decisions_file, iter_decision_files
-    from prefixscope.store import db as store_db
-    from prefixscope.store.queries.ingest import quarantined_lines
+    from prefixscope.ingest.decisions import ingest_decisions_file_detailed
+    from prefixscope.ingest.files import ingest_files, quarantined_dicts
 
-    paths, unreadable = [], 0
-    for given in files:
-        found = list(iter_decision_files([given]))
-        if Path(given).is_dir() and not found:
-            why = "a folder without *.jsonl files"
-        elif not Path(given).exists():
-            why = "no such file"
-        else:
-            paths.extend(found)
-            continue
-        unreadable += 1
-        err.print(f"error: {given}: {why}", markup=False, highlight=False)
-    if not paths:
-        raise NothingIngested(f"no decision could be read: {unreadable} source(s) could not "
-                              "be read (see above)")
-    summaries, problems, per_source = [], [], []
-    failed = 0
-    with store_db.writer(db) as con:
-        for path in paths:
-            started_s = time.time()
-            try:
-                s = ingest_decisions_file(con, path, run_id=run_id)
-            except NothingIngested as exc:
-                # Every new line of this file was quarantined (stored with file:line): say
-                # so and go on with the other files; exit 4 only if no file gave a record.
-                failed += 1
-                err.print(f"error: {exc}", markup=False, highlight=False)
-                continue
-            summaries.append(s)
-            mine: list[dict] = []
-            if s.rows_quarantined:
-                q = quarantined_lines(con, limit=10_000)
-                q = q[(q["location"] == clean_location(path)) & (q["at_unix_s"] >= started_s)]
-                mine = [{"location": path, "line": int(r["line"]),
-                         "field": r["field"] if isinstance(r["field"], str) else None,
-                         "reason": r["reason"]}
-                        for r in q.sort_values("line").to_dict("records")]
-            per_source.append(mine)
-            problems.extend(mine)
-    if not summaries:
-        raise NothingIngested(f"no decision could be read: every line of the {failed:,} "
-                              "file(s) was quarantined (see above)")
+    res = ingest_files(db, files, lambda con, f: ingest_decisions_file_detailed(
+        con, f, run_id=run_id), folders=True)
+    for e in res.errors:
+        err.print(f"error: {e}", markup=False, highlight=False)
+    if not res.outcomes:
+        why = (f"every line of the {res.failed:,} file(s) was quarantined (see above)"
+               if res.failed else f"{len(res.errors)} source(s) could not be read (see above)")
+        raise NothingIngested(f"no decision could be read: {why}")
+    summaries = [o.summary for o in res.outcomes]
+    per_source = [quarantined_dicts(o.problems) for o in res.outcomes]
+    problems = [q for mine in per_source for q in mine]
     if as_json:  # one summary per source, with its quarantined lines (docs/ingest.md)
         print_json([{**s.as_dict(), "quarantined": mine}
                     for s, mine in zip(summaries, per_source, strict=True)])

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, count_noun, err, out, print_json
-from prefixscope.core.errors import NothingIngested, PrefixscopeError, UsageError
+from prefixscope.core.errors import NothingIngested, UsageError
 
 _MAX_PROBLEMS_SHOWN = 20
 
@@ -118,20 +118,19 @@ def _files(db: str, files: list[str], opts, as_json: bool) -> None:
 
 def ingest_and_report(db: str, files: list[str], ingest_one, as_json: bool, *,
                       nothing: str = "every record was quarantined") -> None:
-    """Run ``ingest_one(con, file) -> TailResult`` for each file in one writer session and
-    print the summaries the way every ingest command does (``--json``: files, errors,
-    quarantined). Raises NothingIngested when nothing was read and something failed."""
-    from prefixscope.store import db as store_db
+    """Run ``ingest_one(con, file) -> TailResult`` for each file
+    (:func:`prefixscope.ingest.files.ingest_files`) and print the summaries the way every
+    ingest command does (``--json``: files, errors, quarantined). Raises NothingIngested when
+    nothing was read and something failed."""
+    from prefixscope.ingest.files import ingest_files, quarantined_dicts
 
-    results, errors = [], []
-    with store_db.writer(db) as con:
-        for f in files:
-            try:
-                results.append(ingest_one(con, f))
-            except PrefixscopeError as exc:
-                errors.append(str(exc))
-    problems = [{"location": q.location, "line": q.line, "field": q.field, "reason": q.reason}
-                for r in results for q in r.problems]
+    def one(con, f):
+        r = ingest_one(con, f)
+        return r.summary, r.problems
+
+    res = ingest_files(db, files, one)
+    results, errors = res.outcomes, res.errors
+    problems = quarantined_dicts(res.problems)
     for e in errors:
         err.print(f"error: {e}", markup=False, highlight=False)
     if as_json:

@@ -2,46 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out,
                                      print_json)
-from prefixscope.core.errors import NothingIngested, PrefixscopeError
+from prefixscope.core.errors import NothingIngested
 
 _MAX_PROBLEMS_SHOWN = 20
-
-
-def ingest_request_files(db: str, files: list[str], *, run_id: str | None = None,
-                         instance: str | None = None, model: str | None = None):
-    """Ingest each file in one writer session; returns (summaries, errors, quarantined).
-
-    A file that cannot be read becomes an error message and the others are still ingested.
-    ``quarantined`` lists the lines set aside by this call (file, line, field, reason).
-    """
-    from prefixscope.ingest.usage import ingest_usage_file_detailed
-    from prefixscope.store import db as store_db
-
-    summaries, errors = [], []
-    problems: list[dict] = []
-    with store_db.writer(db) as con:
-        for f in files:
-            if Path(f).is_dir():
-                errors.append(f"{f}: is a folder: give its .jsonl files "
-                              f"(e.g. {Path(f) / '*.jsonl'})")
-                continue
-            try:
-                s, qs = ingest_usage_file_detailed(con, f, run_id=run_id, instance=instance,
-                                                   default_model=model)
-            except PrefixscopeError as exc:
-                errors.append(str(exc))
-                continue
-            summaries.append(s)
-            problems.extend({"location": q.location, "line": q.line, "field": q.field,
-                             "reason": q.reason} for q in qs)
-    return summaries, errors, problems
 
 
 def requests_cmd(
@@ -72,8 +41,13 @@ def requests_cmd(
 
       prefixscope ingest requests run/requests.jsonl --run-id replay-1 --json
     """
-    summaries, errors, problems = ingest_request_files(db, files, run_id=run_id,
-                                                       instance=instance, model=model)
+    from prefixscope.ingest.files import ingest_files, quarantined_dicts
+    from prefixscope.ingest.usage import ingest_usage_file_detailed
+
+    res = ingest_files(db, files, lambda con, f: ingest_usage_file_detailed(
+        con, f, run_id=run_id, instance=instance, default_model=model))
+    summaries, errors = [o.summary for o in res.outcomes], res.errors
+    problems = quarantined_dicts(res.problems)
     for e in errors:
         err.print(f"error: {e}", markup=False, highlight=False)
     if as_json:
