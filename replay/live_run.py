@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefixscope.core.errors import UsageError
+from prefixscope.replay.run_ids import new_run_id
 from prefixscope.replay.live import LiveConfig, LiveResult, replay_live
 from prefixscope.replay.live_metrics import counter_deltas, counter_totals, scrape_metrics, wait_for_counters
 from prefixscope.replay.live_outputs import result_to_usage_line, write_token_trace
@@ -77,12 +77,6 @@ class LiveRunSummary:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-def new_run_id(prefix: str = "live") -> str:
-    """``<prefix>-YYYYmmddTHHMMSSZ-<6 hex>`` (UTC; unique enough for concurrent runs)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return f"{prefix}-{stamp}-{random.getrandbits(24):06x}"
-
-
 def run_live(requests: Iterable[TraceRequest], config: LiveConfig, out_dir: str | Any, *,
              run_id: str | None = None, instance: str | None = None,
              scrape: bool = True, settle_timeout_s: float = 30.0,
@@ -105,7 +99,7 @@ def run_live(requests: Iterable[TraceRequest], config: LiveConfig, out_dir: str 
         requests: the trace, in trace order.
         config: see :class:`LiveConfig`.
         out_dir: directory to create (must not hold a previous run).
-        run_id: default :func:`new_run_id`.
+        run_id: default :func:`prefixscope.replay.run_ids.new_run_id` (``live``).
         instance: the scrape instance name (default host:port of ``base_url``).
         scrape: read ``/metrics`` before and after (False for servers without it).
         settle_timeout_s: seconds to wait for the counters after the last answer.
@@ -129,7 +123,7 @@ def run_live(requests: Iterable[TraceRequest], config: LiveConfig, out_dir: str 
     if (out / "run.json").exists():
         raise UsageError(f"{out} already holds a run (run.json): choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    run_id = run_id or new_run_id()
+    run_id = run_id or new_run_id("live")
     if instance is None:
         parts = urlsplit(config.base_url)
         instance = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 
 from prefixscope.core.errors import UsageError
 from prefixscope.core.paths import RUN_MANIFEST
+from prefixscope.replay.run_ids import default_run_dir, new_run_id
 from prefixscope.replay.layouts import Layout, load_layout
 from prefixscope.replay.outputs import MAX_SNAPSHOTS, SNAPSHOT_EVERY_S, UsageWriter, write_exposition
 from prefixscope.replay.sim import SimSummary, simulate
@@ -157,14 +156,6 @@ class SimRunResult:
         }
 
 
-def new_run_id(label: str | None, *, now_unix_s: float | None = None) -> str:
-    """A fresh run id: ``sim-<label slug>-<UTC yyyymmddThhmmss>-<4 hex>``."""
-    now = time.time() if now_unix_s is None else now_unix_s
-    slug = re.sub(r"[^a-z0-9]+", "-", (label or "run").lower()).strip("-")[:32] or "run"
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    return f"sim-{slug}-{stamp}-{secrets.token_hex(2)}"
-
-
 def run_sim(spec: SimRunSpec, out_dir: str | os.PathLike[str] | None = None, *,
             run_id: str | None = None, t0_unix_s: float | None = None,
             snapshot_every_s: float = SNAPSHOT_EVERY_S,
@@ -175,7 +166,7 @@ def run_sim(spec: SimRunSpec, out_dir: str | os.PathLike[str] | None = None, *,
         spec: what to replay and how.
         out_dir: the run directory (default ``out/replay/<run_id>``); created, and files of an
             earlier run there are replaced.
-        run_id: the run's id (default :func:`new_run_id`).
+        run_id: the run's id (default :func:`prefixscope.replay.run_ids.new_run_id`).
         t0_unix_s: Unix time of trace time 0 (default: the run ends one second before now).
         snapshot_every_s, max_snapshots: exposition snapshot spacing (simulated seconds) and cap.
 
@@ -191,8 +182,8 @@ def run_sim(spec: SimRunSpec, out_dir: str | os.PathLike[str] | None = None, *,
     if spec.capacity_blocks is not None and spec.capacity_blocks < 2:
         raise UsageError("--capacity-blocks must be at least 2 (block 0 is vLLM's null block)")
     label = spec.label or _default_label(spec, layout)
-    rid = run_id or new_run_id(label, now_unix_s=started)
-    out = Path(out_dir) if out_dir is not None else Path("out") / "replay" / rid
+    rid = run_id or new_run_id("sim", label, now_unix_s=started)
+    out = Path(out_dir) if out_dir is not None else default_run_dir(rid)
     read = read_trace(spec.trace, format=spec.format, hash_id_block_size=spec.hash_id_block_size,
                       block_size=spec.block_size, tokenizer_dir=spec.tokenizer_dir,
                       output_tokens=spec.output_tokens, strict=spec.strict, layout=layout,
@@ -301,8 +292,8 @@ def run_compare(*, trace: str, layout_a: str | None = None, layout_b: str | None
                          "--capacity-blocks-b")
     started = time.time()
     base = label or Path(trace).name.split(".")[0] or "trace"
-    compare_id = new_run_id(f"compare-{base}", now_unix_s=started)
-    root = Path(out_dir) if out_dir is not None else Path("out") / "replay" / compare_id
+    compare_id = new_run_id("compare", base, now_unix_s=started)
+    root = Path(out_dir) if out_dir is not None else default_run_dir(compare_id)
     runs: list[SimRunResult] = []
     for side, layout, cap in (("a", layout_a, capacity_blocks), ("b", layout_b, cap_b)):
         lname = load_layout(layout).name if layout else AS_RECORDED
@@ -311,7 +302,7 @@ def run_compare(*, trace: str, layout_a: str | None = None, layout_b: str | None
                           label=f"{base} {side.upper()}: {lname}, {capname}", **spec_fields)
         t0 = t0_unix_s if not runs else runs[0].t0_unix_s
         runs.append(run_sim(spec, root / side,
-                            run_id=new_run_id(f"{base}-{side}", now_unix_s=started),
+                            run_id=new_run_id("sim", f"{base}-{side}", now_unix_s=started),
                             t0_unix_s=t0))
     return CompareResult(a=runs[0], b=runs[1], out_dir=root, compare_id=compare_id)
 

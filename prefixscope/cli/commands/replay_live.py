@@ -11,7 +11,7 @@ import typer
 
 from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
 from prefixscope.cli.options import FormatOption, LimitOption, TokenizerOption, TraceArg
-from prefixscope.core.errors import UsageError
+from prefixscope.core.errors import NothingIngested, UsageError
 
 
 def _print_summary(s) -> None:
@@ -67,8 +67,8 @@ def live_cmd(
     api_key_env: Annotated[str | None, typer.Option(
         "--api-key-env", help="Name of an environment variable holding the API key.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="Run directory (default out/<run id>).")] = None,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default live-<time>-<hex>).")] = None,
+        "--out", help="Run directory (default out/replay/<run id>).")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default live-<label>-<time>-<hex>).")] = None,
     label: Annotated[str | None, typer.Option("--label", help="Free-text label of the run.")] = None,
     instance: Annotated[str | None, typer.Option(
         "--instance", help="Instance name for the rows (default host:port of --base-url).")] = None,
@@ -123,11 +123,12 @@ def live_cmd(
     for p in read.problems[:20]:
         err.print(f"skipped {p}", markup=False, highlight=False)
     if not requests:
-        raise UsageError(f"{trace}: no usable requests")
-    from prefixscope.replay.live_run import new_run_id
+        raise NothingIngested(f"{trace}: no usable requests; {len(read.problems)} records "
+                              "skipped")
+    from prefixscope.replay.run_ids import default_run_dir, new_run_id
 
-    run_id = run_id or new_run_id()
-    target = out_dir or Path("out") / run_id
+    run_id = run_id or new_run_id("live", label)
+    target = out_dir or default_run_dir(run_id)
     params = {"trace": str(trace), "format": read.format, "label": label,
               "requests_in_trace": len(requests), "skipped": len(read.problems)}
     progress_cb, progress_ctx = _progress(len(requests), quiet=as_json)
@@ -166,7 +167,7 @@ def ingest_live_run_cmd(
 
     Safe to run twice.
 
-    Example: prefixscope ingest live-run out/live-20261129T101500Z-3fa2c1
+    Example: prefixscope ingest live-run out/replay/live-20261129T101500Z-3fa2c1
     """
     from prefixscope.ingest.live_run import ingest_live_run
     from prefixscope.store import db as store_db

@@ -137,7 +137,7 @@ def sim_cmd(
         "--strict", help="Stop at the first malformed trace record.")] = False,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Run directory (default out/replay/<run id>).")] = None,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default sim-<label>-<time>-<hex>).")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default sim-<label>-<time>Z-<hex>).")] = None,
     t0: T0Option = None,
     snapshot_every: Annotated[float, typer.Option(
         "--snapshot-every", min=1.0, help="Simulated seconds between /metrics snapshots.")] = 60.0,
@@ -310,7 +310,7 @@ def ingest_replay_run_cmd(
 ) -> None:
     """Store simulated replay runs (requests, /metrics snapshots, runs row). Safe to run twice.
 
-    Example: prefixscope ingest replay-run out/replay/sim-conversation-20261129T101500-3fa2
+    Example: prefixscope ingest replay-run out/replay/sim-conversation-20261129T101500Z-3fa2c1
     """
     docs = _ingest(db, list(run_dirs))
     if as_json:
