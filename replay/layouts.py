@@ -23,6 +23,7 @@ the same way (the chat template renders tools with ``tojson``, which keeps key o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -36,36 +37,93 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 
-class MoveLines(BaseModel):
-    """Move every line of the system message(s) that matches ``pattern`` to the end of a user
-    message (joined with newlines, after ``separator``): the last one (``to: last_user_end``,
-    the usual advice "volatile content last") or the first one (``to: first_user_end``: the
-    moved text then stays at the same place in every later turn of the conversation, so the
-    history, including cached replies, remains a prefix). No match: the request is unchanged.
-    Lines keep their order; the system text loses them (and their line breaks)."""
+#: Message selectors of layout v2 (``in:`` / ``from:``): a role group, one message by role and
+#: order, ``all``, or a 0-based message index.
+SELECTORS = ("system", "developer", "user", "assistant", "tool", "all", "first_user", "last_user",
+             "first_system", "first_message", "last_message")
 
-    model_config = ConfigDict(extra="forbid")
+Selector = str | int
+
+
+def select_messages(messages: list[dict[str, Any]], sel: Selector) -> list[int]:
+    """Indexes of the messages ``sel`` names (see :data:`SELECTORS`; ``system`` includes
+    ``developer`` messages; an int is a 0-based index, negative from the end)."""
+    n = len(messages)
+    if isinstance(sel, int):
+        i = sel if sel >= 0 else n + sel
+        return [i] if 0 <= i < n else []
+    roles = [m.get("role") for m in messages]
+    if sel == "all":
+        return list(range(n))
+    if sel == "system":
+        return [i for i, r in enumerate(roles) if r in ("system", "developer")]
+    if sel in ("developer", "user", "assistant", "tool"):
+        return [i for i, r in enumerate(roles) if r == sel]
+    if sel in ("first_user", "last_user"):
+        users = [i for i, r in enumerate(roles) if r == "user"]
+        return users[:1] if sel == "first_user" else users[-1:]
+    if sel == "first_system":
+        return [i for i, r in enumerate(roles) if r in ("system", "developer")][:1]
+    if sel == "first_message":
+        return [0] if n else []
+    if sel == "last_message":
+        return [n - 1] if n else []
+    return []
+
+
+def _check_selector(value: Selector) -> Selector:
+    if isinstance(value, bool) or not (isinstance(value, int) or value in SELECTORS):
+        raise ValueError(f"unknown message selector {value!r}: use one of "
+                         f"{', '.join(SELECTORS)} or a message index")
+    return value
+
+
+def _compile(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from exc
+    return value
+
+
+#: Destinations of ``move_lines``: the start or end of the first/last user message, the end of
+#: the (first) system message, the end of the last message.
+MOVE_TARGETS = ("last_user_end", "first_user_end", "last_user_start", "first_user_start",
+                "system_end", "last_message_end")
+
+
+class MoveLines(BaseModel):
+    """Move every line of the ``from`` message(s) (default the system and developer messages)
+    that matches ``pattern`` to a destination ``to`` (:data:`MOVE_TARGETS`, default
+    ``last_user_end``, the usual advice "volatile content last"; ``first_user_end`` keeps the
+    moved text at the same place in every later turn of a conversation, so the history,
+    including cached replies, remains a prefix), joined by newlines with ``separator`` between
+    the destination text and the moved lines. No match, or no destination: unchanged. Lines
+    keep their order; the source text loses them (and their line breaks)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     type: Literal["move_lines"]
     pattern: str
-    to: Literal["last_user_end", "first_user_end"] = "last_user_end"
+    to: Literal["last_user_end", "first_user_end", "last_user_start", "first_user_start",
+                "system_end", "last_message_end"] = "last_user_end"
+    source: Selector = Field("system", alias="from")
     separator: str = "\n"
 
     @field_validator("pattern")
     @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-        return value
+    def _pattern_compiles(cls, value: Any) -> Any:
+        return _compile(value)
+    @field_validator("source")
+    @classmethod
+    def _source_ok(cls, value: Any) -> Any:
+        return _check_selector(value)
 
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:
         rx = re.compile(self.pattern)
         messages = [dict(m) for m in body.get("messages", [])]
         moved: list[str] = []
-        for m in messages:
-            if m.get("role") not in ("system", "developer"):
-                continue
+        for i in select_messages(messages, self.source):
+            m = messages[i]
             text = _text_of(m.get("content"))
             if text is None:
                 continue
@@ -77,17 +135,209 @@ class MoveLines(BaseModel):
                 m["content"] = "\n".join(kept)
         if not moved:
             return body
-        order = reversed(messages) if self.to == "last_user_end" else iter(messages)
-        for m in order:
-            if m.get("role") == "user":
-                text = _text_of(m.get("content"))
-                m["content"] = (text or "") + self.separator + "\n".join(moved)
-                break
-        else:
+        dest_sel = {"last_user_end": "last_user", "first_user_end": "first_user",
+                    "last_user_start": "last_user", "first_user_start": "first_user",
+                    "system_end": "first_system", "last_message_end": "last_message"}[self.to]
+        dest = select_messages(messages, dest_sel)
+        if not dest:
             return body  # nowhere to move them: leave the request as recorded
+        m = messages[dest[0]]
+        text = _text_of(m.get("content")) or ""
+        block = "\n".join(moved)
+        m["content"] = (block + self.separator + text) if self.to.endswith("_start") \
+            else (text + self.separator + block)
         out = dict(body)
         out["messages"] = messages
         return out
+
+
+class _PerMessage(BaseModel):
+    """A transform of the text of the selected messages (``in``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    within: Selector = Field("all", alias="in")
+
+    @field_validator("within")
+    @classmethod
+    def _within_ok(cls, value: Any) -> Any:
+        return _check_selector(value)
+
+    def edit(self, text: str) -> str:  # pragma: no cover - overridden
+        return text
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = [dict(m) for m in body.get("messages", [])]
+        changed = False
+        for i in select_messages(messages, self.within):
+            text = _text_of(messages[i].get("content"))
+            if text is None:
+                continue
+            new = self.edit(text)
+            if new != text:
+                messages[i]["content"] = new
+                changed = True
+        if not changed:
+            return body
+        out = dict(body)
+        out["messages"] = messages
+        return out
+
+
+class RemoveLines(_PerMessage):
+    """Remove every line matching ``pattern`` from the selected messages (default the system
+    and developer messages)."""
+
+    type: Literal["remove_lines"]
+    pattern: str
+    within: Selector = Field("system", alias="in")
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: Any) -> Any:
+        return _compile(value)
+
+    def edit(self, text: str) -> str:
+        rx = re.compile(self.pattern)
+        return "\n".join(line for line in text.split("\n") if not rx.search(line))
+
+
+class Replace(_PerMessage):
+    """Replace every match of ``pattern`` (multi-line mode: ``^``/``$`` match at line breaks)
+    in the selected messages (default all) with the fixed text ``with`` (Python ``re.sub``
+    replacement: ``\\1`` refers to a group)."""
+
+    type: Literal["replace"]
+    pattern: str
+    replacement: str = Field(alias="with")
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: Any) -> Any:
+        return _compile(value)
+
+    def edit(self, text: str) -> str:
+        return re.sub(self.pattern, self.replacement, text, flags=re.M)
+
+
+_GRANULARITY = re.compile(r"^(\d+)([smhd])$")
+_DATETIME = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})(?:(?P<sep>[T ])(?P<h>\d{2}):(?P<m>\d{2})"
+    r"(?::(?P<s>\d{2})(?P<frac>\.\d+)?)?(?P<tz>Z|[+-]\d{2}:?\d{2})?)?")
+_TIME = re.compile(r"(?<![\d:])(?P<h>\d{1,2}):(?P<m>\d{2})(?::(?P<s>\d{2}))?(?![\d:])")
+
+
+def granularity_seconds(value: str) -> int:
+    """``30s``, ``15m``, ``1h``, ``1d`` -> seconds.
+
+    Raises:
+        ValueError: another form.
+    """
+    m = _GRANULARITY.match(value.strip())
+    if not m or int(m.group(1)) <= 0:
+        raise ValueError(f"granularity {value!r}: use a number and s, m, h or d (15m, 1h, 1d)")
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+class RoundTimes(_PerMessage):
+    """Round every time value in the selected messages (default all) down to ``granularity``
+    (``15m``, ``1h``, ``1d``...), keeping its format: ISO dates with a time
+    (``2024-08-05T13:47:12Z`` -> ``2024-08-05T13:00:00Z`` at ``1h``) and clock times
+    (``13:47`` -> ``13:45`` at ``15m``). A date alone changes only at ``1d`` or coarser,
+    where it stays as it is (days are the unit of a date)."""
+
+    type: Literal["round_times"]
+    granularity: str = "1h"
+
+    @field_validator("granularity")
+    @classmethod
+    def _g(cls, value: str) -> str:
+        granularity_seconds(value)
+        return value
+
+    def edit(self, text: str) -> str:
+        g = granularity_seconds(self.granularity)
+
+        def clock(h: int, mi: int, s: int) -> tuple[int, int, int]:
+            t = (h * 3600 + mi * 60 + s) // g * g if g < 86400 else 0
+            return t // 3600 % 24, t // 60 % 60, t % 60
+
+        def dt(m: re.Match[str]) -> str:
+            if m.group("h") is None:
+                return m.group(0)
+            h, mi, s = clock(int(m.group("h")), int(m.group("m")), int(m.group("s") or 0))
+            out = f"{m.group('date')}{m.group('sep')}{h:02d}:{mi:02d}"
+            if m.group("s") is not None:
+                out += f":{s:02d}"
+                if m.group("frac"):
+                    out += "." + "0" * (len(m.group("frac")) - 1)
+            return out + (m.group("tz") or "")
+
+        def tm(m: re.Match[str]) -> str:
+            h, mi, s = clock(int(m.group("h")), int(m.group("m")), int(m.group("s") or 0))
+            width = len(m.group("h"))
+            out = f"{h:0{width}d}:{mi:02d}"
+            return out + (f":{s:02d}" if m.group("s") is not None else "")
+
+        parts = []
+        pos = 0
+        for m in _DATETIME.finditer(text):  # datetimes first, then clock times elsewhere
+            parts.append(_TIME.sub(tm, text[pos:m.start()]))
+            parts.append(dt(m))
+            pos = m.end()
+        parts.append(_TIME.sub(tm, text[pos:]))
+        return "".join(parts)
+
+
+class CanonicalJson(_PerMessage):
+    """Re-serialise, with sorted keys, every selected message (default ``tool`` messages) whose
+    whole content is a JSON object or array, and the arguments of every assistant tool call:
+    equal data then renders to equal tokens whatever key order the client produced."""
+
+    type: Literal["canonical_json"]
+    within: Selector = Field("tool", alias="in")
+
+    def edit(self, text: str) -> str:
+        s = text.strip()
+        if not s or s[0] not in "[{":
+            return text
+        try:
+            value = json.loads(s)
+        except json.JSONDecodeError:
+            return text
+        return json.dumps(_sorted_keys(value), ensure_ascii=False)
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        out = super().apply(body)
+        messages = out.get("messages", [])
+        if not any(isinstance(m.get("tool_calls"), list) for m in messages):
+            return out
+        new_messages = []
+        for m in messages:
+            calls = m.get("tool_calls")
+            if isinstance(calls, list):
+                m = dict(m)
+                m["tool_calls"] = [_canonical_call(c) for c in calls]
+            new_messages.append(m)
+        out = dict(out)
+        out["messages"] = new_messages
+        return out
+
+
+def _canonical_call(call: Any) -> Any:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        return call
+    fn = dict(call["function"])
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            fn["arguments"] = json.dumps(_sorted_keys(json.loads(args)), ensure_ascii=False)
+        except json.JSONDecodeError:
+            pass
+    elif isinstance(args, Mapping):
+        fn["arguments"] = _sorted_keys(args)
+    out = dict(call)
+    out["function"] = fn
+    return out
 
 
 class SortTools(BaseModel):
@@ -131,7 +381,8 @@ class CanonicalToolJson(BaseModel):
         return out
 
 
-Transform = Annotated[MoveLines | SortTools | CanonicalToolJson, Field(discriminator="type")]
+Transform = Annotated[MoveLines | SortTools | CanonicalToolJson | RemoveLines | Replace | RoundTimes
+                      | CanonicalJson, Field(discriminator="type")]
 
 
 class Layout(BaseModel):
@@ -141,6 +392,10 @@ class Layout(BaseModel):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     transforms: list[Transform] = Field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The layout as a file would hold it (field aliases: ``from``, ``in``, ``with``)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
 
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The request body with every transform applied in order (the input is not changed)."""

@@ -1,0 +1,800 @@
+"""Why the cache misses: per-request attribution of prefix-cache misses (``prefixscope diagnose``).
+
+One pass over a trace, in trace order, with two models side by side:
+
+1. **The exact cache model** (``replay/sim.py``'s request factory, ``KVCacheManager`` and
+   sequential replay, the same objects ``replay sim`` runs): each request's ``cached_tokens``
+   as vLLM would report it at this block size and capacity.
+2. **A prefix index** of every block key ever cached (prompt and decode blocks, the same
+   chained keys the model computes, so salts and LoRA identities keep requests apart as in
+   vLLM), each key with its block's tokens and the structure of the request that first wrote
+   it. Memory grows with the unique blocks (unique prefixes), not with requests x length.
+
+For each request the index gives ``L``, the number of its leading prompt blocks that some
+earlier request had (the longest common prefix by the block-hash chain, capped at vLLM's
+lookup limit ``floor((n - 1) / B)`` blocks), and the first divergent token: inside block ``L``,
+against the earlier request whose block ``L`` shares the most leading tokens (the last
+:data:`MAX_CHILDREN` children of the parent key are compared). That token is mapped back to the
+rendered prompt (``replay/diagnose_render.py``): message index and role, line and column, or
+the tools list (tool, schema key), or the template's own text; and classified
+(:data:`KINDS`). When the exact model cached less than ``L`` blocks the prefix existed but was
+evicted at this capacity (kind ``evicted``).
+
+``replay/diagnose_fix.py`` groups the attributions into breakers, measures their lost tokens by
+counterfactual replay, and suggests and verifies a layout. Never writes prompt text anywhere:
+values are kept as digests; the text context of ``--request`` is produced on demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from prefixscope.core.errors import UsageError
+from prefixscope.replay.diagnose_render import PieceEncoder, Position, Rendered, render_map
+from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest
+from prefixscope.replay.scheduler import EngineStats, run_sequential
+from prefixscope.replay.sim import _Accumulator, _RequestFactory, SimSummary
+from prefixscope.replay.trace_common import TraceProblem, _Bad, _Reader
+from prefixscope.replay.types import SimConfig, TraceRequest
+
+#: Kinds of divergence. The first group are breakers (a later request lost tokens it could
+#: have been served from cache); ``new_content`` and ``short`` are not (nothing earlier to
+#: match, or nothing cacheable).
+KINDS = (
+    "timestamp", "id", "number", "name", "whitespace", "tools_reordered", "tools_added",
+    "tools_removed", "tool_schema", "reordered_content", "history_rewritten", "edited_text",
+    "different_salt", "model_switch", "evicted", "new_content", "short",
+)
+NOT_BREAKERS = ("new_content", "short")
+#: Children of a block key compared for the first divergent token.
+MAX_CHILDREN = 16
+
+_DATE = re.compile(
+    r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}(:\d{2})?|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
+    r"\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*\b|\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+    r"[a-z]*\b|\b1[5-9]\d{8}(\.\d+)?\b")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_HEXID = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", re.I)
+_TOKENID = re.compile(r"\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{10,}\b")
+_NUMBER = re.compile(r"^[+-]?\d[\d,._]*$")
+_NAME = re.compile(r"^[A-Z][a-z'’-]+(?: [A-Z][a-z'’-]+){0,2}$")
+_WORDCH = re.compile(r"[\w:.\-/+]")
+
+
+@dataclass(frozen=True, slots=True)
+class Struct:
+    """What the index keeps of a request that wrote blocks: ids and text parts (interned)."""
+
+    request_id: str
+    messages: tuple[tuple[str, str], ...] | None
+    tool_json: tuple[str, ...]
+    tool_names: tuple[str, ...]
+    model: str | None
+    scope: tuple[Any, ...]
+    num_tokens: int
+
+
+class _Node:
+    __slots__ = ("tokens", "struct", "children", "decode")
+
+    def __init__(self, tokens: tuple[int, ...] | None, struct: Struct, decode: bool) -> None:
+        self.tokens = tokens
+        self.struct = struct
+        self.children: list[Hashable] = []
+        self.decode = decode
+
+
+@dataclass(slots=True)
+class Attribution:
+    """Why one request missed (or ``kind`` None: it hit everything it could).
+
+    Attributes:
+        request_id, source: the request and its ``file:line``.
+        prompt_tokens, cached_tokens: the exact model's counts (tokens).
+        matchable_tokens: tokens of the longest prefix some earlier request had, in full blocks,
+            capped at vLLM's lookup limit (what an unbounded cache would have served).
+        limit_tokens: vLLM's lookup limit ``floor((n - 1) / B) * B``.
+        divergence_token: index of the first token no earlier request shares (None: none).
+        kind: see :data:`KINDS`.
+        position: where in the rendered prompt.
+        earlier_request_id: the request the prefix was matched against.
+        detail: a short structural note (``"tool read_file, key description"``...), no text.
+        value_digest: 16-hex SHA-256 of the diverging value (never the value itself).
+        group: the breaker this attribution counts towards (see :func:`group_key`).
+    """
+
+    request_id: str
+    source: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    matchable_tokens: int
+    limit_tokens: int
+    divergence_token: int | None = None
+    kind: str | None = None
+    position: Position | None = None
+    earlier_request_id: str | None = None
+    detail: str | None = None
+    value_digest: str | None = None
+    group: tuple[Any, ...] | None = None
+    # Terminal-only context (never stored): filled when the caller asks for it.
+    context: dict[str, str] | None = None
+    # In memory only, for the fix of replay/diagnose_fix.py (never stored or printed):
+    # (stable text before the value on its line, new line, old line).
+    fix_hint: tuple[str, str, str] | None = None
+
+
+@dataclass
+class DiagnoseSpec:
+    """What to diagnose and with which cache (the options of ``replay sim``).
+
+    Attributes:
+        trace, format, block_size, capacity_blocks, algo, hash_id_block_size, output_tokens,
+            max_model_len, tokenizer_dir, limit, hash_seed, strict: as :class:`SimRunSpec`.
+        layout: a :class:`~prefixscope.replay.layouts.Layout` applied before rendering.
+        scope_by_model: the request's model name enters every block hash as a LoRA adapter's
+            name does (one engine serving several models as adapters); off: one shared cache,
+            exactly as ``replay sim``.
+    """
+
+    trace: str
+    format: str = "auto"
+    block_size: int = 16
+    capacity_blocks: int | None = None
+    algo: str = "sha256"
+    hash_id_block_size: int = 512
+    output_tokens: str = "trace"
+    max_model_len: int | None = None
+    tokenizer_dir: str | None = None
+    layout: Any = None
+    limit: int | None = None
+    hash_seed: str | None = None
+    strict: bool = False
+    scope_by_model: bool = False
+
+    def sim_config(self, *, capacity_blocks: Any = "same") -> SimConfig:
+        """The exact model's configuration (sequential replay)."""
+        cap = self.capacity_blocks if capacity_blocks == "same" else capacity_blocks
+        return SimConfig(block_size=self.block_size, num_gpu_blocks=cap,
+                         hash_algo=self.algo, hash_seed=self.hash_seed,
+                         simulate_output=self.output_tokens == "trace",
+                         max_model_len=self.max_model_len)
+
+
+# --------------------------------------------------------------------------------------------
+# reading: chat requests with their rendered structure, or any trace without
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TraceSource:
+    """A trace opened for diagnosis: ``items`` yields ``(TraceRequest, Rendered | None)``;
+    ``problems`` fills while reading (unrenderable requests named ``file:line``)."""
+
+    items: Iterator[tuple[TraceRequest, Rendered | None]]
+    problems: list[TraceProblem]
+    format: str
+    stats: dict[str, int]
+
+
+def open_trace(spec: DiagnoseSpec, *, layout: Any = "spec") -> TraceSource:
+    """Open ``spec.trace`` (``layout`` overrides ``spec.layout``; None = as recorded).
+
+    Chat traces are read as ``replay/traces.py`` reads them (same request ids, arrivals,
+    salts, outputs and token ids: ``replay sim`` replays the same requests), rendered with an
+    offset map. Other formats go through :func:`prefixscope.replay.traces.read_trace`.
+
+    Raises:
+        SourceUnavailable, UsageError, ConfigError, ParseError: as ``read_trace``.
+    """
+    from prefixscope.replay.traces import detect_format, read_trace
+
+    lay = spec.layout if layout == "spec" else layout
+    p = Path(spec.trace)
+    fmt = spec.format
+    if fmt == "auto" and p.exists():
+        fmt = detect_format(p)
+    if fmt != "chat":
+        read = read_trace(spec.trace, format=spec.format, hash_id_block_size=spec.hash_id_block_size,
+                          block_size=spec.block_size, output_tokens=spec.output_tokens,
+                          strict=spec.strict, layout=lay, limit=spec.limit)
+        return TraceSource(items=((tr, None) for tr in read.requests), problems=read.problems,
+                           format=read.format, stats=read.stats)
+    # Validate as read_trace does (missing file, bad options), then read ourselves.
+    read_trace(spec.trace, format="chat", block_size=spec.block_size,
+               tokenizer_dir=spec.tokenizer_dir, output_tokens=spec.output_tokens, limit=0)
+    r = _Reader(p, strict=spec.strict, output_tokens=spec.output_tokens, limit=spec.limit)
+    return TraceSource(items=_read_chat_rendered(r, spec.tokenizer_dir, lay), problems=r.problems,
+                       format="chat", stats=r.stats)
+
+
+_ENCODERS: dict[str, Any] = {}
+
+
+def _encoder(tokenizer_dir: str | os.PathLike[str] | None) -> tuple[Any, PieceEncoder]:
+    from prefixscope.replay.tokenization import load_chat_tokenizer
+
+    tok = load_chat_tokenizer(tokenizer_dir)
+    key = str(tok.directory)
+    enc = _ENCODERS.get(key)
+    if enc is None:
+        enc = _ENCODERS[key] = PieceEncoder(tok)
+    return tok, enc
+
+
+def _read_chat_rendered(r: _Reader, tokenizer_dir: Any, layout: Any
+                        ) -> Iterator[tuple[TraceRequest, Rendered]]:
+    from prefixscope.core.errors import ConfigError
+    from prefixscope.replay.chat_requests import chat_body, output_tokens_of
+    from prefixscope.replay.traces import _arrival, _cache_salt
+
+    tok, enc = _encoder(tokenizer_dir)
+    end_of_turn = tok.end_of_turn
+    stem = r.stem
+    previous = 0.0
+    for lineno, obj in r.jsonl():
+        if r.done():
+            return
+        try:
+            body = chat_body(obj)
+            if layout is not None:
+                body = layout.apply(body)
+            arrival = _arrival(obj, previous)
+            salt = _cache_salt(body) or _cache_salt(obj)
+            out = output_tokens_of(obj, body)
+            out_ids = None
+            response_text = obj.get("response_text")
+            if response_text is not None:
+                if not isinstance(response_text, str):
+                    raise _Bad("$.response_text", "not a string")
+                out_ids = enc.encode_with_offsets(response_text + end_of_turn)[0]
+                if "output_tokens" not in obj:
+                    out = len(out_ids)
+            try:
+                rendered = render_map(tok, enc, body)
+            except ConfigError as exc:
+                raise _Bad("$.messages", f"cannot be rendered: {str(exc).split(': ', 1)[-1]}")
+            if not rendered.ids:
+                raise _Bad("$.messages", "renders to an empty prompt")
+        except _Bad as exc:
+            r.bad(r.location, lineno, exc)
+            continue
+        except (ValueError, TypeError, AttributeError) as exc:
+            r.bad(r.location, lineno, _Bad(getattr(exc, "field", None),
+                                           str(exc) or type(exc).__name__))
+            continue
+        previous = arrival
+        rid = obj.get("request_id")
+        attrs = {"trace": stem}
+        if obj.get("conversation") is not None:
+            attrs["conversation"] = str(obj["conversation"])
+        if layout is not None:
+            attrs["layout"] = layout.name
+        model = body.get("model")
+        logprobs = body.get("prompt_logprobs") is not None or (
+            bool(body.get("echo")) and body.get("logprobs") not in (None, False))
+        r.stats["requests"] += 1
+        ids = rendered.ids
+        yield TraceRequest(
+            request_id=str(rid) if rid is not None else f"{stem}:{lineno}",
+            arrival_s=arrival, num_prompt_tokens=len(ids), prompt_token_ids=ids,
+            output_tokens=out if r.keep_output else 0,
+            output_token_ids=out_ids if r.keep_output else None,
+            model=model if isinstance(model, str) else None, cache_salt=salt,
+            skip_reading=logprobs, source=f"{r.location}:{lineno}", attrs=attrs,
+        ), rendered
+
+
+# --------------------------------------------------------------------------------------------
+# the exact model, one request at a time
+# --------------------------------------------------------------------------------------------
+
+
+class ExactCache:
+    """The exact sequential cache model of ``replay sim`` driven one request at a time.
+
+    :meth:`run` returns the finished :class:`SimRequest` (its ``block_keys`` and tokens still
+    held: call :meth:`release` after reading them) or None for a rejected request.
+    ``summary()`` equals ``simulate(...).summary()`` of the same requests.
+    """
+
+    def __init__(self, config: SimConfig, *, scope_by_model: bool = False) -> None:
+        self.config = config
+        self.factory = _RequestFactory(config)
+        self.manager = KVCacheManager(num_gpu_blocks=config.num_gpu_blocks,
+                                      block_size=config.block_size,
+                                      enable_caching=config.enable_prefix_caching,
+                                      max_model_len=config.max_model_len)
+        self.stats = EngineStats()
+        self.acc = _Accumulator()
+        self.scope_by_model = scope_by_model
+
+    def prepare(self, tr: TraceRequest) -> TraceRequest:
+        """The request as the model sees it (the model name as an adapter name when
+        ``scope_by_model``)."""
+        if self.scope_by_model and tr.lora_name is None and tr.model:
+            return replace(tr, lora_name=tr.model, lora_path=tr.model)
+        return tr
+
+    def run(self, tr: TraceRequest) -> tuple[SimRequest | None, Any]:
+        """Replay one request; (finished request or None, its :class:`RequestResult`)."""
+        from prefixscope.replay.types import RequestResult
+
+        tr = self.prepare(tr)
+        f = self.factory
+        reason = f.reject_reason(tr)
+        if reason is not None:
+            res = RequestResult(request_id=tr.request_id, arrival_s=tr.arrival_s,
+                                prompt_tokens=tr.num_prompt_tokens, cached_tokens=0,
+                                created_cache_tokens=0, completion_tokens=0, counted=False,
+                                rejected_reason=reason)
+            self.acc.add(res)
+            return None, res
+        req = f.build(tr)
+        for _ in run_sequential(iter([(req, tr)]), self.manager, self.stats):
+            pass
+        bs = self.config.block_size
+        cached = max(req.cached_tokens, 0)
+        caching = self.config.enable_prefix_caching
+        res = RequestResult(
+            request_id=tr.request_id, arrival_s=tr.arrival_s, prompt_tokens=req.num_prompt_tokens,
+            cached_tokens=cached,
+            created_cache_tokens=max(0, (req.num_prompt_tokens // bs) * bs - cached) if caching else 0,
+            completion_tokens=req.max_tokens, counted=caching and not req.skip_reading)
+        self.acc.add(res)
+        return req, res
+
+    @staticmethod
+    def release(req: SimRequest | None) -> None:
+        """Drop the finished request's tokens and keys."""
+        if req is not None:
+            req.release_tokens()
+
+    def summary(self) -> SimSummary:
+        """Totals so far, as ``SimRun.summary()``."""
+        return self.acc.build(self.config,
+                              evicted_blocks=self.manager.block_pool.num_evicted_blocks,
+                              num_preemptions=self.stats.num_preemptions)
+
+
+def replay_totals(spec: DiagnoseSpec, *, layout: Any = "spec",
+                  capacity_blocks: Any = "same") -> SimSummary:
+    """Replay the trace through the exact model only (a counterfactual); its summary.
+
+    Equals ``replay sim`` of the same trace, layout and options (sequential)."""
+    src = open_trace(spec, layout=layout)
+    cache = ExactCache(spec.sim_config(capacity_blocks=capacity_blocks),
+                       scope_by_model=spec.scope_by_model)
+    for tr, _ in src.items:
+        req, _res = cache.run(tr)
+        cache.release(req)
+    return cache.summary()
+
+
+# --------------------------------------------------------------------------------------------
+# attribution
+# --------------------------------------------------------------------------------------------
+
+
+def digest(value: str) -> str:
+    """16 hex digits of SHA-256 of ``value`` (what is stored instead of text)."""
+    return hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
+
+
+def _word_span(line: str, start: int, end: int) -> str:
+    while start > 0 and _WORDCH.match(line[start - 1]):
+        start -= 1
+    while end < len(line) and _WORDCH.match(line[end]):
+        end += 1
+    return line[start:end]
+
+
+def _diff_span(a: str, b: str) -> tuple[int, int, int]:
+    """(common prefix length, end of a's differing part, end of b's differing part)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < n - i and a[len(a) - 1 - j] == b[len(b) - 1 - j]:
+        j += 1
+    return i, len(a) - j, len(b) - j
+
+
+def classify_text(new_line: str, old_line: str, new_content: str, old_content: str
+                  ) -> tuple[str, str]:
+    """Kind of a text divergence between two versions of one line (and their messages);
+    returns (kind, the new version's diverging value)."""
+    if re.sub(r"\s+", "", new_content) == re.sub(r"\s+", "", old_content):
+        return "whitespace", new_line
+    i, ea, eb = _diff_span(new_line, old_line)
+    va, vb = _word_span(new_line, i, ea), _word_span(old_line, i, eb)
+    for v in (va, vb):
+        if _DATE.search(v):
+            return "timestamp", va
+    for v in (va, vb):
+        if _UUID.search(v) or _HEXID.search(v) or _TOKENID.search(v):
+            return "id", va
+    if va and vb and _NUMBER.match(va) and _NUMBER.match(vb):
+        return "number", va
+    new_lines, old_lines = new_content.split("\n"), old_content.split("\n")
+    if new_line.strip() and old_line.strip() and new_line in old_lines and old_line in new_lines:
+        return "reordered_content", new_line
+    # One name-like word (or two) swapped: a per-user value.
+    wa = new_line[i:ea].strip() or va
+    wb = old_line[i:eb].strip() or vb
+    if _NAME.match(_word_span(new_line, i, ea) or wa) and _NAME.match(_word_span(old_line, i, eb) or wb):
+        return "name", va
+    return "edited_text", va or new_line
+
+
+def group_key(kind: str, pos: Position | None) -> tuple[Any, ...]:
+    """The breaker an attribution counts towards: its kind and structural position
+    (message role and index and line; tools; template header), never text."""
+    if kind in ("evicted", "different_salt", "model_switch"):
+        return (kind,)
+    if pos is None:
+        return (kind,)
+    if kind in ("tools_reordered", "tools_added", "tools_removed"):
+        return (kind, "tools")
+    if kind == "tool_schema":
+        return (kind, "tools", pos.tool_name, pos.schema_key)
+    if pos.segment == "message":
+        return (kind, "message", pos.role, pos.message_index, pos.line)
+    return (kind, pos.segment, pos.role, pos.message_index)
+
+
+class Attributor:
+    """The prefix index and the per-request attribution (see the module docstring)."""
+
+    def __init__(self, block_size: int, *, with_context: str | None = None) -> None:
+        self.bs = block_size
+        self.index: dict[Hashable, _Node] = {}
+        self.roots: dict[tuple[Any, ...], list[Hashable]] = {}
+        self.first_blocks: dict[tuple[int, ...], set[tuple[Any, ...]]] = {}
+        self.scopes: set[tuple[Any, ...]] = set()
+        self._texts: dict[str, str] = {}
+        self.with_context = with_context  # a request id: fill its terminal context
+
+    def _intern(self, s: str) -> str:
+        return self._texts.setdefault(s, s)
+
+    def _struct(self, tr: TraceRequest, rendered: Rendered | None, scope: tuple[Any, ...],
+                num_tokens: int) -> Struct:
+        if rendered is None:
+            return Struct(tr.request_id, None, (), (), tr.model, scope, num_tokens)
+        msgs = tuple((self._intern(str(m.get("role"))), self._intern(str(m.get("content") or "")))
+                     for m in rendered.messages)
+        return Struct(tr.request_id, msgs, tuple(self._intern(t) for t in rendered.tool_json),
+                      tuple(rendered.tool_names()), tr.model, scope, num_tokens)
+
+    def attribute(self, tr: TraceRequest, rendered: Rendered | None, req: SimRequest | None,
+                  cached_tokens: int) -> Attribution:
+        """Attribute one request (after the exact model ran it) and add its blocks."""
+        bs = self.bs
+        n = tr.num_prompt_tokens
+        limit_blocks = max(n - 1, 0) // bs
+        a = Attribution(tr.request_id, tr.source, n, cached_tokens, 0, limit_blocks * bs)
+        if req is None:  # rejected: never ran
+            return a
+        keys = req.block_keys
+        n_prompt_blocks = n // bs
+        tokens = req.prompt if req.prompt is not None else None
+        outputs = req.outputs
+        scope = (tr.cache_salt, tr.lora_name, tr.lora_path)
+        self.scopes.add(scope)
+        index = self.index
+        L = 0
+        while L < n_prompt_blocks and keys[L] in index:
+            L += 1
+        a.matchable_tokens = min(L, limit_blocks) * bs
+        if limit_blocks == 0:
+            a.kind = "short"
+        elif cached_tokens < a.matchable_tokens:
+            a.kind = "evicted"
+            a.divergence_token = cached_tokens
+            a.earlier_request_id = index[keys[cached_tokens // bs]].struct.request_id
+            a.group = ("evicted",)
+            a.detail = f"{(a.matchable_tokens - cached_tokens) // bs} blocks were cached earlier"
+            if rendered is not None:
+                a.position = rendered.locate(rendered.char_of_token(cached_tokens))
+        elif L < limit_blocks:
+            self._divergence(a, tr, rendered, keys, tokens, L, scope)
+        # Register this request's blocks (prompt, then decode blocks).
+        new_from = L
+        # Blocks the cache holds after the request: full prompt blocks and the decode blocks
+        # filled by fed-back tokens (the last sampled token is never fed back).
+        cacheable = min(len(keys), (n + max(req.max_tokens, 1) - 1) // bs)
+        if new_from < cacheable:
+            struct = self._struct(tr, rendered, scope, n + len(outputs))
+            for i in range(new_from, cacheable):
+                k = keys[i]
+                if k in index:
+                    continue
+                if tokens is not None:
+                    lo, hi = i * bs, (i + 1) * bs
+                    if hi <= n:
+                        blk = tuple(tokens[lo:hi])
+                    else:
+                        blk = tuple([*tokens[lo:n], *outputs[max(0, lo - n):hi - n]])
+                else:
+                    blk = None
+                node = _Node(blk, struct, decode=i >= n_prompt_blocks)
+                index[k] = node
+                parent = self.roots.setdefault(scope, []) if i == 0 else index[keys[i - 1]].children
+                parent.append(k)
+                if len(parent) > MAX_CHILDREN:
+                    del parent[0]
+            if tokens is not None and L == 0 and n >= bs:
+                self.first_blocks.setdefault(tuple(tokens[:bs]), set()).add(scope)
+        if a.kind is not None and a.kind not in NOT_BREAKERS and a.group is None:
+            a.group = group_key(a.kind, a.position)
+        return a
+
+    def _divergence(self, a: Attribution, tr: TraceRequest, rendered: Rendered | None,
+                    keys: list[Hashable], tokens: Any, L: int, scope: tuple[Any, ...]) -> None:
+        bs = self.bs
+        index = self.index
+        children = index[keys[L - 1]].children if L else self.roots.get(scope, [])
+        best_j, best = -1, None
+        if tokens is not None:
+            mine = tokens[L * bs:(L + 1) * bs]
+            for k in reversed(children):
+                node = index.get(k)
+                if node is None or node.tokens is None:
+                    continue
+                theirs = node.tokens
+                j = 0
+                m = min(len(mine), len(theirs))
+                while j < m and mine[j] == theirs[j]:
+                    j += 1
+                if j > best_j:
+                    best_j, best = j, node
+        elif children:
+            best_j, best = 0, index[children[-1]]
+        if best is None:
+            # Nothing earlier continues this prefix: new content (cold), or a scope apart.
+            if L == 0 and tokens is not None and len(self.scopes) > 1:
+                others = self.first_blocks.get(tuple(tokens[:bs]), set()) - {scope}
+                if others:
+                    other = next(iter(others))
+                    a.kind = "model_switch" if other[0] == scope[0] and other[1] != scope[1] \
+                        else "different_salt"
+                    a.divergence_token = 0
+                    a.detail = ("the same prompt start was cached under another "
+                                + ("model" if a.kind == "model_switch" else "cache_salt"))
+                    if rendered is not None:
+                        a.position = rendered.locate(0)
+                    return
+            a.kind = "new_content"
+            a.divergence_token = L * bs
+            if L:
+                a.earlier_request_id = index[keys[L - 1]].struct.request_id
+            if rendered is not None:
+                a.position = rendered.locate(rendered.char_of_token(L * bs))
+            return
+        d = L * bs + max(best_j, 0)
+        a.divergence_token = d
+        earlier = best.struct
+        a.earlier_request_id = earlier.request_id
+        if rendered is None or earlier.messages is None:
+            a.kind = "edited_text"
+            a.position = Position("tokens" if tokens is not None else "blocks")
+            if best.decode:
+                a.kind = "new_content"
+            return
+        self._classify(a, rendered, earlier, best.decode)
+
+    def _classify(self, a: Attribution, r: Rendered, e: Struct, decode: bool) -> None:
+        char = r.char_of_token(a.divergence_token or 0)
+        pos = r.locate(char)
+        new_names = r.tool_names()
+        old_names = list(e.tool_names)
+        tools_differ = tuple(r.tool_json) != e.tool_json
+        if pos.segment == "tools" or (tools_differ and pos.segment == "template"
+                                      and pos.message_index in (0, 1) and char < _tools_end(r)):
+            if sorted(new_names) == sorted(old_names) and new_names != old_names:
+                kind = "tools_reordered"
+                i = next(k for k, (x, y) in enumerate(zip(new_names, old_names)) if x != y)
+                a.detail = f"tool {i + 1} is {new_names[i]} (was {old_names[i]})"
+            elif set(new_names) > set(old_names) or (len(new_names) > len(old_names)
+                                                     and new_names[:len(old_names)] == old_names):
+                kind = "tools_added"
+                a.detail = "added " + ", ".join(sorted(set(new_names) - set(old_names)) or ["a tool"])
+            elif set(new_names) < set(old_names) or (len(new_names) < len(old_names)
+                                                     and old_names[:len(new_names)] == new_names):
+                kind = "tools_removed"
+                a.detail = "removed " + ", ".join(sorted(set(old_names) - set(new_names)) or ["a tool"])
+            else:
+                kind = "tool_schema"
+                a.detail = f"tool {pos.tool_name}, key {pos.schema_key}"
+            a.kind, a.position = kind, pos
+            a.value_digest = digest("\n".join(r.tool_json))
+            return
+        a.position = pos
+        i = pos.message_index
+        n_old = len(e.messages or ())
+        if i is None or i >= n_old or decode:
+            a.kind = "new_content"
+            return
+        old_role, old_content = e.messages[i]
+        new_content = str(r.messages[i].get("content") or "")
+        if pos.segment != "message":
+            if old_role != r.messages[i].get("role"):
+                a.kind = "edited_text"
+                a.detail = f"message {i} is {r.messages[i].get('role')} (was {old_role})"
+            elif new_content == old_content and i == n_old - 1:
+                a.kind = "new_content"
+            else:
+                a.kind = "history_rewritten" if _rewritten(r, e, i) else "edited_text"
+            return
+        new_line = r.line_text(i, pos.line or 1)
+        old_lines = old_content.split("\n")
+        old_line = old_lines[pos.line - 1] if pos.line and pos.line <= len(old_lines) else ""
+        if _rewritten(r, e, i):
+            kind, value = "history_rewritten", new_line
+        else:
+            kind, value = classify_text(new_line, old_line, new_content, old_content)
+            if kind not in ("whitespace", "reordered_content") and not _same_after(
+                    r, e, i, char - _content_start(r, i)):
+                kind = "new_content"  # the request's own content: nothing after it matches
+        a.kind = kind
+        a.value_digest = digest(value)
+        ci, _, _ = _diff_span(new_line, old_line)
+        start = ci
+        while start > 0 and _WORDCH.match(new_line[start - 1]):
+            start -= 1
+        a.fix_hint = (new_line[:start], new_line, old_line)
+        if a.kind == "reordered_content":
+            a.detail = "lines present in both versions, in another order"
+        if self.with_context is not None and a.request_id == self.with_context:
+            a.context = _context(r, char, new_line, old_line)
+
+
+def _content_start(r: Rendered, i: int) -> int:
+    for s in r.spans:
+        if s.segment == "message" and s.index == i:
+            return s.start
+    return 0
+
+
+def _same_after(r: Rendered, e: Struct, i: int, col: int) -> bool:
+    """Whether the prompt goes on the same after a divergence at character ``col`` of message
+    ``i``: the two contents share a common ending of at least 16 characters and a fifth of the
+    shorter remainder, or the next message is the same in both. When nothing after the
+    divergence matches, the divergence is the request's own content (a new question, another
+    conversation), not a breaker."""
+    new = str(r.messages[i].get("content") or "")
+    old = e.messages[i][1] if e.messages and i < len(e.messages) else ""
+    ra, rb = new[col:], old[col:]
+    n = min(len(ra), len(rb))
+    j = 0
+    while j < n and ra[len(ra) - 1 - j] == rb[len(rb) - 1 - j]:
+        j += 1
+    if n and j >= 16 and j >= 0.2 * n:
+        return True
+    if e.messages and i + 1 < len(e.messages) and i + 1 < len(r.messages):
+        nxt = r.messages[i + 1]
+        return (str(nxt.get("role")), str(nxt.get("content") or "")) == e.messages[i + 1] \
+            and bool(e.messages[i + 1][1])
+    return False
+
+
+def _common_prefix(a: str, b: str) -> str:
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    return a[:i]
+
+
+def _tools_end(r: Rendered) -> int:
+    ends = [s.end for s in r.spans if s.segment == "tools"]
+    return max(ends) + 16 if ends else -1
+
+
+def _rewritten(r: Rendered, e: Struct, i: int) -> bool:
+    """An earlier turn of the conversation was replaced (summarised, truncated): the
+    divergence is in a non-system message before the last user message, and the new request
+    has no more messages than the earlier one had."""
+    roles = [m.get("role") for m in r.messages]
+    if roles[i] in ("system", "developer"):
+        return False
+    users = [k for k, x in enumerate(roles) if x == "user"]
+    if not users or i >= users[-1]:
+        return False
+    return len(r.messages) <= len(e.messages or ())
+
+
+def _context(r: Rendered, char: int, new_line: str, old_line: str, width: int = 24
+             ) -> dict[str, str]:
+    i, _, _ = _diff_span(new_line, old_line)
+    return {"new": new_line[max(0, i - width):i + width], "old": old_line[max(0, i - width):i + width],
+            "offset": str(min(i, width))}
+
+
+# --------------------------------------------------------------------------------------------
+# one pass
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pass:
+    """One attribution pass: the exact model's totals and the attributions (``records`` only
+    when kept), breakers by group, problems."""
+
+    summary: SimSummary
+    groups: dict[tuple[Any, ...], dict[str, Any]]
+    problems: list[TraceProblem]
+    format: str
+    cold_requests: int = 0
+    short_requests: int = 0
+    full_hit_requests: int = 0
+    shared_prefix_requests: int = 0
+    records: list[Attribution] | None = None
+    explained: Attribution | None = None
+    unique_blocks: int = 0
+
+
+def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: bool = False,
+                     explain: str | None = None) -> Pass:
+    """Run the exact model and the attribution over the whole trace once.
+
+    Args:
+        spec: trace and cache options.
+        layout: override ``spec.layout`` (None: as recorded).
+        keep_records: keep every :class:`Attribution` (tests; memory grows with requests).
+        explain: a request id whose attribution is kept with its terminal context.
+
+    Returns:
+        :class:`Pass`; ``groups`` maps a group key to ``{kind, position, requests,
+        matchable_lost, distinct (set of value digests), example}``.
+    """
+    src = open_trace(spec, layout=layout)
+    cache = ExactCache(spec.sim_config(), scope_by_model=spec.scope_by_model)
+    att = Attributor(spec.block_size, with_context=explain)
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    records: list[Attribution] | None = [] if keep_records else None
+    p = Pass(summary=cache.summary(), groups=groups, problems=src.problems, format=src.format)
+    for tr, rendered in src.items:
+        req, res = cache.run(tr)
+        a = att.attribute(cache.prepare(tr), rendered, req, res.cached_tokens)
+        cache.release(req)
+        if records is not None:
+            records.append(a)
+        if explain is not None and a.request_id == explain:
+            p.explained = a
+        if a.matchable_tokens > 0:
+            p.shared_prefix_requests += 1
+        if a.kind is None:
+            p.full_hit_requests += 1
+            continue
+        if a.kind == "new_content":
+            p.cold_requests += 1
+            continue
+        if a.kind == "short":
+            p.short_requests += 1
+            continue
+        g = groups.get(a.group)
+        if g is None:
+            g = groups[a.group] = {"kind": a.kind, "position": a.position, "requests": 0,
+                                   "distinct": set(), "example": a.request_id,
+                                   "earlier": a.earlier_request_id, "detail": a.detail,
+                                   "tokens_after": 0, "prefix": None, "pairs": []}
+        g["requests"] += 1
+        if a.fix_hint is not None:
+            pre, new_line, old_line = a.fix_hint
+            g["prefix"] = pre if g["prefix"] is None else _common_prefix(g["prefix"], pre)
+            if len(g["pairs"]) < 8 and (new_line, old_line) not in g["pairs"]:
+                g["pairs"].append((new_line, old_line))
+        g["tokens_after"] += max(0, a.limit_tokens - (a.divergence_token or 0))
+        if a.value_digest and len(g["distinct"]) < 100_000:
+            g["distinct"].add(a.value_digest)
+    p.summary = cache.summary()
+    p.records = records
+    p.unique_blocks = len(att.index)
+    return p
