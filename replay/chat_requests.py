@@ -24,6 +24,9 @@ class BodyError(ValueError):
 
 
 _WRAPPERS = ("request_body", "body", "request")
+#: Message roles a chat request may use (OpenAI chat completions; Anthropic bodies use
+#: user/assistant and a top-level system).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def chat_body(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,12 +48,19 @@ def chat_body(obj: Mapping[str, Any]) -> dict[str, Any]:
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
             raise BodyError(f"{prefix}.messages[{i}]", "not an object with a role")
+        if m["role"] not in ROLES:
+            raise BodyError(f"{prefix}.messages[{i}].role",
+                            f"unknown role (use one of {', '.join(ROLES)})")
     if _is_anthropic(body, obj):
         return _from_anthropic(body)
     out = dict(body)
     out["messages"] = [dict(m) for m in messages]
     if out.get("tools") is not None and not isinstance(out["tools"], list):
         raise BodyError(f"{prefix}.tools", "not a list")
+    for i, t in enumerate(out.get("tools") or []):
+        fn = t.get("function", t) if isinstance(t, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise BodyError(f"{prefix}.tools[{i}]", "not a tool object with a function name")
     return out
 
 

@@ -490,7 +490,12 @@ class Attributor:
         self.scopes.add(scope)
         index = self.index
         L = 0
-        while L < n_prompt_blocks and keys[L] in index:
+        passed: list[_Node] = []
+        while L < n_prompt_blocks:
+            node = index.get(keys[L])
+            if node is None:
+                break
+            passed.append(node)
             L += 1
         a.matchable_tokens = min(L, limit_blocks) * bs
         if limit_blocks == 0:
@@ -510,8 +515,13 @@ class Attributor:
         # Blocks the cache holds after the request: full prompt blocks and the decode blocks
         # filled by fed-back tokens (the last sampled token is never fed back).
         cacheable = min(len(keys), (n + max(req.max_tokens, 1) - 1) // bs)
+        struct = self._struct(tr, rendered, scope, n + len(outputs))
+        # Every block this request passed through now names it: the earlier request of a
+        # later divergence is the most recent one with that prefix (memory stays bounded:
+        # a struct lives while a block names it).
+        for node in passed:
+            node.struct = struct
         if new_from < cacheable:
-            struct = self._struct(tr, rendered, scope, n + len(outputs))
             for i in range(new_from, cacheable):
                 k = keys[i]
                 if k in index:
@@ -641,7 +651,7 @@ class Attributor:
         else:
             kind, value = classify_text(new_line, old_line, new_content, old_content)
             if kind not in ("whitespace", "reordered_content") and not _same_after(
-                    r, e, i, char - _content_start(r, i)):
+                    r, e, i, char - _content_start(r, i), self.bs):
                 kind = "new_content"  # the request's own content: nothing after it matches
         a.kind = kind
         a.value_digest = digest(value)
@@ -663,12 +673,14 @@ def _content_start(r: Rendered, i: int) -> int:
     return 0
 
 
-def _same_after(r: Rendered, e: Struct, i: int, col: int) -> bool:
+def _same_after(r: Rendered, e: Struct, i: int, col: int, block_size: int) -> bool:
     """Whether the prompt goes on the same after a divergence at character ``col`` of message
-    ``i``: the two contents share a common ending of at least 16 characters and a fifth of the
-    shorter remainder, or the next message is the same in both. When nothing after the
+    ``i``: the two contents share a common ending of at least one block of tokens and a fifth
+    of the shorter remainder, or the next message is the same in both. When nothing after the
     divergence matches, the divergence is the request's own content (a new question, another
-    conversation), not a breaker."""
+    conversation), not a breaker: making it match could not give one more cached block."""
+    from bisect import bisect_left
+
     new = str(r.messages[i].get("content") or "")
     old = e.messages[i][1] if e.messages and i < len(e.messages) else ""
     ra, rb = new[col:], old[col:]
@@ -676,7 +688,19 @@ def _same_after(r: Rendered, e: Struct, i: int, col: int) -> bool:
     j = 0
     while j < n and ra[len(ra) - 1 - j] == rb[len(rb) - 1 - j]:
         j += 1
-    if n and j >= 16 and j >= 0.2 * n:
+    if n and j >= 0.2 * n:
+        start = _content_start(r, i)
+        lo = bisect_left(r.offsets, start + len(new) - j)
+        hi = bisect_left(r.offsets, start + len(new))
+        if hi - lo >= block_size:
+            return True
+    # The lines after the divergent one are still there (a document edited near its start,
+    # followed by a question that differs): the content goes on.
+    line = new[:col].count("\n") + 1
+    new_after = set(new.split("\n")[line:])
+    following = [x for x in old.split("\n")[line:] if x.strip()][:3]
+    if following and all(x in new_after for x in following) \
+            and sum(map(len, following)) >= 4 * block_size:
         return True
     if e.messages and i + 1 < len(e.messages) and i + 1 < len(r.messages):
         nxt = r.messages[i + 1]

@@ -86,6 +86,7 @@ class Breaker:
     earlier_request: str | None
     detail: str | None
     what_if: dict[str, Any] | None = None
+    value_digests: list[str] = field(default_factory=list)
     rank: int = 0
     share: float | None = None
 
@@ -161,14 +162,14 @@ def neutraliser(g: dict[str, Any]) -> list[dict[str, Any]] | None:
     prefix = (g.get("prefix") or "").rstrip()
     if kind in ("timestamp", "id", "number", "name"):
         if len(prefix) >= 3:
-            return [{"type": "replace", "pattern": "^(" + re.escape(g["prefix"]) + ").*$",
+            return [{"type": "replace", "pattern": "^(" + _escape(g["prefix"]) + ").*$",
                      "with": r"\g<1>" + f"<{kind}>", "in": sel}]
         if kind in _KIND_RX:
             return [{"type": "replace", "pattern": _KIND_RX[kind], "with": f"<{kind}>", "in": sel}]
     if kind in ("edited_text", "name", "reordered_content", "history_rewritten"):
         pairs = g.get("pairs") or []
         if kind == "edited_text" and pairs:
-            return [{"type": "replace", "pattern": "^" + re.escape(new) + "$",
+            return [{"type": "replace", "pattern": "^" + _escape(new) + "$",
                      "with": old.replace("\\", "\\\\"), "in": sel} for new, old in pairs]
     return None
 
@@ -186,7 +187,7 @@ def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
         prefix = g.get("prefix") or ""
         where = f"line {pos.line} of the {pos.role} message"
         if len(prefix.rstrip()) >= 3:
-            move = {"type": "move_lines", "pattern": "^" + re.escape(prefix),
+            move = {"type": "move_lines", "pattern": "^" + _escape(prefix),
                     "from": _selector_in(pos), "to": "first_user_end", "separator": "\n\n"}
             if pos.role in ("system", "developer"):
                 return (f"move {where} (a {kind}) to the end of the first user message "
@@ -200,6 +201,12 @@ def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
         return "normalise whitespace in that message (replace)", neutraliser(g) or [], True
     text = _NOT_FIXABLE.get(kind, "not fixable by layout")
     return "not fixable by layout: " + text, [], False
+
+
+def _escape(text: str) -> str:
+    """``text`` as a literal in a regular expression, escaping only what is special (spaces and
+    dashes stay readable in the layout file)."""
+    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
 
 
 def _compose(base: Layout | None, extra: list[dict[str, Any]], name: str) -> Layout | None:
@@ -258,12 +265,21 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
                 passes += 1
                 lost, measured = max(0, cf.cached_tokens - level_total.cached_tokens), True
                 wi = _what_if(cf, base.summary)
+                if lost == 0 and g["kind"] == "tool_schema":
+                    # Sorted keys did not help: the schema itself changed.
+                    lost, measured, wi, neut = g["tokens_after"], False, None, None
+                    text, transforms, fixable = ("not fixable by layout: the tool schema "
+                                                 "changed: keep one version of every tool",
+                                                 [], False)
             level_breakers.append(Breaker(
                 level=level, kind=g["kind"], position=g["position"], requests=g["requests"],
                 distinct_values=len(g["distinct"]), lost_tokens=lost, measured=measured,
                 suggestion=text, fixable=fixable, transforms=transforms, neutraliser=neut,
                 example_request=g["example"], earlier_request=g["earlier"], detail=g["detail"],
-                what_if=wi))
+                what_if=wi, value_digests=sorted(g["distinct"])[:16]))
+        # A span whose counterfactual gains nothing is not a breaker (it changes, but what
+        # follows it differs anyway).
+        level_breakers = [b for b in level_breakers if not (b.measured and b.lost_tokens == 0)]
         level_breakers.sort(key=lambda b: (not b.measured, -b.lost_tokens, -b.requests))
         breakers.extend(level_breakers)
         new_neut = [t for b in level_breakers if b.neutraliser for t in b.neutraliser]
@@ -301,14 +317,11 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
 def suggested_layout_file(d: Diagnosis) -> str:
     """The suggested layout as YAML text (the file ``--suggest`` writes), each transform after
     a comment naming the breaker that suggested it."""
-    import yaml
-
     if d.suggested_layout is None:
         return ""
     lines = ["# Suggested by prefixscope diagnose (docs/diagnose.md): one transform per fixable",
              "# breaker, replayed through the exact cache model.", "name: suggested",
-             "description: " + yaml.safe_dump("fixes of the breakers found by prefixscope "
-                                              "diagnose").strip(), "transforms:"]
+             "description: fixes of the breakers found by prefixscope diagnose", "transforms:"]
     done: list[dict[str, Any]] = []
     base = [t.model_dump(by_alias=True) for t in d.spec.layout.transforms] if d.spec.layout else []
     for t in base:
@@ -329,10 +342,10 @@ def suggested_layout_file(d: Diagnosis) -> str:
 
 
 def _yaml_item(t: dict[str, Any]) -> str:
-    import yaml
+    import json
 
-    text = yaml.safe_dump([t], sort_keys=False, allow_unicode=True, width=1000)
-    return "\n".join("  " + line for line in text.rstrip("\n").split("\n"))
+    # A JSON object is a YAML flow mapping: exact strings (newlines, backslashes) on one line.
+    return "  - " + json.dumps(t, ensure_ascii=False)
 
 
 def with_layout(spec: DiagnoseSpec, layout: Layout | None) -> DiagnoseSpec:

@@ -183,7 +183,11 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
                 out_ids = tok.encode(response_text + end_of_turn)
                 if "output_tokens" not in obj:
                     out = len(out_ids)
-            ids = tok.encode_chat(body["messages"], tools=body.get("tools"))
+            try:
+                ids = tok.encode_chat(body["messages"], tools=body.get("tools"))
+            except ConfigError as exc:  # the chat template refused this request
+                raise _Bad("$.messages", "cannot be rendered: " + str(exc).split(": ", 1)[-1]) \
+                    from exc
             if not ids:
                 raise _Bad("$.messages", "renders to an empty prompt")
         except _Bad as exc:

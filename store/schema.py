@@ -9,6 +9,7 @@ Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
 9 requests digest key, 10-19 counts you can trust (issue 11: metric_samples keyed by run),
+30-39 diagnose (issue 13: diagnoses and breakers),
 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency). Columns documented in
 ``docs/schema.md``.
 
@@ -381,6 +382,56 @@ MIGRATIONS: tuple[Migration, ...] = (
         # The client sent its own cache_salt and the gateway replaced it (NULL: not a live
         # gateway, or not recorded).
         "ALTER TABLE gateway_decisions ADD COLUMN IF NOT EXISTS client_salt_replaced BOOLEAN",
+    )),
+    Migration(30, "diagnose: breaker summaries of a run", (
+        # One row per diagnosis (prefixscope diagnose --ingest) and one per breaker it ranked.
+        # Structure, kinds, counts, lost tokens and value digests only: never prompt text
+        # (docs/diagnose.md#stored).
+        """
+        CREATE TABLE IF NOT EXISTS diagnoses (
+            diagnosis_id          VARCHAR PRIMARY KEY,  -- the run id it was made with
+            run_id                VARCHAR NOT NULL,     -- the as-recorded replay run (runs.run_id)
+            model                 VARCHAR,              -- the run's model
+            created_unix_s        DOUBLE NOT NULL,
+            block_size            INTEGER NOT NULL,
+            capacity_blocks       BIGINT,               -- NULL = unbounded
+            requests              BIGINT NOT NULL,
+            prompt_tokens         BIGINT NOT NULL,
+            cached_tokens         BIGINT NOT NULL,
+            hit_rate              DOUBLE,
+            what_if_hit_rate      DOUBLE,               -- the suggested layout, exact replay
+            what_if_cached_tokens BIGINT,
+            what_if_cost_delta    DOUBLE,               -- currency units; NULL without a price
+            currency              VARCHAR,
+            cold_requests         BIGINT,
+            levels                INTEGER,
+            source_id             VARCHAR
+        )
+        """,
+        """
+        CREATE TABLE IF NOT EXISTS breakers (
+            diagnosis_id          VARCHAR NOT NULL,
+            rank                  INTEGER NOT NULL,     -- 1 = most lost tokens of level 1
+            level                 INTEGER NOT NULL,
+            kind                  VARCHAR NOT NULL,     -- timestamp, id, tools_reordered, ... (docs/diagnose.md#kinds)
+            segment               VARCHAR,              -- message, tools, template, tokens, blocks
+            message_index         INTEGER,
+            role                  VARCHAR,
+            line                  INTEGER,              -- 1-based line inside the message content
+            schema_key_digest     VARCHAR,              -- 16-hex digest of the tool schema key (no names)
+            requests              BIGINT NOT NULL,
+            distinct_values       BIGINT NOT NULL,
+            lost_tokens           BIGINT NOT NULL,
+            lost_tokens_measured  BOOLEAN NOT NULL,
+            share                 DOUBLE,               -- lost / missed tokens of the run
+            fixable               BOOLEAN NOT NULL,
+            transform_types       VARCHAR,              -- comma-separated layout transform types of the fix
+            what_if_hit_rate      DOUBLE,               -- the run with this span matched
+            what_if_cached_tokens BIGINT,
+            value_digests         VARCHAR[],            -- up to 16 digests of the diverging values
+            PRIMARY KEY (diagnosis_id, rank)
+        )
+        """,
     )),
     Migration(60, "requests carry their provider", (
         # gen_ai.provider.name of an OTLP span, LiteLLM custom_llm_provider, ...: NULL when the

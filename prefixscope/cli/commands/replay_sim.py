@@ -9,9 +9,11 @@ from typing import Annotated, Any
 import typer
 
 from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
-from prefixscope.cli.options import (AlgoOption, BlockSizeOption, ConcurrencyOption, FormatOption,
-                                     HashIdBlockSizeOption, IngestOption, LimitOption,
-                                     OutputTokensOption, T0Option, TokenizerOption, TraceArg)
+from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocksOption,
+                                     ConcurrencyOption, FormatOption, HashIdBlockSizeOption,
+                                     IngestOption, LayoutOption, LimitOption, MaxModelLenOption,
+                                     OutputTokensOption, PricesOption, SeedOption, StrictOption,
+                                     T0Option, TokenizerOption, TraceArg)
 from prefixscope.core.errors import NothingIngested, UsageError
 
 
@@ -106,9 +108,7 @@ def sim_cmd(
     trace: TraceArg,
     fmt: FormatOption = "auto",
     block_size: BlockSizeOption = 16,
-    capacity_blocks: Annotated[int | None, typer.Option(
-        "--capacity-blocks", min=2,
-        help="vLLM num_gpu_blocks, null block included (default: unbounded).")] = None,
+    capacity_blocks: CapacityBlocksOption = None,
     algo: AlgoOption = "sha256",
     hash_id_block_size: HashIdBlockSizeOption = 512,
     output_tokens: OutputTokensOption = "trace",
@@ -122,19 +122,15 @@ def sim_cmd(
     long_prefill_token_threshold: Annotated[int, typer.Option(
         "--long-prefill-token-threshold", min=0,
         help="With --concurrency: cap on a prefill chunk, tokens (0 = none).")] = 0,
-    max_model_len: Annotated[int | None, typer.Option(
-        "--max-model-len", min=1, help="Reject prompts reaching this many tokens.")] = None,
+    max_model_len: MaxModelLenOption = None,
     tokenizer: TokenizerOption = None,
-    layout: Annotated[Path | None, typer.Option(
-        "--layout", help="Prompt layout file (YAML/TOML) for chat traces.")] = None,
+    layout: LayoutOption = None,
     limit: LimitOption = None,
     model: Annotated[str | None, typer.Option(
         "--model", help="Model name in the outputs (default replay-sim).")] = None,
     label: Annotated[str | None, typer.Option("--label", help="Short name of the run.")] = None,
-    seed: Annotated[str | None, typer.Option(
-        "--seed", help="Plays PYTHONHASHSEED for the vLLM hash algorithms.")] = None,
-    strict: Annotated[bool, typer.Option(
-        "--strict", help="Stop at the first malformed trace record.")] = False,
+    seed: SeedOption = None,
+    strict: StrictOption = False,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Run directory (default out/replay/<run id>).")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default sim-<label>-<time>Z-<hex>).")] = None,
@@ -207,8 +203,7 @@ def compare_cmd(
     limit: LimitOption = None,
     model: Annotated[str | None, typer.Option(
         "--model", help="Model name (also the price-table entry used for cost).")] = None,
-    prices: Annotated[str | None, typer.Option(
-        "--prices", help="Price table TOML (default: [pricing] prices_file).")] = None,
+    prices: PricesOption = None,
     price_as: Annotated[str | None, typer.Option(
         "--price-as", help="Cost both runs at this price-table entry (default: --model).")] = None,
     label: Annotated[str | None, typer.Option("--label", help="Prefix of both runs' labels.")] = None,
