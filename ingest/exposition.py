@@ -33,14 +33,17 @@ restart is seen even when the counter has already grown past its old value. See
 ``docs/metrics.md#created-zero``.
 
 Labels: every label except ``instance`` and ``job``, as sorted-key JSON; ``model`` and
-``engine`` columns come from ``model_name`` and ``engine``. ``instance`` is the URL's
-host:port, or ``--instance``, or the file name stem.
+``engine`` columns come from ``model_name`` and ``engine``. ``instance`` is ``--instance``, or
+the URL's host:port, or for a saved file the name of the folder that holds it
+(:func:`file_instance`): saved scrapes of one server are one series, whatever their file names,
+and :func:`process_overlaps` warns when one command's files look like several processes at once.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -228,7 +231,7 @@ class RawScrape:
         kind: ``metrics-url`` or ``metrics-file``.
         text: the exposition text.
         ts_unix_s: scrape start time (URL), or the file's mtime or the given time.
-        default_instance: host:port of the URL, or the file name stem.
+        default_instance: host:port of the URL, or the file's folder name (:func:`file_instance`).
     """
 
     location: str
@@ -291,7 +294,101 @@ def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float
         ts = path.stat().st_mtime if at_unix_s is None else at_unix_s
     except OSError as exc:
         raise SourceUnavailable(f"cannot read {source}: {exc.strerror or exc}") from exc
-    return RawScrape(source, "metrics-file", text, ts, path.stem)
+    return RawScrape(source, "metrics-file", text, ts, file_instance(path))
+
+
+def file_instance(path: str | os.PathLike[str]) -> str:
+    """The default instance of a saved exposition file: the name of the folder that holds it
+    (``scrapes/scrape_3.prom`` -> ``scrapes``; a file in the working directory takes that
+    directory's name).
+
+    Saved scrapes of one server are one series (docs/metrics.md rule 1): a counter's increase
+    between two files is measured, and a restart between them is seen through the counters'
+    ``_created`` values. The file name never names the instance (it did until issue 11: each
+    file became its own series and every file's created-zero counted its whole value again).
+    """
+    return Path(path).resolve().parent.name or "saved"
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """One process seen in saved scrapes: its counters' created time and the scrapes of it.
+
+    Attributes:
+        instance: instance the scrapes are stored under.
+        engine: ``engine`` label (one lifetime per engine of a data-parallel server).
+        created_unix_s: ``vllm:prefix_cache_queries_created`` of the process (Unix seconds).
+        first_unix_s, last_unix_s: earliest and latest scrape of this process.
+        locations: the files (or URLs) that showed it.
+    """
+
+    instance: str
+    engine: str | None
+    created_unix_s: float
+    first_unix_s: float
+    last_unix_s: float
+    locations: tuple[str, ...]
+
+
+def process_lifetimes(reads: Sequence["ExpositionRead"]) -> list[Lifetime]:
+    """The processes behind a set of parsed scrapes, from the queries counter's ``_created``.
+
+    Scrapes of one process carry the same created time; a restart gives a later one. Scrapes
+    without ``_created`` series are left out (their process cannot be told).
+
+    Returns:
+        One :class:`Lifetime` per (instance, engine, created time), ordered by instance, engine,
+        created time.
+    """
+    acc: dict[tuple[str, str | None, float], list] = {}
+    for read in reads:
+        for smp in read.samples:
+            if smp.created_zero and smp.metric == QUERIES_METRIC:
+                key = (smp.instance, smp.engine, round(smp.ts_unix_s, 3))
+                entry = acc.setdefault(key, [read.ts_unix_s, read.ts_unix_s, []])
+                entry[0] = min(entry[0], read.ts_unix_s)
+                entry[1] = max(entry[1], read.ts_unix_s)
+                if read.location not in entry[2]:
+                    entry[2].append(read.location)
+    return [Lifetime(i, e, c, lo, hi, tuple(locs))
+            for (i, e, c), (lo, hi, locs) in sorted(acc.items(), key=lambda kv: (
+                kv[0][0], kv[0][1] or "", kv[0][2]))]
+
+
+def process_overlaps(reads: Sequence["ExpositionRead"]) -> list[str]:
+    """Warnings for scrapes stored under one instance that cannot come from one server.
+
+    One server runs one process per engine at a time: a process created before the last scrape
+    of an earlier one (``created_2 < last_scrape_1``) means two processes were running at once,
+    so the files are scrapes of several servers under one instance name (their increases would
+    be summed as one series). Also warns when two different scrapes of one instance carry the
+    same scrape time (``--at`` stamps every file with one time): the later would be skipped as
+    already stored.
+
+    Returns:
+        One message per problem (empty when the scrapes are consistent with one server).
+    """
+    warnings: list[str] = []
+    lifetimes = process_lifetimes(reads)
+    for a, b in zip(lifetimes, lifetimes[1:]):
+        if (a.instance, a.engine) != (b.instance, b.engine):
+            continue
+        if b.created_unix_s < a.last_unix_s:
+            warnings.append(
+                f"instance {a.instance}: {a.locations[-1]} and {b.locations[0]} look like two "
+                f"processes running at once (counters created at {a.created_unix_s:.3f} and "
+                f"{b.created_unix_s:.3f}, the first still scraped at {a.last_unix_s:.3f}); "
+                "scrapes of different servers need their own --instance (one command per server)")
+    seen: dict[tuple[str, float], str] = {}
+    for read in reads:
+        k = (read.instance, read.ts_unix_s)
+        if k in seen and seen[k] != read.location:
+            warnings.append(
+                f"instance {read.instance}: {seen[k]} and {read.location} have the same scrape "
+                "time; only the first is stored for each series (give each file its own time: "
+                "its modification time, or one command per file with --at)")
+        seen.setdefault(k, read.location)
+    return warnings
 
 
 def encode_labels(labels: dict[str, str], *, drop: Iterable[str] = ()) -> str:
@@ -555,11 +652,14 @@ def nothing_error(outcomes: Sequence[ScrapeOutcome], errors: Sequence[str]) -> N
 
 def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None = None,
                    at_unix_s: float | None = None,
-                   label_key: bytes | None | str = CONFIGURED_KEY
+                   label_key: bytes | None | str = CONFIGURED_KEY,
+                   on_warning: Callable[[str], None] | None = None,
                    ) -> tuple[list[ScrapeOutcome], list[str]]:
     """One scrape of every source, each stored in its own short write transaction.
 
-    ``label_key`` as in :func:`ingest_exposition`, read once before the first source.
+    ``label_key`` as in :func:`ingest_exposition`, read once before the first source. Every
+    source is read and parsed first; :func:`process_overlaps` messages go to ``on_warning``
+    (the samples are stored all the same), then each scrape is stored.
 
     Returns:
         ``(outcomes, errors)``: one :class:`ScrapeOutcome` per readable source in the given
@@ -574,16 +674,22 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
     key = _label_key(label_key)
     outcomes: list[ScrapeOutcome] = []
     errors: list[str] = []
+    reads: list[tuple[ExpositionRead, str]] = []
     for source in sources:
         try:
             raw = read_source(source, at_unix_s=at_unix_s)
         except SourceUnavailable as exc:
             errors.append(str(exc))
             continue
-        read = fetch_samples(raw.text, label_key=key, location=source,
-                             instance=instance or raw.default_instance, ts_unix_s=raw.ts_unix_s)
+        reads.append((fetch_samples(raw.text, label_key=key, location=source,
+                                    instance=instance or raw.default_instance,
+                                    ts_unix_s=raw.ts_unix_s), raw.kind))
+    for message in process_overlaps([r for r, _ in reads]):
+        if on_warning is not None:
+            on_warning(message)
+    for read, kind in reads:
         with store_db.writer(db_path) as con:
-            outcomes.append(ScrapeOutcome(save_samples(con, read, kind=raw.kind), read.problems))
+            outcomes.append(ScrapeOutcome(save_samples(con, read, kind=kind), read.problems))
     if not any(o.summary.rows_read > 0 for o in outcomes):
         raise nothing_error(outcomes, errors)
     return outcomes, errors

@@ -129,7 +129,7 @@ def test_file_mtime_is_the_default_scrape_time(con, data_dir, tmp_path):
     ingest_exposition(con, str(p))
     got = con.execute("SELECT DISTINCT instance, ts_unix_s FROM metric_samples "
                       "WHERE NOT created_zero").fetchall()
-    assert got == [("scrape", 1795961000.5)]
+    assert got == [(tmp_path.name, 1795961000.5)]  # instance: the file's folder (issue 11)
 
 
 def _legacy_copy(text: str, *, v0_gauge: bool = True) -> str:

@@ -60,7 +60,8 @@ def metrics_cmd(
     sources: Annotated[list[str], typer.Argument(
         help="/metrics URLs (http://host:port/metrics) or saved exposition files.")],
     instance: Annotated[str | None, typer.Option(
-        "--instance", help="Instance name (default: host:port of the URL, or the file name stem).")] = None,
+        "--instance", help="Instance name (default: host:port of the URL; for saved files the "
+        "name of their folder, so saved scrapes of one server are one series).")] = None,
     at: Annotated[str | None, typer.Option(
         "--at", help="Scrape time for files (ISO 8601, Unix seconds, -1h); default the file's mtime.")] = None,
     every: Annotated[str | None, typer.Option(
@@ -83,13 +84,20 @@ def metrics_cmd(
 
       prefixscope ingest metrics saved.txt --instance vllm-a --at 2026-11-28T10:00:00Z
     """
-    from prefixscope.ingest.exposition import ingest_sources, nothing_error, scrape_loop
+    from prefixscope.ingest.exposition import (file_instance, ingest_sources, is_url,
+                                               nothing_error, scrape_loop)
 
     at_unix_s = parse_time(at) if at is not None else None
     if every is None:
         if max_scrapes is not None:
             raise UsageError("--max-scrapes needs --every")
-        outcomes, errors = ingest_sources(db, sources, instance=instance, at_unix_s=at_unix_s)
+        if instance is None and not as_json:
+            for name in dict.fromkeys(file_instance(s) for s in sources if not is_url(s)):
+                out.print(f"instance {name}: the folder of the saved files (one series per "
+                          "server; --instance names it)", markup=False, highlight=False)
+        outcomes, errors = ingest_sources(
+            db, sources, instance=instance, at_unix_s=at_unix_s,
+            on_warning=lambda m: err.print(f"warning: {m}", markup=False, highlight=False))
         for e in errors:
             err.print(f"error: {e}", markup=False, highlight=False)
         for o in outcomes:
