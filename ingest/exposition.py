@@ -613,9 +613,23 @@ def save_samples(con: duckdb.DuckDBPyConnection, read: ExpositionRead, *, kind: 
     return summary
 
 
+def without_zeros_before(read: ExpositionRead, since_unix_s: float) -> ExpositionRead:
+    """``read`` without the created-zero samples placed before ``since_unix_s``.
+
+    A replay run's counters are its own before/after delta, whatever the server did before
+    (docs/metrics.md#run-counters): its first scrape is a baseline, not "everything since the
+    server started". A created time inside the run (a restart during it) keeps its zero.
+    """
+    import dataclasses
+
+    kept = tuple(s for s in read.samples if not (s.created_zero and s.ts_unix_s < since_unix_s))
+    return dataclasses.replace(read, samples=kept)
+
+
 def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: str | None = None,
                       at_unix_s: float | None = None, run_id: str = "",
-                      label_key: bytes | None | str = CONFIGURED_KEY) -> IngestSummary:
+                      label_key: bytes | None | str = CONFIGURED_KEY,
+                      since_unix_s: float | None = None) -> IngestSummary:
     """Read, parse and store one exposition (file or URL) on an open read-write connection.
 
     Args:
@@ -627,6 +641,8 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
         label_key: HMAC key for labels outside :data:`ALLOWED_LABELS` (None: quarantine
             them); default: :func:`configured_label_key`. A caller ingesting many files
             passes the key it read once.
+        since_unix_s: the start of a replay run: created-zero samples before it are not
+            stored (:func:`without_zeros_before`); None keeps them all.
 
     Returns:
         The :class:`~ingest.bookkeeping.IngestSummary` of the scrape.
@@ -640,6 +656,8 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
     read = fetch_samples(raw.text, label_key=key, location=source,
                          instance=instance or raw.default_instance,
                          ts_unix_s=raw.ts_unix_s)
+    if since_unix_s is not None:
+        read = without_zeros_before(read, since_unix_s)
     return save_samples(con, read, kind=raw.kind, run_id=run_id)
 
 

@@ -6,7 +6,9 @@ traffic of its server, tagged with its run id:
 1. ``requests.jsonl`` through :func:`prefixscope.ingest.usage.ingest_usage_file` (``run_id`` on every row);
 2. ``metrics_before.prom`` and ``metrics_after.prom`` through
    :func:`prefixscope.ingest.exposition.ingest_exposition`, stamped with their scrape times and the server's
-   instance (host:port), so the hit-rate queries see the run's window like any two scrapes;
+   instance (host:port), so the hit-rate queries see the run's window like any two scrapes; the
+   before scrape is a baseline (no created-zero sample before it is stored), so the run's
+   counters are its own before/after delta whatever the server served earlier;
 3. the ``runs`` row (kind ``replay-live``, parameters as JSON) and the run-scoped counter deltas
    (``live_run_counters``) through :func:`prefixscope.store.queries.replay_live.save_live_run`.
 
@@ -69,9 +71,11 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
     for name, ts_key in (("metrics_before.prom", "before_ts_unix_s"),
                          ("metrics_after.prom", "after_ts_unix_s")):
         if (d / name).is_file() and doc.get(ts_key) is not None:
-            metric_summaries.append(ingest_exposition(con, str(d / name), instance=instance,
-                                                      at_unix_s=float(doc[ts_key]),
-                                                      run_id=run_id, label_key=label_key))
+            metric_summaries.append(ingest_exposition(
+                con, str(d / name), instance=instance, at_unix_s=float(doc[ts_key]),
+                run_id=run_id, label_key=label_key,
+                since_unix_s=float(doc["before_ts_unix_s"])
+                if doc.get("before_ts_unix_s") is not None else None))
     n = 0
     if doc.get("before_ts_unix_s") is not None and doc.get("after_ts_unix_s") is not None:
         n = save_live_run(

@@ -49,36 +49,71 @@ def scrape_metrics(base_url: str, *, timeout_s: float = 10.0,
 
 
 def counter_totals(text: str, names: Sequence[str] = DELTA_COUNTERS) -> dict[str, float]:
-    """Sum each named counter over all its series (labels) in one exposition.
+    """Sum each named counter over all its series (labels) in one exposition (a display
+    figure: cumulative since the server started; never differenced, see
+    :func:`counter_deltas`).
 
     Names are as exposed (``..._total``). Uses prometheus_client's parser; a counter absent from
     the exposition is absent from the result.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = set(names)
     totals: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name in wanted:
-                totals[s.name] = totals.get(s.name, 0.0) + float(s.value)
+    for name, _labels, value in _series(text, names)[0]:
+        totals[name] = totals.get(name, 0.0) + value
     return totals
 
 
+def _series(text: str, names: Sequence[str]
+            ) -> tuple[list[tuple[str, str, float]], dict[tuple[str, str], float]]:
+    """``([(counter, labels JSON, value)], {(counter, labels JSON): created time})``."""
+    import json
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = set(names)
+    created_of = {n.removesuffix("_total") + "_created": n for n in names}
+    values: list[tuple[str, str, float]] = []
+    created: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = json.dumps(dict(sorted(s.labels.items())), separators=(",", ":"))
+            if s.name in wanted:
+                values.append((s.name, labels, float(s.value)))
+            elif s.name in created_of:
+                created[(created_of[s.name], labels)] = float(s.value)
+    return values, created
+
+
 def counter_deltas(before: str, after: str,
-                   names: Sequence[str] = DELTA_COUNTERS) -> dict[str, float]:
+                   names: Sequence[str] = DELTA_COUNTERS, *,
+                   before_ts_unix_s: float | None = None,
+                   after_ts_unix_s: float | None = None) -> dict[str, float]:
     """Run-scoped increase of each counter between two expositions of the same server.
 
-    ``after - before``; a drop means the server restarted during the run, and the increase then
-    counts from zero (``after``), as for any Prometheus counter. A counter missing from either
-    exposition is left out.
+    Per series (labels: engine, model_name, finished_reason, ...) by the store's rule
+    (:func:`prefixscope.store.queries.metrics.increases_of_samples`, docs/metrics.md rules 1-2):
+    ``after - before``, or ``after`` when it dropped (a restart during the run), then summed
+    over the series, so a reset of one engine is never hidden by another's growth. With the
+    scrape times given, a series whose ``_created`` time lies inside the run (a restart, or a
+    series the run's traffic created) gets a zero at that time, as the store's created-zero
+    rule: its increase counts from 0 even when it grew past its old value. A series seen in
+    only one exposition otherwise has no increase. A counter missing from either exposition is
+    left out.
     """
-    b, a = counter_totals(before, names), counter_totals(after, names)
-    out: dict[str, float] = {}
-    for name in names:
-        if name in a and name in b:
-            out[name] = a[name] - b[name] if a[name] >= b[name] else a[name]
-    return out
+    from prefixscope.store.queries.metrics import increases_of_samples
+
+    t_before = 0.0 if before_ts_unix_s is None else before_ts_unix_s
+    t_after = t_before + 1.0 if after_ts_unix_s is None else after_ts_unix_s
+    b_values, _ = _series(before, names)
+    a_values, a_created = _series(after, names)
+    samples = [(n, lab, t_before, v) for n, lab, v in b_values]
+    samples += [(n, lab, t_after, v) for n, lab, v in a_values]
+    for n, lab, _ in a_values:
+        c = a_created.get((n, lab))
+        if c is not None and before_ts_unix_s is not None and t_before < c < t_after:
+            samples.append((n, lab, c, 0.0))  # the process started inside the run
+    in_both = {n for n, _, _ in b_values} & {n for n, _, _ in a_values}
+    inc = increases_of_samples(samples, [n for n in names if n in in_both])
+    return {n: inc.get(n, 0.0) for n in names if n in in_both}
 
 
 def wait_for_counters(base_url: str, before_text: str, *, prompt_tokens: int,

@@ -142,7 +142,8 @@ def run_live(requests: Iterable[TraceRequest], config: LiveConfig, out_dir: str 
         after_text, after_ts, settled = wait_for_counters(
             config.base_url, before_text, prompt_tokens=prompt_sum, timeout_s=settle_timeout_s,
             api_key=config.api_key)
-        deltas = counter_deltas(before_text, after_text)
+        deltas = counter_deltas(before_text, after_text, before_ts_unix_s=before_ts,
+                                after_ts_unix_s=after_ts)
         (out / "metrics_before.prom").write_text(before_text)
         (out / "metrics_after.prom").write_text(after_text)
     with open(out / "requests.jsonl", "w") as f:

@@ -143,6 +143,41 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
     return sql, [list(metrics), *params, *start_params]
 
 
+def increases_of_samples(samples: Sequence[tuple[str, str, float, float]],
+                         metrics: Sequence[str]) -> dict[str, float]:
+    """Total increase of each counter over a few samples held in memory, by the rules of this
+    module (rules 1-2: per series, a drop counts from the new value, summed over series
+    afterwards), with the same SQL as the stored samples (:func:`_increases_cte`) on a private
+    in-memory DuckDB. The live replayer's before/after deltas use it, so that a reset of one
+    engine's series is never hidden by growth in another.
+
+    Args:
+        samples: ``(metric, labels, ts_unix_s, value)``; ``labels`` identifies the series
+            (e.g. sorted-key JSON). A counter's created-zero is a sample of value 0 at its
+            created time.
+        metrics: counters to total.
+
+    Returns:
+        ``{metric: increase}`` for each metric with at least one series of two samples or more
+        (a series seen once has no increase); absent otherwise.
+    """
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("CREATE TABLE metric_samples (run_id VARCHAR, metric VARCHAR, labels VARCHAR,"
+                    " instance VARCHAR, model VARCHAR, engine VARCHAR, ts_unix_s DOUBLE,"
+                    " value DOUBLE, legacy BOOLEAN)")
+        if samples:
+            con.executemany("INSERT INTO metric_samples VALUES ('', ?, ?, '', NULL, NULL, ?, ?,"
+                            " false)", [list(s) for s in samples])
+        cte, params = _increases_cte(tuple(metrics), start_s=None, end_s=None, models=None,
+                                     instances=None)
+        rows = con.execute(f"WITH {cte} SELECT metric, sum(increase) FROM inc GROUP BY metric",
+                           params).fetchall()
+    finally:
+        con.close()
+    return {m: float(v) for m, v in rows}
+
+
 def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                        end_s: float | None = None, window_s: float = 3600,
                        by: Sequence[str] = ("model", "instance"),
