@@ -440,6 +440,7 @@ class Gateway:
         if stale and verdict.outcome != "reject":
             verdict = Decision("reject", "authorization_epoch", ("authorization_epoch",))
         isolated = (self.cfg.mode == "shadow" or gen.bypass or verdict.outcome == "reject")
+        permit_lost = False
         if not isolated:
             if self.faults.between_lookup_and_permit is not None:
                 await self.faults.between_lookup_and_permit(ns)
@@ -449,7 +450,7 @@ class Gateway:
                 verdict = Decision("reject", "authorization_epoch",
                                    ("authorization_epoch",) + tuple(
                                        f for f in verdict.mismatches if f != "authorization_epoch"))
-                isolated = True
+                isolated = permit_lost = True
         call.decision = verdict
         generation = sha256_hex("\x00".join(
             [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
@@ -464,7 +465,7 @@ class Gateway:
         call.client_salt = "cache_salt" in body
         body["cache_salt"] = salt
         # registry entries: written under this request's own identity, current epoch only
-        if not stale and not gen.bypass and verdict.first_mismatch != "authorization_epoch":
+        if not stale and not gen.bypass and not permit_lost:
             for i, k in enumerate(prompt.boundaries):
                 handle = "h-" + hmac.new(self.key, b"handle" + keys[i] + ns.encode(),
                                          hashlib.sha256).hexdigest()[:32]

@@ -7,7 +7,8 @@ From each upstream (``cache-identity.md#identity``), unless declared in ``[gatew
   ``tokenizer_digest`` = SHA-256 of ``tokenizer:<base root>`` and ``prompt_bundle_digest`` =
   SHA-256 of ``bundle:<base root>`` (vLLM loads tokenizer and chat template from the model
   folder unless started with others: then declare them); an adapter's ``adapter_digest`` =
-  SHA-256 of ``adapter:<id>:<root>``, the base model's is ``""``.
+  SHA-256 of ``adapter:<id>:<root>``, the base model's is ``""`` (a declared
+  ``adapters = {name = digest}`` wins for any served name).
 - ``GET /version`` and ``vllm:cache_config_info`` of ``GET /metrics``: ``runtime_digest`` =
   SHA-256 of ``runtime:<version>`` + the cache settings that change block hashes
   (:data:`RUNTIME_LABELS`); ``block_size`` from the same labels.
@@ -82,9 +83,8 @@ async def discover(client: httpx.AsyncClient, base: str, declared, block_size: i
         mid = str(d.get("id"))
         parent = d.get("parent")
         base_root = roots.get(parent, parent) if parent else (d.get("root") or mid)
-        adapter = ""
-        if parent:
-            adapter = declared.adapters.get(mid) or sha256_hex(f"adapter:{mid}:{d.get('root')}")
+        adapter = declared.adapters.get(mid) or (
+            sha256_hex(f"adapter:{mid}:{d.get('root')}") if parent else "")
         out.append(ModelInfo(
             model=mid, upstreams=[base],
             model_digest=declared.model_digest or sha256_hex(f"model:{base_root}"),
