@@ -47,7 +47,7 @@ import pandas as pd
 from prefixscope.core import report as rules
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import UsageError
-from prefixscope.core.report import NO_DATA, STALE, threshold_for
+from prefixscope.core.report import ALERT, NO_DATA, STALE, threshold_for
 
 LOOKBACK_S = 86400.0
 PRODUCTION_RUN_ID = ""
@@ -213,6 +213,10 @@ class ReportLine:
             on the day from per-request usage and the price table (model lines only; None when
             not priced or no requests).
         stale: the stale sources of this model (STALE lines).
+        top_breaker: the rank-1 breaker of the model's newest stored diagnosis
+            (``store.queries.breakers.top_breaker_by_model``: kind, segment, message_index,
+            role, line, lost_tokens...), on model lines when one is known; an ALERT line then
+            names it (:func:`breaker_hint`).
     """
 
     model: str
@@ -231,6 +235,7 @@ class ReportLine:
     shadow_price: bool | None = None
     price_source: str | None = None
     stale: tuple[StaleSource, ...] = ()
+    top_breaker: dict[str, object] | None = None
 
     @property
     def label(self) -> str:
@@ -299,6 +304,21 @@ def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: 
     return rules.report_line(fig.cached_tokens, fig.prompt_tokens, status, threshold=threshold,
                              min_query_tokens=min_query_tokens, stale=stale,
                              zone=resolve_tz(tz) if status == STALE else None)
+
+
+def breaker_hint(b: dict[str, object]) -> str:
+    """Where the top breaker of a diagnosis is, in words (no prompt text): ``top breaker: a
+    timestamp on line 5 of message 0 (system), prefixscope diagnose``."""
+    kind = str(b.get("kind")).replace("_", " ")
+    if b.get("segment") == "message":
+        where = f" on line {b.get('line')} of message {b.get('message_index')} ({b.get('role')})"
+    elif b.get("segment") == "tools":
+        where = " in the tools list"
+    elif b.get("segment") == "template":
+        where = f" in the template before message {b.get('message_index')}"
+    else:
+        where = ""
+    return f"top breaker: {kind}{where}, see prefixscope diagnose"
 
 
 def status_of(fig: Figures, *, threshold: float, min_query_tokens: int, stale: bool) -> str:
@@ -469,6 +489,9 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
     scopes = sorted({k for d in (today, prev, week) for k in d.by_scope if k[1] is not None},
                     key=lambda k: (k[0], k[1]))
 
+    from prefixscope.store.queries.breakers import top_breaker_by_model
+
+    breakers = top_breaker_by_model(con, sorted(models))
     lines: list[ReportLine] = []
     for model in sorted(models):
         threshold = threshold_for(cfg, model)
@@ -482,10 +505,14 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
         status = status_of(fig, threshold=threshold, min_query_tokens=min_tokens,
                            stale=bool(model_stale))
         sv = savings.get(model, {})
+        text = line_text(fig, status, threshold=threshold, min_query_tokens=min_tokens,
+                         stale=model_stale, tz=tz)
+        top = breakers.get(model)
+        if status == ALERT and top is not None:
+            text += f" ({breaker_hint(top)})"
         lines.append(ReportLine(
             model=model, scope=None, figures=fig, threshold=threshold, status=status,
-            text=line_text(fig, status, threshold=threshold, min_query_tokens=min_tokens,
-                           stale=model_stale, tz=tz),
+            text=text, top_breaker=top,
             prev_day=p, prev_week=wk, change_prev_day=_change(fig, p, min_tokens),
             change_prev_week=_change(fig, wk, min_tokens),
             saved=_opt_float(sv.get("saved")),

@@ -28,6 +28,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("views/rejections.py", "Rejections", ":material/block:"),
     ("views/invariants.py", "Invariants", ":material/verified_user:"),
     ("views/replay.py", "Replay", ":material/replay:"),
+    ("views/breakers.py", "Breakers", ":material/troubleshoot:"),
     # append one line per page here: ("views/<file>.py", "<Title>", ":material/<icon>:"),
 ]
 

@@ -11,6 +11,7 @@ a run is compared whole. The run filter does, when set.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -107,6 +108,10 @@ st.caption("Runs of `prefixscope replay sim` / `replay compare` (exact model of 
            "run; tokens saved = Σ cached tokens (prefill the cache served); cost without the "
            "cache prices every prompt token as input, cost with it prices cached tokens at the "
            "cached-input price (docs/replay.md#outputs).")
+
+st.page_link(str(Path(__file__).resolve().parent / "breakers.py"),
+             label="Why do these runs miss? Breakers (prefixscope diagnose)",
+             icon=":material/troubleshoot:")
 
 with data.guard(db):
     runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids())

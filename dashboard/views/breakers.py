@@ -1,0 +1,109 @@
+"""Breakers: why a replayed trace misses, ranked by lost tokens, with the what-if of each fix.
+
+Reads ``prefixscope.store.queries.breakers`` (``diagnoses``, ``breakers_of``): the summaries
+``prefixscope diagnose TRACE --ingest`` stores (kinds, positions, counts, lost tokens, value
+digests; never prompt text). Lost tokens = cached tokens the whole trace gains when the
+breaking span matches, by exact counterfactual replay (``docs/diagnose.md#lost-tokens``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from prefixscope.core.formatting import fmt_pct, fmt_time, fmt_tokens
+from prefixscope.dashboard import data
+
+EMPTY = ("No diagnosis stored. Run `prefixscope diagnose TRACE --ingest` (for example "
+         "`prefixscope diagnose data/captures/aider/chat-requests.jsonl --ingest`): it replays "
+         "the trace, finds where each request's prefix broke and stores the ranked breakers.")
+
+
+def load(db: str, query: str, **kwargs):
+    """``prefixscope.dashboard.data.query`` on ``prefixscope.store.queries.breakers.<query>``."""
+    return data.query(db, "breakers", query, **kwargs)
+
+
+def where(row: pd.Series) -> str:
+    """The structural position of a breaker, in words (no prompt text)."""
+    seg = row.get("segment")
+    if seg == "message":
+        return f"message {int(row['message_index'])} ({row['role']}), line {int(row['line'])}"
+    if seg == "tools":
+        return "tools"
+    if seg == "template":
+        idx = row.get("message_index")
+        return "template" + ("" if pd.isna(idx) else f" before message {int(idx)} ({row['role']})")
+    if isinstance(seg, str):
+        return seg
+    return "whole request"
+
+
+def lost_figure(df: pd.DataFrame) -> go.Figure:
+    """Lost tokens per breaker, rank 1 on top (pure: DataFrame in, figure out)."""
+    d = df.sort_values("rank", ascending=False)
+    names = [f"#{int(r['rank'])} {r['kind']} · {where(r)}" for _, r in d.iterrows()]
+    fig = go.Figure(go.Bar(
+        x=d["lost_tokens"], y=names, orientation="h",
+        marker_color=["#1f77b4" if m else "#aec7e8" for m in d["lost_tokens_measured"]],
+        hovertemplate="%{x:,} lost tokens<extra></extra>"))
+    fig.update_layout(title="Lost tokens per breaker (light: upper bound, not measured)",
+                      xaxis_title="tokens", height=120 + 36 * len(d),
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+db = data.db_path()
+st.title("Breakers")
+st.caption("Where the prefix broke, ranked by lost tokens: the cached tokens the trace gains "
+           "when that span matches, measured by exact replay (docs/diagnose.md). Level 2 is "
+           "what breaks once the level-1 spans match. Stored by `prefixscope diagnose TRACE "
+           "--ingest`; structure and counts only, never prompt text.")
+
+with data.guard(db):
+    diags = load(db, "diagnoses")
+    if diags.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    labels = {}
+    for _, r in diags.iterrows():
+        name = r["run_label"] if isinstance(r["run_label"], str) and r["run_label"] else r["run_id"]
+        labels[r["diagnosis_id"]] = f"{name} · {r['model']} · {fmt_time(r['created_unix_s'])}"
+    picked = st.selectbox("Diagnosis", list(labels), format_func=lambda k: labels[k],
+                          key="breakers_diagnosis")
+    d = diags[diags["diagnosis_id"] == picked].iloc[0]
+    cols = st.columns(4)
+    cols[0].metric("Hit rate as recorded", fmt_pct(d["hit_rate"]), border=True)
+    cols[1].metric("With the suggested layout",
+                   "—" if pd.isna(d["what_if_hit_rate"]) else fmt_pct(d["what_if_hit_rate"]),
+                   help="The suggested layout replayed through the exact model", border=True)
+    cols[2].metric("Missed tokens", fmt_tokens(int(d["prompt_tokens"] - d["cached_tokens"])),
+                   border=True)
+    cols[3].metric("Requests", f"{int(d['requests']):,}", border=True)
+    if not pd.isna(d.get("what_if_cost_delta")) and isinstance(d.get("currency"), str):
+        st.caption(f"Cost with cache after the suggested layout: "
+                   f"{d['what_if_cost_delta']:+,.4f} {d['currency']} over the trace.")
+    b = load(db, "breakers_of", diagnosis_id=picked)
+    if b.empty:
+        st.success("No breakers: every request hit the longest prefix an earlier request had.",
+                   icon=":material/check_circle:")
+        st.stop()
+    st.dataframe(pd.DataFrame({
+        "rank": b["rank"], "level": b["level"], "kind": b["kind"],
+        "where": [where(r) for _, r in b.iterrows()],
+        "requests": b["requests"].map(lambda v: f"{int(v):,}"),
+        "values": b["distinct_values"].map(lambda v: f"{int(v):,}"),
+        "lost tokens": [fmt_tokens(int(v)) + ("" if m else " (at most)")
+                        for v, m in zip(b["lost_tokens"], b["lost_tokens_measured"])],
+        "share of missed": b["share"].map(fmt_pct),
+        "fix": [t if f and isinstance(t, str) else "not by layout"
+                for t, f in zip(b["transform_types"], b["fixable"])],
+        "hit rate if this span matched": b["what_if_hit_rate"].map(
+            lambda v: "—" if pd.isna(v) else fmt_pct(v)),
+    }), hide_index=True, key="breakers_table")
+    st.plotly_chart(lost_figure(b), key="breakers_lost")
+    top = b.iloc[0]
+    st.info(f"Top breaker: {top['kind']} at {where(top)}. `prefixscope diagnose TRACE` prints "
+            "the fix and writes the suggested layout; `--request ID` shows one request's break "
+            "on your terminal.", icon=":material/tips_and_updates:")

@@ -1,0 +1,60 @@
+"""The Breakers page through Streamlit's AppTest on a database filled by the real
+``prefixscope diagnose --ingest`` of the bundled aider capture; the Replay page links to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import dashboard_support as ds
+from tests.replay_io_support import AIDER_TRACE
+
+
+@pytest.fixture(scope="module")
+def diag_db(tmp_path_factory):
+    from prefixscope.cli import run
+
+    d = tmp_path_factory.mktemp("diag")
+    db = str(d / "diag.duckdb")
+    assert run(["diagnose", str(AIDER_TRACE), "--out", str(d / "out"), "--ingest", "--db", db,
+                "--model", "tiny-llama-random", "--json"]) == 0
+    return db
+
+
+@pytest.fixture
+def use_db(monkeypatch):
+    def _use(db: str) -> str:
+        monkeypatch.setenv("PREFIXSCOPE_DB", db)
+        return db
+    return _use
+
+
+def test_breakers_page_ranks_the_stored_breakers(diag_db, use_db):
+    at = ds.run_app(use_db(diag_db), "views/breakers.py")
+    ds.assert_clean(at)
+    assert [t.value for t in at.title] == ["Breakers"]
+    m = ds.metrics(at)
+    assert m["Hit rate as recorded"] == "86.9%"
+    assert m["With the suggested layout"] == "93.6%"
+    assert m["Requests"] == "124"
+    table = at.dataframe[0].value
+    top = table.iloc[0].to_dict()
+    assert (top["rank"], top["level"], top["kind"], top["where"]) == (
+        1, 1, "timestamp", "message 0 (system), line 5")
+    assert top["requests"] == "17" and top["fix"] == "move_lines"
+    assert "Lost tokens per breaker (light: upper bound, not measured)" in ds.charts(at)
+    page = " ".join(ds.texts(at, "markdown") + ds.texts(at, "caption") + ds.texts(at, "info"))
+    assert "Current date" not in page and "2024-08" not in page
+
+
+def test_breakers_page_on_an_empty_database(tmp_path, use_db):
+    db = ds.build_empty_db(tmp_path / "empty.duckdb")
+    at = ds.run_app(use_db(db), "views/breakers.py")
+    ds.assert_clean(at)
+    assert any("prefixscope diagnose TRACE --ingest" in t for t in ds.texts(at, "info"))
+
+
+def test_replay_page_links_to_breakers(diag_db, use_db):
+    at = ds.run_app(use_db(diag_db), "views/replay.py")
+    ds.assert_clean(at)
+    links = at.get("page_link")
+    assert any("Breakers" in e.proto.label for e in links)
