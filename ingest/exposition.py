@@ -15,7 +15,9 @@ names as exposed by vLLM 0.32/0.33, ``vllm/v1/metrics/loggers.py``):
    ``vllm:prompt_tokens_cached_by_source_total``, ``vllm:request_success_total`` (requests),
    ``vllm:num_preemptions_total`` (preemptions).
 2. Histograms (``_bucket``, ``_sum``, ``_count``): ``vllm:time_to_first_token_seconds``,
-   ``vllm:request_prefill_kv_computed_tokens``.
+   ``vllm:request_prefill_kv_computed_tokens``, ``vllm:request_prefill_time_seconds``, and the
+   KV residency histograms of ``--kv-cache-metrics`` (seconds): ``vllm:kv_block_lifetime_seconds``,
+   ``vllm:kv_block_idle_before_evict_seconds``, ``vllm:kv_block_reuse_gap_seconds``.
 3. Gauges: ``vllm:kv_cache_usage_perc`` (fraction 0..1), ``vllm:cache_config_info`` (fixed 1;
    the cache configuration is in its labels).
 4. Legacy names (vLLM < 0.11) mapped to the canonical ones with ``legacy=TRUE``:
@@ -89,6 +91,12 @@ COUNTER_FAMILIES: tuple[str, ...] = (
 HISTOGRAM_FAMILIES: tuple[str, ...] = (
     "vllm:time_to_first_token_seconds",
     "vllm:request_prefill_kv_computed_tokens",
+    # prefill throughput for the GPU-time shadow price (docs/pricing.md#gpu-time)
+    "vllm:request_prefill_time_seconds",
+    # KV residency (vLLM --kv-cache-metrics, sampled by --kv-cache-metrics-sample)
+    "vllm:kv_block_lifetime_seconds",
+    "vllm:kv_block_idle_before_evict_seconds",
+    "vllm:kv_block_reuse_gap_seconds",
 )
 #: Gauge families kept as they are exposed.
 GAUGE_FAMILIES: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "vllm:cache_config_info")

@@ -438,4 +438,34 @@ MIGRATIONS: tuple[Migration, ...] = (
         # source names none (usage logs). Used to price a request (genai-prices provider ids).
         "ALTER TABLE requests ADD COLUMN IF NOT EXISTS provider VARCHAR",
     )),
+    Migration(61, "hosted-model price tiers and periods (genai-prices)", (
+        # Rebuilt whole by `ingest prices --genai-prices` (ingest/genai_prices.py) for the
+        # (model, provider) pairs of `requests` the TOML `prices` table does not price. A
+        # request takes the row whose period holds its time and whose prompt interval holds its
+        # inclusive prompt_tokens: tier rates apply to every token above the tier start.
+        """
+        CREATE TABLE IF NOT EXISTS price_tiers (
+            model                    VARCHAR NOT NULL,  -- as in requests.model
+            provider_key             VARCHAR NOT NULL,  -- requests.provider it was matched with ('' = NULL)
+            valid_from_unix_s        DOUBLE NOT NULL,   -- price period start (inclusive; -1e300 = always)
+            valid_to_unix_s          DOUBLE NOT NULL,   -- price period end (exclusive; 1e300 = open)
+            day_from_s               DOUBLE NOT NULL,   -- daily interval, UTC seconds of the day (0)
+            day_to_s                 DOUBLE NOT NULL,   -- (86400 = whole day)
+            min_prompt_tokens        BIGINT NOT NULL,   -- tier applies above this (exclusive; -1 = base)
+            max_prompt_tokens        BIGINT NOT NULL,   -- up to and including this
+            currency                 VARCHAR NOT NULL,  -- USD
+            input_per_mtok           DECIMAL(18, 9) NOT NULL,
+            cached_input_per_mtok    DECIMAL(18, 9) NOT NULL,
+            cache_write_per_mtok     DECIMAL(18, 9) NOT NULL,
+            cache_write_1h_per_mtok  DECIMAL(18, 9) NOT NULL,
+            output_per_mtok          DECIMAL(18, 9) NOT NULL,
+            price_source             VARCHAR NOT NULL,  -- label with the package version
+            source_version           VARCHAR NOT NULL,  -- e.g. 'genai-prices 0.2.3'
+            genai_provider_id        VARCHAR NOT NULL,
+            genai_model_id           VARCHAR NOT NULL,
+            loaded_unix_s            DOUBLE NOT NULL,
+            PRIMARY KEY (model, provider_key, valid_from_unix_s, day_from_s, min_prompt_tokens)
+        )
+        """,
+    )),
 )

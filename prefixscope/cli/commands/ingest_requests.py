@@ -75,36 +75,71 @@ def requests_cmd(
 
 
 def prices_cmd(
-    file: Annotated[str, typer.Argument(help="Price table, TOML (docs/pricing.md).")],
+    file: Annotated[str | None, typer.Argument(
+        help="Price table, TOML (docs/pricing.md): shadow prices and overrides.")] = None,
+    genai_prices: Annotated[bool, typer.Option(
+        "--genai-prices", help="Also price every stored model the TOML does not list through "
+        "the genai-prices package (tiers by prompt size, price changes over time, cache read "
+        "and write prices; its version is shown with every cost).")] = False,
     db: DbOption = DB_DEFAULT,
     as_json: JsonOption = False,
 ) -> None:
     """Load a price table (per million tokens) into the database, replacing the old one.
 
-    Self-hosted models carry a shadow price with its source label. The replacement is
-    atomic: the dashboard sees the old table or the new one.
+    Self-hosted models carry a shadow price with its source label (a list price of a
+    comparable model, or a GPU-time estimate: gpu_hour_price and prefill_tokens_per_s). With
+    --genai-prices, hosted models without a TOML entry are priced from the genai-prices
+    package. The replacement is atomic: the dashboard sees the old table or the new one.
 
-    Example: prefixscope ingest prices data/prices.toml
+    Examples:
+
+      prefixscope ingest prices data/prices.toml --genai-prices
+
+      prefixscope ingest prices --genai-prices --json
     """
+    from prefixscope.core.errors import UsageError
     from prefixscope.ingest.prices import load_prices
     from prefixscope.store import db as store_db
     from prefixscope.store.queries.savings import price_table
 
+    if file is None and not genai_prices:
+        raise UsageError("give a price file (TOML), --genai-prices, or both")
+    n, refreshed = None, None
     with store_db.writer(db) as con:
-        n = load_prices(con, file)
+        if file is not None:
+            n = load_prices(con, file)
+        if genai_prices:
+            from prefixscope.ingest.genai_prices import refresh_genai_prices
+
+            refreshed = refresh_genai_prices(con)
         table = price_table(con)
     if as_json:
-        print_json({"file": file, "models": n, "rows": len(table),
-                    "prices": table.drop(columns=["price_file"]).to_dict("records")})
+        doc = {"file": file, "models": n, "rows": len(table),
+               "prices": table.drop(columns=["price_file"]).to_dict("records")}
+        if refreshed is not None:
+            doc["genai_prices"] = {
+                "version": refreshed.version, "rows": refreshed.rows,
+                "priced": [{"model": m, "provider": p} for m, p in refreshed.priced],
+                "unknown": [{"model": m, "provider": p} for m, p in refreshed.unknown]}
+        print_json(doc)
         return
-    out.print(f"{file}: {n} models priced ({len(table)} names with aliases)",
-              markup=False, highlight=False)
-    for r in table.itertuples(index=False):
-        kind = "shadow" if r.shadow else "list"
-        out.print(f"  {r.model:<32} {r.currency} in {r.input_per_mtok:g} / cached "
-                  f"{r.cached_input_per_mtok:g} / write {r.cache_write_per_mtok:g} / out "
-                  f"{r.output_per_mtok:g} per 1M ({kind}: {r.price_source})",
+    if file is not None:
+        out.print(f"{file}: {count_noun(n, 'model')} priced ({len(table)} names with aliases)",
                   markup=False, highlight=False)
+        for r in table.itertuples(index=False):
+            kind = "shadow" if r.shadow else "list"
+            out.print(f"  {r.model:<32} {r.currency} in {r.input_per_mtok:g} / cached "
+                      f"{r.cached_input_per_mtok:g} / write {r.cache_write_per_mtok:g} / out "
+                      f"{r.output_per_mtok:g} per 1M ({kind}: {r.price_source})",
+                      markup=False, highlight=False)
+    if refreshed is not None:
+        out.print(f"{refreshed.version}: {count_noun(len(refreshed.priced), 'stored model')} "
+                  f"priced ({count_noun(refreshed.rows, 'price row')}: tiers and periods)",
+                  markup=False, highlight=False)
+        if refreshed.unknown:
+            names = ", ".join(m if not p else f"{m} ({p})" for m, p in refreshed.unknown)
+            out.print(f"  not in {refreshed.version}: {names} (give them a TOML price)",
+                      markup=False, highlight=False)
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
