@@ -42,6 +42,7 @@ class JsonlLog:
         self._closed = False
         self._fh = open(self.path, "ab")  # noqa: SIM115 (closed in close())
         self._size = self._fh.tell()
+        self.rotated_path(1).touch(exist_ok=True)  # a tailer can always name NAME.1.jsonl
         self.lines_written = 0
         self.lines_queued = 0
         self.rotations = 0
@@ -66,6 +67,9 @@ class JsonlLog:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
+        first = self.rotated_path(1)
+        if first.exists() and first.stat().st_size == 0:
+            first.unlink()  # the placeholder made at start: nothing to keep
         for n in range(self.keep, 0, -1):
             src = self.path if n == 1 else self.rotated_path(n - 1)
             if src.exists():

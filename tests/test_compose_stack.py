@@ -21,7 +21,8 @@ COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 PROFILES = ("gpu", "cpu", "fleet")
 PREFIXSCOPE_IMAGE_SERVICES = ("ingest-metrics", "ingest-kv-events", "ingest-requests",
-                              "ingest-prometheus", "dashboard", "daily-report")
+                              "ingest-prometheus", "dashboard", "daily-report", "gateway",
+                              "ingest-gateway-requests", "ingest-gateway-decisions")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -161,7 +162,8 @@ def test_profile_has_the_whole_stack(compose, profile):
     names = set(services_in(compose, profile))
     engine = "vllm" if profile == "gpu" else "vllm-cpu"
     assert {engine, "prometheus", "ingest-metrics", "ingest-kv-events", "ingest-requests",
-            "dashboard", "daily-report", "mailpit"} <= names
+            "dashboard", "daily-report", "mailpit", "gateway", "ingest-gateway-requests",
+            "ingest-gateway-decisions"} <= names
 
 
 def test_fleet_profile_pulls_from_a_query_api(compose):
@@ -179,6 +181,43 @@ def test_engine_is_reachable_as_vllm_in_both_profiles(compose):
     targets = prom["scrape_configs"][0]["static_configs"][0]["targets"]
     assert targets == ["vllm:8000"]
     assert prefixscope_argv(compose["services"]["ingest-metrics"])[2] == "http://vllm:8000/metrics"
+
+
+def _mount(service: dict, target: str) -> str:
+    """The source of the volume a service mounts at ``target``."""
+    for v in service.get("volumes", []):
+        parts = str(v).split(":")
+        if parts[1] == target:
+            return parts[0]
+    raise AssertionError(f"nothing mounted at {target}")
+
+
+def test_gateway_sits_between_clients_and_vllm(compose):
+    from prefixscope.gateway.auth import load_api_keys
+    from prefixscope.gateway.config import load_gateway_config
+
+    gw = compose["services"]["gateway"]
+    assert prefixscope_argv(gw) == ["gateway", "--config", "/etc/prefixscope/gateway.toml"]
+    assert _mount(gw, "/etc/prefixscope/gateway.toml") == "./deploy/compose/gateway.toml"
+    cfg = load_gateway_config(ROOT / "deploy/compose/gateway.toml")
+    assert cfg.upstreams == ["http://vllm:8000"] and (cfg.host, cfg.port) == ("0.0.0.0", 8080)
+    assert [p[2] for p in published_ports(gw)] == [8080]
+    assert "PREFIXSCOPE_HMAC_KEY" in gw["environment"]
+    keys = load_api_keys(str(ROOT / "deploy/compose/gateway-keys.toml"))
+    assert _mount(gw, cfg.api_keys_file) == "./deploy/compose/gateway-keys.toml" and keys
+    # Prometheus scrapes it
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    assert jobs["prefixscope-gateway"]["static_configs"][0]["targets"] == ["gateway:8080"]
+    # the ingesters tail the folder the gateway writes its logs to
+    logs = _mount(gw, cfg.log_dir)
+    req = compose["services"]["ingest-gateway-requests"]
+    dec = compose["services"]["ingest-gateway-decisions"]
+    assert _mount(req, "/logs/gateway") == _mount(dec, "/logs/gateway") == logs
+    assert prefixscope_argv(req)[:2] == ["ingest", "requests"]
+    assert set(prefixscope_argv(req)[2:]) == {f"{cfg.log_dir}/usage.jsonl",
+                                              f"{cfg.log_dir}/usage.1.jsonl"}
+    assert prefixscope_argv(dec) == ["ingest", "decisions", cfg.log_dir]
 
 
 # ----------------------------------------------------------------------------- vLLM flags
