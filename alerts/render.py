@@ -14,13 +14,14 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from prefixscope.alerts.daily import Change, DailyReport, Figures, ReportLine, resolve_tz
-from prefixscope.core.report import ALERT, NO_DATA, OK, SEVERITY, STALE, percent
+from prefixscope.core.report import ALERT, INCONSISTENT, NO_DATA, OK, SEVERITY, STALE, percent
 from prefixscope.core.formatting import money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"
 #: At most this many lines in the chart (worst first); the text lists all.
 CHART_MAX_LINES = 12
-_STATUS_COLOUR = {OK: "#1a7f37", ALERT: "#cf222e", NO_DATA: "#6e7781", STALE: "#9a6700"}
+_STATUS_COLOUR = {OK: "#1a7f37", ALERT: "#cf222e", NO_DATA: "#6e7781", STALE: "#9a6700",
+                  INCONSISTENT: "#cf222e"}
 
 
 def worst_line(lines: Sequence[ReportLine]) -> ReportLine | None:

@@ -19,7 +19,8 @@ from prefixscope.dashboard import alerts_data as dashboard_data
 from prefixscope.dashboard import data
 from prefixscope.core.formatting import fmt_pct, fmt_time
 
-STATUS_ICON = {"OK": "🟢 OK", "ALERT": "🔴 ALERT", "NO DATA": "⚪ NO DATA", "STALE": "🟠 STALE"}
+STATUS_ICON = {"OK": "🟢 OK", "ALERT": "🔴 ALERT", "NO DATA": "⚪ NO DATA", "STALE": "🟠 STALE",
+               "INCONSISTENT": "🔴 INCONSISTENT"}
 
 
 def _default_tz() -> str:

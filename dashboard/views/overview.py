@@ -23,7 +23,7 @@ EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
 def status_badge(hit_tokens, query_tokens, threshold: float) -> str:
     """The status (:func:`prefixscope.core.report.hit_status`) as a coloured Markdown badge."""
     word = report.hit_status(_tokens(hit_tokens), _tokens(query_tokens), threshold)
-    colour = {report.OK: "green", report.ALERT: "red"}.get(word, "gray")
+    colour = {report.OK: "green", report.ALERT: "red", report.INCONSISTENT: "red"}.get(word, "gray")
     return f":{colour}-badge[{word}]"
 
 

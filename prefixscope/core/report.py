@@ -9,6 +9,11 @@ Rules (docs/alerts.md, product-brief.md):
 
 - **OK / ALERT**: OK when ``cached_tokens >= threshold x prompt_tokens`` (integer tokens, so
   a rate just under the threshold is ALERT), ALERT below. ``threshold`` is a fraction in [0, 1].
+- **INCONSISTENT**: more cached (hit) tokens than prompt (query) tokens. vLLM counts a hit only
+  inside a query (``vllm/v1/core/kv_cache_manager.py``: hits <= queries per request), so such
+  figures come from mixed sources, a counter reset seen on one series only, or a usage shape
+  whose cached tokens are exclusive of the prompt: never OK, whatever the threshold. It ranks
+  with ALERT (something needs a look) and its line says why.
 - **NO DATA**: no prompt tokens, or fewer than ``min_query_tokens`` (the daily report's volume
   guard: a cold restart with 0 of 1 queried tokens is not an alert).
 - **STALE** (daily report only): a metrics source of the model stopped reporting; it wins over
@@ -33,8 +38,10 @@ OK = "OK"
 ALERT = "ALERT"
 NO_DATA = "NO DATA"
 STALE = "STALE"
+INCONSISTENT = "INCONSISTENT"
 #: Worst first: the status of an email (or a page) is that of its worst line.
-SEVERITY: dict[str, int] = {ALERT: 3, STALE: 2, NO_DATA: 1, OK: 0}
+SEVERITY: dict[str, int] = {INCONSISTENT: 4, ALERT: 3, STALE: 2, NO_DATA: 1, OK: 0}
+INCONSISTENT_HINT = "more hits than queries: the figures do not add up (mixed sources or a reset)"
 #: The OK/ALERT boundary when the config names none (``[alerts] hit_rate_threshold``).
 DEFAULT_THRESHOLD = 0.5
 ALERT_HINT = "check the top of the prompt"
@@ -57,9 +64,11 @@ def percent(hit_rate: float) -> int:
 
 def hit_status(cached_tokens: int, prompt_tokens: int, threshold: float) -> str:
     """OK when ``cached >= threshold x prompt`` (tokens), ALERT below, NO DATA without prompt
-    tokens."""
+    tokens, INCONSISTENT when ``cached > prompt`` (never OK)."""
     if int(prompt_tokens) <= 0:
         return NO_DATA
+    if int(cached_tokens) > int(prompt_tokens):
+        return INCONSISTENT
     return OK if int(cached_tokens) >= threshold * int(prompt_tokens) else ALERT
 
 
@@ -94,7 +103,8 @@ def threshold_for(cfg: AlertsConfig, model: str | None = None) -> float:
 
 
 def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float) -> tuple[str, str]:
-    """(status, text) of one OK/ALERT report line; status ALERT when cached / prompt < threshold.
+    """(status, text) of one OK/ALERT/INCONSISTENT report line; status ALERT when cached /
+    prompt < threshold, INCONSISTENT when cached > prompt (the text says why).
 
     Raises:
         ValueError: prompt_tokens is not positive.
@@ -106,6 +116,8 @@ def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float)
             f"({percent_floor(cached_tokens, prompt_tokens)}%): {status}")
     if status == ALERT:
         text += f": {ALERT_HINT}"
+    elif status == INCONSISTENT:
+        text += f": {INCONSISTENT_HINT}"
     return status, text
 
 
@@ -126,7 +138,7 @@ def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshol
     prints); NO DATA names the volume guard; STALE names each silent source and its last
     scrape (local time in ``zone``, default UTC).
     """
-    if status in (OK, ALERT):
+    if status in (OK, ALERT, INCONSISTENT):
         fstatus, text = format_report_line(cached_tokens, prompt_tokens, threshold)
         assert fstatus == status, (fstatus, status)
         return text
