@@ -64,7 +64,8 @@ def db_path(argv: list[str] | None = None) -> str:
     """The database the dashboard reads.
 
     Order: ``--db PATH`` after ``--`` on the ``streamlit run dashboard/app.py -- --db PATH``
-    command line, then ``$PREFIXSCOPE_DB``, then ``data/prefixscope.duckdb``. Command-line
+    command line, then ``$PREFIXSCOPE_DB``, then ``[store] db`` of the settings file
+    (``$PREFIXSCOPE_CONFIG`` or ``./prefixscope.toml``), then ``data/prefixscope.duckdb``. Command-line
     arguments are only read when the running script is the dashboard's ``app.py`` (under a test
     runner ``sys.argv`` belongs to the runner).
     """
@@ -75,7 +76,12 @@ def db_path(argv: list[str] | None = None) -> str:
                 return args[i + 1]
             if a.startswith("--db="):
                 return a.split("=", 1)[1]
-    return os.environ.get("PREFIXSCOPE_DB") or DEFAULT_DB_PATH
+    if os.environ.get("PREFIXSCOPE_DB"):
+        return os.environ["PREFIXSCOPE_DB"]
+    try:
+        return load_settings().store.db
+    except ConfigError:
+        return DEFAULT_DB_PATH
 
 
 @contextlib.contextmanager

@@ -73,6 +73,40 @@ def _register_all() -> None:
 _register_all()
 
 
+def _db_default_map() -> dict | None:
+    """Click's ``default_map`` giving every command's ``--db`` the ``[store] db`` of the
+    settings file (``$PREFIXSCOPE_CONFIG`` or ``./prefixscope.toml``).
+
+    Click's order is the documented one: ``--db`` on the command line, then
+    ``$PREFIXSCOPE_DB``, then this default map, then ``data/prefixscope.duckdb``. A settings
+    file that cannot be read gives no map here (the commands that read settings report it).
+    """
+    import typer.main
+
+    from prefixscope.core.config import DEFAULT_DB_PATH, load_settings
+    from prefixscope.core.errors import ConfigError
+
+    try:
+        db = load_settings().store.db
+    except ConfigError:
+        return None
+    if db == DEFAULT_DB_PATH:
+        return None
+
+    def walk(cmd) -> dict:
+        node: dict = {}
+        if any(p.name == "db" for p in cmd.params):
+            node["db"] = db
+        if hasattr(cmd, "commands"):  # a group (typer vendors its own click)
+            for name, sub in cmd.commands.items():
+                child = walk(sub)
+                if child:
+                    node[name] = child
+        return node
+
+    return walk(typer.main.get_command(app)) or None
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
@@ -83,7 +117,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     interrupted = _SigintWatch()
     try:
-        app(args=args, prog_name="prefixscope", standalone_mode=True)
+        app(args=args, prog_name="prefixscope", standalone_mode=True,
+            default_map=_db_default_map())
     except KeyboardInterrupt:
         return _interrupted()
     except SystemExit as exc:
