@@ -10,7 +10,8 @@ Reserved numbers, one owner each, so that parallel work never collides:
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
 9 requests digest key, 10-19 counts you can trust (issue 11: metric_samples keyed by run),
 30-39 diagnose (issue 13: diagnoses and breakers),
-60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency). Columns documented in
+60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency),
+70-79 production scale (issue 17: stored counter increases, rollups, retention). Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -233,6 +234,50 @@ _METRIC_SAMPLES_BY_RUN = (
     "FROM metric_samples",
     "DROP TABLE metric_samples",
     "ALTER TABLE metric_samples_m10 RENAME TO metric_samples",
+)
+
+_SERIES_KEY = ("m.run_id = s.run_id AND m.metric = s.metric AND m.labels = s.labels "
+               "AND m.instance = s.instance AND m.ts_unix_s = s.ts_unix_s")
+
+_COUNTER_INCREASES = (
+    # Each sample's increase over its predecessor in its series (run_id, metric, labels,
+    # instance), stored when it is written (store/queries/metrics.py insert_metric_samples):
+    # has_prev NULL = not computed (a row written by other means: the queries then compute
+    # every increase from the values), FALSE = first sample of its series, TRUE = increase,
+    # is_reset and prev_ts_unix_s hold (rules in docs/metrics.md "Counter increases").
+    "ALTER TABLE metric_samples ADD COLUMN has_prev BOOLEAN",
+    "ALTER TABLE metric_samples ADD COLUMN increase DOUBLE",
+    "ALTER TABLE metric_samples ADD COLUMN is_reset BOOLEAN",
+    "ALTER TABLE metric_samples ADD COLUMN prev_ts_unix_s DOUBLE",
+    f"""
+    UPDATE metric_samples AS m
+    SET has_prev = s.prev_value IS NOT NULL,
+        increase = CASE WHEN s.value < s.prev_value THEN s.value ELSE s.value - s.prev_value END,
+        is_reset = coalesce(s.value < s.prev_value, FALSE),
+        prev_ts_unix_s = s.prev_ts_unix_s
+    FROM (
+        SELECT run_id, metric, labels, instance, ts_unix_s, value,
+               lag(value) OVER w AS prev_value, lag(ts_unix_s) OVER w AS prev_ts_unix_s
+        FROM metric_samples
+        WINDOW w AS (PARTITION BY run_id, metric, labels, instance ORDER BY ts_unix_s)
+    ) AS s
+    WHERE {_SERIES_KEY}
+    """,
+    # The newest sample of every series: an in-order scrape computes its increases from it
+    # without reading metric_samples.
+    """
+    CREATE TABLE metric_series_head (
+        run_id     VARCHAR NOT NULL,
+        metric     VARCHAR NOT NULL,
+        labels     VARCHAR NOT NULL,
+        instance   VARCHAR NOT NULL,
+        ts_unix_s  DOUBLE NOT NULL,   -- newest sample of the series
+        value      DOUBLE NOT NULL,   -- its value
+        PRIMARY KEY (run_id, metric, labels, instance)
+    )
+    """,
+    "INSERT INTO metric_series_head SELECT run_id, metric, labels, instance, max(ts_unix_s), "
+    "arg_max(value, ts_unix_s) FROM metric_samples GROUP BY run_id, metric, labels, instance",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -468,4 +513,5 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
+    Migration(70, "counter increases stored at ingest", _COUNTER_INCREASES),
 )

@@ -132,6 +132,9 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
             FROM _scrapes
         """, [names, len(names), names, len(names), start + scrape_s, float(scrape_s)])
         con.execute("DROP TABLE _scrapes")
+        from prefixscope.store.queries.metrics import recompute_increases
+
+        recompute_increases(con)  # rows written with SQL: their increases, as ingest stores them
         n_req = con.execute("SELECT count(*) FROM requests").fetchone()[0]
         n_ms = con.execute("SELECT count(*) FROM metric_samples").fetchone()[0]
         store_db.checkpoint(con)

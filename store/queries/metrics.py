@@ -57,12 +57,25 @@ def _by_columns(by: Sequence[str]) -> list[str]:
     return cols
 
 
+_SERIES = ("metric", "labels", "instance")
+_ON_SERIES = " AND ".join(f"m.{c} = t.{c}" for c in _SERIES)
+
+
 def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple], *,
                           run_id: str = "") -> int:
     """Insert sample rows (tuples in :data:`METRIC_SAMPLE_COLUMNS` order); rows whose key
     (run_id, metric, labels, instance, ts_unix_s) already exists are skipped (migration 10: the
-    same scrape stored under two runs is two rows). ``run_id`` is stored on
-    every row (``''`` = production traffic, else the replay run they belong to).
+    same scrape stored under two runs is two rows), as are repeats inside ``rows`` (the first
+    is kept). ``run_id`` is stored on every row (``''`` = production traffic, else the replay
+    run they belong to).
+
+    Each sample's increase over its predecessor in its series is stored with it (columns
+    ``has_prev, increase, is_reset, prev_ts_unix_s``, migration 70; rules 1-2 of the module
+    docstring): for a series whose new samples are all newer than its newest stored one
+    (``metric_series_head``, the usual scrape) from the batch and that head alone; for a
+    series with a sample older than its newest stored one (out of order: a backfill, an old
+    file) every stored sample from the oldest new one on is recomputed over the series, so
+    the neighbours of an inserted sample are right too.
 
     Runs inside the caller's transaction.
 
@@ -76,15 +89,110 @@ def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple],
                     "engine": object, "ts_unix_s": "float64", "value": "float64",
                     "raw_metric": object, "legacy": bool, "created_zero": bool,
                     "source_id": object})
+    df["_ord"] = range(len(df))
     cols = ", ".join(METRIC_SAMPLE_COLUMNS)
     con.register("_prefixscope_samples_in", df)
     try:
-        added = con.execute(
-            f"INSERT INTO metric_samples ({cols}, run_id) SELECT {cols}, ? "
-            "FROM _prefixscope_samples_in ON CONFLICT DO NOTHING", [run_id]).fetchone()[0]
+        # The batch without repeats, each series with its stored head and whether the batch
+        # only appends to it.
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _ps_batch AS
+            SELECT {cols} FROM _prefixscope_samples_in
+            QUALIFY row_number() OVER (PARTITION BY metric, labels, instance, ts_unix_s
+                                       ORDER BY _ord) = 1
+        """)
+        con.execute("""
+            CREATE OR REPLACE TEMP TABLE _ps_touch AS
+            SELECT t.metric, t.labels, t.instance, t.lo, h.ts_unix_s AS head_ts,
+                   h.value AS head_value, (h.ts_unix_s IS NULL OR t.lo > h.ts_unix_s) AS in_order
+            FROM (SELECT metric, labels, instance, min(ts_unix_s) AS lo FROM _ps_batch
+                  GROUP BY ALL) t
+            LEFT JOIN metric_series_head h ON h.run_id = ? AND h.metric = t.metric
+                 AND h.labels = t.labels AND h.instance = t.instance
+        """, [run_id])
+        added = con.execute(f"""
+            INSERT INTO metric_samples ({cols}, run_id, has_prev, increase, is_reset,
+                                        prev_ts_unix_s)
+            WITH u AS (
+                SELECT b.*, FALSE AS is_head FROM _ps_batch b
+                JOIN _ps_touch t USING (metric, labels, instance) WHERE t.in_order
+                UNION ALL BY NAME
+                SELECT metric, labels, instance, head_ts AS ts_unix_s, head_value AS value,
+                       TRUE AS is_head
+                FROM _ps_touch WHERE in_order AND head_ts IS NOT NULL
+            ), s AS (
+                SELECT *, lag(value) OVER w AS prev_value, lag(ts_unix_s) OVER w AS prev_ts
+                FROM u WINDOW w AS (PARTITION BY metric, labels, instance ORDER BY ts_unix_s)
+            )
+            SELECT {cols}, ?, prev_value IS NOT NULL,
+                   CASE WHEN value < prev_value THEN value ELSE value - prev_value END,
+                   coalesce(value < prev_value, FALSE), prev_ts
+            FROM s WHERE NOT is_head
+            ON CONFLICT DO NOTHING
+        """, [run_id]).fetchone()[0]
+        late = con.execute("SELECT count(*) FROM _ps_touch WHERE NOT in_order").fetchone()[0]
+        if late:
+            added += con.execute(f"""
+                INSERT INTO metric_samples ({cols}, run_id)
+                SELECT {", ".join("b." + c for c in METRIC_SAMPLE_COLUMNS)}, ?
+                FROM _ps_batch b JOIN _ps_touch t USING (metric, labels, instance)
+                WHERE NOT t.in_order
+                ON CONFLICT DO NOTHING
+            """, [run_id]).fetchone()[0]
+            con.execute(f"""
+                UPDATE metric_samples AS m
+                SET has_prev = s.prev_value IS NOT NULL,
+                    increase = CASE WHEN s.value < s.prev_value THEN s.value
+                                    ELSE s.value - s.prev_value END,
+                    is_reset = coalesce(s.value < s.prev_value, FALSE),
+                    prev_ts_unix_s = s.prev_ts
+                FROM (
+                    SELECT m.metric, m.labels, m.instance, m.ts_unix_s, m.value, t.lo,
+                           lag(m.value) OVER w AS prev_value, lag(m.ts_unix_s) OVER w AS prev_ts
+                    FROM metric_samples m JOIN _ps_touch t ON {_ON_SERIES}
+                    WHERE m.run_id = ? AND NOT t.in_order
+                    WINDOW w AS (PARTITION BY m.metric, m.labels, m.instance ORDER BY m.ts_unix_s)
+                ) AS s
+                WHERE m.run_id = ? AND m.metric = s.metric AND m.labels = s.labels
+                  AND m.instance = s.instance AND m.ts_unix_s = s.ts_unix_s
+                  AND s.ts_unix_s >= s.lo
+            """, [run_id, run_id])
+        con.execute("""
+            INSERT INTO metric_series_head
+            SELECT ?, metric, labels, instance, max(ts_unix_s), arg_max(value, ts_unix_s)
+            FROM _ps_batch GROUP BY metric, labels, instance
+            ON CONFLICT DO UPDATE SET
+                value = CASE WHEN excluded.ts_unix_s > ts_unix_s THEN excluded.value ELSE value END,
+                ts_unix_s = greatest(ts_unix_s, excluded.ts_unix_s)
+        """, [run_id])
+        con.execute("DROP TABLE _ps_batch")
+        con.execute("DROP TABLE _ps_touch")
     finally:
         con.unregister("_prefixscope_samples_in")
     return int(added)
+
+
+def increases_stored(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when every stored sample has its increase computed (``has_prev`` not NULL): the
+    counter queries then sum stored increases; else (a row written by other means than
+    :func:`insert_metric_samples`) they compute every increase from the values."""
+    row = con.execute("SELECT count(*) FROM metric_samples WHERE has_prev IS NULL").fetchone()
+    return not row[0]
+
+
+def recompute_increases(con: duckdb.DuckDBPyConnection) -> int:
+    """Compute the stored increase of every sample and the series heads from the values (after
+    rows were written directly with SQL). Runs inside the caller's transaction.
+
+    Returns:
+        Samples updated.
+    """
+    from prefixscope.store.schema import _COUNTER_INCREASES
+
+    n = con.execute(_COUNTER_INCREASES[4]).fetchone()[0]
+    con.execute("DELETE FROM metric_series_head")
+    con.execute(_COUNTER_INCREASES[6])
+    return int(n)
 
 
 def _filters(*, models: Sequence[str] | None, instances: Sequence[str] | None,
@@ -110,16 +218,32 @@ def _filters(*, models: Sequence[str] | None, instances: Sequence[str] | None,
 def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: float | None,
                    models: Sequence[str] | None,
                    instances: Sequence[str] | None,
-                   run_ids: Sequence[str] | None = None) -> tuple[str, list[Any]]:
+                   run_ids: Sequence[str] | None = None,
+                   stored: bool = True) -> tuple[str, list[Any]]:
     """SQL defining CTE ``inc``: one row per sample that has a predecessor in its series,
     with columns metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy, increase,
-    is_reset. Implements rules 1-4 of the module docstring."""
+    is_reset. Implements rules 1-4 of the module docstring.
+
+    ``stored``: read the increases stored at ingest (a filtered scan: the time filter narrows
+    it); False computes them from the values with a window over every sample of the series
+    (the same numbers; used when :func:`increases_stored` is False). The filters on run,
+    model and instance are constant over a series, and ``end_s`` only drops later samples,
+    so neither changes a sample's predecessor: both give identical rows."""
     where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
     start_clause = ""
     start_params: list[Any] = []
     if start_s is not None:
         start_clause = " AND ts_unix_s >= ?"
         start_params = [float(start_s)]
+    if stored:
+        sql = f"""
+        inc AS (
+            SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy,
+                   increase, is_reset
+            FROM metric_samples
+            WHERE list_contains(?::VARCHAR[], metric){where}{start_clause} AND has_prev
+        )"""
+        return sql, [list(metrics), *params, *start_params]
     sql = f"""
         base AS (
             SELECT run_id, metric, labels, instance, model, engine, ts_unix_s, value, legacy
@@ -170,12 +294,14 @@ def increases_of_samples(samples: Sequence[tuple[str, str, float, float]],
             con.executemany("INSERT INTO metric_samples VALUES ('', ?, ?, '', NULL, NULL, ?, ?,"
                             " false)", [list(s) for s in samples])
         cte, params = _increases_cte(tuple(metrics), start_s=None, end_s=None, models=None,
-                                     instances=None)
+                                     instances=None, stored=False)
         rows = con.execute(f"WITH {cte} SELECT metric, sum(increase) FROM inc GROUP BY metric",
                            params).fetchall()
     finally:
         con.close()
     return {m: float(v) for m, v in rows}
+def _use_stored(con: duckdb.DuckDBPyConnection, stored: bool | None) -> bool:
+    return increases_stored(con) if stored is None else bool(stored)
 
 
 def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
@@ -184,7 +310,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
                        models: Sequence[str] | None = None,
                        instances: Sequence[str] | None = None,
                        origin_s: float = 0.0,
-                       run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                       run_ids: Sequence[str] | None = None,
+                       stored: bool | None = None) -> pd.DataFrame:
     """Token-weighted prefix-cache hit rate per window from counter increases.
 
     ``hit_tokens`` = sum of increases of ``vllm:prefix_cache_hits_total`` and ``query_tokens``
@@ -200,6 +327,9 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         origin_s: windows start at ``origin_s + k * window_s`` (0 = aligned to the UTC epoch).
         run_ids: keep samples of these runs (``''`` = production, the default of the
             report, hitrate and daily commands; replay runs have their own run id); None = all.
+        stored: sum the increases stored at ingest (True) or compute them from the values
+            (False); None = stored when every sample has one (:func:`increases_stored`).
+            Both give the same rows.
 
     Returns:
         DataFrame ordered by window then group: ``window_start_s, window_end_s, <by>,
@@ -217,7 +347,7 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
     cols = _by_columns(by)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC, EXTERNAL_HITS_METRIC),
                                  start_s=start_s, end_s=end_s, models=models, instances=instances,
-                                 run_ids=run_ids)
+                                 run_ids=run_ids, stored=_use_stored(con, stored))
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
@@ -256,7 +386,8 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
                     end_s: float | None = None, by: Sequence[str] = ("model",),
                     models: Sequence[str] | None = None,
                     instances: Sequence[str] | None = None,
-                    run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                    run_ids: Sequence[str] | None = None,
+                    stored: bool | None = None) -> pd.DataFrame:
     """Hit rate over a whole time range per group (one row per group).
 
     ``run_ids`` filters by run as in :func:`hit_rate_by_window` (None = all runs).
@@ -272,7 +403,8 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
     """
     cols = _by_columns(by)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC), start_s=start_s, end_s=end_s,
-                                 models=models, instances=instances, run_ids=run_ids)
+                                 models=models, instances=instances, run_ids=run_ids,
+                                 stored=_use_stored(con, stored))
     sel = ", ".join(cols)
     group = f"GROUP BY {sel}" if cols else ""
     lead = f"{sel}, " if cols else ""
@@ -306,7 +438,8 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
                                models: Sequence[str] | None = None,
                                instances: Sequence[str] | None = None,
                                origin_s: float = 0.0,
-                               run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                               run_ids: Sequence[str] | None = None,
+                               stored: bool | None = None) -> pd.DataFrame:
     """Increase of any stored counter per window (same rules as :func:`hit_rate_by_window`).
 
     Args:
@@ -321,7 +454,8 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
         raise InvalidArgument("window_s must be > 0")
     cols = _by_columns(by)
     cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
-                                 instances=instances, run_ids=run_ids)
+                                 instances=instances, run_ids=run_ids,
+                                 stored=_use_stored(con, stored))
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
