@@ -69,6 +69,17 @@ from prefixscope.ingest.bookkeeping import (
     source_id_for,
     upsert_source,
 )
+from prefixscope.core.bounds import (
+    BINARY_REASON,
+    BINARY_SAMPLE_BYTES,
+    LINE_TOO_LONG,
+    MAX_LINE_BYTES,
+    TOO_DEEP,
+    json_too_deep,
+    NotReadable,
+    looks_binary,
+    open_regular,
+)
 from prefixscope.core.errors import SourceUnavailable
 from prefixscope.store.queries.ingest import ingest_transaction
 
@@ -162,6 +173,19 @@ class TailResult:
     ingest_run_id: str
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def line_guard(raw: bytes) -> str | None:
+    """The reason a JSONL line is refused before any decoder sees it (over-long, a stand-in for
+    a skipped over-long line, or nested too deep), or None. Shared by every JSONL reader."""
+    if len(raw) > MAX_LINE_BYTES or raw == LONG_LINE:
+        return LINE_TOO_LONG
+    if json_too_deep(raw):
+        return TOO_DEEP
+    return None
+
+
 def line_parser(parse_line: Callable[[bytes, int], Iterable[T]], *, location: str
                 ) -> Callable[[bytes, int], ParsedChunk[list[T]]]:
     """A chunk parser from a per-line function.
@@ -173,7 +197,9 @@ def line_parser(parse_line: Callable[[bytes, int], Iterable[T]], *, location: st
 
     Returns:
         A chunk parser whose ``rows`` is the list of every line's rows, in file order. Blank
-        (whitespace-only) lines are counted as skipped and not passed to ``parse_line``.
+        (whitespace-only) lines are counted as skipped and not passed to ``parse_line``; a UTF-8
+        byte-order mark at the start of line 1 is dropped; over-long and too deeply nested lines
+        are quarantined by :func:`line_guard` before ``parse_line`` sees them.
     """
 
     def parse(data: bytes, first_line: int) -> ParsedChunk[list[T]]:
@@ -186,6 +212,12 @@ def line_parser(parse_line: Callable[[bytes, int], Iterable[T]], *, location: st
         for i, raw in enumerate(lines):
             if not raw.strip():
                 skipped += 1
+                continue
+            if first_line + i == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            guard = line_guard(raw)
+            if guard is not None:
+                bad.append(Quarantined(location, first_line + i, guard, None))
                 continue
             try:
                 rows.extend(parse_line(raw, first_line + i))
@@ -239,47 +271,103 @@ def _chunks(fh: BinaryIO, location: str, start: Checkpoint, batch_bytes: int | N
             accept_tail: Callable[[bytes], bool] | None,
             ends: deque[tuple[int, int]]) -> Iterator[tuple[bytes, int]]:
     """``(data, first_line)`` of each batch from ``start``; appends each batch's end
-    ``(offset, line)`` to ``ends`` as it is yielded."""
+    ``(offset, line)`` to ``ends`` as it is yielded. A line longer than
+    :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` is never held whole: it is passed on as
+    :data:`LONG_LINE` (the parser quarantines it) and its bytes are skipped."""
     try:
         fh.seek(start.offset)
     except OSError as exc:
         raise _unreadable(location, exc) from exc
     offset, line = start.offset, start.line
     want = batch_bytes or READ_BYTES
-    pending = b""
     parts: list[bytes] = []  # whole-file mode: complete-line pieces gathered until EOF
-    while True:
-        try:
-            chunk = fh.read(want)
-        except OSError as exc:
-            raise _unreadable(location, exc) from exc
-        if not chunk:
-            break
-        buf = pending + chunk
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            pending = buf
-            continue
-        pending = buf[cut + 1:]
+    gathered = 0  # real bytes of ``parts``
+    lines = bounded_line_runs(fh, want, location)
+    for data, real in lines:
         if batch_bytes is None:
-            parts.append(buf[:cut + 1])
+            parts.append(data)
+            gathered += real
             continue
-        data = buf[:cut + 1]
         n = data.count(b"\n")
-        ends.append((offset + len(data), line + n))
+        ends.append((offset + real, line + n))
         yield data, line + 1
-        offset += len(data)
+        offset += real
         line += n
-    tail = pending if pending and accept_tail is not None and accept_tail(pending) else b""
+    tail = lines.tail if lines.tail and accept_tail is not None and accept_tail(lines.tail) \
+        else b""
     if batch_bytes is None:
         data = b"".join(parts) + tail
         if data:
             n = data.count(b"\n") + (1 if tail else 0)
-            ends.append((offset + len(data), line + n))
+            ends.append((offset + gathered + len(tail), line + n))
             yield data, line + 1
     elif tail:
         ends.append((offset + len(tail), line + 1))
         yield tail, line + 1
+
+
+#: Stands in for a line longer than :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` in the data
+#: given to a chunk parser (its bytes are skipped, never held whole).
+LONG_LINE = b"\x00\x00prefixscope: line too long\x00\x00"
+
+
+class bounded_line_runs:  # noqa: N801 - used as an iterator
+    """Runs of complete lines read ``want`` bytes at a time: yields ``(data, real bytes)``,
+    where ``data`` ends with a newline and holds every line as read, except that a line longer
+    than :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` is replaced by :data:`LONG_LINE`
+    (``real`` counts its bytes). Memory stays below ``want + MAX_LINE_BYTES`` whatever the
+    input. After the loop, :attr:`tail` is the final line without newline (short enough to
+    keep; an over-long unfinished tail is left unread for the next run).
+
+    Raises:
+        SourceUnavailable: a read fails.
+    """
+
+    def __init__(self, fh: BinaryIO, want: int, location: str):
+        self.fh, self.want, self.location = fh, want, location
+        self.tail = b""
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        pending = b""
+        skipping = 0  # > 0: inside an over-long line, this many bytes of it already skipped
+        while True:
+            try:
+                chunk = self.fh.read(self.want)
+            except OSError as exc:
+                raise _unreadable(self.location, exc) from exc
+            if not chunk:
+                break
+            if skipping:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    skipping += len(chunk)
+                    continue
+                out, real = LONG_LINE + b"\n", skipping + nl + 1
+                skipping, chunk = 0, chunk[nl + 1:]
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    out, real = out + chunk[:cut + 1], real + cut + 1
+                    pending = chunk[cut + 1:]
+                else:
+                    pending = chunk
+                if len(pending) > MAX_LINE_BYTES:
+                    skipping, pending = len(pending), b""
+                yield out, real
+                continue
+            buf = pending + chunk
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                if len(buf) > MAX_LINE_BYTES:
+                    skipping, pending = len(buf), b""
+                else:
+                    pending = buf
+                continue
+            pending = buf[cut + 1:]
+            data = buf[:cut + 1]
+            if len(pending) > MAX_LINE_BYTES:
+                skipping, pending = len(pending), b""
+            yield data, len(data)
+        self.tail = pending if not skipping else b""
 
 
 def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
@@ -315,10 +403,7 @@ def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
     started = time.time()
     location = str(path)
     source_id = source_id_for(kind, location)
-    try:
-        fh = open(location, "rb")
-    except OSError as exc:
-        raise _unreadable(location, exc) from exc
+    fh = open_source_file(location)
     ingest_run_id = new_ingest_run_id()
     totals = _Totals(keep_problems)
     with fh:
@@ -366,8 +451,32 @@ def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
                       start, end, totals.skipped, totals.batches, ingest_run_id)
 
 
+def open_source_file(location: str) -> BinaryIO:
+    """Open a file source for reading, refusing up front what is not a text file: a missing
+    path, a FIFO, a device, a socket or a folder (:func:`prefixscope.core.bounds.open_regular`),
+    or a file whose first 8 KiB are mostly not text (:func:`~prefixscope.core.bounds.looks_binary`).
+
+    Raises:
+        SourceUnavailable: ``cannot read <file>: <why>``.
+    """
+    try:
+        fh = open_regular(location)
+    except OSError as exc:
+        raise _unreadable(location, exc) from exc
+    try:
+        head = os.pread(fh.fileno(), BINARY_SAMPLE_BYTES, 0)
+    except OSError as exc:
+        fh.close()
+        raise _unreadable(location, exc) from exc
+    if looks_binary(head):
+        fh.close()
+        raise SourceUnavailable(f"cannot read {location}: {BINARY_REASON}")
+    return fh
+
+
 def _unreadable(location: str, exc: OSError) -> SourceUnavailable:
-    return SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}")
+    why = str(exc) if isinstance(exc, NotReadable) else (exc.strerror or str(exc))
+    return SourceUnavailable(f"cannot read {location}: {why}")
 
 
 class _Totals:

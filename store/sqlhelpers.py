@@ -37,3 +37,34 @@ def window_start_sql(ts_column: str, *, window_s: float,
     assert window_s > 0, "window_s must be > 0 (checked by the caller)"
     o, w = float(origin_s), float(window_s)
     return f"(? + floor(({ts_column} - ?) / ?) * ?)", [o, o, w, w]
+
+
+def insert_rows_bulk(con, table: str, columns, rows, *, conflict: str = "ON CONFLICT DO NOTHING"
+                     ) -> None:
+    """Insert many row tuples in one statement through an Arrow table (``executemany`` inserts
+    a row at a time, about 300 rows/s; this is thousands of times faster).
+
+    Args:
+        con: a DuckDB connection (inside the caller's transaction).
+        table: target table (a plain identifier from our own code).
+        columns: the column names, in the order of each row tuple.
+        rows: tuples; Python ints, floats, strings, bools and None (a column of only None is
+            inserted as NULL of the target type).
+        conflict: the ``ON CONFLICT`` clause.
+    """
+    import pyarrow as pa
+
+    rows = list(rows)
+    if not rows:
+        return
+    for name in (table, *columns):
+        if not _IDENTIFIER.fullmatch(name):
+            raise ValueError(f"not a plain identifier: {name!r}")
+    cols = list(zip(*rows))
+    _prefixscope_bulk_rows = pa.table(  # noqa: F841 - read by DuckDB's replacement scan
+        {name: pa.array(list(values)) for name, values in zip(columns, cols)})
+    names = ", ".join(columns)
+    # a replacement scan of the local Arrow table (register() would refuse while a caller's
+    # earlier result is unfinished)
+    con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _prefixscope_bulk_rows "
+                f"{conflict}").fetchall()

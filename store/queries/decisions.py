@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import duckdb
 
 from prefixscope.core.identity import IDENTITY_FIELDS
+from prefixscope.store.sqlhelpers import insert_rows_bulk
 
 #: The identity fields logged as short digests/integers (scope and namespace have own columns).
 SHORT_FIELDS: tuple[str, ...] = tuple(f for f in IDENTITY_FIELDS if f not in ("scope", "namespace"))
@@ -55,8 +56,5 @@ def insert_decision_rows(con: duckdb.DuckDBPyConnection, decisions: Sequence[Seq
     for table, columns, rows in (("gateway_decisions", DECISION_COLUMNS, decisions),
                                  ("gateway_events", EVENT_COLUMNS, events)):
         if rows:
-            cols = ", ".join(columns)
-            marks = ", ".join("?" for _ in columns)
-            con.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks}) "
-                            "ON CONFLICT DO NOTHING", list(rows))
+            insert_rows_bulk(con, table, columns, rows)
     return decision_log_row_count(con) - before

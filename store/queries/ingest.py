@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from prefixscope.store.sqlhelpers import insert_rows_bulk
+
 if TYPE_CHECKING:  # DataFrames come from DuckDB's .df(); writers need no pandas import
     import pandas as pd
 
@@ -90,10 +92,17 @@ def insert_quarantine(con: duckdb.DuckDBPyConnection, rows: Sequence[Sequence[ob
     transaction."""
     if not rows:
         return
-    cols = ", ".join(QUARANTINE_COLUMNS)
-    con.executemany(
-        f"INSERT INTO quarantine ({cols}) VALUES (?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (source_id, line) DO NOTHING", [list(r) for r in rows])
+    # one entry per (source_id, line) within the batch too (a bulk INSERT would refuse the
+    # repeat); the first wins, as across batches
+    seen: set[tuple] = set()
+    unique = []
+    for r in rows:
+        key = (r[0], r[2])
+        if key not in seen:
+            seen.add(key)
+            unique.append(tuple(r))
+    insert_rows_bulk(con, "quarantine", QUARANTINE_COLUMNS, unique,
+                     conflict="ON CONFLICT (source_id, line) DO NOTHING")
 
 
 def insert_ingest_run(con: duckdb.DuckDBPyConnection, *, ingest_run_id: str, source_id: str,

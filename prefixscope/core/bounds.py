@@ -1,0 +1,195 @@
+"""Bounds on what any input may hold, checked at ingest (every bound is listed in
+``docs/ingest.md#bounds``).
+
+A record past a bound is quarantined with ``file:line: field: reason`` (the reason states the
+bound, never the value); a source that is not a regular file is refused before it is read.
+Everything here is pure and shared by every reader (``ingest/*``, ``replay/trace*``), so one
+bound has one wording.
+
+Bounds:
+
+1. :data:`MAX_LINE_BYTES`: a line (JSONL record, exposition line) longer than 1 MiB is
+   quarantined without being held whole; a file with no newline at all is read no further than
+   that (``/dev/zero``-like input never fills the memory).
+2. :data:`MAX_DEPTH`: JSON nested deeper than 64 arrays/objects is quarantined before it reaches
+   a decoder (the stdlib and msgspec recurse: RecursionError at about 1,000 levels).
+3. :data:`MAX_ID_CHARS`: identifiers (request id, run id, model, instance, topic...) are at most
+   256 characters; a longer one quarantines its record (never truncated: two ids must not merge).
+4. :data:`MAX_COUNT`: token counts, sequence numbers, ranks, sizes and epochs are integers in
+   [0, 2^62] so that sums of a few of them still fit DuckDB's BIGINT (2^63 - 1).
+5. :data:`TS_MIN_UNIX_S`, :data:`TS_MAX_UNIX_S`: times are in [1970-01-01, 2100-01-01) UTC
+   (Unix seconds); anything else (negative, 1e15, NaN, infinite) is a unit or typing error and
+   no report could print it.
+6. Only regular files are read (:func:`open_regular`): a FIFO, a device (``/dev/zero``), a
+   socket or a folder is refused with its kind named; a file whose first 8 KiB are mostly not
+   text (:func:`looks_binary`) is refused as binary.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from typing import BinaryIO
+
+#: Longest line read, bytes (1 MiB).
+MAX_LINE_BYTES = 1 << 20
+#: Deepest JSON nesting accepted (arrays + objects).
+MAX_DEPTH = 64
+#: Longest identifier, characters.
+MAX_ID_CHARS = 256
+#: Largest token count, sequence number, rank, size or epoch.
+MAX_COUNT = 2**62
+#: Earliest and latest accepted time, Unix seconds: 1970-01-01 and 2100-01-01 UTC.
+TS_MIN_UNIX_S = 0.0
+TS_MAX_UNIX_S = 4102444800.0
+#: Bytes sampled at the start of a file by :func:`looks_binary`.
+BINARY_SAMPLE_BYTES = 8192
+
+LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES:,} bytes (1 MiB)"
+TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels"
+ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
+COUNT_RANGE = "not an integer from 0 to 2^62"
+TIME_RANGE = "time is outside 1970-01-01 to 2100-01-01 UTC"
+NOT_FINITE = "not a finite number"
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def json_too_deep(raw: bytes | str, limit: int = MAX_DEPTH) -> bool:
+    """True when the JSON text ``raw`` nests arrays/objects deeper than ``limit``.
+
+    Fast path: fewer than ``limit`` opening brackets in all (one pass at memchr speed). Else
+    brackets inside strings are ignored and the running depth is tracked exactly.
+    """
+    b = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if b.count(b"[") + b.count(b"{") <= limit:
+        return False
+    depth = 0
+    for m in _BRACKETS.finditer(_STRINGS.sub(b'""', b)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def count_ok(value: object) -> bool:
+    """True for an int (not a bool) in [0, :data:`MAX_COUNT`]."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def time_ok(value: object) -> bool:
+    """True for a finite number of Unix seconds in [:data:`TS_MIN_UNIX_S`, :data:`TS_MAX_UNIX_S`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        x = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(x) and TS_MIN_UNIX_S <= x < TS_MAX_UNIX_S
+
+
+def id_ok(value: str) -> bool:
+    """True when an identifier is at most :data:`MAX_ID_CHARS` characters."""
+    return len(value) <= MAX_ID_CHARS
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a folder"))
+
+
+def not_regular_reason(mode: int) -> str | None:
+    """Why a file of ``st_mode`` cannot be read as a source (None for a regular file)."""
+    for test, what in _KINDS:
+        if test(mode):
+            return f"not a regular file: it is {what}"
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+class NotReadable(OSError):
+    """A path that is not a regular file or does not exist; ``str()`` is the reason."""
+
+
+def check_regular(path: str | os.PathLike[str]) -> None:
+    """Refuse anything but an existing regular file (symlinks are followed), without opening it.
+
+    Raises:
+        NotReadable: ``no such file``, ``not a regular file: it is a FIFO (named pipe)``...
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise NotReadable("no such file") from None
+    except OSError as exc:
+        raise NotReadable(exc.strerror or str(exc)) from None
+    why = not_regular_reason(st.st_mode)
+    if why is not None:
+        raise NotReadable(why)
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a regular file for binary reading; refuse anything else before reading a byte.
+
+    The file is opened non-blocking (so a FIFO never blocks the open) and checked on the open
+    descriptor (no race with a swap between check and open), then switched back to blocking.
+
+    Raises:
+        NotReadable: the path does not exist or is not a regular file (the reason names its
+            kind); other OSError as raised by ``open``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise NotReadable("no such file") from None
+    except IsADirectoryError:
+        raise NotReadable("not a regular file: it is a folder") from None
+    try:
+        why = not_regular_reason(os.fstat(fd).st_mode)
+        if why is not None:
+            raise NotReadable(why)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+BINARY_REASON = ("a binary file, not text (most of its first 8 KiB are not printable UTF-8): "
+                 "give the JSONL or text file itself")
+
+
+def looks_binary(head: bytes) -> bool:
+    """True when more than 30% of ``head`` (a file's first bytes) is not text: NUL and other C0
+    control bytes (tab, newlines, form feed and ESC excepted) and bytes that are not UTF-8."""
+    if not head:
+        return False
+    text = head.decode("utf-8", "replace")
+    bad = text.count("\ufffd")
+    bad += sum(text.count(c) for c in _C0_BINARY)
+    return bad > 0.3 * len(text)
+
+
+_C0_BINARY = tuple(chr(c) for c in range(32) if chr(c) not in "\t\n\r\f\x1b")
+
+
+def escape_control(text: str) -> str:
+    """``text`` with C0/C1 control characters (ANSI escapes, BEL, NUL, CR...) and lone
+    surrogates shown as ``\\x1b``-style escapes: safe to print on a terminal."""
+    if text.isprintable():
+        return text
+    return _CONTROL.sub(_escape_one, text)
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u202a-\u202e"
+                      "\u2066-\u2069]")
+
+
+def _escape_one(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"

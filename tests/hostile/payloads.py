@@ -1,0 +1,86 @@
+"""Generated hostile JSON lines: whole-line attacks and per-field value attacks.
+
+Each generator yields ``(case id, raw line bytes)``; the tests pair them with the exact
+quarantine entry the ingester must give. Field values are put into a good record by JSON path
+(``a.b[0].c``) so that the rest of the record stays valid.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+#: Nesting depths tried (the stdlib parser's recursion limit is about 1,000).
+DEPTHS = (1_000, 100_000)
+#: A string longer than any identifier cap.
+HUGE = 1 << 20
+
+#: Raw JSON number texts that overflow or leave every stated range.
+BIG_INTS = {"2p63": str(2**63), "2p64": str(2**64), "2p70": str(2**70), "2p200": str(2**200),
+            "neg2p63m1": str(-(2**63) - 1)}
+NONFINITE = {"nan": "NaN", "inf": "Infinity", "ninf": "-Infinity", "1e400": "1e400"}
+
+
+def whole_line_attacks(good: bytes) -> Iterator[tuple[str, bytes]]:
+    """Lines that are not one JSON object at all (the field of their quarantine entry is none)."""
+    for d in DEPTHS:
+        yield f"deep-array-{d}", b"[" * d + b"]" * d
+        yield f"deep-object-{d}", b'{"a":' * d + b"1" + b"}" * d
+    yield "truncated", good[: len(good) // 2]
+    yield "plain-text", b"hello, this is not json"
+    yield "binary", bytes(b for b in range(256) if b not in (10, 13))
+    yield "nul-bytes", b"\x00" * 64
+    yield "invalid-utf8", b'{"a": "\xff\xfe\xfd"}'
+    yield "top-array", b"[1, 2, 3]"
+    yield "top-string", b'"just a string"'
+    yield "top-number", b"12345"
+    yield "top-null", b"null"
+    yield "trailing-garbage", good + b" }}}"
+
+
+def set_path(obj: Any, path: str, raw: str) -> bytes:
+    """``obj`` as JSON with the value at ``path`` replaced by the raw JSON text ``raw``."""
+    marker = "\x00HOSTILE\x00"
+    o = copy.deepcopy(obj)
+    cur = o
+    parts = _split(path)
+    for p in parts[:-1]:
+        cur = cur[p]
+    cur[parts[-1]] = marker
+    return json.dumps(o).replace(json.dumps(marker), raw).encode("utf-8", "surrogatepass")
+
+
+def _split(path: str) -> list[Any]:
+    out: list[Any] = []
+    for part in path.split("."):
+        while "[" in part:
+            head, _, rest = part.partition("[")
+            if head:
+                out.append(head)
+            idx, _, part = rest.partition("]")
+            out.append(int(idx))
+        if part:
+            out.append(part)
+    return out
+
+
+def number_attacks(obj: Any, path: str) -> Iterator[tuple[str, bytes]]:
+    """A numeric field set to values past 2^63, non-finite, negative, or of the wrong type."""
+    for name, raw in {**BIG_INTS, **NONFINITE}.items():
+        yield f"{path}={name}", set_path(obj, path, raw)
+    yield f"{path}=neg", set_path(obj, path, "-5")
+    yield f"{path}=1e300", set_path(obj, path, "1e300")
+    yield f"{path}=string", set_path(obj, path, '"12"')
+    yield f"{path}=bool", set_path(obj, path, "true")
+    yield f"{path}=deep", set_path(obj, path, "[" * 5000 + "]" * 5000)
+
+
+def string_attacks(obj: Any, path: str) -> Iterator[tuple[str, bytes]]:
+    """A string field set to 1 MiB, control characters, a lone surrogate, or a number."""
+    yield f"{path}=huge", set_path(obj, path, json.dumps("r" * HUGE))
+    yield f"{path}=ansi", set_path(obj, path, json.dumps("\x1b[31mred\x1b[0m\x07"))
+    yield f"{path}=surrogate", set_path(obj, path, '"a\\ud800b"')
+    yield f"{path}=raw-invalid-utf8", set_path(obj, path, '"aX"').replace(b"aX", b"a\xc3\x28", 1)
+    yield f"{path}=number", set_path(obj, path, "7")
