@@ -32,6 +32,7 @@ import msgspec
 
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
 from prefixscope.ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
+from prefixscope.core.bounds import MAX_COUNT, TIME_RANGE, time_ok
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
 from prefixscope.core.decision_log import ERROR_CODES
 from prefixscope.core.identity import ALL_REASONS
@@ -52,8 +53,8 @@ EVENT_KINDS = ("model_upgrade", "tokenizer_upgrade", "runtime_upgrade", "adapter
 
 NsDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
 ShortHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{0,64}$")]
-Tokens = Annotated[int, msgspec.Meta(ge=0)]
-Epoch = Annotated[int, msgspec.Meta(ge=0)]
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Epoch = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Scope = Literal["PUBLIC", "TENANT", "PRINCIPAL"]
 Reason = Literal[ALL_REASONS]  # type: ignore[valid-type]
 RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{0,128}$")]
@@ -163,8 +164,8 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
         raise _Bad("candidate", "a miss has no candidate")
     if rec.accepted_cached_tokens > rec.candidate_cached_tokens:
         raise _Bad("accepted_cached_tokens", "exceeds candidate_cached_tokens")
-    if rec.ts_unix_s != rec.ts_unix_s or rec.ts_unix_s < 0:
-        raise _Bad("ts_unix_s", "not a time")
+    if not time_ok(rec.ts_unix_s):
+        raise _Bad("ts_unix_s", TIME_RANGE)
     exp = rec.expected or ShortIdentity()
     cand = rec.candidate or ShortIdentity()
     if exp.scope is not None and exp.scope != rec.scope:
@@ -184,6 +185,8 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
 
 
 def _event_row(rec: EventLine, *, source_id: str, line: int, run_id: str) -> tuple:
+    if not time_ok(rec.ts_unix_s):
+        raise _Bad("ts_unix_s", TIME_RANGE)
     rid = rec.run_id if rec.run_id is not None else run_id
     value = None if rec.new_value is None else str(rec.new_value)
     eid = hashlib.sha256("\x00".join(

@@ -50,7 +50,8 @@ from prefixscope.ingest.jsonl_driver import (
     ingest_jsonl_tail,
     line_parser,
 )
-from prefixscope.core.errors import NothingIngested, SourceUnavailable
+from prefixscope.core.bounds import COUNT_RANGE, ID_TOO_LONG, TIME_RANGE, count_ok, id_ok, time_ok
+from prefixscope.core.errors import NOT_JSON, NothingIngested, SourceUnavailable, invalid_json_reason
 
 FILE_KIND = "kv-events-file"
 ZMQ_KIND = "kv-events-zmq"
@@ -90,6 +91,8 @@ def block_hash_int(value: Any, field: str = "block_hashes") -> int:
     if isinstance(value, bool):
         raise BadBatch(field, "hash is a boolean")
     if isinstance(value, int):
+        if not -(1 << 63) <= value <= _U64:
+            raise BadBatch(field, "hash is not a 64-bit integer")
         return value & _U64
     if isinstance(value, (bytes, bytearray, memoryview)):
         b = bytes(value)
@@ -107,7 +110,7 @@ def _event_map(ev: Any, i: int) -> dict[str, Any]:
     if isinstance(ev, (list, tuple)) and ev and isinstance(ev[0], str):
         names = _ARRAY_FIELDS.get(ev[0])
         if names is None:
-            raise BadBatch(f"payload[1][{i}]", f"unknown event type {ev[0][:40]!r}")
+            raise BadBatch(f"payload[1][{i}]", "unknown event type")
         return {"type": ev[0], **dict(zip(names, ev[1:]))}
     raise BadBatch(f"payload[1][{i}]", "event is neither a map nor a tagged array")
 
@@ -116,8 +119,33 @@ def _int_or_none(v: Any) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _str_or_none(v: Any) -> str | None:
-    return v[:200] if isinstance(v, str) else None
+#: Largest dp_rank, block_size and group_idx stored (their columns are 32-bit integers).
+MAX_SMALL = 2**31 - 1
+SMALL_RANGE = "not an integer from 0 to 2^31 - 1"
+
+
+def _small_or_none(v: Any, field: str) -> int | None:
+    """An optional small integer (rank, group index): None when absent or not an integer (as
+    vLLM leaves them unset), refused when an integer outside [0, 2^31 - 1]."""
+    i = _int_or_none(v)
+    if i is not None and not 0 <= i <= MAX_SMALL:
+        raise BadBatch(field, SMALL_RANGE)
+    return i
+
+
+def _str_or_none(v: Any, field: str = "payload") -> str | None:
+    """An optional short text (medium, LoRA name, topic): None when absent or not a string;
+    refused when longer than :data:`~prefixscope.core.bounds.MAX_ID_CHARS` or not encodable
+    as UTF-8 (a lone surrogate)."""
+    if not isinstance(v, str):
+        return None
+    if not id_ok(v):
+        raise BadBatch(field, ID_TOO_LONG)
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadBatch(field, "not valid UTF-8 text (a lone surrogate)") from None
+    return v
 
 
 def rows_from_batch(payload: Any, *, instance: str, seq: int, topic: str | None,
@@ -142,9 +170,11 @@ def rows_from_batch(payload: Any, *, instance: str, seq: int, topic: str | None,
     ts, events = payload[0], payload[1]
     if not isinstance(ts, (int, float)) or isinstance(ts, bool):
         raise BadBatch("payload[0]", "batch time is not a number")
+    if not time_ok(ts):
+        raise BadBatch("payload[0]", TIME_RANGE)
     if not isinstance(events, (list, tuple)):
         raise BadBatch("payload[1]", "events is not a list")
-    dp_rank = _int_or_none(payload[2]) if len(payload) > 2 else None
+    dp_rank = _small_or_none(payload[2], "payload[2]") if len(payload) > 2 else None
     dp_rank = dp_rank or 0
     base = (instance, dp_rank, int(seq), float(ts))
     rows: list[tuple] = []
@@ -152,33 +182,35 @@ def rows_from_batch(payload: Any, *, instance: str, seq: int, topic: str | None,
         ev = _event_map(raw, i)
         etype = ev["type"]
         if etype == "AllBlocksCleared":
-            rows.append((*base, i, 0, etype, None, None, None, None, _str_or_none(ev.get("medium")),
-                         None, _int_or_none(ev.get("group_idx")), None, topic, received_from,
-                         source_id))
+            rows.append((*base, i, 0, etype, None, None, None, None,
+                         _str_or_none(ev.get("medium"), f"payload[1][{i}].medium"), None,
+                         _small_or_none(ev.get("group_idx"), f"payload[1][{i}].group_idx"),
+                         None, topic, received_from, source_id))
             continue
         if etype not in ("BlockStored", "BlockRemoved"):
-            raise BadBatch(f"payload[1][{i}].type", f"unknown event type {str(etype)[:40]!r}")
+            raise BadBatch(f"payload[1][{i}].type", "unknown event type")
         hashes = ev.get("block_hashes")
         if not isinstance(hashes, (list, tuple)):
             raise BadBatch(f"payload[1][{i}].block_hashes", "missing or not a list")
         ints = [block_hash_int(h, f"payload[1][{i}].block_hashes") for h in hashes]
-        medium = _str_or_none(ev.get("medium"))
-        group_idx = _int_or_none(ev.get("group_idx"))
+        medium = _str_or_none(ev.get("medium"), f"payload[1][{i}].medium")
+        group_idx = _small_or_none(ev.get("group_idx"), f"payload[1][{i}].group_idx")
         if etype == "BlockRemoved":
             for j, h in enumerate(ints):
                 rows.append((*base, i, j, etype, h, None, None, None, medium, None, group_idx,
                              None, topic, received_from, source_id))
             continue
         block_size = _int_or_none(ev.get("block_size"))
-        if block_size is None or block_size <= 0:
-            raise BadBatch(f"payload[1][{i}].block_size", "missing or not a positive integer")
+        if block_size is None or not 0 < block_size <= MAX_SMALL:
+            raise BadBatch(f"payload[1][{i}].block_size",
+                           "missing or not an integer from 1 to 2^31 - 1")
         parent = ev.get("parent_block_hash")
         parent_int = None if parent is None else block_hash_int(
             parent, f"payload[1][{i}].parent_block_hash")
         token_ids = ev.get("token_ids")
         n_tokens = len(token_ids) if isinstance(token_ids, (list, tuple)) else None
         extra = ev.get("extra_keys")
-        lora_name = _str_or_none(ev.get("lora_name"))
+        lora_name = _str_or_none(ev.get("lora_name"), f"payload[1][{i}].lora_name")
         for j, h in enumerate(ints):
             tokens = None if n_tokens is None else max(0, min(block_size, n_tokens - j * block_size))
             has_extra = (extra[j] is not None) if isinstance(extra, (list, tuple)) and j < len(extra) else False
@@ -242,22 +274,32 @@ def _capture_line(raw: bytes, *, instance: str, source_id: str) -> list[tuple]:
         BadBatch: not a JSON object, a bad ``seq`` or a bad batch (names the field).
     """
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise BadLine(None, f"not JSON: {exc.msg}") from None
+        raise BadLine(None, invalid_json_reason(exc)) from None
     except UnicodeDecodeError:
-        raise BadLine(None, "not JSON: not UTF-8 text") from None
+        raise BadLine(None, f"{NOT_JSON}: not UTF-8 text") from None
+    except _NonFinite:
+        raise BadLine(None, f"{NOT_JSON}: NaN and Infinity are not JSON numbers") from None
     if not isinstance(obj, dict):
         raise BadBatch("$", "line is not a JSON object")
     seq = obj.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise BadBatch("seq", "missing or not a non-negative integer")
-    topic = obj.get("topic")
+    if not count_ok(seq):
+        raise BadBatch("seq", f"missing or {COUNT_RANGE}")
+    topic = _str_or_none(obj.get("topic"), "topic")
     return rows_from_batch(
         obj.get("payload"), instance=instance, seq=seq,
-        topic=topic if isinstance(topic, str) else None,
+        topic=topic,
         received_from=obj.get("source") if obj.get("source") in ("pub", "replay") else "file",
         source_id=source_id)
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
 
 
 def _no_batches_note(counts: TailCounts) -> str | None:

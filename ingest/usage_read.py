@@ -9,6 +9,7 @@ complete lines each (:func:`fetch_usage_parallel`); the writer is ``ingest/usage
 from __future__ import annotations
 
 import gc
+import hashlib
 import mmap
 import os
 from collections.abc import Iterator
@@ -21,6 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prefixscope.ingest.bookkeeping import Checkpoint, Quarantined
+from prefixscope.ingest.jsonl_driver import (
+    _BOM,
+    LONG_LINE,
+    bounded_line_runs,
+    line_guard,
+    open_source_file,
+)
 from prefixscope.ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
 from prefixscope.core.errors import SourceUnavailable
 
@@ -73,6 +81,15 @@ class _LineContext:
     fallback_prefix: str  # "<absolute path>:" for request ids of lines without one
 
 
+def record_digest_id(raw: bytes) -> str:
+    """The request id of a record that carries none: ``sha256:`` and the first 32 hex digits
+    (128 bits) of the SHA-256 of the line without surrounding whitespace. It depends on the
+    record alone, not on the file or line, so a copytruncate rotation (new records at lines
+    already seen) adds them and a renamed or copied file adds nothing; two byte-identical
+    records without an id count as one request (``docs/ingest.md``)."""
+    return "sha256:" + hashlib.sha256(raw.strip()).hexdigest()[:32]
+
+
 def _context(path: str | os.PathLike[str], source_id: str, run_id: str, instance: str | None,
              default_model: str | None, mtime: float) -> _LineContext:
     return _LineContext(str(path), source_id, run_id, instance, default_model, mtime,
@@ -98,8 +115,16 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext
     skipped = 0
     for raw in lines:
         line_no += 1
+        if line_no == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM):]
+        guard = line_guard(raw)
+        if guard is not None:
+            quarantined.append(Quarantined(ctx.location, line_no, guard, None))
+            continue
         try:
             t = normalise(decode(raw))
+            if t[0] is None:
+                t = (record_digest_id(raw), *t[1:])
         except _Skip:
             skipped += 1
             continue
@@ -132,16 +157,13 @@ def _or_default(values: pa.Array, default: str | None) -> pa.Array:
 
 def _columns_to_arrow(parsed: list[tuple], line_nos: list[int], ctx: _LineContext) -> pa.Table:
     """:func:`_normalise` tuples of the lines numbered ``line_nos`` -> the ``requests`` Arrow
-    table, the file's defaults filled in: ``ctx.run_id`` where a line names no run, request id
-    ``<absolute path>:<line>`` where it has none, the file mtime (``ts_estimated`` true) where
+    table, the file's defaults filled in: ``ctx.run_id`` where a line names no run (lines
+    without a request id already carry :func:`record_digest_id`), the file mtime (``ts_estimated`` true) where
     it gives no time, ``ctx.default_model``/``ctx.instance`` where it names none (or "")."""
     n = len(parsed)
     if n == 0:
         return rows_to_arrow([])
     (rid, ts, ts_est, run, model, instance, *rest) = zip(*parsed)
-    if None in rid:
-        prefix = ctx.fallback_prefix
-        rid = [r if r is not None else prefix + str(no) for r, no in zip(rid, line_nos)]
     ts_arr = pa.array(ts, pa.float64())
     est_arr = pa.array(ts_est, pa.bool_())
     if ts_arr.null_count:
@@ -159,11 +181,13 @@ def _columns_to_arrow(parsed: list[tuple], line_nos: list[int], ctx: _LineContex
 
 
 def _open(path: str | os.PathLike[str]):
+    """Open a usage log (refusing FIFOs, devices, folders and binary files up front)."""
+    fh = open_source_file(str(path))
     try:
-        fh = open(path, "rb")
         return fh, os.fstat(fh.fileno()).st_mtime
     except OSError as exc:
-        raise SourceUnavailable(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        fh.close()
+        raise SourceUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def _complete_tail(tail: bytes) -> bool:
@@ -204,37 +228,47 @@ def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: s
     with fh:
         fh.seek(start.offset)
         offset, line_no = start.offset, start.line
-        pending = b""
         lines: list[bytes] = []
-        while True:
-            chunk = fh.read(READ_BYTES)
-            if not chunk:
-                if pending and _complete_tail(pending):
-                    lines.append(pending)
-                    pending = b""
-                    chunk_end = True
-                else:
-                    chunk_end = False
-                if lines or chunk_end:
-                    n = len(lines)
-                    rows, quarantined, skipped = _parse_lines_arrow(lines, line_no, ctx)
-                    offset += sum(len(x) for x in lines) + n - (1 if chunk_end else 0)
-                    line_no += n
-                    yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
-                return
-            buf = pending + chunk
-            cut = buf.rfind(b"\n")
-            if cut < 0:
-                pending = buf
-                continue
-            pending = buf[cut + 1:]
-            lines.extend(buf[:cut].split(b"\n"))
+        runs = bounded_line_runs(fh, READ_BYTES, str(path))
+        for data, nbytes in runs:
+            parts = data[:-1].split(b"\n")
+            if nbytes != len(data):  # the run starts with the stand-in of an over-long line
+                parts[0] = _Long(parts[0], nbytes - len(data) + len(LONG_LINE))
+            lines.extend(parts)
             while len(lines) >= batch_rows:
                 part, lines = lines[:batch_rows], lines[batch_rows:]
                 rows, quarantined, skipped = _parse_lines_arrow(part, line_no, ctx)
-                offset += sum(len(x) for x in part) + len(part)
+                offset += _file_bytes(part)
                 line_no += len(part)
                 yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+        tail = runs.tail
+        chunk_end = bool(tail) and _complete_tail(tail)
+        if lines or chunk_end:
+            n_bytes = _file_bytes(lines)
+            if chunk_end:
+                lines.append(tail)
+                n_bytes += len(tail)
+            rows, quarantined, skipped = _parse_lines_arrow(lines, line_no, ctx)
+            offset += n_bytes
+            line_no += len(lines)
+            yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
+
+
+class _Long(bytes):
+    """The stand-in of an over-long line (:data:`~ingest.jsonl_driver.LONG_LINE`) with the
+    byte length of the line it stands for (newline excluded)."""
+
+    nbytes: int
+
+    def __new__(cls, value: bytes, nbytes: int) -> _Long:
+        obj = super().__new__(cls, value)
+        obj.nbytes = nbytes
+        return obj
+
+
+def _file_bytes(lines: list[bytes]) -> int:
+    """Bytes the complete ``lines`` take in the file, newlines included."""
+    return sum(x.nbytes if type(x) is _Long else len(x) for x in lines) + len(lines)
 
 
 #: Files (from their checkpoint) at least this large are parsed by a pool of processes.

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from prefixscope.core.bounds import ID_TOO_LONG, MAX_COUNT, MAX_ID_CHARS
 from prefixscope.core.errors import ParseError
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
@@ -48,7 +49,9 @@ TS_MIN_UNIX_S = 0.0
 TS_MAX_UNIX_S = 4102444800.0
 
 #: A token count: a non-negative integer that fits a BIGINT (larger is quarantined, not stored).
-Tok = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+Tok = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+#: A duration in milliseconds: 0 to 10^9 (11.6 days); outside it is a unit error.
+Ms = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 OptTok = Tok | None | UnsetType
 _VALID_SCOPES = frozenset({"PUBLIC", "TENANT", "PRINCIPAL"})
 _DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
@@ -141,8 +144,8 @@ class _Record(_Response):
     run_id: str | None = None
     instance: str | None = None
     endpoint: str | None = None
-    ttft_ms: float | None = None
-    latency_ms: float | None = None
+    ttft_ms: Ms | None = None
+    latency_ms: Ms | None = None
     scope: str | None = None
     tenant_digest: str | None = None
 
@@ -177,8 +180,8 @@ class UsageRecord:
     model: str | None = None
     instance: str | None = None
     endpoint: str | None = None
-    ttft_ms: float | None = None
-    latency_ms: float | None = None
+    ttft_ms: Ms | None = None
+    latency_ms: Ms | None = None
     scope: str | None = None
     tenant_digest: str | None = None
     cache_write_1h_tokens: int | None = None
@@ -376,6 +379,11 @@ def _normalise(rec: _Record) -> tuple:
         elif (cached or 0) + (write or 0) > prompt:
             flags.append("cache-exceeds-prompt")
 
+    if prompt is not None and prompt > MAX_COUNT:
+        raise _Bad(path, "prompt tokens with cache reads and writes exceed 2^62")
+    if completion is not None and completion > MAX_COUNT:
+        raise _Bad(path, "completion tokens exceed 2^62")
+
     # Time: the response's created, else the log record's time, else (caller) the file mtime.
     prefix = "$.response." if resp is not rec else "$."
     ts, ts_field = resp.created, prefix + "created"
@@ -397,11 +405,15 @@ def _normalise(rec: _Record) -> tuple:
                              f"milliseconds above {MS_THRESHOLD:.0e})")
     ts_estimated = rec.ts_estimated is True
 
-    rid = rec.request_id
+    rid, rid_field = rec.request_id, "$.request_id"
     if rid is None:
-        rid = resp.id if resp.id is not None else (resp.responseId or rec.id)
+        rid, rid_field = ((resp.id, prefix + "id") if resp.id is not None else
+                          (resp.responseId, prefix + "responseId") if resp.responseId else
+                          (rec.id, "$.id"))
     if rid is not None:
         rid = str(rid)
+        if len(rid) > MAX_ID_CHARS:
+            raise _Bad(rid_field, ID_TOO_LONG)
 
     # The log record's own model (for a bare response: the response's), else the wrapped
     # response's, else the request body's (pydantic-ai captures).
@@ -411,6 +423,11 @@ def _normalise(rec: _Record) -> tuple:
             model = _BODY_DECODER.decode(rec.request_body).model
         except msgspec.MsgspecError:
             model = None
+
+    for name, value in (("model", model), ("run_id", rec.run_id), ("instance", rec.instance),
+                        ("endpoint", endpoint)):
+        if value is not None and len(value) > MAX_ID_CHARS:
+            raise _Bad("$." + name, ID_TOO_LONG)
 
     scope = rec.scope
     if scope is not None:

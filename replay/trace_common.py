@@ -5,14 +5,24 @@ and ``replay/trace_hashid_readers.py`` (Mooncake/Bailian, kv-cache-tester)."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
+import re
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.core.errors import ParseError, invalid_json_reason, problem_text
+from prefixscope.core.bounds import LINE_TOO_LONG, MAX_LINE_BYTES, TOO_DEEP, json_too_deep, open_regular
+from prefixscope.core.errors import (
+    NOT_JSON,
+    ParseError,
+    SourceUnavailable,
+    invalid_json_reason,
+    problem_text,
+)
 from prefixscope.replay.types import TraceRequest
 
 
@@ -55,10 +65,33 @@ class TraceReadResult:
 
 
 def open_text(path: Path):
-    """Open a trace file as UTF-8 text; ``.gz`` files are decompressed on the fly."""
+    """Open a trace file as UTF-8 text (bytes that are not UTF-8 read as U+FFFD); ``.gz``
+    files are decompressed on the fly. Only regular files are opened."""
+    raw = open_binary(path)
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+
+
+def open_binary(path: Path):
+    """Open a trace file for binary reading, refusing a FIFO, a device, a socket or a folder
+    up front (``prefixscope.core.bounds.open_regular``).
+
+    Raises:
+        SourceUnavailable: ``<file>: not a regular file: it is a FIFO (named pipe)`` and the like.
+    """
+    try:
+        return open_regular(path)
+    except OSError as exc:
+        raise SourceUnavailable(f"{path}: {exc}") from None
+
+
+#: Largest kv-cache-tester conversation document read, bytes (a longer one is cut there and
+#: then fails to parse as JSON).
+MAX_DOC_BYTES = 256 << 20
+#: Errors of a compressed stream that is corrupt or cut short.
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+GZIP_CORRUPT = "gzip data is corrupt or cut short: reading stopped at this line"
 
 
 class _Bad(Exception):
@@ -68,6 +101,13 @@ class _Bad(Exception):
         self.reason = reason
 
 
+#: Largest token count of one trace request (prompt or output), tokens: 10^8. A larger one is
+#: a typing error, and simulating it would run for hours.
+MAX_TRACE_TOKENS = 100_000_000
+#: Largest trace time (a ``timestamp`` in milliseconds or seconds, ``t``), units of its field.
+MAX_TRACE_TIME = 4_102_444_800_000.0
+
+
 def _int_field(obj: Mapping[str, Any], name: str, *, minimum: int = 0, path: str = "$") -> int:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -75,14 +115,23 @@ def _int_field(obj: Mapping[str, Any], name: str, *, minimum: int = 0, path: str
         raise _Bad(f"{path}.{name}", "missing or not an integer")
     if value < minimum:
         raise _Bad(f"{path}.{name}", f"must be >= {minimum}")
+    if value > MAX_TRACE_TOKENS:
+        raise _Bad(f"{path}.{name}", f"more than {MAX_TRACE_TOKENS:,} tokens")
     return int(value)
 
 
 def _num_field(obj: Mapping[str, Any], name: str, *, path: str = "$") -> float:
     value = obj.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _Bad(f"{path}.{name}", "missing or not a number")
-    return float(value)
+    try:
+        x = float(value)
+    except OverflowError:
+        x = math.inf
+    if not math.isfinite(x) or abs(x) > MAX_TRACE_TIME:
+        raise _Bad(f"{path}.{name}", f"not a finite number from -{MAX_TRACE_TIME:.4g} to "
+                                     f"{MAX_TRACE_TIME:.4g}")
+    return x
 
 
 def _id_list(obj: Mapping[str, Any], name: str, *, path: str = "$") -> list[int]:
@@ -116,19 +165,81 @@ class _Reader:
         return self.limit is not None and self.stats["requests"] >= self.limit
 
     def jsonl(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        """(line number, object) for every non-blank line; bad JSON is reported here."""
-        with open_text(self.path) as fh:
-            for lineno, text in enumerate(fh, start=1):
-                if not text.strip():
-                    continue
+        """(line number, object) for every non-blank line; bad lines are reported here: not
+        UTF-8, longer than 1 MiB, nested deeper than 64 levels, not JSON (NaN and Infinity
+        are not JSON), a lone surrogate, not an object. A corrupt or truncated ``.gz`` stops
+        the read with a problem at the line it reached (the requests before it are kept)."""
+        raw_fh = open_binary(self.path)
+        fh = gzip.GzipFile(fileobj=raw_fh) if self.path.suffix == ".gz" else raw_fh
+        with raw_fh, fh:
+            lineno = 0
+            while True:
                 try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    self.bad(self.location, lineno, _Bad(None, invalid_json_reason(exc)))
+                    raw = fh.readline(MAX_LINE_BYTES + 1)
+                    long = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
+                    while long and raw and not raw.endswith(b"\n"):
+                        raw = fh.readline(MAX_LINE_BYTES)  # skip the rest, never held whole
+                except GZIP_ERRORS:
+                    self.bad(self.location, lineno + 1, _Bad(None, GZIP_CORRUPT))
+                    return
+                except OSError as exc:
+                    raise SourceUnavailable(f"{self.location}: cannot read "
+                                            f"({exc.strerror or exc})") from None
+                if not raw:
+                    return
+                lineno += 1
+                if long or len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                    self.bad(self.location, lineno, _Bad(None, LINE_TOO_LONG))
                     continue
-                if not isinstance(obj, dict):
-                    self.bad(self.location, lineno, _Bad("$", "not a JSON object"))
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                if not raw.strip():
                     continue
-                yield lineno, obj
+                obj = self._decode(raw, lineno)
+                if obj is not None:
+                    yield lineno, obj
+
+    def _decode(self, raw: bytes, lineno: int) -> dict[str, Any] | None:
+        """One JSONL line as an object, or None after reporting why it is not one."""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.bad(self.location, lineno, _Bad(None, f"{NOT_JSON}: not UTF-8 text"))
+            return None
+        if json_too_deep(raw):
+            self.bad(self.location, lineno, _Bad(None, TOO_DEEP))
+            return None
+        try:
+            obj = json.loads(text, parse_constant=_no_constant)
+        except json.JSONDecodeError as exc:
+            self.bad(self.location, lineno, _Bad(None, invalid_json_reason(exc)))
+            return None
+        except ValueError:
+            self.bad(self.location, lineno, _Bad(None, f"{NOT_JSON}: NaN and Infinity are not "
+                                                       "JSON numbers"))
+            return None
+        if not isinstance(obj, dict):
+            self.bad(self.location, lineno, _Bad("$", "not a JSON object"))
+            return None
+        if _SURROGATE.search(text) and _has_lone_surrogate(obj):
+            self.bad(self.location, lineno, _Bad(None, f"{NOT_JSON}: a lone UTF-16 surrogate "
+                                                       "escape (not Unicode text)"))
+            return None
+        return obj
+
+
+_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
 
 

@@ -9,7 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
-from prefixscope.replay.trace_common import _Bad, _id_list, _int_field, _num_field, _Reader, open_text
+from prefixscope.core.bounds import TOO_DEEP
+from prefixscope.core.errors import NOT_JSON
+from prefixscope.replay.trace_common import (
+    GZIP_ERRORS,
+    MAX_DOC_BYTES,
+    _Bad,
+    _id_list,
+    _int_field,
+    _no_constant,
+    _num_field,
+    _Reader,
+    open_text,
+)
 from prefixscope.replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
 from prefixscope.replay.types import TraceRequest
 
@@ -147,12 +159,21 @@ def read_kv_cache_tester(r: _Reader, *, block_size: int,
             return
         try:
             with open_text(file) as fh:
-                doc = json.load(fh)
+                doc = json.loads(fh.read(MAX_DOC_BYTES + 1), parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             r.bad(str(file), exc.lineno, _Bad(None, invalid_json_reason(exc)))
             continue
+        except RecursionError:
+            r.bad(str(file), 1, _Bad(None, TOO_DEEP))
+            continue
+        except GZIP_ERRORS:
+            r.bad(str(file), 1, _Bad(None, "gzip data is corrupt or cut short"))
+            continue
+        except ValueError:  # NaN / Infinity
+            r.bad(str(file), 1, _Bad(None, f"{NOT_JSON}: NaN and Infinity are not JSON numbers"))
+            continue
         except OSError as exc:
-            raise SourceUnavailable(f"{file}: cannot read ({exc.strerror})") from exc
+            raise SourceUnavailable(f"{file}: cannot read ({exc.strerror or exc})") from exc
         if not isinstance(doc, dict):
             r.bad(str(file), 1, _Bad("$", "not a JSON object"))
             continue

@@ -45,14 +45,17 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from prefixscope.core.bounds import BINARY_REASON, BINARY_SAMPLE_BYTES, looks_binary
 from prefixscope.core.errors import ConfigError, SourceUnavailable, UsageError
 from prefixscope.replay.trace_common import (  # noqa: F401  (TraceProblem, TraceReadResult re-exported)
+    GZIP_ERRORS,
     TraceProblem,
     TraceReadResult,
     _Bad,
     _int_field,
     _num_field,
     _Reader,
+    open_binary,
     open_text,
 )
 from prefixscope.replay.trace_hashid_readers import (  # noqa: F401  (constants re-exported)
@@ -227,6 +230,20 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
 # --------------------------------------------------------------------------------------------
 
 
+def check_trace_file(p: Path) -> None:
+    """Refuse what is not a trace file before reading it: a FIFO, a device, a socket
+    (``prefixscope.core.bounds.open_regular``), or an uncompressed file whose first 8 KiB are
+    mostly not text.
+
+    Raises:
+        SourceUnavailable: naming the file and why.
+    """
+    with open_binary(p) as fh:
+        head = fh.read(BINARY_SAMPLE_BYTES)
+    if p.suffix != ".gz" and looks_binary(head):
+        raise SourceUnavailable(f"{p}: {BINARY_REASON}")
+
+
 def detect_format(path: str | os.PathLike[str]) -> str:
     """Guess a trace's format from its first record (``kv-cache-tester`` for a directory or a
     ``.json`` file with ``requests``).
@@ -238,10 +255,12 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     p = Path(path)
     if p.is_dir():
         return "kv-cache-tester"
-    if not p.exists():
-        raise SourceUnavailable(f"{p}: no such file")
-    with open_text(p) as fh:
-        head = fh.read(1 << 16)
+    check_trace_file(p)
+    try:
+        with open_text(p) as fh:
+            head = fh.read(1 << 16)
+    except GZIP_ERRORS:
+        raise SourceUnavailable(f"{p}: not a readable gzip file (corrupt or cut short)") from None
     stripped = head.lstrip()
     if not stripped:
         raise SourceUnavailable(f"{p}: empty file")
@@ -297,6 +316,8 @@ def read_trace(path: str | os.PathLike[str], *, format: str = "auto",
     p = Path(path)
     if not p.exists():
         raise SourceUnavailable(f"{p}: no such file or directory")
+    if not p.is_dir():
+        check_trace_file(p)
     if format not in FORMATS:
         raise UsageError(f"unknown trace format {format!r}: use one of {', '.join(FORMATS)}")
     if output_tokens not in OUTPUT_TOKENS_CHOICES:

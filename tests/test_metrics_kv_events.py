@@ -162,7 +162,7 @@ def test_bad_lines_are_quarantined_good_ones_kept(con, tmp_path):
     q = con.execute("SELECT line, field, reason FROM quarantine ORDER BY line").fetchall()
     assert [(r[0], r[1]) for r in q] == [
         (3, None), (6, "seq"), (8, "payload[1][0].block_hashes")]
-    assert q[0][2].startswith("not JSON")
+    assert q[0][2].startswith("not valid JSON")
     assert "deadbeef" not in q[2][2]  # the reason names the field, not the content
     assert s.rows_quarantined == 3
     assert con.execute("SELECT count(DISTINCT seq) FROM kv_events").fetchone()[0] == 10

@@ -91,7 +91,7 @@ def _expected(line: bytes, line_no: int, ctx) -> tuple:
     return ("row", {
         "run_id": rec.run_id if rec.run_id is not None else ctx.run_id,
         "request_id": rec.request_id if rec.request_id is not None
-        else ctx.fallback_prefix + str(line_no),
+        else usage_read.record_digest_id(line),
         "source_id": ctx.source_id, "line": line_no,
         "ts_unix_s": ts if ts is not None else ctx.mtime,
         "ts_estimated": rec.ts_estimated if ts is not None else True,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 from pathlib import Path
@@ -182,7 +184,9 @@ def test_log_record_shape_fields(con, tmp_path):
                        900.0, "TENANT", digest)
     assert rows[1] == ("cli-run", "chatcmpl-9", 1795960000.5, False, "m2", "cli-inst", "chat",
                        None, None, None, None)
-    assert rows[2][1] == f"{Path(f).resolve()}:3"  # no id anywhere: <file>:<line>
+    # no id anywhere: a digest of the record itself (not of its file and line)
+    line3 = Path(f).read_bytes().splitlines()[2].strip()
+    assert rows[2][1] == "sha256:" + hashlib.sha256(line3).hexdigest()[:32]
     assert rows[2][2] == pytest.approx(1795960000.123)  # a 13-digit number is milliseconds
     assert rows[2][4] == "cli-model"
 
