@@ -139,8 +139,9 @@ def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
     if field is None and text.startswith("Expected `object`"):
         return _Bad(None, "not a JSON object")  # valid JSON, but an array, string, number...
     if text.startswith("Object contains unknown field"):
-        # name the field (a key), never a value
-        return _Bad(text.split("`")[1] if "`" in text else None, "unknown field")
+        # the key itself is input (it could be a tenant id): say where, never which
+        where = field.rsplit(".", 1)[0] if field and "." in field else None
+        return _Bad(where, "unknown key (not part of the decision-log format, docs/scopes.md)")
     if text.startswith("Invalid enum value"):
         text = "not one of the allowed values"  # msgspec quotes the value: never store it
     elif "'" in text and "regex" not in text:

@@ -125,12 +125,13 @@ SMALL_RANGE = "not an integer from 0 to 2^31 - 1"
 
 
 def _small_or_none(v: Any, field: str) -> int | None:
-    """An optional small integer (rank, group index): None when absent or not an integer (as
-    vLLM leaves them unset), refused when an integer outside [0, 2^31 - 1]."""
-    i = _int_or_none(v)
-    if i is not None and not 0 <= i <= MAX_SMALL:
+    """An optional small integer (rank, group index): None when absent or null (vLLM leaves
+    them unset), refused when anything but an integer in [0, 2^31 - 1]."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SMALL:
         raise BadBatch(field, SMALL_RANGE)
-    return i
+    return int(v)
 
 
 def _str_or_none(v: Any, field: str = "payload") -> str | None:
@@ -281,6 +282,8 @@ def _capture_line(raw: bytes, *, instance: str, source_id: str) -> list[tuple]:
         raise BadLine(None, f"{NOT_JSON}: not UTF-8 text") from None
     except _NonFinite:
         raise BadLine(None, f"{NOT_JSON}: NaN and Infinity are not JSON numbers") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise BadLine(None, f"{NOT_JSON}: a number of more than 4,300 digits") from None
     if not isinstance(obj, dict):
         raise BadBatch("$", "line is not a JSON object")
     seq = obj.get("seq")

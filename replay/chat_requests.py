@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from prefixscope.replay.trace_common import MAX_TRACE_TOKENS
+
 
 class BodyError(ValueError):
     """A line whose request body cannot be used; ``field`` is the JSON path at fault."""
@@ -67,18 +69,27 @@ def chat_body(obj: Mapping[str, Any]) -> dict[str, Any]:
 def output_tokens_of(obj: Mapping[str, Any], body: Mapping[str, Any]) -> int:
     """Output tokens to simulate: the line's ``output_tokens``; else the recorded response's
     ``completion_tokens``/``output_tokens`` (``response_usage`` or ``response.usage``); else the
-    request's ``max_completion_tokens``/``max_tokens``; else 0."""
+    request's ``max_completion_tokens``/``max_tokens``; else 0.
+
+    Raises:
+        BodyError: the line's own ``output_tokens`` is not an integer >= 0, or the count exceeds :data:`~replay.trace_common.MAX_TRACE_TOKENS`."""
     value = obj.get("output_tokens")
+    where = "$.output_tokens"
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise BodyError(where, "not an integer >= 0")
     if value is None:
+        where = "$.response_usage"
         usage = obj.get("response_usage")
         if not isinstance(usage, Mapping) and isinstance(obj.get("response"), Mapping):
             usage = obj["response"].get("usage")
         if isinstance(usage, Mapping):
             value = usage.get("completion_tokens", usage.get("output_tokens"))
     if value is None:
-        value = body.get("max_completion_tokens", body.get("max_tokens"))
+        value, where = body.get("max_completion_tokens", body.get("max_tokens")), "$.max_tokens"
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return 0
+    if value > MAX_TRACE_TOKENS:
+        raise BodyError(where, f"more than {MAX_TRACE_TOKENS:,} tokens")
     return value
 
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.core.bounds import LINE_TOO_LONG, MAX_LINE_BYTES, TOO_DEEP, json_too_deep, open_regular
+from prefixscope.core.bounds import (
+    LINE_TOO_LONG,
+    MAX_COUNT,
+    MAX_LINE_BYTES,
+    TOO_DEEP,
+    json_too_deep,
+    open_regular,
+)
 from prefixscope.core.errors import (
     NOT_JSON,
     ParseError,
@@ -129,16 +136,16 @@ def _num_field(obj: Mapping[str, Any], name: str, *, path: str = "$") -> float:
     except OverflowError:
         x = math.inf
     if not math.isfinite(x) or abs(x) > MAX_TRACE_TIME:
-        raise _Bad(f"{path}.{name}", f"not a finite number from -{MAX_TRACE_TIME:.4g} to "
-                                     f"{MAX_TRACE_TIME:.4g}")
+        raise _Bad(f"{path}.{name}", f"not a finite number within ±{MAX_TRACE_TIME:.2g}")
     return x
 
 
 def _id_list(obj: Mapping[str, Any], name: str, *, path: str = "$") -> list[int]:
     ids = obj.get(name)
     # type() is int excludes bool and float; map/set keep this check at C speed.
-    if not isinstance(ids, list) or not set(map(type, ids)) <= {int} or (ids and min(ids) < 0):
-        raise _Bad(f"{path}.{name}", "missing or not a list of non-negative integers")
+    if not isinstance(ids, list) or not set(map(type, ids)) <= {int} or \
+            (ids and (min(ids) < 0 or max(ids) > MAX_COUNT)):
+        raise _Bad(f"{path}.{name}", "missing or not a list of integers from 0 to 2^62")
     return ids
 
 
@@ -214,9 +221,11 @@ class _Reader:
         except json.JSONDecodeError as exc:
             self.bad(self.location, lineno, _Bad(None, invalid_json_reason(exc)))
             return None
-        except ValueError:
-            self.bad(self.location, lineno, _Bad(None, f"{NOT_JSON}: NaN and Infinity are not "
-                                                       "JSON numbers"))
+        except _NonFinite:
+            self.bad(self.location, lineno, _Bad(None, NON_FINITE_JSON))
+            return None
+        except ValueError:  # an integer of more than 4,300 digits
+            self.bad(self.location, lineno, _Bad(None, LONG_NUMBER_JSON))
             return None
         if not isinstance(obj, dict):
             self.bad(self.location, lineno, _Bad("$", "not a JSON object"))
@@ -239,7 +248,15 @@ def _has_lone_surrogate(obj: Any) -> bool:
     return False
 
 
+class _NonFinite(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in JSON text (Python's parser accepts them)."""
+
+
+NON_FINITE_JSON = f"{NOT_JSON}: NaN and Infinity are not JSON numbers"
+LONG_NUMBER_JSON = f"{NOT_JSON}: a number of more than 4,300 digits"
+
+
 def _no_constant(name: str) -> Any:
-    raise ValueError(name)
+    raise _NonFinite(name)
 
 

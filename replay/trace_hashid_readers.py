@@ -10,10 +10,12 @@ from typing import Any
 
 from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
 from prefixscope.core.bounds import TOO_DEEP
-from prefixscope.core.errors import NOT_JSON
 from prefixscope.replay.trace_common import (
     GZIP_ERRORS,
+    LONG_NUMBER_JSON,
     MAX_DOC_BYTES,
+    NON_FINITE_JSON,
+    _NonFinite,
     _Bad,
     _id_list,
     _int_field,
@@ -169,8 +171,11 @@ def read_kv_cache_tester(r: _Reader, *, block_size: int,
         except GZIP_ERRORS:
             r.bad(str(file), 1, _Bad(None, "gzip data is corrupt or cut short"))
             continue
-        except ValueError:  # NaN / Infinity
-            r.bad(str(file), 1, _Bad(None, f"{NOT_JSON}: NaN and Infinity are not JSON numbers"))
+        except _NonFinite:
+            r.bad(str(file), 1, _Bad(None, NON_FINITE_JSON))
+            continue
+        except ValueError:  # an integer of more than 4,300 digits
+            r.bad(str(file), 1, _Bad(None, LONG_NUMBER_JSON))
             continue
         except OSError as exc:
             raise SourceUnavailable(f"{file}: cannot read ({exc.strerror or exc})") from exc

@@ -45,7 +45,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from prefixscope.core.bounds import BINARY_REASON, BINARY_SAMPLE_BYTES, looks_binary
+from prefixscope.core.bounds import (
+    BINARY_REASON,
+    BINARY_SAMPLE_BYTES,
+    ID_TOO_LONG,
+    MAX_ID_CHARS,
+    id_ok,
+    looks_binary,
+)
 from prefixscope.core.errors import ConfigError, SourceUnavailable, UsageError
 from prefixscope.replay.trace_common import (  # noqa: F401  (TraceProblem, TraceReadResult re-exported)
     GZIP_ERRORS,
@@ -66,6 +73,9 @@ from prefixscope.replay.trace_hashid_readers import (  # noqa: F401  (constants 
 )
 from prefixscope.replay.types import TraceRequest
 
+#: Largest token id (vLLM's token ids are 32-bit integers).
+MAX_TOKEN_ID = 2**31 - 1
+
 FORMATS = ("auto", "mooncake", "kv-cache-tester", "token-ids", "chat")
 OUTPUT_TOKENS_CHOICES = ("trace", "0")
 
@@ -81,7 +91,25 @@ def _opt_str(obj: Mapping[str, Any], name: str) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise _Bad(f"$.{name}", "must be a non-empty string")
+    if not id_ok(value):
+        raise _Bad(f"$.{name}", ID_TOO_LONG)
     return value
+
+
+def _request_id(obj: Mapping[str, Any]) -> str | None:
+    """The record's ``request_id`` as text (a string or an integer of at most
+    :data:`~prefixscope.core.bounds.MAX_ID_CHARS` characters), None when absent."""
+    rid = obj.get("request_id")
+    if rid is None:
+        return None
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise _Bad("$.request_id", "must be a non-empty string or an integer")
+    if isinstance(rid, int) and abs(rid) >= 10**MAX_ID_CHARS:  # str() of a huge int is slow
+        raise _Bad("$.request_id", ID_TOO_LONG)
+    text = str(rid)
+    if not id_ok(text):
+        raise _Bad("$.request_id", ID_TOO_LONG)
+    return text
 
 
 def _cache_salt(obj: Mapping[str, Any], path: str = "$") -> str | None:
@@ -115,8 +143,9 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
             ids = obj.get("prompt_token_ids", obj.get("prompt"))
             name = "prompt_token_ids" if "prompt_token_ids" in obj else "prompt"
             if not isinstance(ids, list) or not ids or not set(map(type, ids)) <= {int} \
-                    or min(ids) < 0:
-                raise _Bad(f"$.{name}", "missing, empty or not a list of token ids")
+                    or min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
+                raise _Bad(f"$.{name}", "missing, empty or not a list of token ids "
+                                        "(integers from 0 to 2^31 - 1)")
             out = _int_field(obj, "output_tokens", minimum=0) if "output_tokens" in obj else 0
             out_ids = obj.get("output_token_ids")
             if out_ids is not None and not (isinstance(out_ids, list) and all(
@@ -130,14 +159,14 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
             lora_name = _opt_str(obj, "lora_name")
             lora_path = _opt_str(obj, "lora_path")
             skip = bool(obj.get("skip_reading")) or obj.get("prompt_logprobs") is not None
+            rid = _request_id(obj)
         except _Bad as exc:
             r.bad(r.location, lineno, exc)
             continue
         previous = arrival
-        rid = obj.get("request_id")
         r.stats["requests"] += 1
         yield TraceRequest(
-            request_id=str(rid) if rid is not None else f"{stem}:{lineno}",
+            request_id=rid if rid is not None else f"{stem}:{lineno}",
             arrival_s=arrival,
             num_prompt_tokens=len(ids),
             prompt_token_ids=ids,
@@ -193,6 +222,10 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
                     from exc
             if not ids:
                 raise _Bad("$.messages", "renders to an empty prompt")
+            rid = _request_id(obj)
+            model = body.get("model")
+            if isinstance(model, str) and not id_ok(model):
+                raise _Bad("$.model", ID_TOO_LONG)
         except _Bad as exc:
             r.bad(r.location, lineno, exc)
             continue
@@ -200,18 +233,16 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
             r.bad(r.location, lineno, _Bad(getattr(exc, "field", None), str(exc)))
             continue
         previous = arrival
-        rid = obj.get("request_id")
         attrs = {"trace": stem}
         if obj.get("conversation") is not None:
             attrs["conversation"] = str(obj["conversation"])
         if layout is not None:
             attrs["layout"] = layout.name
-        model = body.get("model")
         logprobs = body.get("prompt_logprobs") is not None or (
             bool(body.get("echo")) and body.get("logprobs") not in (None, False))
         r.stats["requests"] += 1
         yield TraceRequest(
-            request_id=str(rid) if rid is not None else f"{stem}:{lineno}",
+            request_id=rid if rid is not None else f"{stem}:{lineno}",
             arrival_s=arrival,
             num_prompt_tokens=len(ids),
             prompt_token_ids=ids,

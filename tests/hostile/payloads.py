@@ -75,12 +75,15 @@ def number_attacks(obj: Any, path: str) -> Iterator[tuple[str, bytes]]:
     yield f"{path}=string", set_path(obj, path, '"12"')
     yield f"{path}=bool", set_path(obj, path, "true")
     yield f"{path}=deep", set_path(obj, path, "[" * 5000 + "]" * 5000)
+    yield f"{path}=5000-digits", set_path(obj, path, "9" * 5000)
 
 
 def string_attacks(obj: Any, path: str) -> Iterator[tuple[str, bytes]]:
     """A string field set to 1 MiB, control characters, a lone surrogate, or a number."""
     yield f"{path}=huge", set_path(obj, path, json.dumps("r" * HUGE))
+    yield f"{path}=long", set_path(obj, path, json.dumps("r" * 1000))
     yield f"{path}=ansi", set_path(obj, path, json.dumps("\x1b[31mred\x1b[0m\x07"))
     yield f"{path}=surrogate", set_path(obj, path, '"a\\ud800b"')
     yield f"{path}=raw-invalid-utf8", set_path(obj, path, '"aX"').replace(b"aX", b"a\xc3\x28", 1)
     yield f"{path}=number", set_path(obj, path, "7")
+

@@ -1,0 +1,155 @@
+"""The JSONL targets of the attack: each ingester and trace format, how to run it on a file,
+how to count its good rows, which fields are numbers and which are identifiers.
+
+A case file holds 3 good records, the hostile line (line 4) and 2 more good records; the
+expected outcome of each case is in the target's test module (``EXPECTED``): the exact
+``(field, reason)`` of line 4, or None where the line is valid and kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.hostile.payloads import number_attacks, string_attacks, whole_line_attacks
+from tests.hostile.support import count, run_cli
+
+BAD_LINE = 4
+GOOD_BEFORE, GOOD_AFTER = 3, 2
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ingester or trace format under attack.
+
+    Attributes:
+        name: pytest id prefix.
+        record: good record number ``i`` (a dict; every one distinct).
+        numbers / strings: JSON paths of numeric fields / identifier and text fields attacked.
+        rows_per_record: good rows one good record gives (KV events: one per block hash).
+        run: ``(file, tmp_path) -> (code, stdout, stderr, good rows, problems)`` where problems
+            are ``(line, field, reason)`` as stored (quarantine table or run.json).
+        prefix: the word before a problem on stderr (``quarantined`` or ``skipped``).
+    """
+
+    name: str
+    record: Callable[[int], dict[str, Any]]
+    numbers: tuple[str, ...]
+    strings: tuple[str, ...]
+    rows_per_record: int
+    run: Callable[[Path, Path], tuple[int, str, str, int, list[tuple]]]
+    prefix: str = "quarantined"
+
+    def cases(self) -> Iterator[tuple[str, bytes]]:
+        good = json.dumps(self.record(0)).encode()
+        yield from whole_line_attacks(good)
+        for p in self.numbers:
+            yield from number_attacks(self.record(99), p)
+        for p in self.strings:
+            yield from string_attacks(self.record(99), p)
+
+    def file_for(self, line: bytes, tmp_path: Path, suffix: str = ".jsonl") -> Path:
+        recs = [json.dumps(self.record(i)).encode() for i in range(GOOD_BEFORE + GOOD_AFTER)]
+        lines = recs[:GOOD_BEFORE] + [line] + recs[GOOD_BEFORE:]
+        f = tmp_path / f"hostile{suffix}"
+        f.write_bytes(b"\n".join(lines) + b"\n")
+        return f
+
+
+def _ingest_runner(command: str, table: str) -> Callable:
+    def run(f: Path, tmp_path: Path):
+        from tests.hostile.support import fresh_db, quarantine_rows
+
+        db = fresh_db(tmp_path)
+        code, out, err = run_cli(["ingest", command, str(f), "--db", db])
+        return code, out, err, count(db, f"SELECT count(*) FROM {table}"), quarantine_rows(db)
+    return run
+
+
+def _sim_runner(fmt: str) -> Callable:
+    def run(f: Path, tmp_path: Path):
+        out_dir = tmp_path / "sim-out"
+        code, out, err = run_cli(["replay", "sim", str(f), "--format", fmt, "--out", str(out_dir),
+                                  "--run-id", "hostile-sim", "--hash-id-block-size", "16"])
+        run_json = out_dir / "run.json"
+        if not run_json.exists():
+            return code, out, err, 0, []
+        doc = json.loads(run_json.read_text())
+        problems = [(p["line"], p["field"], p["reason"]) for p in doc["skipped_records"]]
+        return code, out, err, doc["summary"]["requests"], problems
+    return run
+
+
+def _request(i: int) -> dict[str, Any]:
+    return {"request_id": f"r-{i}", "created": 1764590000 + i, "model": "m", "instance": "vllm-a",
+            "usage": {"prompt_tokens": 100, "completion_tokens": 5,
+                      "prompt_tokens_details": {"cached_tokens": 50}}}
+
+
+def _anthropic(i: int) -> dict[str, Any]:
+    return {"request_id": f"a-{i}", "ts_unix_s": 1764590000.5 + i, "model": "claude",
+            "response": {"type": "message", "usage": {
+                "input_tokens": 10, "cache_read_input_tokens": 100,
+                "cache_creation_input_tokens": 20, "output_tokens": 3}}}
+
+
+def _decision(i: int) -> dict[str, Any]:
+    return {"ts_unix_s": 1764590000.0 + i, "request_id": f"d-{i}", "scope": "PUBLIC",
+            "namespace_digest": "0123456789abcdef", "decision": "accept",
+            "candidate_cached_tokens": 100, "accepted_cached_tokens": 50, "model": "m",
+            "instance": "gw-a", "run_id": "", "expected": {"cache_epoch": 3, "policy_revision": 1}}
+
+
+def _kv(i: int) -> dict[str, Any]:
+    return {"source": "pub", "topic": "kv-events", "seq": i, "payload": [
+        1764590000.25 + i, [{"type": "BlockStored", "block_hashes": [1000 + 2 * i, 1001 + 2 * i],
+                             "parent_block_hash": None, "token_ids": list(range(32)),
+                             "block_size": 16, "lora_id": None, "medium": "GPU",
+                             "lora_name": None, "group_idx": 0}], 0]}
+
+
+def _token_ids(i: int) -> dict[str, Any]:
+    return {"prompt_token_ids": list(range(i, i + 40)), "output_tokens": 3, "t": 0.5 * i,
+            "request_id": f"q-{i}", "model": "m", "cache_salt": f"salt{i}"}
+
+
+def _mooncake(i: int) -> dict[str, Any]:
+    return {"timestamp": 1000 * i, "input_length": 40, "output_length": 4,
+            "hash_ids": [10 * i + 1, 10 * i + 2, 10 * i + 3]}
+
+
+def _chat(i: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"hello number {i}"}], "t": 1.0 * i,
+            "request_id": f"c-{i}", "model": "m", "output_tokens": 2}
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("requests", _request,
+           ("created", "usage.prompt_tokens", "usage.completion_tokens",
+            "usage.prompt_tokens_details.cached_tokens"),
+           ("request_id", "model", "instance"), 1, _ingest_runner("requests", "requests")),
+    Target("requests-anthropic", _anthropic,
+           ("ts_unix_s", "response.usage.input_tokens", "response.usage.cache_read_input_tokens",
+            "response.usage.cache_creation_input_tokens"),
+           ("request_id",), 1, _ingest_runner("requests", "requests")),
+    Target("decisions", _decision,
+           ("ts_unix_s", "candidate_cached_tokens", "accepted_cached_tokens",
+            "expected.cache_epoch"),
+           ("request_id", "model", "instance"), 1,
+           _ingest_runner("decisions", "gateway_decisions")),
+    Target("kv-events", _kv,
+           ("seq", "payload[0]", "payload[2]", "payload[1][0].block_size",
+            "payload[1][0].group_idx", "payload[1][0].block_hashes[0]"),
+           ("topic", "payload[1][0].medium", "payload[1][0].type"), 2,
+           _ingest_runner("kv-events", "kv_events")),
+    Target("sim-token-ids", _token_ids, ("t", "output_tokens", "prompt_token_ids[0]"),
+           ("request_id", "model", "cache_salt"), 1, _sim_runner("token-ids"), "skipped"),
+    Target("sim-mooncake", _mooncake,
+           ("timestamp", "input_length", "output_length", "hash_ids[0]"), (), 1,
+           _sim_runner("mooncake"), "skipped"),
+    Target("sim-chat", _chat, ("t", "output_tokens"), ("request_id", "messages[0].content"), 1,
+           _sim_runner("chat"), "skipped"),
+)}
