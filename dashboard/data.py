@@ -214,6 +214,18 @@ def request_hit_rate_by_window(db: str, *, start_s: float | None, end_s: float |
                                             run_ids=_t(run_ids))
 
 
+@_cached
+def request_hit_rate_totals(db: str, *, start_s: float | None, end_s: float | None,
+                            by: tuple[str, ...] = ("model",),
+                            models: tuple[str, ...] | None = None,
+                            instances: tuple[str, ...] | None = None,
+                            run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """``prefixscope.store.queries.requests.request_hit_rate_totals`` (Σ cached / Σ reported
+    prompt tokens over the range per group, ``first_ts_unix_s``, ``last_ts_unix_s``)."""
+    return _request_query("request_hit_rate_totals", db, models, instances, run_ids,
+                          start_s=start_s, end_s=end_s, by=by)
+
+
 def _request_query(name: str, db: str, models, instances, run_ids, **kwargs):
     from prefixscope.store.queries import requests as q
 

@@ -47,7 +47,7 @@ PRICES = DATA / "prices.toml"
 
 
 def build_real_db(path: str | os.PathLike[str], *, with_requests: bool = True,
-                  with_prices: bool = True) -> str:
+                  with_prices: bool = True, with_metrics: bool = True) -> str:
     """Build a database at ``path`` from the bundled real captures via the real ingest functions."""
     from prefixscope.ingest.exposition import ingest_exposition
     from prefixscope.store import db as store_db
@@ -57,7 +57,7 @@ def build_real_db(path: str | os.PathLike[str], *, with_requests: bool = True,
             from prefixscope.ingest.prices import load_prices
 
             load_prices(con, PRICES)
-        for name, instance, at in SCRAPES:
+        for name, instance, at in SCRAPES if with_metrics else ():
             ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at)
         if with_requests:
             from prefixscope.ingest.usage import ingest_usage_file

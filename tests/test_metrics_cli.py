@@ -71,8 +71,10 @@ def test_hitrate_filters_and_range(cli, data_dir, db_path):
 
 def test_hitrate_usage_errors(cli, data_dir, db_path):
     _ingest_two_scrapes(cli, data_dir, db_path)
-    code, _, err = cli(["hitrate", "--by", "scope", "--db", db_path])
+    code, _, err = cli(["hitrate", "--by", "scope", "--source", "counters", "--db", db_path])
     assert code == 2 and "scope needs per-request data: use --source requests" in err
+    code, out, err = cli(["hitrate", "--by", "scope", "--db", db_path])  # auto: per request
+    assert code == 0 and "no hit-rate data" in out  # these scrapes come with no requests
     code, _, err = cli(["hitrate", "--by", "tenant", "--db", db_path])
     assert code == 2 and "--by" in err
     code, _, err = cli(["hitrate", "--window", "0", "--db", db_path])

@@ -27,6 +27,21 @@ def status_badge(hit_tokens, query_tokens, threshold: float) -> str:
     return f":{colour}-badge[{word}]"
 
 
+REQUESTS_SOURCE = ("No vLLM counters for this selection: these figures are **per request**, from the "
+                   "usage logs (Σ cached_tokens ÷ Σ prompt_tokens of the requests that reported "
+                   "cached tokens; docs/metrics.md#per-request-hit-rate-and-coverage).")
+
+
+def as_counter_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-request rows (``cached_tokens``, ``reported_prompt_tokens``) under the counter
+    columns the page draws (``hit_tokens``, ``query_tokens``; no restarts, no legacy names)."""
+    out = df.rename(columns={"cached_tokens": "hit_tokens",
+                             "reported_prompt_tokens": "query_tokens"})
+    out["restarts"] = 0
+    out["legacy"] = False
+    return out
+
+
 def _tokens(x) -> int:
     return 0 if x is None or x != x else int(x)
 
@@ -45,15 +60,30 @@ with data.guard(db):
     windows = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
                                       by=by, models=f.models, instances=f.instances,
                                       run_ids=f.run_ids)
+    source = "counters"
+    if windows.empty:
+        # No counters (the common case behind a gateway): the per-request figure, named.
+        windows = as_counter_columns(data.request_hit_rate_by_window(
+            db, start_s=f.start_s, end_s=f.end_s, window_s=window_s, by=by, models=f.models,
+            instances=f.instances, run_ids=f.run_ids))
+        source = "requests"
     if windows.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
-
-    per_model = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
-                                        by=("model",), models=f.models, instances=f.instances,
-                                        run_ids=f.run_ids)
-    totals = data.hit_rate_totals(db, start_s=f.start_s, end_s=f.end_s, by=("model",),
-                                  models=f.models, instances=f.instances, run_ids=f.run_ids)
+    if source == "requests":
+        st.info(REQUESTS_SOURCE, icon=":material/receipt_long:")
+        per_model = as_counter_columns(data.request_hit_rate_by_window(
+            db, start_s=f.start_s, end_s=f.end_s, window_s=window_s, by=("model",),
+            models=f.models, instances=f.instances, run_ids=f.run_ids))
+        totals = as_counter_columns(data.request_hit_rate_totals(
+            db, start_s=f.start_s, end_s=f.end_s, by=("model",), models=f.models,
+            instances=f.instances, run_ids=f.run_ids))
+    else:
+        per_model = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s,
+                                            window_s=window_s, by=("model",), models=f.models,
+                                            instances=f.instances, run_ids=f.run_ids)
+        totals = data.hit_rate_totals(db, start_s=f.start_s, end_s=f.end_s, by=("model",),
+                                      models=f.models, instances=f.instances, run_ids=f.run_ids)
 
     if bool(windows["legacy"].fillna(False).any()):
         st.info("Some of this data comes from the legacy metric names `vllm:gpu_prefix_cache_queries`"

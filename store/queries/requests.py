@@ -507,6 +507,12 @@ def _num(x) -> int:
     return int(round(float(x)))
 
 
+def has_counters(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None) -> bool:
+    """True when ``metric_samples`` holds any sample of these runs (None = any run): the
+    ``auto`` source of ``report`` and ``hitrate`` then uses the counters, else the requests."""
+    return _has_counters(con, run_ids)
+
+
 def _has_counters(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None) -> bool:
     try:
         if run_ids is None:

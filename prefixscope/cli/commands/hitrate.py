@@ -21,8 +21,16 @@ SCOPE_NEEDS_REQUESTS = "scope needs per-request data: use --source requests"
 class Source(str, Enum):
     """Where the hit rate comes from."""
 
+    auto = "auto"
     counters = "counters"
     requests = "requests"
+
+
+#: What the table title and the empty message name for each source.
+SOURCE_TITLE = {
+    "counters": "counters",
+    "requests": "requests: usage logs, Σ cached / Σ prompt tokens",
+}
 
 
 def _by_tuple(by: str, source: Source) -> tuple[str, ...]:
@@ -37,6 +45,22 @@ def _by_tuple(by: str, source: Source) -> tuple[str, ...]:
     return cols
 
 
+def resolve_source(db: str, source: Source, by: tuple[str, ...],
+                   run_ids: list[str] | None) -> Source:
+    """``auto``: the counters when the selected runs have any counter sample, else the requests
+    (usage logs: the common case behind a gateway); ``--by scope`` is per request only. The
+    other sources are returned as given."""
+    if source is not Source.auto:
+        return source
+    if "scope" in by:
+        return Source.requests
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries.requests import has_counters
+
+    with store_db.reader(db) as con:
+        return Source.counters if has_counters(con, run_ids) else Source.requests
+
+
 def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: float | None,
                   end_s: float | None, models: list[str] | None, instances: list[str] | None,
                   source: Source,
@@ -45,7 +69,9 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
 
     ``run_ids``: runs to include (``''`` = production traffic); None = every run.
 
-    Keys: ``model``, ``instance`` (None when not grouped by it), ``scope`` (requests source,
+    ``source`` ``auto`` is resolved first (:func:`resolve_source`).
+
+    Keys: ``source`` (``counters`` or ``requests``), ``model``, ``instance`` (None when not grouped by it), ``scope`` (requests source,
     grouped by scope), ``window_start`` / ``window_end`` (ISO 8601 UTC), ``window_start_s`` /
     ``window_end_s`` (Unix seconds), ``hit_tokens``, ``query_tokens`` (tokens), ``hit_rate``
     (fraction or None), then per source: counters ``restarts``, ``legacy``,
@@ -56,6 +82,7 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
     """
     from prefixscope.store import db as store_db
 
+    source = resolve_source(db, source, by, run_ids)
     with store_db.reader(db) as con:
         if source is Source.counters:
             from prefixscope.store.queries.metrics import hit_rate_by_window
@@ -74,6 +101,7 @@ def hit_rate_rows(db: str, *, by: tuple[str, ...], window_s: float, start_s: flo
     rows: list[dict[str, Any]] = []
     for rec in df.to_dict("records"):
         row: dict[str, Any] = {
+            "source": source.value,
             "model": _label(rec.get("model")) if "model" in by else None,
             "instance": _label(rec.get("instance")) if "instance" in by else None,
         }
@@ -134,7 +162,8 @@ def hitrate_cmd(
     model: Annotated[list[str] | None, typer.Option("--model", help="Only this model (repeatable).")] = None,
     instance: Annotated[list[str] | None, typer.Option("--instance", help="Only this instance (repeatable).")] = None,
     source: Annotated[Source, typer.Option(
-        "--source", help="counters (vLLM /metrics increases) or requests (usage logs).")] = Source.counters,
+        "--source", help="auto (counters when stored, else usage logs), counters (vLLM /metrics "
+        "increases) or requests (usage logs).")] = Source.auto,
     run: Annotated[list[str] | None, typer.Option(
         "--run", help="Only this replay run (run id; repeatable) instead of production traffic.")] = None,
     all_runs: AllRunsOption = False,
@@ -145,7 +174,8 @@ def hitrate_cmd(
 
     Counters: increases of vllm:prefix_cache_hits_total and _queries_total (a drop is a
     restart, counted from the new value; no extrapolation). Requests: Σ cached_tokens /
-    Σ prompt_tokens over requests that reported cached tokens.
+    Σ prompt_tokens over requests that reported cached tokens. auto (default): counters when
+    the selected runs have any, else requests; the table title names the source.
 
     Example: prefixscope hitrate --by model --window 1h --json
     """
@@ -164,7 +194,7 @@ def hitrate_cmd(
     if not rows:
         out.print("no hit-rate data in this range (ingest metrics or requests first)")
         return
-    _print_table(rows, cols, source)
+    _print_table(rows, cols, Source(rows[0]["source"]))
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
@@ -224,7 +254,7 @@ def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], source: Sour
     has_notes = any(b[3] for b in body)
     notes_column = has_notes and needed + 3 + notes_min <= out.width
 
-    table = Table(title=f"prefix-cache hit rate ({source.value})")
+    table = Table(title=f"prefix-cache hit rate ({SOURCE_TITLE[source.value]})")
     table.add_column(window_header, no_wrap=True, width=fixed[0])
     for c, width in zip(cols, label_min):
         table.add_column(c, overflow="fold", min_width=width)
