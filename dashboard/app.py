@@ -29,6 +29,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("views/invariants.py", "Invariants", ":material/verified_user:"),
     ("views/replay.py", "Replay", ":material/replay:"),
     ("views/breakers.py", "Breakers", ":material/troubleshoot:"),
+    ("views/residency.py", "Residency", ":material/hourglass_top:"),
     # append one line per page here: ("views/<file>.py", "<Title>", ":material/<icon>:"),
 ]
 

@@ -18,6 +18,7 @@ import streamlit as st
 from prefixscope.dashboard import alerts_data as dashboard_data
 from prefixscope.dashboard import data
 from prefixscope.core.formatting import fmt_pct, fmt_time
+from prefixscope.dashboard.downloads import show_table
 
 STATUS_ICON = {"OK": "🟢 OK", "ALERT": "🔴 ALERT", "NO DATA": "⚪ NO DATA", "STALE": "🟠 STALE",
                "INCONSISTENT": "🔴 INCONSISTENT"}
@@ -76,7 +77,7 @@ with data.guard(db):
         st.info("No prefix-cache data for this day: no vLLM counters and no production requests "
                 "with cached_tokens. Pick another day, or ingest data.", icon=":material/info:")
     else:
-        st.dataframe(pd.DataFrame({
+        show_table("alerts-1", pd.DataFrame({
             "model": [ln["model"] for ln in lines],
             "scope": [ln["scope"] or "all" for ln in lines],
             "status": [STATUS_ICON[ln["status"]] for ln in lines],
@@ -96,7 +97,7 @@ with data.guard(db):
     fell = rep["fell_models"] + rep["fell_namespaces"]
     if fell:
         st.subheader("Fell most since the previous day")
-        st.dataframe(pd.DataFrame({
+        show_table("alerts-2", pd.DataFrame({
             "model": [c["model"] for c in fell],
             "namespace": [c["tenant_digest"] or "" for c in fell],
             "previous day": [fmt_pct(c["prev_hit_rate"], digits=0) for c in fell],
@@ -120,7 +121,7 @@ with data.guard(db):
                            f"{d} to {r}: {e}" for d, r, e in
                            zip(failed["day"], failed["recipients"], failed["error"])),
                        icon=":material/mail_lock:")
-        st.dataframe(pd.DataFrame({
+        show_table("alerts-3", pd.DataFrame({
             "recorded": sends["created_unix_s"].map(fmt_time),
             "day": sends["day"],
             "tz": sends["tz"],

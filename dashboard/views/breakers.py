@@ -14,6 +14,7 @@ import streamlit as st
 
 from prefixscope.core.formatting import fmt_pct, fmt_time, fmt_tokens
 from prefixscope.dashboard import data
+from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No diagnosis stored. Run `prefixscope diagnose TRACE --ingest` (for example "
          "`prefixscope diagnose data/captures/aider/chat-requests.jsonl --ingest`): it replays "
@@ -89,7 +90,7 @@ with data.guard(db):
         st.success("No breakers: every request hit the longest prefix an earlier request had.",
                    icon=":material/check_circle:")
         st.stop()
-    st.dataframe(pd.DataFrame({
+    show_table("breakers-1", pd.DataFrame({
         "rank": b["rank"], "level": b["level"], "kind": b["kind"],
         "where": [where(r) for _, r in b.iterrows()],
         "requests": b["requests"].map(lambda v: f"{int(v):,}"),

@@ -11,6 +11,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data
 from prefixscope.core.formatting import fmt_int, fmt_time
+from prefixscope.dashboard.downloads import show_table
 
 db = data.db_path()
 st.title("Data sources")
@@ -39,7 +40,7 @@ with data.guard(db):
               help="Input lines set aside with a reason (newest 1,000 listed).")
 
     st.subheader("Sources")
-    st.dataframe(pd.DataFrame({
+    show_table("data-sources-1", pd.DataFrame({
         "kind": sources["kind"],
         "location": sources["location"],
         "rows added": sources["rows_added"].map(fmt_int),
@@ -53,7 +54,7 @@ with data.guard(db):
     if quarantine.empty:
         st.caption("No line was quarantined.")
     else:
-        st.dataframe(pd.DataFrame({
+        show_table("data-sources-2", pd.DataFrame({
             "where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
             "field": quarantine["field"].fillna(""),
             "reason": quarantine["reason"],
@@ -62,5 +63,5 @@ with data.guard(db):
 
     st.subheader("Tables")
     counts = data.table_row_counts(db)
-    st.dataframe(pd.DataFrame({"table": list(counts), "rows": [fmt_int(v) for v in counts.values()]}),
+    show_table("data-sources-3", pd.DataFrame({"table": list(counts), "rows": [fmt_int(v) for v in counts.values()]}),
                  hide_index=True, height=35 * (len(counts) + 1) + 3)

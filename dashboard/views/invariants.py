@@ -13,6 +13,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, filters
 from prefixscope.core.formatting import fmt_int
+from prefixscope.dashboard.downloads import show_table
 
 TITLES = {
     "cross_scope_acceptance": "Cross-scope acceptance",
@@ -78,7 +79,7 @@ with data.guard(db):
                         key="invariants_pick")
     rows = load(db, "invariant_violations", invariant=pick, **common)
     if isinstance(rows, pd.DataFrame) and not rows.empty:
-        st.dataframe(rows.assign(time=pd.to_datetime(rows["ts_unix_s"], unit="s")),
+        show_table("invariants-1", rows.assign(time=pd.to_datetime(rows["ts_unix_s"], unit="s")),
                      hide_index=True, key="invariants_rows")
     else:
         st.caption(f"No request violates {TITLES[pick].lower()}.")

@@ -14,6 +14,7 @@ import streamlit as st
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core import report
 from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_tokens, fmt_window
+from prefixscope.dashboard.downloads import show_table
 
 WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
 EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
@@ -126,7 +127,7 @@ with data.guard(db):
 
     st.subheader("Whole range per model")
     if not totals.empty:
-        st.dataframe(pd.DataFrame({
+        show_table("overview-1", pd.DataFrame({
             "model": totals["model"],
             "hit rate": totals["hit_rate"].map(fmt_pct),
             "status": [report.hit_status(_tokens(h), _tokens(q), data.alert_threshold(m))
@@ -146,7 +147,7 @@ with data.guard(db):
     if config.empty:
         st.caption("No `vllm:cache_config_info` sample for these instances.")
     else:
-        st.dataframe(pd.DataFrame({
+        show_table("overview-2", pd.DataFrame({
             "instance": config["instance"],
             "model": config["model"],
             "engine": config["engine"],

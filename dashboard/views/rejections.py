@@ -13,6 +13,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, filters
 from prefixscope.core.formatting import fmt_int, fmt_tokens, fmt_window
+from prefixscope.dashboard.downloads import show_table
 
 WINDOWS_S = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
 EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-tenant trace with "
@@ -93,12 +94,12 @@ with data.guard(db):
     st.plotly_chart(misses_figure(misses, window_s=window_s), key="rejections_misses")
     st.subheader("Top namespaces by rejections")
     top = load(db, "top_rejected_namespaces", limit=10, **common)
-    st.dataframe(top, hide_index=True, key="rejections_top",
+    show_table("rejections-1", top, hide_index=True, key="rejections_top",
                  column_config={"reject_fraction": st.column_config.NumberColumn(format="percent")})
     events = load(db, "gateway_events", **common)
     if not events.empty:
         st.subheader("Version events")
         shown = events.assign(time=_utc(events["ts_unix_s"]))[
             ["time", "event", "namespace_digest", "new_value", "run_id"]]
-        st.dataframe(shown, hide_index=True, key="rejections_events")
+        show_table("rejections-2", shown, hide_index=True, key="rejections_events")
     st.caption("Reason classes: " + "; ".join(f"{k}: {v}" for k, v in CLASS_HELP.items()) + ".")

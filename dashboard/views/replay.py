@@ -19,6 +19,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, filters
 from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
+from prefixscope.dashboard.downloads import show_table
 
 EACH_MODEL = "each run's own model"
 MAX_DEFAULT_RUNS = 8
@@ -154,7 +155,7 @@ with data.guard(db):
                 + (f" of `{price_as}`" if price_as != EACH_MODEL else "")
                 + (": " + "; ".join(srcs) if srcs else "") + ".", icon=":material/price_change:")
 
-    st.dataframe(pd.DataFrame({
+    show_table("replay-1", pd.DataFrame({
         "run": sel["label"],
         "kind": sel["kind"],
         "cache": [describe_cache(p) for p in params],

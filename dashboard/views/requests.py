@@ -16,6 +16,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_tokens
+from prefixscope.dashboard.downloads import show_table
 
 WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
 PAGE_ROWS = 500
@@ -98,7 +99,7 @@ with data.guard(db):
     if windows.empty:
         st.caption("No window in this range.")
     else:
-        st.dataframe(pd.DataFrame({
+        show_table("requests-1", pd.DataFrame({
             "window start": windows["window_start_s"].map(fmt_time),
             "model": windows["model"],
             "requests": windows["requests"].map(fmt_int),
@@ -122,7 +123,7 @@ with data.guard(db):
         shown = data.newest_requests(db, start_s=f.start_s, end_s=f.end_s, limit=PAGE_ROWS,
                                      offset=(page - 1) * PAGE_ROWS, models=f.models,
                                      instances=f.instances, run_ids=f.run_ids)
-        st.dataframe(pd.DataFrame({
+        show_table("requests-2", pd.DataFrame({
             "time": shown["ts_unix_s"].map(lambda t: fmt_time(t, seconds=True)),
             "model": shown["model"],
             "instance": shown["instance"],

@@ -13,6 +13,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
+from prefixscope.dashboard.downloads import show_table
 
 WINDOWS_S = {"1h": 3600.0, "1d": 86400.0}
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
@@ -74,7 +75,7 @@ with data.guard(db):
 
     st.subheader("Per model")
     if not priced.empty:
-        st.dataframe(pd.DataFrame({
+        show_table("savings-1", pd.DataFrame({
             "model": priced["model"],
             "price": ["shadow" if bool(x) else "list" for x in priced["shadow"]],
             "prompt tokens": priced["prompt_tokens"].map(fmt_tokens),

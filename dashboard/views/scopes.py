@@ -14,6 +14,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, filters
 from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_tokens, fmt_window
+from prefixscope.dashboard.downloads import show_table
 
 WINDOWS_S = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
 SCOPE_ORDER = ["PUBLIC", "TENANT", "PRINCIPAL", "UNSCOPED"]
@@ -113,7 +114,7 @@ with data.guard(db):
     st.subheader("By namespace digest")
     st.caption("A namespace digest is the first 16 hex characters of HMAC-SHA256 of the tenant "
                "(or principal) id under the server's key: never the id itself.")
-    st.dataframe(ns_totals[["scope", "namespace_digest", "requests", "prompt_tokens",
+    show_table("scopes-1", ns_totals[["scope", "namespace_digest", "requests", "prompt_tokens",
                             "cached_tokens", "hit_rate", "accepts", "rejects", "misses"]],
                  hide_index=True, key="scopes_ns_table",
                  column_config={"hit_rate": st.column_config.NumberColumn(format="percent")})

@@ -1,0 +1,119 @@
+"""Residency: how long does my cache last? KV block lifetime, idle time before eviction and
+the gap between reuses, from vLLM's residency histograms and from the KV events.
+
+Reads ``prefixscope.store.queries.residency`` (``residency_histograms``, ``kv_event_lifetimes``)
+through ``prefixscope.dashboard.data.query``: one row per bucket, never per block. The
+histograms come from a vLLM started with ``--kv-cache-metrics`` (sampled by
+``--kv-cache-metrics-sample``); the KV-event lifetimes pair each ``BlockRemoved`` with its
+block's latest ``BlockStored`` (``docs/metrics.md#kv-residency``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from prefixscope.core.formatting import fmt_int
+from prefixscope.dashboard import data, filters
+from prefixscope.dashboard.downloads import download_button
+from prefixscope.store.queries.residency import RESIDENCY_METRICS, histogram_quantile
+
+TITLES = {
+    "vllm:kv_block_lifetime_seconds": "Lifetime (allocated → evicted)",
+    "vllm:kv_block_idle_before_evict_seconds": "Idle before eviction",
+    "vllm:kv_block_reuse_gap_seconds": "Gap between reuses",
+}
+EMPTY = ("No KV residency data in this range. Start vLLM with `--kv-cache-metrics` (and "
+         "`--kv-cache-metrics-sample 1.0` to see every block) and ingest its `/metrics` "
+         "(`prefixscope ingest metrics URL --every 15`), or ingest its KV events "
+         "(`prefixscope ingest kv-events`).")
+
+
+def fmt_s(x) -> str:
+    """Seconds for a person: ``850 ms``, ``12.3 s``, ``4.2 min``, ``1.5 h``; ``–`` for none."""
+    if x is None or pd.isna(x):
+        return "–"
+    x = float(x)
+    if x < 1:
+        return f"{x * 1000:,.0f} ms"
+    if x < 120:
+        return f"{x:,.1f} s"
+    if x < 7200:
+        return f"{x / 60:,.1f} min"
+    return f"{x / 3600:,.1f} h"
+
+
+def _label(le: float) -> str:
+    return "> 1800 s" if le == float("inf") else f"≤ {le:g} s"
+
+
+def bucket_figure(series: dict[str, list[tuple[float, float]]], title: str) -> go.Figure:
+    """Bars of observations per bucket (cumulative counts differenced) for each source."""
+    fig = go.Figure()
+    for name, cum in series.items():
+        les = [le for le, _ in cum]
+        counts = [c for _, c in cum]
+        per = [counts[0]] + [b - a for a, b in zip(counts, counts[1:])]
+        fig.add_bar(x=[_label(le) for le in les], y=per, name=name)
+    fig.update_layout(title=title, barmode="group", height=320, margin=dict(t=40, b=40),
+                      xaxis_title="seconds", yaxis_title="blocks", legend=dict(orientation="h"))
+    return fig
+
+
+f = filters.current()
+db = data.db_path()
+st.title("Residency")
+st.caption("How long does my cache last: KV blocks from allocation to eviction, idle time "
+           "before eviction, and the gap between reuses. " + f.describe())
+
+with data.guard(db):
+    hist = data.query(db, "residency", "residency_histograms", start_s=f.start_s, end_s=f.end_s,
+                      models=f.models, instances=f.instances)
+    events = data.query(db, "residency", "kv_event_lifetimes", start_s=f.start_s,
+                        end_s=f.end_s, instances=f.instances).iloc[0]
+    have_hist = not hist.empty and float(hist["total"].fillna(0).max()) > 0
+    if not have_hist and events["evicted"] == 0:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+
+    rows = []
+    for metric in RESIDENCY_METRICS:
+        g = hist[hist["metric"] == metric]
+        total = float(g["total"].iloc[0]) if not g.empty and pd.notna(g["total"].iloc[0]) else 0
+        rows.append({"measure": TITLES[metric], "source": f"`{metric}`",
+                     "blocks": fmt_int(total),
+                     "mean": fmt_s(g["sum_s"].iloc[0] / total) if total else "–",
+                     "p50": fmt_s(histogram_quantile(g, 0.5)),
+                     "p90": fmt_s(histogram_quantile(g, 0.9))})
+    rows.append({"measure": "Lifetime of evicted blocks", "source": "KV events (stored → removed)",
+                 "blocks": fmt_int(events["evicted"]), "mean": fmt_s(events["mean_s"]),
+                 "p50": fmt_s(events["p50_s"]), "p90": fmt_s(events["p90_s"])})
+    lifetime = rows[0]
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Median block lifetime", lifetime["p50"] if have_hist else rows[-1]["p50"],
+              border=True, help="Half of the evicted blocks lived shorter than this.")
+    c2.metric("Median idle before eviction", rows[1]["p50"], border=True,
+              help="How long an evicted block had gone unused: a hit needs a request within "
+                   "this time.")
+    c3.metric("Median gap between reuses", rows[2]["p50"], border=True,
+              help="Time between two hits on one block (vLLM keeps the most recent accesses).")
+    table = pd.DataFrame(rows)
+    st.dataframe(table, hide_index=True)
+    download_button(table, "residency-summary")
+    st.caption("Histogram quantiles are interpolated inside vLLM's buckets (as Prometheus "
+               "histogram_quantile); the KV-event figures are exact over the paired events. "
+               "vLLM samples the histograms (`--kv-cache-metrics-sample`, default 1% of blocks).")
+
+    series = {}
+    g = hist[hist["metric"] == "vllm:kv_block_lifetime_seconds"]
+    if not g.empty:
+        series["vllm histogram"] = list(zip(g["le"], g["count"]))
+    if events["evicted"]:
+        series["KV events"] = list(events["buckets"])
+    st.plotly_chart(bucket_figure(series, "Block lifetime"), key="residency-lifetime")
+    for metric in RESIDENCY_METRICS[1:]:
+        g = hist[hist["metric"] == metric]
+        if not g.empty and float(g["total"].fillna(0).max()) > 0:
+            st.plotly_chart(bucket_figure({"vllm histogram": list(zip(g["le"], g["count"]))},
+                                          TITLES[metric]), key=f"residency-{metric}")

@@ -1,0 +1,147 @@
+"""KV residency: vLLM's residency histograms (a real vLLM 0.32 CPU capture with
+--kv-cache-metrics, data/vllm-cpu-0.32/metrics_residency.txt) and KV-event lifetimes (the real
+KV-event captures), through the real ingest path into a DuckDB file, the queries and the
+Residency page (AppTest)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from prefixscope.ingest.exposition import ingest_exposition
+from prefixscope.ingest.kv_events import ingest_kv_events_file
+from prefixscope.store import db as store_db
+from prefixscope.store.queries.residency import (
+    RESIDENCY_METRICS,
+    histogram_quantile,
+    kv_event_lifetimes,
+    residency_histograms,
+)
+from tests import dashboard_support as ds
+
+
+def fmt_s(x):
+    """The page's seconds wording (dashboard/views/residency.py runs as a script)."""
+    if x < 1:
+        return f"{x * 1000:,.0f} ms"
+    if x < 120:
+        return f"{x:,.1f} s"
+    return f"{x / 60:,.1f} min" if x < 7200 else f"{x / 3600:,.1f} h"
+
+CAPTURE = ds.CAPTURES / "metrics_residency.txt"
+AT = 1796126600.0
+
+
+def _exposed(metric: str) -> dict[str, float]:
+    """le -> cumulative count, and _sum/_count, read straight from the exposition text."""
+    out = {}
+    for line in CAPTURE.read_text().splitlines():
+        for kind in ("bucket", "sum", "count"):
+            if line.startswith(f"{metric}_{kind}{{"):
+                le = re.search(r'le="([^"]+)"', line)
+                out[le.group(1) if kind == "bucket" else kind] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def residency_db(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("res") / "res.duckdb")
+    ds.build_real_db(path)
+    with store_db.writer(path) as con:
+        ingest_exposition(con, str(CAPTURE), instance="vllm-cpu-residency", at_unix_s=AT,
+                          label_key=None)
+        for name in ("kv_events.jsonl", "kv_events_evict.jsonl"):
+            ingest_kv_events_file(con, str(ds.CAPTURES / name), instance=ds.KVEVENTS)
+    return path
+
+
+def test_histograms_are_ingested_and_summed_per_bucket(residency_db):
+    with store_db.reader(residency_db) as con:
+        h = residency_histograms(con)
+    assert sorted(h["metric"].unique()) == sorted(RESIDENCY_METRICS)
+    for metric in RESIDENCY_METRICS:
+        want = _exposed(metric)
+        g = h[h["metric"] == metric]
+        got = {("+Inf" if le == float("inf") else f"{le:g}"): c
+               for le, c in zip(g["le"], g["count"])}
+        assert got == {(k if k == "+Inf" else f"{float(k):g}"): v for k, v in want.items()
+                       if k not in ("sum", "count")}
+        assert g["total"].iloc[0] == want["count"] and g["sum_s"].iloc[0] == pytest.approx(
+            want["sum"])
+    life = h[h["metric"] == "vllm:kv_block_lifetime_seconds"]
+    assert life["total"].iloc[0] > 0  # the capture evicted blocks
+
+
+def test_a_second_scrape_counts_only_the_increase(tmp_path):
+    db = str(tmp_path / "two.duckdb")
+    with store_db.writer(db) as con:
+        for at in (AT, AT + 60):  # the same cumulative values a minute later: no new evictions
+            ingest_exposition(con, str(CAPTURE), instance="r", at_unix_s=at, label_key=None)
+        h = residency_histograms(con)
+        late = residency_histograms(con, start_s=AT + 30)
+    total = _exposed("vllm:kv_block_lifetime_seconds")["count"]
+    assert h[h["metric"] == "vllm:kv_block_lifetime_seconds"]["total"].iloc[0] == total
+    assert late[late["metric"] == "vllm:kv_block_lifetime_seconds"]["total"].iloc[0] == total
+    # (a range holding only the later scrape counts from the server start: one sample)
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    import pandas as pd
+
+    b = pd.DataFrame({"le": [1.0, 2.0, 5.0, float("inf")], "count": [0.0, 10.0, 20.0, 20.0]})
+    assert histogram_quantile(b, 0.5) == pytest.approx(2.0)  # rank 10: top of (1, 2]
+    assert histogram_quantile(b, 0.75) == pytest.approx(3.5)  # rank 15: halfway in (2, 5]
+    assert histogram_quantile(b, 0.25) == pytest.approx(1.5)
+    assert histogram_quantile(b.assign(count=0.0), 0.5) is None
+
+
+def test_kv_event_lifetimes_pair_removals_with_their_stores(residency_db):
+    with store_db.reader(residency_db) as con:
+        row = kv_event_lifetimes(con).iloc[0]
+        removed = con.execute("SELECT count(*) FROM kv_events WHERE event_type = 'BlockRemoved'"
+                              ).fetchone()[0]
+        # the same pairs, by a correlated subquery (the slow way)
+        lives = [r[0] for r in con.execute("""
+            SELECT r.batch_ts_unix_s - (SELECT max(s.batch_ts_unix_s) FROM kv_events s
+                WHERE s.event_type = 'BlockStored' AND s.instance = r.instance
+                  AND s.dp_rank = r.dp_rank AND s.block_hash = r.block_hash
+                  AND s.batch_ts_unix_s <= r.batch_ts_unix_s)
+            FROM kv_events r WHERE r.event_type = 'BlockRemoved'""").fetchall()]
+    paired = [x for x in lives if x is not None]
+    assert removed > 0 and row["evicted"] + row["unpaired"] == removed
+    assert row["evicted"] == len(paired)
+    assert row["max_s"] == pytest.approx(max(paired))
+    assert row["mean_s"] == pytest.approx(sum(paired) / len(paired))
+    assert row["buckets"][-1] == (float("inf"), len(paired))
+
+
+def test_residency_page_on_real_data(residency_db, use_db):
+    at = ds.run_app(use_db(residency_db), "views/residency.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    assert at.title[0].value == "Residency"
+    g = None
+    with store_db.reader(residency_db) as con:
+        h = residency_histograms(con)
+        g = h[h["metric"] == "vllm:kv_block_lifetime_seconds"]
+
+    assert ds.metrics(at)["Median block lifetime"] == fmt_s(histogram_quantile(g, 0.5))
+    assert ds.chart_count(at) >= 2  # lifetime (histogram + KV events), idle before evict
+    assert [b.label for b in at.get("download_button")][:2] == ["Download (CSV)", "Parquet"]
+
+
+def test_residency_page_explains_missing_data(tmp_path, use_db):
+    db = ds.build_empty_db(tmp_path / "empty.duckdb")
+    at = ds.run_app(use_db(db), "views/residency.py")
+    ds.assert_clean(at)
+    assert any("--kv-cache-metrics" in i.value for i in at.info)
+
+
+@pytest.fixture
+def use_db(monkeypatch):
+    def _use(db: str) -> str:
+        monkeypatch.setenv("PREFIXSCOPE_DB", db)
+        return db
+
+    return _use
