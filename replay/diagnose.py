@@ -49,7 +49,7 @@ from prefixscope.replay.types import SimConfig, TraceRequest
 KINDS = (
     "timestamp", "id", "number", "name", "whitespace", "tools_reordered", "tools_added",
     "tools_removed", "tool_schema", "reordered_content", "history_rewritten", "edited_text",
-    "different_salt", "model_switch", "evicted", "new_content", "short",
+    "different_salt", "model_switch", "evicted", "divergent_block", "new_content", "short",
 )
 NOT_BREAKERS = ("new_content", "short")
 #: Children of a block key compared for the first divergent token.
@@ -446,6 +446,8 @@ def group_key(kind: str, pos: Position | None) -> tuple[Any, ...]:
         return (kind, "tools", pos.tool_name, pos.schema_key)
     if pos.segment == "message":
         return (kind, "message", pos.role, pos.message_index, pos.line)
+    if pos.segment in ("tokens", "blocks"):
+        return (kind, pos.segment, pos.block)
     return (kind, pos.segment, pos.role, pos.message_index)
 
 
@@ -593,9 +595,13 @@ class Attributor:
         earlier = best.struct
         a.earlier_request_id = earlier.request_id
         if rendered is None or earlier.messages is None:
-            a.kind = "edited_text"
-            a.position = Position("tokens" if tokens is not None else "blocks")
-            if best.decode:
+            # No text: a span was edited when the rest of the divergent block lines up again
+            # (at least 4 equal tokens at its end, shifted by at most 4); otherwise the request
+            # goes on with its own content. Hash-id traces: block level only.
+            a.position = Position("tokens" if tokens is not None else "blocks", block=L)
+            a.kind = "edited_text" if tokens is not None else "divergent_block"
+            if best.decode or (tokens is not None and not _realigns(
+                    list(tokens[L * bs:(L + 1) * bs]), list(best.tokens or ()), best_j)):
                 a.kind = "new_content"
             return
         self._classify(a, rendered, earlier, best.decode)
@@ -664,6 +670,20 @@ class Attributor:
             a.detail = "lines present in both versions, in another order"
         if self.with_context is not None and a.request_id == self.with_context:
             a.context = _context(r, char, new_line, old_line)
+
+
+def _realigns(mine: list[int], theirs: list[int], j: int, *, run: int = 4, shift: int = 4
+              ) -> bool:
+    """Whether two blocks that first differ at token ``j`` share ``run`` equal tokens after it
+    at offsets differing by at most ``shift`` (a substituted span, not new content)."""
+    for s in range(-shift, shift + 1):
+        for p in range(j + 1, len(mine) - run + 1):
+            q = p + s
+            if q <= j or q + run > len(theirs):
+                continue
+            if mine[p:p + run] == theirs[q:q + run]:
+                return True
+    return False
 
 
 def _content_start(r: Rendered, i: int) -> int:

@@ -62,6 +62,8 @@ _NOT_FIXABLE = {
                    "undo)",
     "different_salt": "requests use different cache_salt values: isolation by design",
     "model_switch": "the model changed: another model never shares cached blocks",
+    "divergent_block": "a hash-id trace names blocks, not text: it says where requests part, "
+                       "not what changed",
     "evicted": "the cache dropped the prefix before it was reused: a bigger cache "
                "(--capacity-blocks) or less idle time, not a layout",
 }
@@ -102,6 +104,7 @@ class Breaker:
             "line": pos.line if pos else None,
             "tool": pos.tool_name if pos else None,
             "schema_key": pos.schema_key if pos else None,
+            "block": pos.block if pos else None,
             "requests": self.requests, "distinct_values": self.distinct_values,
             "lost_tokens": self.lost_tokens, "lost_tokens_measured": self.measured,
             "share": self.share, "suggestion": self.suggestion, "fixable": self.fixable,

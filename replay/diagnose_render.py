@@ -113,6 +113,7 @@ class Position:
         column: 1-based character column in that line.
         tool_index, tool_name, schema_key: the tool (``tools``), and the last JSON key before
             the position inside its schema.
+        block: the 0-based block index of the divergence (``tokens``/``blocks`` positions).
     """
 
     segment: str
@@ -123,6 +124,7 @@ class Position:
     tool_index: int | None = None
     tool_name: str | None = None
     schema_key: str | None = None
+    block: int | None = None
 
 
 @dataclass

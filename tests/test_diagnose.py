@@ -191,3 +191,51 @@ def test_ingest_stores_structure_only(cli, tmp_path, db_path):
 
     with store_db.writer(db_path) as con:
         assert ingest_breakers_file(con, doc["ingested"]["breakers_file"]) == 0
+
+
+def _token_trace(tmp_path, *, salt_after: int | None = None) -> str:
+    rs = list(read_trace(str(AIDER_TRACE), format="chat", output_tokens="0").requests)
+    path = tmp_path / "tokens.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, r in enumerate(rs):
+            rec = {"request_id": r.request_id, "t": r.arrival_s,
+                   "prompt_token_ids": list(r.prompt_token_ids)}
+            if salt_after is not None:
+                rec["cache_salt"] = "a" if i < salt_after else "b"
+            fh.write(json.dumps(rec) + "\n")
+    return str(path)
+
+
+def test_token_id_trace_is_attributed_to_token_blocks(tmp_path):
+    d = diagnose(DiagnoseSpec(trace=_token_trace(tmp_path), format="token-ids"))
+    top = d.breakers[0]
+    # The same 17 requests as the chat capture's date line, at the block holding token 99.
+    assert (top.kind, top.position.segment, top.position.block, top.requests) == (
+        "edited_text", "tokens", 6, 17)
+    assert not top.measured and not top.fixable
+    sim = replay_totals(DiagnoseSpec(trace=_token_trace(tmp_path), format="token-ids"))
+    assert d.summary.cached_tokens == sim.cached_tokens
+
+
+def test_token_id_trace_with_another_salt(tmp_path):
+    p = attribution_pass(DiagnoseSpec(trace=_token_trace(tmp_path, salt_after=60),
+                                      format="token-ids"))
+    assert p.groups[("different_salt",)]["requests"] >= 1
+
+
+def test_hash_id_trace_block_level(cli, tmp_path):
+    from tests.replay_io_support import KV_CACHE_TESTER
+
+    code, out, _ = cli(["diagnose", KV_CACHE_TESTER, "--format", "kv-cache-tester",
+                        "--block-size", "64", "--algo", "fast", "--output-tokens", "0",
+                        "--limit", "300", "--out", tmp_path, "--json"])
+    assert code == 0
+    doc = json.loads(out)
+    code, sim_out, _ = cli(["replay", "sim", KV_CACHE_TESTER, "--format", "kv-cache-tester",
+                            "--block-size", "64", "--algo", "fast", "--output-tokens", "0",
+                            "--limit", "300", "--out", tmp_path / "s", "--json"])
+    sim = json.loads(sim_out)
+    assert (doc["prompt_tokens"], doc["cached_tokens"]) == (sim["prompt_tokens"],
+                                                            sim["cached_tokens"])
+    assert doc["breakers"] and {b["segment"] for b in doc["breakers"]} <= {"blocks", None}
+    assert {b["kind"] for b in doc["breakers"]} <= {"divergent_block", "evicted"}

@@ -34,7 +34,7 @@ def _where(b: dict[str, Any]) -> str:
     if seg == "template":
         return f"template text before message {b['message_index']} ({b['role']})"
     if seg in ("tokens", "blocks"):
-        return seg
+        return f"{seg}, block {b.get('block')}" if b.get("block") is not None else seg
     return "whole request"
 
 
@@ -150,7 +150,7 @@ def _explain(a: Any, *, no_text: bool) -> None:
     if pos is not None:
         where = _where({"segment": pos.segment, "message_index": pos.message_index,
                         "role": pos.role, "line": pos.line, "tool": pos.tool_name,
-                        "schema_key": pos.schema_key})
+                        "schema_key": pos.schema_key, "block": pos.block})
         if pos.column is not None:
             where += f", column {pos.column}"
     p(f"  {a.kind} at token {a.divergence_token}: {where}")
@@ -244,7 +244,8 @@ def diagnose_cmd(
                         "role": pos.role if pos else None, "line": pos.line if pos else None,
                         "column": pos.column if pos else None,
                         "tool": pos.tool_name if pos else None,
-                        "schema_key": pos.schema_key if pos else None})
+                        "schema_key": pos.schema_key if pos else None,
+                        "block": pos.block if pos else None})
             return
         _explain(p.explained, no_text=no_text)
         return
