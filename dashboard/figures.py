@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from prefixscope.core.formatting import currency_prefix, fmt_money, fmt_window
+from prefixscope.core.formatting import currency_prefix, fmt_money, fmt_pct, fmt_window, utc_times
 
 # A fixed qualitative palette so that one series keeps its colour across figures of a page.
 PALETTE = (
@@ -44,11 +44,6 @@ def _time_range(starts_s: pd.Series, window_s: float | None) -> list | None:
     lo = float(starts_s.min()) - 0.5 * float(window_s)
     hi = float(starts_s.max()) + 1.5 * float(window_s)
     return [pd.Timestamp(lo, unit="s").to_pydatetime(), pd.Timestamp(hi, unit="s").to_pydatetime()]
-
-
-def _utc(ts_unix_s: pd.Series) -> pd.Series:
-    """Unix seconds -> naive UTC datetimes (plotly draws them as given: UTC wall time)."""
-    return pd.to_datetime(ts_unix_s.astype("float64"), unit="s", utc=True).dt.tz_localize(None)
 
 
 def series_label(df: pd.DataFrame, by: Sequence[str]) -> pd.Series:
@@ -108,8 +103,8 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
     # A point stands for its whole window: drawn at the window's middle (bars of the tokens
     # figure fill the same window).
     mid_s = d["window_start_s"].astype("float64") + (0.5 * float(window_s) if window_s else 0.0)
-    d["t"] = _utc(mid_s)
-    d["from"] = _utc(d["window_start_s"]).dt.strftime("%Y-%m-%d %H:%M")
+    d["t"] = utc_times(mid_s)
+    d["from"] = utc_times(d["window_start_s"]).dt.strftime("%Y-%m-%d %H:%M")
     colours = _colour_map(d["series"].tolist())
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
@@ -165,7 +160,7 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
         return _empty(title)
     d = df.sort_values("window_start_s").copy()
     d["series"] = series_label(d, by)
-    d["t"] = _utc(d["window_start_s"])
+    d["t"] = utc_times(d["window_start_s"])
     labels = sorted(d["series"].unique().tolist())
     n = len(labels)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=labels,
@@ -256,12 +251,12 @@ def request_hit_rate_over_time(bands: pd.DataFrame, windows: pd.DataFrame | None
     if have_band:
         b = bands.sort_values("window_start_s").copy()
         b["series"] = series_label(b, [color])
-        b["t"] = _utc(b["window_start_s"].astype("float64") + half)
+        b["t"] = utc_times(b["window_start_s"].astype("float64") + half)
         labels += b["series"].tolist()
     if have_win:
         w = windows.sort_values("window_start_s").copy()
         w["series"] = series_label(w, [color])
-        w["t"] = _utc(w["window_start_s"].astype("float64") + half)
+        w["t"] = utc_times(w["window_start_s"].astype("float64") + half)
         labels += w["series"].tolist()
     colours = _colour_map(labels)
     name = f"per {fmt_window(window_s)} window" if window_s else "per window"
@@ -436,7 +431,7 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
     if d.empty:
         return _empty(title, "no priced requests in this range")
     d["series"] = d["model"].astype(str) + " (" + d["currency"].map(currency_prefix) + ")"
-    d["t"] = _utc(d["window_start_s"])
+    d["t"] = utc_times(d["window_start_s"])
     colours = _colour_map(d["series"].tolist())
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
@@ -449,4 +444,151 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
                       **_LAYOUT)
     fig.update_yaxes(title="saved", tickformat="~r", rangemode="tozero")
     fig.update_xaxes(title="time (UTC)", range=_time_range(d["window_start_s"], window_s))
+    return fig
+
+
+# Scopes page (prefixscope.store.queries.scopes)
+
+SCOPE_ORDER = ["PUBLIC", "TENANT", "PRINCIPAL", "UNSCOPED"]
+SCOPE_COLOURS = {"PUBLIC": "#2ca02c", "TENANT": "#1f77b4", "PRINCIPAL": "#9467bd",
+                 "UNSCOPED": "#7f7f7f"}
+
+
+def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: float,
+                colours: dict[str, str] | None = None) -> go.Figure:
+    """Hit rate per window, one line per value of ``series``.
+
+    Args:
+        df: ``hit_rate_by_scope_window`` rows: ``window_start_s``, ``series``, ``hit_rate``,
+            ``cached_tokens``, ``reported_prompt_tokens``.
+    """
+    fig = go.Figure()
+    for name, g in df.sort_values("window_start_s").groupby(series, sort=True):
+        fig.add_trace(go.Scatter(
+            x=utc_times(g["window_start_s"]), y=g["hit_rate"], mode="lines+markers", name=str(name),
+            line=dict(color=(colours or {}).get(str(name))),
+            customdata=g[["cached_tokens", "reported_prompt_tokens"]].to_numpy(),
+            hovertemplate="%{y:.1%} (%{customdata[0]:,} of %{customdata[1]:,} tokens)"
+                          "<extra>%{fullData.name}</extra>"))
+    fig.update_layout(title=f"{title} per {fmt_window(window_s)}", yaxis=dict(
+        title="hit rate", tickformat=".0%", range=[0, 1.02]), xaxis_title="window start (UTC)",
+        margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
+def scope_saved_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
+    """Saved prefill tokens (= cached tokens) per window, stacked by scope in
+    :data:`SCOPE_ORDER`.
+
+    Args:
+        df: ``hit_rate_by_scope_window`` rows: ``window_start_s``, ``scope``,
+            ``saved_prefill_tokens``.
+    """
+    fig = go.Figure()
+    for scope in [s for s in SCOPE_ORDER if s in set(df["scope"])]:
+        g = df[df["scope"] == scope].sort_values("window_start_s")
+        fig.add_trace(go.Bar(x=utc_times(g["window_start_s"]), y=g["saved_prefill_tokens"], name=scope,
+                             marker_color=SCOPE_COLOURS[scope],
+                             hovertemplate="%{y:,} tokens<extra>%{fullData.name}</extra>"))
+    fig.update_layout(barmode="stack", title=f"Saved prefill tokens per {fmt_window(window_s)}",
+                      yaxis_title="tokens", xaxis_title="window start (UTC)",
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
+# Rejections page
+
+def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
+    """Rejected requests per window, stacked by first mismatching field.
+
+    Args:
+        df: ``rejections_by_reason_window`` rows: ``window_start_s``, ``reason``, ``rejects``,
+            ``lost_candidate_tokens``.
+    """
+    fig = go.Figure()
+    for reason, g in df.sort_values("window_start_s").groupby("reason", sort=True):
+        fig.add_trace(go.Bar(x=utc_times(g["window_start_s"]), y=g["rejects"], name=str(reason),
+                             customdata=g[["lost_candidate_tokens"]].to_numpy(),
+                             hovertemplate="%{y} rejects, %{customdata[0]:,} candidate tokens"
+                                           "<extra>%{fullData.name}</extra>"))
+    fig.update_layout(barmode="stack", title=f"Rejections by reason per {fmt_window(window_s)}",
+                      yaxis_title="requests", xaxis_title="window start (UTC)",
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
+def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
+    """Ordinary misses, version-mismatch misses and other rejections per window.
+
+    Args:
+        df: ``miss_breakdown_by_window`` rows: ``window_start_s``, ``ordinary_miss_requests``,
+            ``version_mismatch_requests``, ``other_reject_requests``.
+    """
+    fig = go.Figure()
+    x = utc_times(df["window_start_s"])
+    for col, name, colour in (("ordinary_miss_requests", "ordinary miss (no candidate)", "#9ecae1"),
+                              ("version_mismatch_requests", "version-mismatch miss", "#ff7f0e"),
+                              ("other_reject_requests", "other rejection", "#d62728")):
+        fig.add_trace(go.Bar(x=x, y=df[col], name=name, marker_color=colour))
+    fig.update_layout(barmode="group",
+                      title=f"Version-mismatch misses beside ordinary misses per {fmt_window(window_s)}",
+                      yaxis_title="requests", xaxis_title="window start (UTC)",
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+    return fig
+
+
+# Replay page (prefixscope.store.queries.replay)
+
+def run_hit_rate_bars(df: pd.DataFrame) -> go.Figure:
+    """Hit rate per run, one horizontal bar each (first run on top).
+
+    Args:
+        df: ``replay_runs`` rows: ``label``, ``hit_rate``.
+    """
+    fig = go.Figure(go.Bar(y=df["label"], x=df["hit_rate"], orientation="h",
+                           text=[fmt_pct(v) for v in df["hit_rate"]], textposition="auto"))
+    fig.update_layout(title="Hit rate per run (Σ cached ÷ Σ prompt tokens)",
+                      xaxis=dict(range=[0, 1], tickformat=".0%"),
+                      yaxis=dict(autorange="reversed", automargin=True),
+                      height=120 + 40 * len(df), margin=dict(t=50, b=10))
+    return fig
+
+
+def run_cost_bars(df: pd.DataFrame, currency: str) -> go.Figure:
+    """Cost without and with the cache per run, in ``currency``, horizontal bars.
+
+    Args:
+        df: ``replay_runs`` rows priced: ``label``, ``cost_without_cache``, ``cost_with_cache``.
+    """
+    fig = go.Figure([
+        go.Bar(name="without cache", y=df["label"], x=df["cost_without_cache"],
+               orientation="h"),
+        go.Bar(name="with cache", y=df["label"], x=df["cost_with_cache"], orientation="h"),
+    ])
+    fig.update_layout(barmode="group", title=f"Cost per run ({currency})",
+                      yaxis=dict(autorange="reversed", automargin=True),
+                      height=120 + 60 * len(df), margin=dict(t=50, b=10),
+                      legend=dict(orientation="h"))
+    return fig
+
+
+def run_windows_figure(df: pd.DataFrame, labels: dict[str, str], window_s: float) -> go.Figure:
+    """Hit rate per window of run time (since each run's first request; minutes, or hours for
+    runs longer than 10 hours).
+
+    Args:
+        df: ``replay_run_windows`` rows: ``run_id``, ``window_start_s`` (seconds since the
+            run's first request), ``hit_rate``.
+        labels: run id -> label in the legend.
+    """
+    hours = float(df["window_start_s"].max()) > 36_000
+    unit_s, unit = (3600.0, "hours") if hours else (60.0, "minutes")
+    fig = go.Figure()
+    for run_id, g in df.groupby("run_id", sort=False):
+        fig.add_trace(go.Scatter(x=g["window_start_s"] / unit_s, y=g["hit_rate"],
+                                 mode="lines+markers", name=labels.get(run_id, run_id)))
+    fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
+                      xaxis_title=f"{unit} since the run's first request",
+                      yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,
+                      margin=dict(t=50, b=10), legend=dict(orientation="h", y=-0.25))
     return fig

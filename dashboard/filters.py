@@ -31,6 +31,8 @@ RANGE_CHOICES: tuple[str, ...] = (*QUICK_PICKS, CUSTOM)
 STALE_AFTER_S = 86400.0
 PRODUCTION_RUN_LABEL = "production"
 _STATE_KEY = "prefixscope.filters"
+#: The window lengths a page offers (label -> seconds); each page picks its labels.
+WINDOWS_S: dict[str, float] = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,3 +195,14 @@ def current() -> Filters:
     if isinstance(f, Filters):
         return f
     return Filters(start_s=None, end_s=None, range_label="all")
+
+
+def window_picker(key: str, labels: Sequence[str], *, default: str, help: str | None = None
+                  ) -> tuple[str, float]:
+    """The page's "Window" radio over ``labels`` (keys of :data:`WINDOWS_S`), starting on
+    ``default``; returns (label, seconds)."""
+    import streamlit as st
+
+    label = st.radio("Window", list(labels), index=list(labels).index(default), horizontal=True,
+                     key=key, help=help)
+    return label, WINDOWS_S[label]

@@ -204,3 +204,60 @@ def test_filter_rules():
     assert run_label("") == "production" and run_label("r1") == "r1"
     f = Filters(start_s=None, end_s=None, range_label="all", models=("m",))
     assert f.describe() == "all time · 1 model · all instances"
+
+
+# --- figures moved out of the Scopes, Rejections and Replay pages -------------------------
+
+
+def test_scope_figures_one_trace_per_scope_in_scope_order():
+    df = pd.DataFrame({"window_start_s": [T0, T0, T0 + 900, T0 + 900],
+                       "scope": ["TENANT", "PUBLIC", "TENANT", "PUBLIC"],
+                       "hit_rate": [0.5, 0.9, 0.6, 0.95],
+                       "cached_tokens": [50, 90, 60, 95], "reported_prompt_tokens": [100] * 4,
+                       "saved_prefill_tokens": [50, 90, 60, 95]})
+    rate = figures.scope_rate_figure(df, series="scope", title="Hit rate by scope", window_s=900,
+                                     colours=figures.SCOPE_COLOURS)
+    assert [t.name for t in rate.data] == ["PUBLIC", "TENANT"]
+    assert list(rate.data[0].y) == [0.9, 0.95]
+    assert rate.data[0].line.color == figures.SCOPE_COLOURS["PUBLIC"]
+    assert rate.layout.title.text == "Hit rate by scope per 15m"
+    saved = figures.scope_saved_figure(df, window_s=900)
+    assert [t.name for t in saved.data] == ["PUBLIC", "TENANT"]  # SCOPE_ORDER, not row order
+    assert list(saved.data[1].y) == [50, 60]
+    assert saved.layout.barmode == "stack"
+
+
+def test_rejection_figures():
+    reasons = pd.DataFrame({"window_start_s": [T0, T0, T0 + 300], "reason": ["model", "scope", "model"],
+                            "rejects": [3, 1, 2], "lost_candidate_tokens": [300, 100, 200]})
+    fig = figures.rejection_reasons_figure(reasons, window_s=300)
+    assert [t.name for t in fig.data] == ["model", "scope"]
+    assert list(fig.data[0].y) == [3, 2]
+    assert str(fig.data[0].x[0]).startswith("2026-11-28T10:00:00")  # naive UTC
+    misses = pd.DataFrame({"window_start_s": [T0], "ordinary_miss_requests": [5],
+                           "version_mismatch_requests": [2], "other_reject_requests": [1]})
+    fig = figures.miss_breakdown_figure(misses, window_s=300)
+    assert [list(t.y) for t in fig.data] == [[5], [2], [1]]
+    assert fig.layout.barmode == "group"
+
+
+def test_replay_run_figures():
+    runs = pd.DataFrame({"label": ["a", "b"], "hit_rate": [0.869, 0.25],
+                         "cost_without_cache": [1.0, 1.0], "cost_with_cache": [0.2, 0.8]})
+    bars = figures.run_hit_rate_bars(runs)
+    assert list(bars.data[0].x) == [0.869, 0.25] and list(bars.data[0].text) == ["86.9%", "25.0%"]
+    cost = figures.run_cost_bars(runs, "USD")
+    assert [t.name for t in cost.data] == ["without cache", "with cache"]
+    assert cost.layout.title.text == "Cost per run (USD)"
+    windows = pd.DataFrame({"run_id": ["r1", "r1", "r2"], "window_start_s": [0.0, 60.0, 0.0],
+                            "hit_rate": [0.1, 0.5, 0.2]})
+    fig = figures.run_windows_figure(windows, {"r1": "first"}, 60.0)
+    assert [t.name for t in fig.data] == ["first", "r2"]
+    assert list(fig.data[0].x) == [0.0, 1.0]  # minutes since the run's first request
+    assert fig.layout.xaxis.title.text == "minutes since the run's first request"
+
+
+def test_window_lengths_are_declared_once():
+    from prefixscope.dashboard.filters import WINDOWS_S
+
+    assert WINDOWS_S == {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from prefixscope.dashboard import data, filters
+from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_int
 from prefixscope.dashboard.downloads import show_table
 
@@ -36,11 +36,6 @@ EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-
          "`prefixscope ingest decisions FILE`.")
 
 
-def load(db: str, query: str, **kwargs):
-    """``prefixscope.dashboard.data.query`` on ``prefixscope.store.queries.scopes.<query>`` (cached)."""
-    return data.query(db, "scopes", query, **kwargs)
-
-
 def big_number(value: int) -> str:
     """HTML of one large number: green when 0, red otherwise (pure)."""
     colour = OK_COLOUR if value == 0 else BAD_COLOUR
@@ -56,7 +51,7 @@ st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
 
 with data.guard(db):
     common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())
-    counts = load(db, "invariant_counts", **common)
+    counts = data.query(db, "scopes", "invariant_counts", **common)
     if counts["decided_requests"] == 0:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
@@ -77,7 +72,7 @@ with data.guard(db):
     st.subheader("Drill-down")
     pick = st.selectbox("Invariant", list(TITLES), format_func=TITLES.get,
                         key="invariants_pick")
-    rows = load(db, "invariant_violations", invariant=pick, **common)
+    rows = data.query(db, "scopes", "invariant_violations", invariant=pick, **common)
     if isinstance(rows, pd.DataFrame) and not rows.empty:
         show_table("invariants-1", rows.assign(time=pd.to_datetime(rows["ts_unix_s"], unit="s")),
                      hide_index=True, key="invariants_rows")

@@ -16,7 +16,6 @@ from prefixscope.core import report
 from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_tokens, fmt_window
 from prefixscope.dashboard.downloads import show_table
 
-WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
 EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
          "http://localhost:8000/metrics` (or a saved exposition file), or widen the time range.")
 
@@ -54,9 +53,8 @@ st.caption("Prefix-cache hit rate from vLLM's counters: hit tokens ÷ query toke
            f"(`vllm:prefix_cache_hits_total`, `vllm:prefix_cache_queries_total`). {f.describe()}.")
 
 with data.guard(db):
-    window_label = st.radio("Window", list(WINDOWS_S), index=1, horizontal=True, key="overview_window",
-                            help="Counter increases are summed per window (windows aligned to UTC).")
-    window_s = WINDOWS_S[window_label]
+    window_label, window_s = filters.window_picker("overview_window", ("5m", "1h", "1d"), default="1h",
+                                                  help="Counter increases are summed per window (windows aligned to UTC).")
     by = ("model", "instance")
     windows = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
                                       by=by, models=f.models, instances=f.instances,

@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from prefixscope.dashboard import data, filters
+from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
 from prefixscope.dashboard.downloads import show_table
 
@@ -25,11 +24,6 @@ EACH_MODEL = "each run's own model"
 MAX_DEFAULT_RUNS = 8
 EMPTY = ("No replay runs stored yet — run `prefixscope replay sim TRACE --ingest` (or "
          "`prefixscope replay compare TRACE --layout-b LAYOUT --ingest`), or `make demo`.")
-
-
-def load(db: str, module: str, query: str, **kwargs) -> pd.DataFrame:
-    """``prefixscope.dashboard.data.query`` (cached ``prefixscope.store.queries.<module>.<query>``)."""
-    return data.query(db, module, query, **kwargs)
 
 
 def run_params(params_json: object) -> dict:
@@ -60,47 +54,6 @@ def layout_of(p: dict) -> str:
     return "as recorded" if fmt == "chat" else ""
 
 
-def hit_rate_bars(runs: pd.DataFrame) -> go.Figure:
-    """Hit rate per run, one horizontal bar each (first run on top); pure."""
-    fig = go.Figure(go.Bar(y=runs["label"], x=runs["hit_rate"], orientation="h",
-                           text=[fmt_pct(v) for v in runs["hit_rate"]], textposition="auto"))
-    fig.update_layout(title="Hit rate per run (Σ cached ÷ Σ prompt tokens)",
-                      xaxis=dict(range=[0, 1], tickformat=".0%"),
-                      yaxis=dict(autorange="reversed", automargin=True),
-                      height=120 + 40 * len(runs), margin=dict(t=50, b=10))
-    return fig
-
-
-def cost_bars(runs: pd.DataFrame, currency: str) -> go.Figure:
-    """Cost without and with the cache per run, in ``currency``, horizontal bars; pure."""
-    fig = go.Figure([
-        go.Bar(name="without cache", y=runs["label"], x=runs["cost_without_cache"],
-               orientation="h"),
-        go.Bar(name="with cache", y=runs["label"], x=runs["cost_with_cache"], orientation="h"),
-    ])
-    fig.update_layout(barmode="group", title=f"Cost per run ({currency})",
-                      yaxis=dict(autorange="reversed", automargin=True),
-                      height=120 + 60 * len(runs), margin=dict(t=50, b=10),
-                      legend=dict(orientation="h"))
-    return fig
-
-
-def windows_figure(windows: pd.DataFrame, labels: dict[str, str], window_s: float) -> go.Figure:
-    """Hit rate per window of run time (since each run's first request; minutes, or hours for
-    runs longer than 10 hours); pure."""
-    hours = float(windows["window_start_s"].max()) > 36_000
-    unit_s, unit = (3600.0, "hours") if hours else (60.0, "minutes")
-    fig = go.Figure()
-    for run_id, g in windows.groupby("run_id", sort=False):
-        fig.add_trace(go.Scatter(x=g["window_start_s"] / unit_s, y=g["hit_rate"],
-                                 mode="lines+markers", name=labels.get(run_id, run_id)))
-    fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
-                      xaxis_title=f"{unit} since the run's first request",
-                      yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,
-                      margin=dict(t=50, b=10), legend=dict(orientation="h", y=-0.25))
-    return fig
-
-
 db = data.db_path()
 f = filters.current()
 st.title("Replay")
@@ -115,11 +68,11 @@ st.page_link(str(Path(__file__).resolve().parent / "breakers.py"),
              icon=":material/troubleshoot:")
 
 with data.guard(db):
-    runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids())
+    runs = data.query(db, "replay", "replay_runs", run_ids=f.replay_run_ids())
     if runs.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
-    prices = load(db, "savings", "price_table")
+    prices = data.query(db, "savings", "price_table")
     choices = [EACH_MODEL, *prices["model"].tolist()]
     shadow = prices.loc[prices["shadow"].astype(bool), "model"].tolist() if not prices.empty else []
     price_as = st.selectbox("Price the runs as", choices,
@@ -127,7 +80,7 @@ with data.guard(db):
                             help="A price-table entry applied to every run (e.g. a self-hosted "
                                  "model's shadow price), or each run's own model.")
     if price_as != EACH_MODEL:
-        runs = load(db, "replay", "replay_runs", run_ids=f.replay_run_ids(), price_as=price_as)
+        runs = data.query(db, "replay", "replay_runs", run_ids=f.replay_run_ids(), price_as=price_as)
 
     labels = {r: (lab if isinstance(lab, str) and lab else r)
               for r, lab in zip(runs["run_id"], runs["label"])}
@@ -176,11 +129,11 @@ with data.guard(db):
                      "`prefixscope ingest prices data/prices.toml`.")
 
     left, right = st.columns(2)
-    left.plotly_chart(hit_rate_bars(sel), key="replay_hit_rate")
+    left.plotly_chart(figures.run_hit_rate_bars(sel), key="replay_hit_rate")
     if not priced.empty and priced["currency"].nunique() == 1:
-        right.plotly_chart(cost_bars(priced, str(priced["currency"].iloc[0])), key="replay_cost")
+        right.plotly_chart(figures.run_cost_bars(priced, str(priced["currency"].iloc[0])), key="replay_cost")
 
     window_s = 60.0 * st.select_slider("Window (minutes)", options=[1, 5, 15, 60, 1440], value=5)
-    windows = load(db, "replay", "replay_run_windows", run_ids=tuple(picked), window_s=window_s)
+    windows = data.query(db, "replay", "replay_run_windows", run_ids=tuple(picked), window_s=window_s)
     if not windows.empty:
-        st.plotly_chart(windows_figure(windows, labels, window_s), key="replay_windows")
+        st.plotly_chart(figures.run_windows_figure(windows, labels, window_s), key="replay_windows")

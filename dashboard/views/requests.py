@@ -18,7 +18,6 @@ from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_tokens
 from prefixscope.dashboard.downloads import show_table
 
-WINDOWS_S = {"5m": 300.0, "1h": 3600.0, "1d": 86400.0}
 PAGE_ROWS = 500
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
          "usage.jsonl`, or widen the time range.")
@@ -39,9 +38,7 @@ with data.guard(db):
         st.stop()
     counts = data.request_counts(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
                                  instances=f.instances, run_ids=f.run_ids)
-    window_label = st.radio("Window", list(WINDOWS_S), index=1, horizontal=True,
-                            key="requests_window")
-    window_s = WINDOWS_S[window_label]
+    window_label, window_s = filters.window_picker("requests_window", ("5m", "1h", "1d"), default="1h")
     windows = data.request_hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s,
                                               window_s=window_s, by=("model",), models=f.models,
                                               instances=f.instances, run_ids=f.run_ids)

@@ -15,7 +15,6 @@ from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
 from prefixscope.dashboard.downloads import show_table
 
-WINDOWS_S = {"1h": 3600.0, "1d": 86400.0}
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
          "usage.jsonl` and a price table, or widen the time range.")
 
@@ -99,8 +98,7 @@ with data.guard(db):
                    "to see their cost; self-hosted models take a shadow price.",
                    icon=":material/money_off:")
 
-    window_label = st.radio("Window", list(WINDOWS_S), index=1, horizontal=True, key="savings_window")
-    window_s = WINDOWS_S[window_label]
+    window_label, window_s = filters.window_picker("savings_window", ("1h", "1d"), default="1d")
     by_window = data.savings_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
                                        models=f.models, instances=f.instances, run_ids=f.run_ids)
     st.plotly_chart(figures.savings_over_time(by_window, window_s=window_s), key="savings_time")

@@ -134,3 +134,9 @@ def fmt_window(window_s: float) -> str:
         if w >= size and w % size == 0:
             return f"{w / size:.0f}{unit}"
     return f"{w:.0f}s"
+
+
+def utc_times(ts_unix_s: pd.Series) -> pd.Series:
+    """Unix seconds -> naive UTC datetimes (plotly and Streamlit tables show them as given: UTC
+    wall time)."""
+    return pd.to_datetime(ts_unix_s.astype("float64"), unit="s", utc=True).dt.tz_localize(None)
