@@ -3,9 +3,12 @@
 Every function here opens ONE read-only connection with :func:`prefixscope.store.db.reader` for its call,
 runs one named query function and closes it (see the locking protocol in ``store/db.py``):
 a connection is never cached or held, so an ingester in another process can take the write lock
-between two calls. Results are cached with ``st.cache_data(ttl=...)``; the TTL is
-``[dashboard] cache_ttl_s`` of the settings (default 15 s), so new data appears at most that
-long after an ingest commits. Pages never call ``store`` themselves and never write SQL.
+between two calls. Results are cached with ``st.cache_data``, keyed also by the TTL period
+of the call: a result is reused until the clock reaches the next multiple of
+:data:`CACHE_TTL_S` (``[dashboard] cache_ttl_s`` of the settings, default 15 s), so new data
+appears at most that long after an ingest commits. The TTL and the clock are module
+attributes read at every call (:func:`ttl_period`), so tests move the clock instead of
+sleeping. Pages never call ``store`` themselves and never write SQL.
 
 Lock conflicts are retried inside :func:`prefixscope.store.db.reader` for :data:`LOCK_TIMEOUT_S`; after that
 :class:`~prefixscope.core.errors.StoreLocked` propagates (a failed call is not cached) and
@@ -46,7 +49,17 @@ def _settings_ttl() -> float:
 
 
 CACHE_TTL_S: float = _settings_ttl()
-"""Seconds a query result is reused (``[dashboard] cache_ttl_s``); read once at import."""
+"""Seconds a query result is reused at most (``[dashboard] cache_ttl_s``, read at import; a
+module attribute read at every call, so it can be set)."""
+
+clock = time.time
+"""The clock of the cache periods (seconds); replaced by tests to expire results at once."""
+
+
+def ttl_period() -> int:
+    """The cache period of now: ``floor(clock() / CACHE_TTL_S)``; results cached in an earlier
+    period are not reused."""
+    return int(clock() // max(float(CACHE_TTL_S), 1e-3))
 
 
 def alert_threshold(model: str | None = None) -> float:
@@ -95,7 +108,21 @@ def _t(values: tuple[str, ...] | None) -> list[str] | None:
 
 
 def _cached(fn):
-    return st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=512)(fn)
+    """``fn`` cached per arguments and TTL period (:func:`ttl_period`)."""
+    import functools
+
+    def in_period(period: int, *args, **kwargs):  # ``period`` is hashed: part of the key
+        return fn(*args, **kwargs)
+
+    in_period.__qualname__ = in_period.__name__ = f"{fn.__name__}_in_period"  # one cache each
+    cached = st.cache_data(show_spinner=False, max_entries=512)(in_period)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return cached(ttl_period(), *args, **kwargs)
+
+    call.clear = cached.clear
+    return call
 
 
 @_cached

@@ -86,24 +86,17 @@ def page_entries() -> list[tuple[str, str, str]]:
     return [p for p in PAGES if (APP.parent / p[0]).is_file()]
 
 
-#: AppTest runs this two-line script (in a temporary folder) which runs the real router. Why not
-#: ``AppTest.from_file(dashboard/app.py)``: AppTest resets Streamlit's legacy-``pages/`` flag
-#: before every run, so with a ``pages/`` folder beside the main script every run after the
-#: first would execute the page file alone, without the router (see ``dashboard/server.py``).
-ROUTER_SCRIPT = f"import runpy\nrunpy.run_path({str(APP)!r}, run_name='__main__')\n"
-
-
 def run_app(db: str, page: str | None = None, *, timeout_s: float = 60.0, setup=None):
     """Run the dashboard in AppTest on ``db``: a first run on the default page; then, when
     ``setup`` or ``page`` is given, ``setup(at)`` (set widgets), a switch to ``page`` (a PAGES
-    path such as ``pages/requests.py``) and one more run.
+    path such as ``views/requests.py``) and one more run.
 
     ``PREFIXSCOPE_DB`` must already point at ``db`` (monkeypatch it). Returns the AppTest.
     """
     from streamlit.testing.v1 import AppTest
 
     assert os.environ.get("PREFIXSCOPE_DB") == db, "set PREFIXSCOPE_DB to the test database"
-    at = AppTest.from_string(ROUTER_SCRIPT, default_timeout=timeout_s)
+    at = AppTest.from_file(str(APP), default_timeout=timeout_s)  # the real router, dashboard/app.py
     at.run()
     if setup is not None:
         setup(at)
@@ -115,7 +108,7 @@ def run_app(db: str, page: str | None = None, *, timeout_s: float = 60.0, setup=
 
 
 def switch(at, page: str) -> None:
-    """Select a PAGES page (``pages/requests.py``) for the next run."""
+    """Select a PAGES page (``views/requests.py``) for the next run."""
     at.switch_page(str(APP.parent / page))
 
 

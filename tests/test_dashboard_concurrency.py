@@ -51,9 +51,11 @@ def test_pages_render_while_a_writer_ingests(tmp_path, monkeypatch):
             assert time.monotonic() < deadline, "the writer never scraped"
             time.sleep(0.1)
         time.sleep(0.5)  # let the writer commit
+        now = [time.time()]
+        monkeypatch.setattr(data, "clock", lambda: now[0])  # the cache's clock: moved, not slept
+        data.clear_cache()
         rows_before = _rows_added(db)
         tokens_before = _live_query_tokens(db, instance)
-        t_first_read = time.monotonic()
 
         renders = 0
         busy = 0
@@ -67,8 +69,10 @@ def test_pages_render_while_a_writer_ingests(tmp_path, monkeypatch):
         assert writer.poll() is None, "the writer died while the dashboard read"
         scrapes_during = endpoint.scrapes
 
-        # New data shows once the cached results expire.
-        time.sleep(max(0.0, data.CACHE_TTL_S + 1.0 - (time.monotonic() - t_first_read)))
+        # Within the TTL the cached results are shown although the writer committed more.
+        assert _rows_added(db) == rows_before
+        # New data shows once the cached results expire: one TTL later on the cache's clock.
+        now[0] += data.CACHE_TTL_S
         rows_after = _rows_added(db)
         tokens_after = _live_query_tokens(db, instance)
     log = (tmp_path / "writer.log").read_text(errors="replace")
@@ -120,8 +124,9 @@ def test_a_long_write_lock_shows_database_busy_not_a_traceback(tmp_path, monkeyp
 @pytest.mark.browser
 def test_live_server_keeps_serving_while_a_writer_ingests_and_refreshes_after_the_ttl(tmp_path):
     """The real server (its own process) in Chromium, a writer process scraping every 0.2 s:
-    every page renders clean, a reload within the cache TTL shows the cached figure, a reload
-    after it shows the new rows."""
+    every page renders clean, a reload within the cache TTL shows the cached figure, "Refresh
+    now" shows the new rows (the expiry of the TTL itself is moved on the cache's clock in
+    test_pages_render_while_a_writer_ingests, without sleeping)."""
     import os
     import re
 
@@ -129,7 +134,7 @@ def test_live_server_keeps_serving_while_a_writer_ingests_and_refreshes_after_th
         pytest.skip(f"{ds.CHROMIUM} is absent: install Debian's chromium (make test does, as root)")
     from playwright.sync_api import sync_playwright
 
-    ttl_s = 20.0
+    ttl_s = 1e9  # no cache period ends during the test: a second read is always cached
     config = tmp_path / "prefixscope.toml"
     config.write_text(f"[dashboard]\ncache_ttl_s = {ttl_s}\n", encoding="utf-8")
     db = ds.build_real_db(tmp_path / "live.duckdb")
@@ -161,24 +166,21 @@ def test_live_server_keeps_serving_while_a_writer_ingests_and_refreshes_after_th
                 page.goto(f"{url}/{ds.page_url_path(rel, first=(i == 0))}")
                 ds.wait_for_streamlit(page)
                 clean(page, rel)
-            # The loop above already cached the Data sources figures; let that entry expire so
-            # the next read starts a fresh TTL (else it can expire between the two reloads).
-            time.sleep(ttl_s + 1.0)
             page.goto(f"{url}/data_sources")
-            t0 = time.monotonic()
             first = rows_added(page)
+            scrapes_at_first = endpoint.scrapes
             page.reload()
             second = rows_added(page)
-            within_ttl = time.monotonic() - t0 < ttl_s - 2
-            time.sleep(max(0.0, ttl_s + 1.0 - (time.monotonic() - t0)))
-            page.reload()
+            while endpoint.scrapes < scrapes_at_first + 3:  # the writer commits more rows
+                assert writer.poll() is None, (tmp_path / "writer.log").read_text()
+                time.sleep(0.1)
+            page.get_by_role("button", name="Refresh now").click()
             third = rows_added(page)
-            clean(page, "data_sources after the TTL")
+            clean(page, "data_sources after Refresh now")
         finally:
             context.close()
         assert writer.poll() is None
-    if within_ttl:
-        assert second == first, "a reload within the TTL read the database again"
-    assert third > first, "no new rows after the TTL"
+    assert second == first, "a reload within the TTL read the database again"
+    assert third > first, "no new rows after Refresh now"
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]

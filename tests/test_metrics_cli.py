@@ -89,11 +89,6 @@ def test_hitrate_without_database_says_why(cli, tmp_path):
 
 
 def test_hitrate_source_requests_uses_per_request_data(cli, db_path, tmp_path):
-    pytest.importorskip("prefixscope.store.queries.requests")
-    from prefixscope.store.queries import requests as rq
-
-    if not hasattr(rq, "request_hit_rate_by_window"):
-        pytest.xfail("prefixscope.store.queries.requests.request_hit_rate_by_window not there yet (H2)")
     with store_db.writer(db_path) as con:
         con.execute(
             "INSERT INTO requests (run_id, request_id, source_id, ts_unix_s, model, instance, "

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
+from prefixscope.ingest import usage
 from prefixscope.ingest.exposition import ingest_exposition
 from prefixscope.store.queries.metrics import hit_rate_by_window, hit_rate_totals
 
-usage = pytest.importorskip("prefixscope.ingest.usage", reason="request ingest (ingest.usage) not there yet")
-if not hasattr(usage, "ingest_usage_file"):
-    pytest.skip("prefixscope.ingest.usage.ingest_usage_file not there yet", allow_module_level=True)
 
 
 def _usage_jsonl(data_dir, tmp_path, probe: str, t0: float) -> str:
