@@ -6,7 +6,7 @@ A port of ``vllm/v1/core/block_pool.py`` (``BlockPool``, ``BlockHashToBlockMap``
 which is several times faster than one object per block and keeps memory proportional to the
 number of blocks, never to the trace.
 
-Invariants (asserted by :meth:`BlockPool.check_invariants`; the hot paths assert the cheap ones):
+Invariants (asserted by ``tests/replay_core_support.check_pool_invariants``; the hot paths assert the cheap ones):
 
 1. Block 0 is the null block: never in the free queue, never hashed, its reference count is not
    maintained. The first real allocation returns block 1.
@@ -147,10 +147,6 @@ class FreeBlockQueue:
         while b != _TAIL:
             yield b
             b = nxt[b]
-
-    def ids(self) -> list[int]:
-        """Block ids front (evicted first) to back, as a list (for tests and narration)."""
-        return list(self)
 
 
 class BlockPool:
@@ -535,33 +531,3 @@ class BlockPool:
         self._dups = {}
         self.block_hash = [None] * len(self.block_hash)
         return True
-
-    # -- checks ------------------------------------------------------------------------------
-    def check_invariants(self) -> None:
-        """Assert invariants 1-4 over the whole pool (O(num_gpu_blocks); for tests)."""
-        queued = self.free_queue.ids()
-        assert len(queued) == self.free_queue.num_free_blocks, "invariant 3"
-        assert len(set(queued)) == len(queued), "invariant 3: a block is queued twice"
-        assert 0 not in queued and self.block_hash[0] is None, "invariant 1"
-        qs = set(queued)
-        for b in range(1, len(self.ref_cnt)):
-            assert self.ref_cnt[b] >= 0
-            if not self._unbounded:
-                assert (self.ref_cnt[b] == 0) == (b in qs), f"invariant 2: block {b}"
-            elif self.ref_cnt[b] > 0:
-                assert b not in qs, f"invariant 2: block {b}"
-        bh = self.block_hash
-        for k, b in self._first.items():
-            assert bh[b] == k, f"invariant 4: the map names block {b}, which does not carry it"
-        registered: dict[int, Hashable] = {b: k for k, b in self._first.items()}
-        for key, bs in self._dups.items():
-            assert key in self._first, "invariant 4: duplicates without a first block"
-            assert bs, "invariant 4: empty duplicate list"
-            for b in bs:
-                assert b not in registered, "invariant 4: block registered twice"
-                assert bh[b] == key, "invariant 4: a duplicate that does not carry the key"
-                registered[b] = key
-        for b, key in enumerate(bh):
-            if key is not None:
-                assert registered.get(b) == key, f"invariant 4: block {b} not registered"
-        assert len(registered) == sum(k is not None for k in bh), "invariant 4"

@@ -83,35 +83,44 @@ def run_sequential(
             yield item, None
             continue
         hit_tokens = manager.run_alone(req)
-        if hit_tokens is not None:  # the one-pass path: same state, see KVCacheManager.run_alone
-            if manager.enable_caching and not req.skip_reading:
-                stats.prefix_cache_queries += req.num_prompt_tokens
-                stats.prefix_cache_hits += hit_tokens
-            yield item, req
-            continue
-        hits, hit_tokens = manager.get_computed_blocks(req)
-        new_blocks = manager.allocate_slots(
-            req, req.num_prompt_tokens - hit_tokens, hit_tokens, hits,
-            full_sequence_must_fit=True,
-        )
-        if new_blocks is None:  # pragma: no cover - excluded by the capacity check upstream
-            raise SimulationError(f"request {req.request_id} does not fit an empty cache")
-        req.cached_tokens = hit_tokens
+        if hit_tokens is None:  # blocks in use: the step-by-step path
+            hit_tokens = run_steps(manager, req)
+        # else the one-pass path: same state, see KVCacheManager.run_alone
         if manager.enable_caching and not req.skip_reading:
             stats.prefix_cache_queries += req.num_prompt_tokens
             stats.prefix_cache_hits += hit_tokens
-        req.num_computed_tokens = req.num_prompt_tokens
-        out = max(req.max_tokens, 1)
-        if out > 1:
-            # All generated tokens exist; the first out-1 are fed back. One allocation gives
-            # the same blocks, keys and order as out-1 single-token steps: nothing else runs.
-            req.append_output_tokens(out)
-            manager.allocate_slots(req, out - 1)
-            req.num_computed_tokens += out - 1
-        else:
-            req.num_output_tokens = 1
-        manager.free(req)
         yield item, req
+
+
+def run_steps(manager: KVCacheManager, req: SimRequest) -> int:
+    """One request alone, step by step as vLLM runs it: look up, admit all prompt tokens, feed
+    back its ``max_tokens - 1`` decode tokens, free. Returns the hit tokens (``cached_tokens``).
+
+    The reference :meth:`KVCacheManager.run_alone` must equal (tests/test_replay_core_fastpaths).
+
+    Raises:
+        SimulationError: the request does not fit an empty cache (excluded upstream).
+    """
+    hits, hit_tokens = manager.get_computed_blocks(req)
+    new_blocks = manager.allocate_slots(
+        req, req.num_prompt_tokens - hit_tokens, hit_tokens, hits,
+        full_sequence_must_fit=True,
+    )
+    if new_blocks is None:  # pragma: no cover - excluded by the capacity check upstream
+        raise SimulationError(f"request {req.request_id} does not fit an empty cache")
+    req.cached_tokens = hit_tokens
+    req.num_computed_tokens = req.num_prompt_tokens
+    out = max(req.max_tokens, 1)
+    if out > 1:
+        # All generated tokens exist; the first out-1 are fed back. One allocation gives
+        # the same blocks, keys and order as out-1 single-token steps: nothing else runs.
+        req.append_output_tokens(out)
+        manager.allocate_slots(req, out - 1)
+        req.num_computed_tokens += out - 1
+    else:
+        req.num_output_tokens = 1
+    manager.free(req)
+    return hit_tokens
 
 
 class StepScheduler:

@@ -227,7 +227,7 @@ def make_manager(num_gpu_blocks: int | None, block_size: int = 16, *,
 
 def free_ids(manager: KVCacheManager) -> list[int]:
     """The free queue, front (evicted first) to back."""
-    return manager.block_pool.free_queue.ids()
+    return list(manager.block_pool.free_queue)
 
 
 def run_ops(ops: list[dict], *, block_size: int, num_gpu_blocks: int,
@@ -272,7 +272,7 @@ def run_ops(ops: list[dict], *, block_size: int, num_gpu_blocks: int,
             m.free(reqs.pop(op["id"]))
         elif kind == "reset":
             res = m.reset_prefix_cache()
-        m.block_pool.check_invariants()
+        check_pool_invariants(m.block_pool)
         trace.append({"result": res, "free_queue": free_ids(m)})
     return trace
 
@@ -280,3 +280,34 @@ def run_ops(ops: list[dict], *, block_size: int, num_gpu_blocks: int,
 def python_exe() -> str:
     """This interpreter (for subprocess runs of the CLI)."""
     return sys.executable
+
+
+def check_pool_invariants(self) -> None:
+    """Assert invariants 1-4 of replay/block_pool.py over the whole pool ``self`` (a BlockPool;
+    O(num_gpu_blocks)); lived in the product as ``BlockPool.check_invariants``."""
+    queued = list(self.free_queue)
+    assert len(queued) == self.free_queue.num_free_blocks, "invariant 3"
+    assert len(set(queued)) == len(queued), "invariant 3: a block is queued twice"
+    assert 0 not in queued and self.block_hash[0] is None, "invariant 1"
+    qs = set(queued)
+    for b in range(1, len(self.ref_cnt)):
+        assert self.ref_cnt[b] >= 0
+        if not self._unbounded:
+            assert (self.ref_cnt[b] == 0) == (b in qs), f"invariant 2: block {b}"
+        elif self.ref_cnt[b] > 0:
+            assert b not in qs, f"invariant 2: block {b}"
+    bh = self.block_hash
+    for k, b in self._first.items():
+        assert bh[b] == k, f"invariant 4: the map names block {b}, which does not carry it"
+    registered: dict[int, Hashable] = {b: k for k, b in self._first.items()}
+    for key, bs in self._dups.items():
+        assert key in self._first, "invariant 4: duplicates without a first block"
+        assert bs, "invariant 4: empty duplicate list"
+        for b in bs:
+            assert b not in registered, "invariant 4: block registered twice"
+            assert bh[b] == key, "invariant 4: a duplicate that does not carry the key"
+            registered[b] = key
+    for b, key in enumerate(bh):
+        if key is not None:
+            assert registered.get(b) == key, f"invariant 4: block {b} not registered"
+    assert len(registered) == sum(k is not None for k in bh), "invariant 4"

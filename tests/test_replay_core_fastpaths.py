@@ -34,6 +34,8 @@ from prefixscope.replay.hashing import (
     pickle_int_opcodes,
 )
 from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
+from prefixscope.replay.scheduler import run_steps
+from tests.replay_core_support import check_pool_invariants
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -170,23 +172,9 @@ def make_request(i, prompt, out, bs, hasher, skip):
                       max_tokens=out, skip_reading=skip)
 
 
-def step_by_step(m: KVCacheManager, req: SimRequest) -> int:
-    """What run_sequential did before the one-pass path (and still does when it declines)."""
-    hits, hit_tokens = m.get_computed_blocks(req)
-    assert m.allocate_slots(req, req.num_prompt_tokens - hit_tokens, hit_tokens, hits,
-                            full_sequence_must_fit=True) is not None
-    req.num_computed_tokens = req.num_prompt_tokens
-    out = max(req.max_tokens, 1)
-    if out > 1:
-        req.append_output_tokens(out)
-        assert m.allocate_slots(req, out - 1) is not None
-    m.free(req)
-    return hit_tokens
-
-
 def pool_state(m: KVCacheManager):
     p = m.block_pool
-    return (p.free_queue.ids(), list(p.block_hash), dict(p._first),
+    return (list(p.free_queue), list(p.block_hash), dict(p._first),
             {k: list(v) for k, v in p._dups.items()}, p.num_evicted_blocks,
             p.num_cached_blocks_total, p.free_queue.num_free_blocks, list(p.ref_cnt))
 
@@ -208,9 +196,11 @@ def test_run_alone_leaves_the_pool_as_the_steps_do(bs, algo, capacity, trace):
         rb = make_request(i, prompt, out, bs, hasher, skip)
         got = a.run_alone(ra)
         assert got is not None
-        assert got == step_by_step(b, rb)
+        assert got == run_steps(b, rb)  # the product's slow path itself
+        assert (ra.cached_tokens, ra.num_computed_tokens, ra.num_output_tokens) == (
+            rb.cached_tokens, rb.num_computed_tokens, rb.num_output_tokens)
         assert pool_state(a) == pool_state(b)
-        a.block_pool.check_invariants()
+        check_pool_invariants(a.block_pool)
 
 
 def test_run_alone_declines_when_blocks_are_in_use():

@@ -8,6 +8,7 @@ import pytest
 
 from prefixscope.replay.hashing import block_hashes
 from tests.replay_core_support import free_ids, make_manager, make_request
+from tests.replay_core_support import check_pool_invariants
 
 COMMON = [i for i in range(3) for _ in range(16)]  # three full blocks of 16 tokens
 
@@ -56,7 +57,7 @@ def test_prefill(algo):
     hits, n, new = admit(m, req3)
     assert (hits, n, new) == ([], 0, [5, 4, 6, 7, 8, 9, 10, 3, 2, 1])
     assert free_ids(m) == [] and m.block_pool.num_evicted_blocks == 3
-    m.block_pool.check_invariants()
+    check_pool_invariants(m.block_pool)
 
 
 def test_prefill_plp():
@@ -83,7 +84,7 @@ def test_prefill_plp():
     # Lookups still return the first inserted copy (blocks 1-3).
     assert [m.block_pool.get_cached_block(k) for k in req0_keys[:3]] == [1, 2, 3]
     m.free(req2)
-    m.block_pool.check_invariants()
+    check_pool_invariants(m.block_pool)
 
 
 def test_decode():
@@ -211,7 +212,7 @@ def test_prefill_not_enough_free_blocks_with_computed_blocks():
     assert m.allocate_slots(req3, 48, n, hits) is None
     assert [m.block_pool.ref_cnt[b] for b in part1] == [1, 1, 1, 0, 0, 0]
     assert m.block_pool.get_num_free_blocks() == 5
-    m.block_pool.check_invariants()
+    check_pool_invariants(m.block_pool)
 
 
 def test_reset_prefix_cache():

@@ -223,7 +223,7 @@ def test_mooncake_slices_hit_tokens_match_vllm(op_cases, vllm_results, idx, algo
     assert ours == theirs["hit_tokens"]
     assert sum(ours) > 0
     if algo == "sha256":
-        assert run.manager.block_pool.free_queue.ids() == theirs["free_queue"]
+        assert list(run.manager.block_pool.free_queue) == theirs["free_queue"]
     assert run.evicted_blocks > 0 or blocks >= 8000
 
 
@@ -252,7 +252,7 @@ def test_salt_lora_and_prompt_logprobs_requests_match_vllm(op_cases, vllm_result
     run = simulate(MIXED, SimConfig(block_size=16, num_gpu_blocks=64))
     ours = [r.cached_tokens for r in run]
     assert ours == theirs["hit_tokens"]
-    assert run.manager.block_pool.free_queue.ids() == theirs["free_queue"]
+    assert list(run.manager.block_pool.free_queue) == theirs["free_queue"]
     assert ours[2] == 64 and ours[6] == 64 and ours[7] == 0 and ours[9] == 16
 
 
@@ -269,7 +269,7 @@ def test_kv_cache_tester_conversations_match_vllm(op_cases, vllm_results, idx, a
     s = run.summary()
     assert s.hit_rate > 0.3 and s.rejected_requests == 0
     if algo == "sha256":
-        assert run.manager.block_pool.free_queue.ids() == theirs["free_queue"]
+        assert list(run.manager.block_pool.free_queue) == theirs["free_queue"]
 
 
 def test_per_token_decode_in_vllm_equals_our_bulk_decode(op_cases, vllm_results):
@@ -278,4 +278,4 @@ def test_per_token_decode_in_vllm_equals_our_bulk_decode(op_cases, vllm_results)
     reqs = [r for r in mooncake_requests(mooncake_path(), 0, 60, block_size=32) if r.request_id in kept]
     run = simulate(reqs, SimConfig(block_size=32, num_gpu_blocks=600))
     assert [r.cached_tokens for r in run] == theirs["hit_tokens"]
-    assert run.manager.block_pool.free_queue.ids() == theirs["free_queue"]
+    assert list(run.manager.block_pool.free_queue) == theirs["free_queue"]

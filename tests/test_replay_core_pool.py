@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 
 from prefixscope.replay.block_pool import BlockPool, FreeBlockQueue
+from tests.replay_core_support import check_pool_invariants
 
 
 def test_free_queue_initialization():
     q = FreeBlockQueue(6)
-    assert q.ids() == [0, 1, 2, 3, 4, 5] and q.num_free_blocks == 6
+    assert list(q) == [0, 1, 2, 3, 4, 5] and q.num_free_blocks == 6
     assert q.first() == 0
 
 
@@ -20,39 +21,39 @@ def test_free_queue_popleft_and_remove_in_the_middle():
     q = FreeBlockQueue(6)
     assert q.popleft() == 0
     q.remove(3)
-    assert q.ids() == [1, 2, 4, 5] and q.num_free_blocks == 4
+    assert list(q) == [1, 2, 4, 5] and q.num_free_blocks == 4
     q.remove(5)  # the tail
     q.remove(1)  # the head
-    assert q.ids() == [2, 4] and q.num_free_blocks == 2
+    assert list(q) == [2, 4] and q.num_free_blocks == 2
 
 
 def test_free_queue_append_n_and_prepend_n_keep_given_order():
     q = FreeBlockQueue(6)
     taken = q.popleft_n(4)
-    assert taken == [0, 1, 2, 3] and q.ids() == [4, 5]
+    assert taken == [0, 1, 2, 3] and list(q) == [4, 5]
     q.append_n([2, 0])
     q.prepend_n([3, 1])
-    assert q.ids() == [3, 1, 4, 5, 2, 0] and q.num_free_blocks == 6
+    assert list(q) == [3, 1, 4, 5, 2, 0] and q.num_free_blocks == 6
 
 
 def test_free_queue_pop_until_empty():
     q = FreeBlockQueue(3)
     assert q.popleft_n(3) == [0, 1, 2]
-    assert q.ids() == [] and q.first() is None
+    assert list(q) == [] and q.first() is None
     with pytest.raises(IndexError):
         q.popleft()
     q.append_n([1])
-    assert q.ids() == [1]
+    assert list(q) == [1]
     q.prepend_n([2])
-    assert q.ids() == [2, 1]
+    assert list(q) == [2, 1]
 
 
 def test_pool_takes_block_zero_as_null_block():
     p = BlockPool(5)
-    assert p.free_queue.ids() == [1, 2, 3, 4] and p.get_num_free_blocks() == 4
+    assert list(p.free_queue) == [1, 2, 3, 4] and p.get_num_free_blocks() == 4
     assert p.get_new_blocks(1) == [1]
     p.free_blocks([0])  # freeing the null block is a no-op
-    p.check_invariants()
+    check_pool_invariants(p)
 
 
 def test_duplicate_hashes_first_inserted_wins_and_evicting_one_keeps_the_other():
@@ -62,7 +63,7 @@ def test_duplicate_hashes_first_inserted_wins_and_evicting_one_keeps_the_other()
     assert p.get_cached_block("h0") == 1
     assert p.num_cached_blocks == 4
     p.free_blocks(reversed(blocks))  # all hashed -> back, tail first: [5, 4, 3, 2, 1]
-    assert p.free_queue.ids() == [5, 4, 3, 2, 1]
+    assert list(p.free_queue) == [5, 4, 3, 2, 1]
     # Evict block 1 (the first copy of h0) by popping the front until it is reached.
     assert p.get_new_blocks(1) == [5]
     p.free_queue.remove(1)
@@ -82,10 +83,10 @@ def test_evicting_a_later_duplicate_keeps_the_first():
     b = p.get_new_blocks(2)
     p.cache_full_blocks(b, ["k", "k"], 0, 2)
     p.free_blocks([2, 1])  # queue: 3, 2, 1
-    assert p.free_queue.ids() == [3, 2, 1]
+    assert list(p.free_queue) == [3, 2, 1]
     assert p.get_new_blocks(2) == [3, 2]  # block 2 (the duplicate) is evicted
     assert p.get_cached_block("k") == 1
-    p.check_invariants()
+    check_pool_invariants(p)
 
 
 def test_free_splits_unhashed_to_front_and_hashed_to_back():
@@ -93,14 +94,14 @@ def test_free_splits_unhashed_to_front_and_hashed_to_back():
     b = p.get_new_blocks(6)  # 1..6, leaving 7 free
     p.cache_full_blocks(b, ["a", "b", "c", "d", "e"], 0, 5)  # 6 stays partial
     p.free_blocks(reversed(b))
-    assert p.free_queue.ids() == [6, 7, 5, 4, 3, 2, 1]
+    assert list(p.free_queue) == [6, 7, 5, 4, 3, 2, 1]
 
 
 def test_free_with_caching_off_puts_everything_in_front():
     p = BlockPool(6, enable_caching=False)
     b = p.get_new_blocks(3)
     p.free_blocks(reversed(b))
-    assert p.free_queue.ids() == [3, 2, 1, 4, 5]
+    assert list(p.free_queue) == [3, 2, 1, 4, 5]
 
 
 def test_touch_removes_free_cached_blocks_from_queue():
@@ -108,12 +109,12 @@ def test_touch_removes_free_cached_blocks_from_queue():
     b = p.get_new_blocks(2)
     p.cache_full_blocks(b, ["x", "y"], 0, 2)
     p.free_blocks(reversed(b))
-    assert p.free_queue.ids() == [3, 4, 2, 1]
+    assert list(p.free_queue) == [3, 4, 2, 1]
     p.touch([1])
-    assert p.free_queue.ids() == [3, 4, 2] and p.ref_cnt[1] == 1
+    assert list(p.free_queue) == [3, 4, 2] and p.ref_cnt[1] == 1
     p.touch([1])
     assert p.ref_cnt[1] == 2 and p.get_num_free_blocks() == 3
-    p.check_invariants()
+    check_pool_invariants(p)
 
 
 def test_get_new_blocks_beyond_free_raises():
@@ -150,5 +151,5 @@ def test_unbounded_pool_never_evicts_and_reuses_unhashed_blocks():
     # 3 (unhashed) is at the front and reused; hashed 2 and 1 are never popped.
     assert p.get_new_blocks(3) == [3, 4, 5]
     assert p.get_cached_block("a") == 1 and p.num_evicted_blocks == 0
-    p.check_invariants()
+    check_pool_invariants(p)
     assert p.reset_prefix_cache() is False

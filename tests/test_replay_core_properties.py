@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from prefixscope.replay.sim import simulate
 from prefixscope.replay.types import ConcurrencyConfig, SimConfig, TraceRequest
+from tests.replay_core_support import check_pool_invariants
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -36,7 +37,7 @@ def test_hits_block_aligned_and_at_most_n_minus_1(bs, trace, blocks):
             assert r.cached_tokens % bs == 0
             assert r.cached_tokens <= r.prompt_tokens - 1
             assert r.cached_tokens <= (r.prompt_tokens - 1) // bs * bs
-    run.manager.block_pool.check_invariants()
+    check_pool_invariants(run.manager.block_pool)
     assert not run.manager.req_to_blocks  # every request freed
 
 
@@ -97,6 +98,6 @@ def test_concurrent_model_invariants(bs, trace, blocks, seqs, budget):
         if r.rejected_reason is None:
             assert r.cached_tokens % bs == 0 and r.cached_tokens < r.prompt_tokens
             assert r.finished_s >= r.admitted_s >= r.arrival_s - 1e-9
-    run.manager.block_pool.check_invariants()
+    check_pool_invariants(run.manager.block_pool)
     assert not run.manager.req_to_blocks
     assert run.stats.peak_running <= seqs
