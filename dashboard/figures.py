@@ -18,7 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from prefixscope.core.formatting import currency_prefix, fmt_money, fmt_pct, fmt_window, utc_times
+from prefixscope.core.formatting import (breaker_position, currency_prefix, fmt_money, fmt_pct,
+                                         fmt_window, utc_times)
 
 # A fixed qualitative palette so that one series keeps its colour across figures of a page.
 PALETTE = (
@@ -591,4 +592,26 @@ def run_windows_figure(df: pd.DataFrame, labels: dict[str, str], window_s: float
                       xaxis_title=f"{unit} since the run's first request",
                       yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,
                       margin=dict(t=50, b=10), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+# Breakers page (prefixscope.store.queries.breakers)
+
+def breakers_lost_figure(df: pd.DataFrame) -> go.Figure:
+    """Lost tokens per breaker, rank 1 on top.
+
+    Args:
+        df: ``breakers_of`` rows: ``rank``, ``kind``, ``lost_tokens``, ``lost_tokens_measured``
+            and the position columns of
+            :func:`prefixscope.core.formatting.breaker_position`.
+    """
+    d = df.sort_values("rank", ascending=False)
+    names = [f"#{int(r['rank'])} {r['kind']} · {breaker_position(r)}" for _, r in d.iterrows()]
+    fig = go.Figure(go.Bar(
+        x=d["lost_tokens"], y=names, orientation="h",
+        marker_color=["#1f77b4" if m else "#aec7e8" for m in d["lost_tokens_measured"]],
+        hovertemplate="%{x:,} lost tokens<extra></extra>"))
+    fig.update_layout(title="Lost tokens per breaker (light: upper bound, not measured)",
+                      xaxis_title="tokens", height=120 + 36 * len(d),
+                      margin=dict(l=10, r=10, t=50, b=10))
     return fig

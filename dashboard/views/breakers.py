@@ -9,50 +9,15 @@ breaking span matches, by exact counterfactual replay (``docs/diagnose.md#lost-t
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from prefixscope.core.formatting import fmt_pct, fmt_time, fmt_tokens
-from prefixscope.dashboard import data
+from prefixscope.core.formatting import breaker_position, fmt_pct, fmt_time, fmt_tokens
+from prefixscope.dashboard import data, figures
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No diagnosis stored. Run `prefixscope diagnose TRACE --ingest` (for example "
          "`prefixscope diagnose data/captures/aider/chat-requests.jsonl --ingest`): it replays "
          "the trace, finds where each request's prefix broke and stores the ranked breakers.")
-
-
-def load(db: str, query: str, **kwargs):
-    """``prefixscope.dashboard.data.query`` on ``prefixscope.store.queries.breakers.<query>``."""
-    return data.query(db, "breakers", query, **kwargs)
-
-
-def where(row: pd.Series) -> str:
-    """The structural position of a breaker, in words (no prompt text)."""
-    seg = row.get("segment")
-    if seg == "message":
-        return f"message {int(row['message_index'])} ({row['role']}), line {int(row['line'])}"
-    if seg == "tools":
-        return "tools"
-    if seg == "template":
-        idx = row.get("message_index")
-        return "template" + ("" if pd.isna(idx) else f" before message {int(idx)} ({row['role']})")
-    if isinstance(seg, str):
-        return seg
-    return "whole request"
-
-
-def lost_figure(df: pd.DataFrame) -> go.Figure:
-    """Lost tokens per breaker, rank 1 on top (pure: DataFrame in, figure out)."""
-    d = df.sort_values("rank", ascending=False)
-    names = [f"#{int(r['rank'])} {r['kind']} · {where(r)}" for _, r in d.iterrows()]
-    fig = go.Figure(go.Bar(
-        x=d["lost_tokens"], y=names, orientation="h",
-        marker_color=["#1f77b4" if m else "#aec7e8" for m in d["lost_tokens_measured"]],
-        hovertemplate="%{x:,} lost tokens<extra></extra>"))
-    fig.update_layout(title="Lost tokens per breaker (light: upper bound, not measured)",
-                      xaxis_title="tokens", height=120 + 36 * len(d),
-                      margin=dict(l=10, r=10, t=50, b=10))
-    return fig
 
 
 db = data.db_path()
@@ -63,7 +28,7 @@ st.caption("Where the prefix broke, ranked by lost tokens: the cached tokens the
            "--ingest`; structure and counts only, never prompt text.")
 
 with data.guard(db):
-    diags = load(db, "diagnoses")
+    diags = data.query(db, "breakers", "diagnoses")
     if diags.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
@@ -85,14 +50,14 @@ with data.guard(db):
     if not pd.isna(d.get("what_if_cost_delta")) and isinstance(d.get("currency"), str):
         st.caption(f"Cost with cache after the suggested layout: "
                    f"{d['what_if_cost_delta']:+,.4f} {d['currency']} over the trace.")
-    b = load(db, "breakers_of", diagnosis_id=picked)
+    b = data.query(db, "breakers", "breakers_of", diagnosis_id=picked)
     if b.empty:
         st.success("No breakers: every request hit the longest prefix an earlier request had.",
                    icon=":material/check_circle:")
         st.stop()
     show_table("breakers-1", pd.DataFrame({
         "rank": b["rank"], "level": b["level"], "kind": b["kind"],
-        "where": [where(r) for _, r in b.iterrows()],
+        "where": [breaker_position(r) for _, r in b.iterrows()],
         "requests": b["requests"].map(lambda v: f"{int(v):,}"),
         "values": b["distinct_values"].map(lambda v: f"{int(v):,}"),
         "lost tokens": [fmt_tokens(int(v)) + ("" if m else " (at most)")
@@ -103,8 +68,8 @@ with data.guard(db):
         "hit rate if this span matched": b["what_if_hit_rate"].map(
             lambda v: "—" if pd.isna(v) else fmt_pct(v)),
     }), hide_index=True, key="breakers_table")
-    st.plotly_chart(lost_figure(b), key="breakers_lost")
+    st.plotly_chart(figures.breakers_lost_figure(b), key="breakers_lost")
     top = b.iloc[0]
-    st.info(f"Top breaker: {top['kind']} at {where(top)}. `prefixscope diagnose TRACE` prints "
+    st.info(f"Top breaker: {top['kind']} at {breaker_position(top)}. `prefixscope diagnose TRACE` prints "
             "the fix and writes the suggested layout; `--request ID` shows one request's break "
             "on your terminal.", icon=":material/tips_and_updates:")

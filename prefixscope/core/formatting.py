@@ -140,3 +140,19 @@ def utc_times(ts_unix_s: pd.Series) -> pd.Series:
     """Unix seconds -> naive UTC datetimes (plotly and Streamlit tables show them as given: UTC
     wall time)."""
     return pd.to_datetime(ts_unix_s.astype("float64"), unit="s", utc=True).dt.tz_localize(None)
+
+
+def breaker_position(row: pd.Series) -> str:
+    """The structural position of a breaker (a ``breakers_of`` row), in words (no prompt
+    text): ``segment``, ``message_index``, ``role``, ``line``."""
+    seg = row.get("segment")
+    if seg == "message":
+        return f"message {int(row['message_index'])} ({row['role']}), line {int(row['line'])}"
+    if seg == "tools":
+        return "tools"
+    if seg == "template":
+        idx = row.get("message_index")
+        return "template" + ("" if pd.isna(idx) else f" before message {int(idx)} ({row['role']})")
+    if isinstance(seg, str):
+        return seg
+    return "whole request"
