@@ -46,11 +46,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import duckdb
@@ -66,6 +68,16 @@ from prefixscope.ingest.bookkeeping import (
     upsert_source,
 )
 from prefixscope.ingest.bookkeeping import SourceOutcome as ScrapeOutcome  # one stored scrape
+from prefixscope.core.bounds import (
+    BINARY_REASON,
+    BINARY_SAMPLE_BYTES,
+    LINE_TOO_LONG,
+    MAX_ID_CHARS,
+    MAX_LINE_BYTES,
+    TIME_RANGE,
+    looks_binary,
+    time_ok,
+)
 from prefixscope.core.errors import NothingIngested, SourceUnavailable
 from prefixscope.store.queries.ingest import ingest_transaction
 
@@ -295,14 +307,26 @@ def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float
             raise SourceUnavailable(f"cannot scrape {source}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:
             raise SourceUnavailable(f"cannot scrape {source}: HTTP {resp.status_code}")
+        if len(resp.content) > MAX_EXPOSITION_BYTES:
+            raise SourceUnavailable(f"cannot scrape {source}: the page is larger than "
+                                    f"{MAX_EXPOSITION_BYTES >> 20} MiB")
+        if looks_binary(resp.content[:BINARY_SAMPLE_BYTES]):
+            raise SourceUnavailable(f"cannot scrape {source}: {BINARY_REASON}")
         return RawScrape(source, "metrics-url", resp.text, ts, instance_for_url(source))
     path = Path(source)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        ts = path.stat().st_mtime if at_unix_s is None else at_unix_s
-    except OSError as exc:
-        raise SourceUnavailable(f"cannot read {source}: {exc.strerror or exc}") from exc
-    return RawScrape(source, "metrics-file", text, ts, file_instance(path))
+    from prefixscope.ingest.jsonl_driver import open_source_file  # refuses FIFOs, devices, binary
+
+    with open_source_file(source) as fh:
+        try:
+            data = fh.read(MAX_EXPOSITION_BYTES + 1)
+            ts = os.fstat(fh.fileno()).st_mtime if at_unix_s is None else at_unix_s
+        except OSError as exc:
+            raise SourceUnavailable(f"cannot read {source}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_EXPOSITION_BYTES:
+        raise SourceUnavailable(f"cannot read {source}: larger than {MAX_EXPOSITION_BYTES >> 20} "
+                                "MiB (a vLLM /metrics page is about 100 KiB)")
+    return RawScrape(source, "metrics-file", data.decode("utf-8", "replace"), ts,
+                     file_instance(path))
 
 
 def file_instance(path: str | os.PathLike[str]) -> str:
@@ -406,41 +430,114 @@ def encode_labels(labels: dict[str, str], *, drop: Iterable[str] = ()) -> str:
                       separators=(",", ":"), ensure_ascii=False)
 
 
-def _reason(exc: Exception, comment: str | None) -> str:
-    if comment:
-        return f"malformed # {comment} line"
-    msg = str(exc)
-    if "label" in msg.lower() or "quote" in msg.lower():
-        return "malformed sample line: invalid label set"
-    if "float" in msg or "Invalid value" in msg:
-        return "malformed sample line: missing or invalid value"
-    if "metric name" in msg:
-        return "malformed sample line: invalid metric name"
-    return "malformed sample line: not Prometheus text format"
+#: Labels of ``vllm:cache_config_info`` stored as they are: fields of vLLM's ``CacheConfig``
+#: (``vllm/config/cache.py``, 0.32/0.33; every label the bundled captures show) and the vLLM
+#: labels. Any other label on it is screened like a label of any kept family.
+CACHE_CONFIG_LABELS = frozenset({
+    "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
+    "calculate_kv_scales", "cpu_offload_gb", "effective_attention_block_size",
+    "enable_mamba_shared_prefix_checkpoint", "enable_prefix_caching", "gpu_memory_utilization",
+    "hash_block_size", "is_attention_free", "kv_cache_dtype_skip_layers", "kv_cache_layout",
+    "kv_cache_max_concurrency", "kv_cache_memory_bytes", "kv_cache_size_tokens",
+    "kv_offloading_backend", "kv_offloading_size", "kv_sharing_fast_prefill", "mamba_block_size",
+    "mamba_cache_dtype", "mamba_cache_mode", "mamba_page_size_padded", "mamba_ssm_cache_dtype",
+    "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override",
+    "prefix_cache_retention_interval", "prefix_caching_hash_algo", "prefix_match_unit",
+    "replayssm_buffer_len", "sliding_window", "skip_page_size_padded", "swa_bounded_replay",
+    "swap_space", "swap_space_bytes", "use_kda_recoverssm", "use_replayssm",
+    "user_specified_block_size",
+}) | ALLOWED_LABELS
+
+REFUSED_LABEL = ("a label that is not a vLLM label may hold a tenant id; configure an HMAC key "
+                 "(PREFIXSCOPE_HMAC_KEY_FILE) to keep such labels as digests")
+#: Largest exposition read, bytes (a vLLM /metrics page is about 100 KiB).
+MAX_EXPOSITION_BYTES = 16 << 20
 
 
-def _name_of(line: str) -> str | None:
-    head = line.split("{", 1)[0].split(None, 1)
-    name = head[0] if head else ""
-    return name[:200] or None
+@dataclass(frozen=True, slots=True)
+class SampleVerdict:
+    """What :func:`normalise_sample` decided for one exposed sample.
+
+    Attributes:
+        spec: the kept family spec (None with ``created`` or when refused / not kept).
+        labels: the labels to store (screened: digested where needed).
+        ts_unix_s: sample time, seconds. value: sample value.
+        created: for a ``<family>_created`` sample: ``(family, labels without le)``.
+        field: with ``reason``, the sample is refused: the field at fault (a name of ours).
+        reason: why it is refused (never the value), or None when kept or not ours.
+    """
+
+    spec: _Spec | None = None
+    labels: dict[str, str] | None = None
+    ts_unix_s: float = 0.0
+    value: float = 0.0
+    created: tuple[str, str] | None = None
+    field: str | None = None
+    reason: str | None = None
 
 
-def _screen_labels(name: str, labels: dict[str, str],
-                   label_key: bytes | None) -> tuple[dict[str, str], str | None]:
-    """Apply the label allowlist: returns (labels to store, name of a refused label or None)."""
-    if name.startswith("vllm:cache_config_info"):
-        return labels, None
-    extra = sorted(k for k in labels if k not in ALLOWED_LABELS)
-    if not extra:
-        return labels, None
-    if label_key is None:
-        return labels, extra[0]
-    from prefixscope.ingest.privacy import digest_tenant
+_NOT_OURS = SampleVerdict()
 
-    screened = dict(labels)
-    for k in extra:
-        screened[k] = "hmac:" + digest_tenant(labels[k], label_key) if labels[k] else ""
-    return screened, None
+
+def normalise_sample(name: str, labels: dict[str, str], value: float, ts_unix_s: float, *,
+                     label_key: bytes | None, family_type: str | None = None) -> SampleVerdict:
+    """The one normalisation of an exposed sample, shared by scrapes and files
+    (:func:`fetch_samples`) and the Prometheus API (``ingest/prometheus_api.py``).
+
+    Rules (``docs/ingest.md#bounds``):
+
+    1. Only kept families count (:data:`SAMPLE_SPECS`, :data:`CREATED_SPECS`); others are
+       ignored (``spec`` None, no reason).
+    2. Labels outside :data:`ALLOWED_LABELS` (for ``vllm:cache_config_info``: outside
+       :data:`CACHE_CONFIG_LABELS`) are stored as ``hmac:<digest>`` under ``label_key``; without
+       a key the sample is refused (the label is never named: its name is input too).
+    3. Label values are at most :data:`~prefixscope.core.bounds.MAX_ID_CHARS` characters; the
+       sample time must lie in 1970-01-01 to 2100-01-01 UTC.
+    4. Counters and histograms: finite and >= 0; ``kv_cache_usage_perc``: a fraction in
+       [0, 1]; other gauges: finite; ``_created``: a time in the range of rule 3.
+    5. A declared ``# TYPE`` (``family_type``: counter, gauge or histogram) must be the kind
+       vLLM exposes the family as.
+
+    Returns:
+        A :class:`SampleVerdict`; ``field`` names the sample (a kept name, never input text).
+    """
+    cspec = CREATED_SPECS.get(name)
+    spec = SAMPLE_SPECS.get(name)
+    if cspec is None and spec is None:
+        return _NOT_OURS
+    if any(len(v) > MAX_ID_CHARS for v in labels.values()):
+        return SampleVerdict(field=name, reason=f"a label value longer than {MAX_ID_CHARS} "
+                                                "characters")
+    allowed = CACHE_CONFIG_LABELS if name == CACHE_CONFIG_METRIC else ALLOWED_LABELS
+    extra = sorted(k for k in labels if k not in allowed)
+    if extra:
+        if label_key is None:
+            return SampleVerdict(field=name, reason=REFUSED_LABEL)
+        from prefixscope.ingest.privacy import digest_tenant
+
+        labels = dict(labels)
+        for k in extra:
+            labels[k] = "hmac:" + digest_tenant(labels[k], label_key) if labels[k] else ""
+    if not time_ok(ts_unix_s):
+        return SampleVerdict(field=name, reason="sample " + TIME_RANGE)
+    if cspec is not None:
+        if not time_ok(value) or value == 0:
+            return SampleVerdict(field=name, reason="created time is not a time from 1970-01-01 "
+                                                    "to 2100-01-01 UTC")
+        return SampleVerdict(labels=labels, ts_unix_s=ts_unix_s, value=value,
+                             created=(cspec[0], encode_labels(labels, drop=("le",))))
+    assert spec is not None
+    declared = family_type if family_type in ("counter", "gauge", "histogram") else None
+    if declared is not None and declared != spec.kind and not name.endswith("_created"):
+        return SampleVerdict(field=name, reason=f"declared a {declared} by # TYPE; vLLM exposes "
+                                                f"it as a {spec.kind}")
+    if not math.isfinite(value):
+        return SampleVerdict(field=name, reason=f"{spec.kind} value is not a finite number")
+    if spec.kind in ("counter", "histogram") and value < 0:
+        return SampleVerdict(field=name, reason=f"{spec.kind} value is negative")
+    if spec.metric == "vllm:kv_cache_usage_perc" and not 0 <= value <= 1:
+        return SampleVerdict(field=name, reason="a fraction outside 0 to 1")
+    return SampleVerdict(spec=spec, labels=labels, ts_unix_s=ts_unix_s, value=value)
 
 
 #: Default ``label_key`` of the ingest functions: read the configured key (or its absence) once
@@ -479,6 +576,112 @@ def _label_key(label_key: bytes | None | str) -> bytes | None:
     return configured_label_key() if label_key == CONFIGURED_KEY else label_key  # type: ignore[return-value]
 
 
+_KNOWN_NAMES = frozenset(SAMPLE_SPECS) | frozenset(CREATED_SPECS) | frozenset(
+    {spec.family for spec in SAMPLE_SPECS.values()}) | frozenset(
+    {fam + "_total" for fam in (*COUNTER_FAMILIES, *LEGACY_COUNTERS)})
+
+
+def known_name(name: str) -> str | None:
+    """``name`` when it is a metric or family name prefixscope keeps, else None: a quarantine
+    entry names fields from this known set only, never text of the input."""
+    return name if name in _KNOWN_NAMES else None
+
+
+def _lead_name(line: str) -> str:
+    """The text before a sample line's labels or value (may be empty)."""
+    head = line.strip().split("{", 1)[0].split(None, 1)
+    return head[0] if head else ""
+
+
+_EXEMPLAR = re.compile(r"\s#\s*\{[^{}]*\}\s*\S+(\s+\S+)?\s*$")
+
+
+def _line_ok(line: str) -> bool:
+    """True when prometheus_client reads the line on its own (a comment, a sample)."""
+    try:
+        for _ in text_string_to_metric_families(line + "\n"):
+            pass
+    except Exception:  # noqa: BLE001 - the parser raises several types; their text is unused
+        return False
+    return True
+
+
+def parse_exposition(lines: list[str], location: str, problems: list[Quarantined]
+                     ) -> Iterator[tuple[int, Any, str | None]]:
+    """Parse exposition lines (text format 0.0.4) as one stream with prometheus_client's
+    ``text_string_to_metric_families``, so each family keeps its ``# TYPE``.
+
+    Before parsing: a UTF-8 byte-order mark is dropped, an OpenMetrics exemplar (``# {...} v
+    [ts]`` after a sample) is cut off (it is not a sample), and a line longer than
+    :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` is quarantined. When the stream does not
+    parse, each line is tried alone only to find the lines to quarantine (the parser's
+    exception text is never read), and the stream without them is parsed again.
+
+    Args:
+        lines: the exposition split at ``\n``.
+        location: for quarantine entries appended to ``problems``.
+
+    Yields:
+        ``(1-based line, prometheus_client Sample, family type or None)`` in line order.
+    """
+    clean = list(lines)
+    if clean and clean[0].startswith("\ufeff"):
+        clean[0] = clean[0][1:]
+    sample_lines: list[int] = []
+    for i, raw in enumerate(clean):
+        line = raw.strip()
+        if len(raw) > MAX_LINE_BYTES:  # characters >= bytes / 4: a cheap first test
+            if len(raw.encode("utf-8", "replace")) > MAX_LINE_BYTES:
+                problems.append(Quarantined(location, i + 1, LINE_TOO_LONG, None))
+                clean[i] = ""
+                continue
+        if not line:
+            continue
+        if not line.startswith("#"):
+            if " #" in line:
+                clean[i] = line = _EXEMPLAR.sub("", line)
+            sample_lines.append(i)
+    try:
+        families = list(text_string_to_metric_families("\n".join(clean) + "\n"))
+    except Exception:  # noqa: BLE001 - some line is malformed: find it
+        families = None
+    if families is None:
+        for i, raw in enumerate(clean):
+            line = raw.strip()
+            if not line or _line_ok(line):
+                continue
+            parts = line.split(None, 3)
+            comment = line.startswith("#")
+            kind = parts[1] if comment and len(parts) > 1 else None
+            reason = (f"malformed # {kind} line" if kind in ("TYPE", "HELP") else
+                      "malformed sample line (not Prometheus text format 0.0.4)")
+            name = (parts[2] if len(parts) > 2 else "") if comment else _lead_name(line)
+            problems.append(Quarantined(location, i + 1, reason, known_name(name)))
+            clean[i] = ""
+        sample_lines = [i for i in sample_lines if clean[i].strip()]
+        try:
+            families = list(text_string_to_metric_families("\n".join(clean) + "\n"))
+        except Exception:  # noqa: BLE001 - lines fine alone but not together: read them alone
+            families = None
+    if families is not None:
+        flat = [(s, f.type) for f in families for s in f.samples]
+        if len(flat) == len(sample_lines):  # one sample per sample line, in line order
+            for i, (sample, ftype) in zip(sample_lines, flat):
+                yield i + 1, sample, ftype
+            return
+    for i in sample_lines:  # the last resort: every line on its own, without its # TYPE
+        try:
+            fams = list(text_string_to_metric_families(clean[i].strip() + "\n"))
+        except Exception:  # noqa: BLE001
+            problems.append(Quarantined(location, i + 1, "malformed sample line (not Prometheus "
+                                        "text format 0.0.4)",
+                                        known_name(_lead_name(clean[i]))))
+            continue
+        for f in fams:
+            for sample in f.samples:
+                yield i + 1, sample, None
+
+
 def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
                   label_key: bytes | None = None) -> ExpositionRead:
     """Parse an exposition into the samples a hit-rate board needs (pure: no I/O).
@@ -486,9 +689,11 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
     Labels outside :data:`ALLOWED_LABELS` are stored as ``hmac:<digest>`` under ``label_key``;
     without a key such a sample is quarantined (never stored with its raw value).
 
-    Every line is given to prometheus_client's text parser on its own; a line it rejects is
-    quarantined (line number, metric name, reason) and the others are kept. Kept samples of a
-    counter or histogram with a non-finite or negative value are quarantined too.
+    The text is parsed as one stream by prometheus_client (:func:`parse_exposition`: each
+    family keeps its ``# TYPE``); lines the parser cannot read are quarantined and the others
+    kept. Each sample then goes through :func:`normalise_sample` (labels, time and value
+    bounds, the declared type); a series repeated with a different value is quarantined at its
+    repeat (the first is kept).
 
     Args:
         text: Prometheus text format 0.0.4 (OpenMetrics text mostly parses too).
@@ -501,69 +706,45 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
         samples added) and the problems.
     """
     problems: list[Quarantined] = []
-    kept: list[tuple[_Spec, dict[str, str], float, float, str]] = []
+    kept: list[tuple[_Spec, dict[str, str], float, float, str, int]] = []
     created: dict[tuple[str, str], float] = {}
     saw_v0 = False
-    lines = text.splitlines()
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 2 and parts[1] in ("HELP", "TYPE"):
-                try:
-                    list(text_string_to_metric_families(line + "\n"))
-                except Exception as exc:  # noqa: BLE001 - the parser raises several types
-                    problems.append(Quarantined(location, lineno, _reason(exc, parts[1]),
-                                                parts[2][:200] if len(parts) > 2 else None))
-            continue
-        try:
-            families = list(text_string_to_metric_families(line + "\n"))
-            sample = families[0].samples[0]
-        except Exception as exc:  # noqa: BLE001
-            problems.append(Quarantined(location, lineno, _reason(exc, None), _name_of(line)))
-            continue
-        name, labels, value = sample.name, dict(sample.labels), float(sample.value)
-        if name in CREATED_SPECS or name in SAMPLE_SPECS:
-            labels, refused = _screen_labels(name, labels, label_key)
-            if refused is not None:
-                problems.append(Quarantined(
-                    location, lineno, f"label '{refused}' is not a vLLM label and may hold a "
-                    "tenant id; configure an HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep it "
-                    "as a digest", name))
-                continue
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for lineno, sample, ftype in parse_exposition(lines, location, problems):
+        name = sample.name
         ts = float(sample.timestamp) if sample.timestamp is not None else ts_unix_s
-        cspec = CREATED_SPECS.get(name)
-        if cspec is not None:
-            if math.isfinite(value) and value > 0:
-                created[(cspec[0], encode_labels(labels, drop=("le",)))] = value
-            else:
-                problems.append(Quarantined(location, lineno, "created time is not a positive "
-                                            "finite number", name))
-            continue
-        spec = SAMPLE_SPECS.get(name)
-        if spec is None:
-            continue
-        if spec.kind in ("counter", "histogram") and (not math.isfinite(value) or value < 0):
-            problems.append(Quarantined(location, lineno, f"{spec.kind} value is not a finite "
-                                        "number >= 0", name))
-            continue
-        if name in V0_HIT_RATE_GAUGES:
-            saw_v0 = True
-        kept.append((spec, labels, ts, value, name))
+        v = normalise_sample(name, dict(sample.labels), float(sample.value), ts,
+                             label_key=label_key, family_type=ftype)
+        if v.reason is not None:
+            problems.append(Quarantined(location, lineno, v.reason, v.field))
+        elif v.created is not None:
+            created[v.created] = v.value
+        elif v.spec is not None:
+            if name in V0_HIT_RATE_GAUGES:
+                saw_v0 = True
+            kept.append((v.spec, v.labels, v.ts_unix_s, v.value, name, lineno))
 
     by_key: dict[tuple[str, str, float], MetricSample] = {}
     zeros: dict[tuple[str, str], MetricSample] = {}
-    for spec, labels, ts, value, name in kept:
+    line_of: dict[tuple[str, str, float], int] = {}
+    for spec, labels, ts, value, name, lineno in kept:
         labels_json = encode_labels(labels)
         s = MetricSample(spec.metric, labels_json, instance, labels.get("model_name"),
                          labels.get("engine"), ts, value, name, spec.legacy, False)
         key = (spec.metric, labels_json, ts)
         prior = by_key.get(key)
+        if prior is not None and prior.legacy == spec.legacy:
+            if prior.value != value:  # the same series twice: which one is right is unknown
+                problems.append(Quarantined(
+                    location, lineno, f"repeats the series of line {line_of[key]} with a "
+                    "different value (the first is kept)", name))
+            continue
         if prior is not None and not prior.legacy:
             continue  # a canonical name beats its legacy alias in the same scrape
         by_key[key] = s
+        line_of[key] = lineno
         if spec.kind in ("counter", "histogram"):
             c = created.get((spec.family, encode_labels(labels, drop=("le",))))
             if c is not None and c < ts and (spec.metric, labels_json) not in zeros:
@@ -578,6 +759,7 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
         notes.append(V0_GAUGE_NOTE)
     if not samples:
         notes.append(NOTHING_NOTE)
+    problems.sort(key=lambda q: q.line)
     return ExpositionRead(location, instance, ts_unix_s, samples, tuple(problems), tuple(notes),
                           len(lines))
 

@@ -41,10 +41,11 @@ from prefixscope.ingest.exposition import (
     ExpositionRead,
     MetricSample,
     ScrapeOutcome,
-    _screen_labels,
+    REFUSED_LABEL,
     configured_label_key,
     encode_labels,
     instance_for_url,
+    normalise_sample,
     save_samples,
 )
 from prefixscope.core.errors import NothingIngested, SourceUnavailable
@@ -134,38 +135,35 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
         instance = labels.get(instance_label) or default_instance
         for drop in ("job", instance_label):
             labels.pop(drop, None)
-        if name in CREATED_SPECS or name in SAMPLE_SPECS:
-            labels, refused = _screen_labels(name, labels, label_key)
-            if refused is not None:
-                problems.append(Quarantined(
-                    location, 0, f"label '{refused}' is not a vLLM label and may hold a tenant "
-                    "id; configure an HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep it as a "
-                    "digest", name))
-                continue
         values = series.get("values") or []
-        cspec = CREATED_SPECS.get(name)
-        if cspec is not None:
-            key = (cspec[0], encode_labels(labels, drop=("le",)), instance)
-            for ts, v in values:
-                c = float(v)
-                if math.isfinite(c) and c > 0:
-                    seen = created.setdefault(key, {})
-                    seen[c] = min(float(ts), seen.get(c, math.inf))
-            continue
-        spec = SAMPLE_SPECS.get(name)
-        if spec is None:
-            continue
-        if name in V0_HIT_RATE_GAUGES:
-            saw_v0 = True
-        labels_json = encode_labels(labels)
+        labels_json = None
         for ts, v in values:
-            value = float(v)
-            if spec.kind in ("counter", "histogram") and (not math.isfinite(value) or value < 0):
-                problems.append(Quarantined(location, 0, f"{spec.kind} value is not a finite "
-                                            f"number >= 0 at {float(ts):.3f}", name))
+            try:
+                value, at = float(v), float(ts)
+            except (TypeError, ValueError):
+                problems.append(Quarantined(location, 0, "value or time is not a number",
+                                            name if name in SAMPLE_SPECS else None))
                 continue
-            kept.append((spec, labels_json, instance, labels.get("model_name"),
-                         labels.get("engine"), float(ts), value, name))
+            verdict = normalise_sample(name, labels, value, at, label_key=label_key)
+            if verdict.reason is not None:
+                problems.append(Quarantined(location, 0, verdict.reason, verdict.field))
+                if verdict.reason == REFUSED_LABEL:
+                    break  # the whole series carries the label
+                continue
+            if verdict.created is not None:
+                family, sans_le = verdict.created
+                seen = created.setdefault((family, sans_le, instance), {})
+                seen[value] = min(at, seen.get(value, math.inf))
+                continue
+            spec = verdict.spec
+            if spec is None:
+                break  # not a kept series
+            if name in V0_HIT_RATE_GAUGES:
+                saw_v0 = True
+            if labels_json is None:
+                labels_json = encode_labels(verdict.labels)
+            kept.append((spec, labels_json, instance, verdict.labels.get("model_name"),
+                         verdict.labels.get("engine"), at, value, name))
     by_key: dict[tuple, MetricSample] = {}
     last_ts: dict[tuple, float] = {}
     for spec, labels_json, instance, model, engine, ts, value, name in kept:
