@@ -12,5 +12,9 @@ production formats), ``runner`` (one simulated run to files), ``compare`` (A/B o
 ``tokenization`` (chat traces, rendered and tokenised offline). Multi-tenant gateway model:
 ``identity`` (cache identity and the acceptance check), ``gateway_trace`` (the trace and its
 reader), ``gateway`` (the gateway and its decisions), ``gateway_replay`` (a whole trace, the
-decision log). Shared value types are in ``prefixscope.replay.types``.
+decision log). Diagnosis (``prefixscope diagnose``): ``diagnose_render`` (rendered chats with an
+offset map, a piece-cached tokeniser), ``diagnose_replay`` (reading with structure, the exact
+model one request at a time), ``diagnose`` (per-request attribution), ``diagnose_fix`` (breakers,
+lost tokens, levels, the suggested layout), ``diagnose_store`` (the stored summary file).
+Shared value types are in ``prefixscope.replay.types``.
 """

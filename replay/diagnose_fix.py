@@ -89,6 +89,8 @@ class Breaker:
     detail: str | None
     what_if: dict[str, Any] | None = None
     value_digests: list[str] = field(default_factory=list)
+    #: The counterfactual run's totals (for costs), None when not measured.
+    counterfactual: SimSummary | None = None
     rank: int = 0
     share: float | None = None
 
@@ -257,7 +259,7 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
         for n, (key, g) in enumerate(order):
             neut = neutraliser(g)
             text, transforms, fixable = suggestion(g)
-            lost, measured, wi = g["tokens_after"], False, None
+            lost, measured, wi, cf = g["tokens_after"], False, None, None
             if measure and n < max_measured and (neut or g["kind"] == "evicted"):
                 if g["kind"] == "evicted":
                     cf = replay_totals(spec, layout=_compose(spec.layout, applied, "cf"),
@@ -270,7 +272,7 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
                 wi = _what_if(cf, base.summary)
                 if lost == 0 and g["kind"] == "tool_schema":
                     # Sorted keys did not help: the schema itself changed.
-                    lost, measured, wi, neut = g["tokens_after"], False, None, None
+                    lost, measured, wi, neut, cf = g["tokens_after"], False, None, None, None
                     text, transforms, fixable = ("not fixable by layout: the tool schema "
                                                  "changed: keep one version of every tool",
                                                  [], False)
@@ -279,7 +281,7 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
                 distinct_values=len(g["distinct"]), lost_tokens=lost, measured=measured,
                 suggestion=text, fixable=fixable, transforms=transforms, neutraliser=neut,
                 example_request=g["example"], earlier_request=g["earlier"], detail=g["detail"],
-                what_if=wi, value_digests=sorted(g["distinct"])[:16]))
+                what_if=wi, value_digests=sorted(g["distinct"])[:16], counterfactual=cf))
         # A span whose counterfactual gains nothing is not a breaker (it changes, but what
         # follows it differs anyway).
         level_breakers = [b for b in level_breakers if not (b.measured and b.lost_tokens == 0)]

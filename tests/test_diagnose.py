@@ -239,3 +239,38 @@ def test_hash_id_trace_block_level(cli, tmp_path):
                                                             sim["cached_tokens"])
     assert doc["breakers"] and {b["segment"] for b in doc["breakers"]} <= {"blocks", None}
     assert {b["kind"] for b in doc["breakers"]} <= {"divergent_block", "evicted"}
+
+
+def test_cost_of_the_fix_at_the_model_price(cli, tmp_path):
+    from prefixscope.cli.commands.replay_sim import _price
+    from prefixscope.replay.compare import run_cost
+
+    code, out, _ = cli(["diagnose", AIDER_TRACE, "--model", "tiny-llama-random", "--prices",
+                        "data/prices.toml", "--out", tmp_path, "--json"])
+    doc = json.loads(out)
+    assert doc["cost"]["currency"] == "USD" and doc["cost"]["shadow"] is True
+    d = diagnose(DiagnoseSpec(trace=str(AIDER_TRACE)))
+    price = _price("tiny-llama-random", "data/prices.toml")
+    expected = float(run_cost(d.what_if, price)["cost_with_cache"]
+                     - run_cost(d.summary, price)["cost_with_cache"])
+    assert doc["what_if"]["cost_delta"] == pytest.approx(expected) and expected < 0
+    assert doc["breakers"][0]["what_if"]["cost_delta"] < 0
+
+
+def test_anthropic_messages_bodies(tmp_path):
+    stable = "\n".join(f"Policy {i}: be exact, cite the source, keep answers short." for i in
+                       range(30))
+    path = tmp_path / "anthropic.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(5):
+            fh.write(json.dumps({"output_tokens": 0, "uri": "/v1/messages", "request_body": {
+                "model": "claude", "max_tokens": 10,
+                "system": [{"type": "text", "text": f"Today is 2026-11-{i + 1:02d}.\n{stable}"}],
+                "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": f"Question {i}: what does policy {i} mean?"}]}]}})
+                     + "\n")
+    d = diagnose(DiagnoseSpec(trace=str(path), format="chat"))
+    top = d.breakers[0]
+    assert (top.kind, top.position.role, top.position.message_index, top.position.line) == (
+        "timestamp", "system", 0, 1)
+    assert d.what_if.hit_rate > d.summary.hit_rate

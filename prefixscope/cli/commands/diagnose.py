@@ -70,8 +70,10 @@ def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
     breakers = []
     for b in d.breakers:
         bd = b.as_dict()
-        if bd["what_if"] is not None and price is not None:
-            bd["what_if"]["cost_delta"] = None  # per-breaker cost: tokens only (see docs)
+        if bd["what_if"] is not None:
+            cc = _cost(b.counterfactual, price)
+            bd["what_if"]["cost_delta"] = None if cc is None or base_cost is None \
+                else cc["cost_with_cache"] - base_cost["cost_with_cache"]
         breakers.append(bd)
     doc = {
         "trace": d.spec.trace, "format": d.base.format,
