@@ -253,6 +253,20 @@ def request_hit_rate_totals(db: str, *, start_s: float | None, end_s: float | No
                           start_s=start_s, end_s=end_s, by=by)
 
 
+@_cached
+def uncounted_note(db: str, *, start_s: float | None, end_s: float | None,
+                   models: tuple[str, ...] | None = None,
+                   instances: tuple[str, ...] | None = None,
+                   run_ids: tuple[str, ...] | None = None) -> str | None:
+    """Both figures (counters, per request) of the selection and why they differ, when
+    gateway-rejected requests make them differ (``prefixscope.core.report.uncounted_note_of``
+    over ``prefixscope.store.queries.requests.counters_and_requests``); None otherwise."""
+    from prefixscope.core.report import uncounted_note_of
+
+    return uncounted_note_of(_request_query("counters_and_requests", db, models, instances,
+                                            run_ids, start_s=start_s, end_s=end_s))
+
+
 def _request_query(name: str, db: str, models, instances, run_ids, **kwargs):
     from prefixscope.store.queries import requests as q
 

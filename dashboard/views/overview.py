@@ -69,6 +69,10 @@ with data.guard(db):
     if windows.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
+    note = data.uncounted_note(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
+                               instances=f.instances, run_ids=f.run_ids)
+    if note:
+        st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")
     if source == "requests":
         st.info(REQUESTS_SOURCE, icon=":material/receipt_long:")
         per_model = as_counter_columns(data.request_hit_rate_by_window(

@@ -35,6 +35,10 @@ with data.guard(db):
     if scoped.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
+    note = data.uncounted_note(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
+                               instances=f.instances, run_ids=f.replay_run_ids())
+    if note:
+        st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")
     cols = st.columns(len(scoped))
     for col, (_, row) in zip(cols, scoped.iterrows()):
         col.metric(f"{row['scope']} hit rate", fmt_pct(row["hit_rate"]), border=True,

@@ -42,6 +42,11 @@ class GatewayRunReport:
         engine_lifetimes: engines simulated (1 + restarts).
         out_dir: where the files are.
         rows_added: rows the ingest added (decisions + events, requests, metric samples).
+        counter_prompt_tokens, counter_cached_tokens: what vLLM's counters count of the run
+            (queries, hits): requests sent with ``skip_reading_prefix_cache`` (rejected) left
+            out.
+        uncounted_requests, uncounted_prompt_tokens: those left out (docs/metrics.md
+            "Counters and per-request figures").
     """
 
     run_id: str
@@ -56,6 +61,10 @@ class GatewayRunReport:
     engine_lifetimes: int
     out_dir: str
     rows_added: dict[str, int]
+    counter_prompt_tokens: int = 0
+    counter_cached_tokens: int = 0
+    uncounted_requests: int = 0
+    uncounted_prompt_tokens: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready dict."""
@@ -67,6 +76,16 @@ class GatewayRunReport:
                 f"{self.misses} without candidate), {self.cached_tokens:,} of "
                 f"{self.prompt_tokens:,} prompt tokens from cache ({rate}), "
                 f"{self.engine_lifetimes} engine lifetimes")
+
+    def uncounted_note(self) -> str | None:
+        """Both figures and why they differ (None when no request was left out)."""
+        from prefixscope.core.report import uncounted_note
+
+        return uncounted_note(self.uncounted_requests, self.uncounted_prompt_tokens,
+                              counters_hit=self.counter_cached_tokens,
+                              counters_query=self.counter_prompt_tokens,
+                              per_request_cached=self.cached_tokens,
+                              per_request_prompt=self.prompt_tokens)
 
 
 def write_gateway_outputs(replay, out_dir: str | os.PathLike[str], *, run_id: str,
@@ -158,6 +177,8 @@ def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | Non
     results = {r.request_id: r for r in replay.results}
     prompt = sum(r.prompt_tokens for r in results.values() if r.rejected_reason is None)
     cached = sum(r.cached_tokens for r in results.values() if r.rejected_reason is None)
+    counted = [r for r in results.values() if r.rejected_reason is None and r.counted]
+    uncounted = [r for r in results.values() if r.rejected_reason is None and not r.counted]
     counts = {k: sum(1 for d in replay.decisions if d.decision == k)
               for k in ("accept", "reject", "miss")}
     rows: dict[str, int] = {}
@@ -187,7 +208,11 @@ def run_gateway_replay(trace_path: str | os.PathLike[str], *, db_path: str | Non
         cached_tokens=cached,
         accepted_cached_tokens=sum(d.accepted_cached_tokens for d in replay.decisions),
         hit_rate=cached / prompt if prompt else None, engine_lifetimes=len(replay.segments),
-        out_dir=str(out_dir), rows_added=rows)
+        out_dir=str(out_dir), rows_added=rows,
+        counter_prompt_tokens=sum(r.prompt_tokens for r in counted),
+        counter_cached_tokens=sum(r.cached_tokens for r in counted),
+        uncounted_requests=len(uncounted),
+        uncounted_prompt_tokens=sum(r.prompt_tokens for r in uncounted))
     Path(out_dir, "summary.json").write_text(json.dumps(report.as_dict(), indent=2) + "\n",
                                              encoding="utf-8")
     return report

@@ -160,3 +160,41 @@ def _utc() -> tzinfo:
     from datetime import timezone
 
     return timezone.utc
+
+
+def uncounted_note(requests: int, prompt_tokens: int, *, counters_hit: int | None = None,
+                   counters_query: int | None = None, per_request_cached: int | None = None,
+                   per_request_prompt: int | None = None) -> str | None:
+    """The reason printed beside a hit rate when the counters and the per-request figure of the
+    same traffic differ because of gateway-rejected requests (None when there are none).
+
+    vLLM leaves a request sent with ``skip_reading_prefix_cache`` (a gateway rejection) out of
+    ``prefix_cache_queries``/``hits``; the per-request figure counts its prompt tokens (cached
+    0). Both figures are named when given: ``counters 714,720 of 839,952 (85.1%), per request
+    714,720 of 1,032,930 (69.2%): vLLM's counters leave out the 192,978 prompt tokens of 57
+    rejected requests (sent with skip_reading_prefix_cache)``.
+    """
+    if requests <= 0 or prompt_tokens <= 0:
+        return None
+    parts = []
+    if counters_hit is not None and counters_query:
+        parts.append(f"counters {counters_hit:,} of {counters_query:,} "
+                     f"({counters_hit / counters_query:.1%})")
+    if per_request_cached is not None and per_request_prompt:
+        parts.append(f"per request {per_request_cached:,} of {per_request_prompt:,} "
+                     f"({per_request_cached / per_request_prompt:.1%})")
+    head = (", ".join(parts) + ": ") if parts else ""
+    noun = "request" if requests == 1 else "requests"
+    return (f"{head}vLLM's counters leave out the {prompt_tokens:,} prompt tokens of {requests:,} "
+            f"rejected {noun} (sent with skip_reading_prefix_cache), the per-request figure "
+            "counts them")
+
+
+def uncounted_note_of(figures: dict[str, int]) -> str | None:
+    """:func:`uncounted_note` of the dict of
+    ``prefixscope.store.queries.requests.counters_and_requests``."""
+    return uncounted_note(figures["uncounted_requests"], figures["uncounted_prompt_tokens"],
+                          counters_hit=figures["counter_hit_tokens"],
+                          counters_query=figures["counter_query_tokens"],
+                          per_request_cached=figures["request_cached_tokens"],
+                          per_request_prompt=figures["request_prompt_tokens"])

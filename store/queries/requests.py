@@ -637,3 +637,61 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                              run_params).fetchone()[0]
     lo, hi = default_range(newest)
     return ReportResult(_request_lines(con, lo, hi, threshold, run_ids), "requests", lo, hi)
+
+
+def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                          end_s: float | None = None, models: Sequence[str] | None = None,
+                          instances: Sequence[str] | None = None,
+                          run_ids: Sequence[str] | None = ("",)) -> dict[str, int]:
+    """Requests that the per-request figure counts and vLLM's counters leave out: those a cache
+    gateway rejected (``gateway_decisions.decision = 'reject'``), which it forwards with
+    ``skip_reading_prefix_cache`` so that they read no cached block; vLLM does not count such a
+    request in ``prefix_cache_queries``/``hits`` (vLLM 0.33 ``vllm/v1/request.py``,
+    ``docs/metrics.md#counters-and-per-request-figures``).
+
+    Returns:
+        ``{"requests": n, "prompt_tokens": Σ prompt_tokens, "cached_tokens": Σ cached_tokens}``
+        over the usage rows (filters as :func:`request_hit_rate_totals`) joined to a reject
+        decision on (run_id, request_id); zeros without any (or without the decisions table).
+    """
+    where, params = _where(start_s, end_s, models, instances, run_ids, alias="r")
+    try:
+        row = con.execute(
+            "SELECT count(*), coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0)"
+            " FROM requests r JOIN gateway_decisions d"
+            " ON d.run_id = r.run_id AND d.request_id = r.request_id"
+            f" WHERE d.decision = 'reject' AND {where}", params).fetchone()
+    except duckdb.CatalogException:
+        return {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0}
+    return {"requests": int(row[0]), "prompt_tokens": int(row[1]), "cached_tokens": int(row[2])}
+
+
+def counters_and_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                          end_s: float | None = None, models: Sequence[str] | None = None,
+                          instances: Sequence[str] | None = None,
+                          run_ids: Sequence[str] | None = ("",)) -> dict[str, int]:
+    """Both figures of the same selection and what the counters leave out, for the note shown
+    wherever the two meet (``prefixscope.core.report.uncounted_note``).
+
+    Returns:
+        ``counter_hit_tokens``, ``counter_query_tokens`` (Δ counters,
+        :func:`prefixscope.store.queries.metrics.hit_rate_totals`), ``request_cached_tokens``,
+        ``request_prompt_tokens`` (Σ of the requests reporting cached tokens,
+        :func:`request_hit_rate_totals`), ``uncounted_requests``, ``uncounted_prompt_tokens``
+        (:func:`uncounted_by_counters`); tokens, 0 when absent.
+    """
+    from prefixscope.store.queries.metrics import hit_rate_totals
+
+    c = hit_rate_totals(con, start_s=start_s, end_s=end_s, by=(), models=models,
+                        instances=instances, run_ids=run_ids)
+    r = request_hit_rate_totals(con, start_s=start_s, end_s=end_s, by=(), models=models,
+                                instances=instances, run_ids=run_ids)
+    u = uncounted_by_counters(con, start_s=start_s, end_s=end_s, models=models,
+                              instances=instances, run_ids=run_ids)
+    return {
+        "counter_hit_tokens": _num(c["hit_tokens"].iloc[0]) if len(c) else 0,
+        "counter_query_tokens": _num(c["query_tokens"].iloc[0]) if len(c) else 0,
+        "request_cached_tokens": _num(r["cached_tokens"].iloc[0]) if len(r) else 0,
+        "request_prompt_tokens": _num(r["reported_prompt_tokens"].iloc[0]) if len(r) else 0,
+        "uncounted_requests": u["requests"], "uncounted_prompt_tokens": u["prompt_tokens"],
+    }

@@ -195,6 +195,17 @@ def hitrate_cmd(
         out.print("no hit-rate data in this range (ingest metrics or requests first)")
         return
     _print_table(rows, cols, Source(rows[0]["source"]))
+    from prefixscope.core.report import uncounted_note_of
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries.requests import counters_and_requests
+
+    with store_db.reader(db) as con:
+        note = uncounted_note_of(counters_and_requests(
+            con, start_s=start_s, end_s=end_s, models=model or None,
+            instances=instance or None,
+            run_ids=None if all_runs else (list(run) if run else [""])))
+    if note:
+        out.print(f"note: {note}", markup=False, highlight=False)
 
 
 def register(groups: dict[str, typer.Typer]) -> None:

@@ -56,6 +56,9 @@ def gateway_cmd(
         print_json(report.as_dict())
         return
     out.print(f"{run_id}: {report}", markup=False, highlight=False)
+    note = report.uncounted_note()
+    if note:
+        out.print(f"  {note}", markup=False, highlight=False)
     out.print(f"files in {report.out_dir}; loaded: {report.rows_added or 'nothing (--no-ingest)'}",
               markup=False, highlight=False)
 

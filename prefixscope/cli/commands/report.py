@@ -50,16 +50,19 @@ def report_cmd(
     from prefixscope.core.errors import UsageError
     from prefixscope.core.times import format_time, parse_time
     from prefixscope.store import db as store_db
-    from prefixscope.store.queries.requests import report
+    from prefixscope.core.report import uncounted_note_of
+    from prefixscope.store.queries.requests import counters_and_requests, report
 
     start_s = parse_time(start) if start is not None else None
     end_s = parse_time(end) if end is not None else None
     if start_s is not None and end_s is not None and start_s >= end_s:
         raise UsageError("--start must be before --end")
+    run_ids = None if all_runs else ((run,) if run is not None else ("",))
     with store_db.reader(db) as con:
         result = report(con, start_s=start_s, end_s=end_s, threshold=threshold,
-                        source=source,
-                        run_ids=None if all_runs else ((run,) if run is not None else ("",)))
+                        source=source, run_ids=run_ids)
+        note = uncounted_note_of(counters_and_requests(
+            con, start_s=result.start_s, end_s=result.end_s, run_ids=run_ids))
     span = (f"{format_time(result.start_s) if result.start_s is not None else 'the beginning'}"
             f" to {format_time(result.end_s) if result.end_s is not None else 'now'}")
     if as_json:
@@ -70,7 +73,7 @@ def report_cmd(
                        "prompt_tokens": ln.prompt_tokens, "hit_rate": ln.hit_rate,
                        "status": ln.status, "text": ln.text, "requests": ln.requests,
                        "reported_requests": ln.reported_requests, "legacy": ln.legacy}
-                      for ln in result.lines]})
+                      for ln in result.lines], "note": note})
         return
     what = ("vLLM counters (prefix_cache_hits / prefix_cache_queries)"
             if result.source == "counters" else
@@ -90,6 +93,8 @@ def report_cmd(
         if ln.legacy:
             out.print(f"{'':<{width}}  (legacy metric names vllm:gpu_prefix_cache_*)",
                       markup=False, highlight=False)
+    if note:
+        out.print(f"note: {note}", markup=False, highlight=False)
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
