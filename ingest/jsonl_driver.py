@@ -269,7 +269,8 @@ def commit_batch(con: duckdb.DuckDBPyConnection, *, insert: Inserter, rows: Any,
 
 def _chunks(fh: BinaryIO, location: str, start: Checkpoint, batch_bytes: int | None,
             accept_tail: Callable[[bytes], bool] | None,
-            ends: deque[tuple[int, int]]) -> Iterator[tuple[bytes, int]]:
+            ends: deque[tuple[int, int]], max_line_bytes: int = MAX_LINE_BYTES
+            ) -> Iterator[tuple[bytes, int]]:
     """``(data, first_line)`` of each batch from ``start``; appends each batch's end
     ``(offset, line)`` to ``ends`` as it is yielded. A line longer than
     :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` is never held whole: it is passed on as
@@ -282,7 +283,7 @@ def _chunks(fh: BinaryIO, location: str, start: Checkpoint, batch_bytes: int | N
     want = batch_bytes or READ_BYTES
     parts: list[bytes] = []  # whole-file mode: complete-line pieces gathered until EOF
     gathered = 0  # real bytes of ``parts``
-    lines = bounded_line_runs(fh, want, location)
+    lines = bounded_line_runs(fh, want, location, max_line_bytes)
     for data, real in lines:
         if batch_bytes is None:
             parts.append(data)
@@ -323,8 +324,10 @@ class bounded_line_runs:  # noqa: N801 - used as an iterator
         SourceUnavailable: a read fails.
     """
 
-    def __init__(self, fh: BinaryIO, want: int, location: str):
+    def __init__(self, fh: BinaryIO, want: int, location: str,
+                 max_line_bytes: int = MAX_LINE_BYTES):
         self.fh, self.want, self.location = fh, want, location
+        self.max_line = max_line_bytes  # a source whose records are larger (OTLP) raises it
         self.tail = b""
 
     def __iter__(self) -> Iterator[tuple[bytes, int]]:
@@ -350,21 +353,21 @@ class bounded_line_runs:  # noqa: N801 - used as an iterator
                     pending = chunk[cut + 1:]
                 else:
                     pending = chunk
-                if len(pending) > MAX_LINE_BYTES:
+                if len(pending) > self.max_line:
                     skipping, pending = len(pending), b""
                 yield out, real
                 continue
             buf = pending + chunk
             cut = buf.rfind(b"\n")
             if cut < 0:
-                if len(buf) > MAX_LINE_BYTES:
+                if len(buf) > self.max_line:
                     skipping, pending = len(buf), b""
                 else:
                     pending = buf
                 continue
             pending = buf[cut + 1:]
             data = buf[:cut + 1]
-            if len(pending) > MAX_LINE_BYTES:
+            if len(pending) > self.max_line:
                 skipping, pending = len(pending), b""
             yield data, len(data)
         self.tail = pending if not skipping else b""
@@ -376,7 +379,8 @@ def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
                       accept_tail: Callable[[bytes], bool] | None = None,
                       note: Callable[[TailCounts], str | None] | None = None,
                       note_on_source: bool = False, keep_problems: int | None = None,
-                      map_chunks: ChunkMapper | None = None) -> TailResult:
+                      map_chunks: ChunkMapper | None = None,
+                      max_line_bytes: int = MAX_LINE_BYTES) -> TailResult:
     """Ingest what is new in a JSONL file since its checkpoint (contract: module docstring).
 
     Args:
@@ -392,6 +396,9 @@ def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
         keep_problems: how many quarantined lines :attr:`TailResult.problems` keeps (None =
             all; every one is stored in ``quarantine`` regardless).
         map_chunks: parses the batches, in order (default: lazily, in this thread).
+        max_line_bytes: longest line passed to the parser (default the shared bound
+            :data:`~prefixscope.core.bounds.MAX_LINE_BYTES`); a source whose records are
+            larger by nature (one OTLP export a line) raises it.
 
     Returns:
         A :class:`TailResult`.
@@ -412,7 +419,7 @@ def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
         except OSError as exc:
             raise _unreadable(location, exc) from exc
         ends: deque[tuple[int, int]] = deque()
-        chunks = _chunks(fh, location, start, batch_bytes, accept_tail, ends)
+        chunks = _chunks(fh, location, start, batch_bytes, accept_tail, ends, max_line_bytes)
         mapper = map_chunks or (lambda f, cs: (f(d, n) for d, n in cs))
         parsed = iter(mapper(parse_chunk, chunks))
         cur = next(parsed, None)

@@ -36,15 +36,20 @@ from prefixscope.ingest.genai_spans import (
     iter_spans,
     normalise_span,
 )
+from prefixscope.core.bounds import TOO_DEEP, json_too_deep
 from prefixscope.ingest.jsonl_driver import (
+    LONG_LINE,
     ParsedChunk,
     TailResult,
     commit_batch,
     ingest_jsonl_tail,
 )
-from prefixscope.ingest.usage_rows import insert_dict_rows
+from prefixscope.ingest.usage_rows import insert_dict_rows, row_problem
 
 KIND_FILE = "otlp-file"
+#: Longest line of a file-exporter file: one export (a collector batch of thousands of spans is
+#: several MiB, above the 1 MiB JSONL bound); the same bound as an OTLP/HTTP body.
+MAX_EXPORT_LINE_BYTES = 64 << 20
 KIND_HTTP = "otlp-http"
 
 
@@ -90,6 +95,10 @@ def rows_from_request(req, opts: SpanOptions, *, source_id: str) -> SpanRows:
         if row is None:
             out.skipped += 1
             continue
+        problem = row_problem(row)
+        if problem is not None:
+            out.problems.append((ref, f"{ref.path}.{problem[0]}", problem[1]))
+            continue
         row["source_id"] = source_id
         out.rows.append(row)
     return out
@@ -128,6 +137,15 @@ def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str
             if not raw.strip() or _looks_like_other_signal(raw):
                 skipped += 1
                 continue
+            if no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte-order mark
+            if raw == LONG_LINE or len(raw) > MAX_EXPORT_LINE_BYTES:
+                bad.append(Quarantined(location, no, f"line longer than "
+                                       f"{MAX_EXPORT_LINE_BYTES:,} bytes (64 MiB)", None))
+                continue
+            if json_too_deep(raw):
+                bad.append(Quarantined(location, no, TOO_DEEP, None))
+                continue
             try:
                 req = decode_json(raw)
             except OtlpDecodeError as exc:
@@ -153,7 +171,8 @@ def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str
 
     return ingest_jsonl_tail(con, path, kind=KIND_FILE, parse_chunk=parse,
                              insert=insert_dict_rows, batch_bytes=16 << 20,
-                             note=note, keep_problems=keep_problems)
+                             note=note, keep_problems=keep_problems,
+                             max_line_bytes=MAX_EXPORT_LINE_BYTES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,13 +38,15 @@ from prefixscope.ingest.bookkeeping import (
     source_id_for,
 )
 from prefixscope.ingest.jsonl_driver import (
+    _BOM,
     BadLine,
+    line_guard,
     ParsedChunk,
     TailResult,
     commit_batch,
     ingest_jsonl_tail,
 )
-from prefixscope.ingest.usage_rows import insert_dict_rows
+from prefixscope.ingest.usage_rows import insert_dict_rows, row_problem
 
 ToRow = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
@@ -84,6 +86,10 @@ def _row(to_row: ToRow, rec: Any, location: str, line: int, source_id: str,
         bad.append(Quarantined(location, line, exc.reason, exc.field))
         return False
     if row is None:
+        return False
+    problem = row_problem(row)
+    if problem is not None:
+        bad.append(Quarantined(location, line, problem[1], problem[0]))
         return False
     row["source_id"] = source_id
     row["line"] = line
@@ -125,6 +131,12 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
                 no = first_line + i
                 if not raw.strip():
                     skipped += 1
+                    continue
+                if no == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM):]
+                guard = line_guard(raw)  # over-long or nested too deep: the shared bounds
+                if guard is not None:
+                    bad.append(Quarantined(location, no, guard, None))
                     continue
                 try:
                     rec = json.loads(raw)

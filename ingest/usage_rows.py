@@ -25,6 +25,25 @@ ROW_COLUMN_LIST = ", ".join(n for n, _ in ROW_COLUMNS)
 _DEFAULTS = {"run_id": "", "ts_estimated": False}
 
 
+_ID_FIELDS = ("request_id", "run_id", "model", "instance", "endpoint", "provider")
+
+
+def row_problem(row: dict[str, Any]) -> tuple[str, str] | None:
+    """The first bound a row breaks (``prefixscope.core.bounds``), as ``(column, reason)``:
+    an identifier longer than 256 characters, a time outside 1970-2100, or None when the row
+    is within bounds. Token counts are checked by each reader as it reads them."""
+    from prefixscope.core.bounds import ID_TOO_LONG, TIME_RANGE, id_ok, time_ok
+
+    for name in _ID_FIELDS:
+        v = row.get(name)
+        if isinstance(v, str) and not id_ok(v):
+            return name, ID_TOO_LONG
+    ts = row.get("ts_unix_s")
+    if ts is not None and not time_ok(ts):
+        return "ts_unix_s", TIME_RANGE
+    return None
+
+
 def dict_rows_to_arrow(rows: Sequence[dict[str, Any]]) -> pa.Table:
     """Row dicts (keys: :data:`ROW_COLUMNS` names; a missing key is NULL, ``run_id`` '' and
     ``ts_estimated`` false) -> an Arrow table with the ``requests`` types."""

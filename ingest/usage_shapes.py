@@ -148,6 +148,24 @@ class _Record(_Response):
     latency_ms: Ms | None = None
     scope: str | None = None
     tenant_digest: str | None = None
+    # Never read: their presence names the tool whose export this is (a hint, rule below).
+    resourceSpans: msgspec.Raw = msgspec.Raw(b"null")  # OTLP/JSON trace export
+    usageDetails: msgspec.Raw = msgspec.Raw(b"null")  # Langfuse observation
+    call_type: msgspec.Raw = msgspec.Raw(b"null")  # LiteLLM SpendLogs row
+
+
+#: The command for a line that is another tool's record, not a usage object.
+_OTHER_TOOLS = (("resourceSpans", "an OTLP trace export: use prefixscope ingest otlp"),
+                ("usageDetails", "a Langfuse observation: use prefixscope ingest langfuse"),
+                ("call_type", "a LiteLLM SpendLogs row: use prefixscope ingest litellm"))
+
+
+def _other_tool(rec: "_Record") -> str:
+    for name, hint in _OTHER_TOOLS:
+        raw = getattr(rec, name)
+        if raw is not None and bytes(raw) != b"null":
+            return "; " + hint
+    return ""
 
 
 _DECODER = msgspec.json.Decoder(_Record)
@@ -283,7 +301,7 @@ def _normalise(rec: _Record) -> tuple:
         if (resp.object or "").endswith(".chunk") or (resp.type or "") in _STREAM_EVENT_TYPES \
                 or (resp.type or "").startswith("response.") and resp.type != "response.completed":
             raise _Skip()
-        raise _Bad(path, "no usage object (null or missing)")
+        raise _Bad(path, "no usage object (null or missing)" + _other_tool(rec))
 
     flags: list[str] = []
     endpoint = rec.endpoint or _ENDPOINT_BY_OBJECT.get(resp.object or "")

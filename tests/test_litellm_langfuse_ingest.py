@@ -112,3 +112,21 @@ def test_langfuse_observations_sum_the_input_buckets(cli, tmp_path, data_dir):
     db2 = tmp_path / "lf2.duckdb"
     assert cli(["ingest", "langfuse", lines, "--db", db2])[0] == 0
     assert _rows(db2) == rows
+
+
+def test_ingest_requests_names_the_right_command_for_other_tools_records(cli, tmp_path,
+                                                                         data_dir):
+    """What a new user tries first: these records through `ingest requests` are quarantined
+    with the command that reads them."""
+    f = tmp_path / "mixed.jsonl"
+    lf = json.loads((data_dir / "langfuse/observations.json").read_text())["data"][0]
+    ll = json.loads((data_dir / "litellm/spendlogs.jsonl").read_text().splitlines()[1])
+    f.write_text(json.dumps(ll) + "\n" + json.dumps(lf) + "\n"
+                 + json.dumps({"resourceSpans": []}) + "\n")
+    code, out, _ = cli(["ingest", "requests", f, "--db", tmp_path / "m.duckdb", "--json"])
+    assert code == 4
+    reasons = [q["reason"] for q in json.loads(out)["quarantined"]]
+    assert reasons == [
+        "no usage object (null or missing); a LiteLLM SpendLogs row: use prefixscope ingest litellm",
+        "no usage object (null or missing); a Langfuse observation: use prefixscope ingest langfuse",
+        "no usage object (null or missing); an OTLP trace export: use prefixscope ingest otlp"]

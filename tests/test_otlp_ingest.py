@@ -357,3 +357,34 @@ def test_tenant_ids_only_as_hmac_digests(tmp_path):
     assert no_key[0][7:10] == (None, None, "tenant-dropped-no-key")
     for name in ("k.jsonl.duckdb", "n.jsonl.duckdb"):
         assert b"acme-corp" not in (tmp_path / name).read_bytes()
+
+
+def test_an_export_line_above_the_jsonl_bound_is_read_whole(tmp_path):
+    """A collector batch is one line of several MiB: above the 1 MiB JSONL bound, below the
+    64 MiB export bound; read across read-buffer boundaries."""
+    from prefixscope.core.bounds import MAX_LINE_BYTES
+
+    one = json.loads(_line({"gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 1,
+                            "gen_ai.request.model": "gpt-4o"}))
+    span = one["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    spans = []
+    for i in range(12_000):
+        s = json.loads(json.dumps(span))
+        s["spanId"] = f"{i + 1:016x}"
+        spans.append(s)
+    one["resourceSpans"][0]["scopeSpans"][0]["spans"] = spans
+    text = json.dumps(one)
+    assert len(text) > 2 * MAX_LINE_BYTES
+    f = tmp_path / "big.jsonl"
+    f.write_text(_line({"gen_ai.usage.input_tokens": 5, "gen_ai.usage.output_tokens": 1}).replace(
+        "eee19b7ec3c1b174", "ffffffffffffffff") + "\n" + text + "\n")
+    with store_db.writer(str(tmp_path / "big.duckdb")) as con:
+        r = ingest_otlp_file(con, f)
+    assert (r.summary.rows_added, r.summary.rows_quarantined) == (12_001, 0)
+
+
+def test_an_over_long_model_name_quarantines_the_span(tmp_path):
+    r, rows = _one(tmp_path, {"gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 1,
+                              "gen_ai.request.model": "m" * 300})
+    assert rows == [] and r.problems[0].reason == "longer than 256 characters"
+    assert r.problems[0].field.endswith(".model")
