@@ -493,8 +493,16 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 def _tools_end(r: Rendered) -> int:
+    """Where the rendered tool list ends (plus a little template text after it); when the
+    template renders tools in a form that was not located (e.g. indented JSON), the whole
+    template text before the first located message content counts."""
     ends = [s.end for s in r.spans if s.segment == "tools"]
-    return max(ends) + 16 if ends else -1
+    if ends:
+        return max(ends) + 16
+    if r.tools:
+        starts = [s.start for s in r.spans if s.segment == "message"]
+        return len(r.text) if not starts else max(starts)
+    return -1
 
 
 def _rewritten(r: Rendered, e: Struct, i: int) -> bool:
