@@ -58,3 +58,30 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Under ``CI=true`` a module skipped while it is collected (``pytest.skip(...,
+    allow_module_level=True)``, ``pytest.importorskip``) is a failure too: such a skip never
+    reaches :func:`pytest_runtest_makereport`, so its tests would vanish without a line."""
+    outcome = yield
+    report = outcome.get_result()
+    if _ci() and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"module skipped under CI=true, which must run every test: {reason}"
+
+
+def pytest_deselected(items):
+    """Under ``CI=true`` nothing may be deselected (``-m``, ``-k``, ``--deselect``): CI runs the
+    whole suite, so a marker expression left in ``addopts`` or the command fails loudly."""
+    if _ci() and items:
+        names = ", ".join(i.nodeid for i in items[:5])
+        raise pytest.UsageError(
+            f"{len(items)} tests deselected under CI=true, which must run every test: {names}"
+            + (" ..." if len(items) > 5 else ""))
