@@ -107,6 +107,13 @@ def _t(values: tuple[str, ...] | None) -> list[str] | None:
     return list(values) if values is not None else None
 
 
+MAX_ENTRIES = 64
+"""Cached results kept per query function. Sized for memory (issue 17): a result is at most
+windows x series rows (the largest, 5 min windows of a month for 10 instances, is ~86,000 rows,
+~7 MB), never per-request rows, so 64 entries of each function stay well under the 1 GB budget
+of the dashboard process; 64 covers every filter and window choice of a few users in a TTL."""
+
+
 def _cached(fn):
     """``fn`` cached per arguments and TTL period (:func:`ttl_period`)."""
     import functools
@@ -115,7 +122,7 @@ def _cached(fn):
         return fn(*args, **kwargs)
 
     in_period.__qualname__ = in_period.__name__ = f"{fn.__name__}_in_period"  # one cache each
-    cached = st.cache_data(show_spinner=False, max_entries=512)(in_period)
+    cached = st.cache_data(show_spinner=False, max_entries=MAX_ENTRIES)(in_period)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

@@ -280,6 +280,44 @@ _COUNTER_INCREASES = (
     "arg_max(value, ts_unix_s) FROM metric_samples GROUP BY run_id, metric, labels, instance",
 )
 
+_REQUEST_ROLLUP = (
+    # Per-minute aggregates of requests by run, model, instance and scope, maintained by the
+    # ingest transaction that writes the requests (store/queries/requests.py
+    # insert_request_rows): the Requests page's counts, coverage and per-window hit rates of a
+    # month read ~50x fewer rows. Bucket [k * 60, (k + 1) * 60) of ts_unix_s; NULL = requests
+    # without a time. Columns as store.queries.requests.ROLLUP_SELECT_SQL computes them.
+    """
+    CREATE TABLE request_rollup_1m (
+        bucket_start_s          DOUBLE,            -- floor(ts_unix_s / 60) * 60
+        run_id                  VARCHAR NOT NULL,
+        model                   VARCHAR,
+        instance                VARCHAR,
+        scope                   VARCHAR,
+        requests                BIGINT NOT NULL,   -- count(*)
+        reported_requests       BIGINT NOT NULL,   -- cached_tokens reported (0 included)
+        hit_requests            BIGINT NOT NULL,   -- cached_tokens > 0
+        with_ttft               BIGINT NOT NULL,   -- reported and ttft_ms recorded
+        with_latency            BIGINT NOT NULL,   -- reported and latency_ms recorded
+        prompt_tokens           BIGINT,            -- sum (NULL when none recorded)
+        reported_prompt_tokens  BIGINT,            -- sum over the reporting requests
+        cached_tokens           BIGINT,            -- sum
+        min_ts_unix_s           DOUBLE,
+        max_ts_unix_s           DOUBLE
+    )
+    """,
+    """
+    INSERT INTO request_rollup_1m
+    SELECT floor(ts_unix_s / 60.0) * 60.0, run_id, model, instance, scope, count(*),
+           count(cached_tokens), count(*) FILTER (WHERE cached_tokens > 0),
+           count(ttft_ms) FILTER (WHERE cached_tokens IS NOT NULL),
+           count(latency_ms) FILTER (WHERE cached_tokens IS NOT NULL),
+           CAST(sum(prompt_tokens) AS BIGINT),
+           CAST(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT),
+           CAST(sum(cached_tokens) AS BIGINT), min(ts_unix_s), max(ts_unix_s)
+    FROM requests GROUP BY ALL
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
     Migration(6, "alerts: daily report sends", (
@@ -514,4 +552,5 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     )),
     Migration(70, "counter increases stored at ingest", _COUNTER_INCREASES),
+    Migration(71, "per-minute request rollup", _REQUEST_ROLLUP),
 )

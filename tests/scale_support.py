@@ -135,6 +135,9 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
         from prefixscope.store.queries.metrics import recompute_increases
 
         recompute_increases(con)  # rows written with SQL: their increases, as ingest stores them
+        from prefixscope.store.queries.requests import rebuild_request_rollup
+
+        rebuild_request_rollup(con)  # and the rollup the ingest transactions maintain
         n_req = con.execute("SELECT count(*) FROM requests").fetchone()[0]
         n_ms = con.execute("SELECT count(*) FROM metric_samples").fetchone()[0]
         store_db.checkpoint(con)

@@ -59,9 +59,145 @@ def _where(start_s: float | None, end_s: float | None, models: Sequence[str] | N
     return " AND ".join(parts), params
 
 
+# ---------------------------------------------------------------------------------------------
+# Per-minute rollup (migration 71, table request_rollup_1m)
+# ---------------------------------------------------------------------------------------------
+
+#: Length of a rollup bucket, seconds: buckets are ``[k * 60, (k + 1) * 60)`` in Unix time.
+ROLLUP_S = 60.0
+#: Columns a rollup row is grouped by (besides its bucket).
+ROLLUP_GROUPS = ("run_id", "model", "instance", "scope")
+_BUCKET_SQL = "floor(ts_unix_s / 60.0) * 60.0"
+#: The rollup's measures, as computed from ``requests`` rows.
+_FACT_AGG = """
+    count(*) AS requests,
+    count(cached_tokens) AS reported_requests,
+    count(*) FILTER (WHERE cached_tokens > 0) AS hit_requests,
+    count(ttft_ms) FILTER (WHERE cached_tokens IS NOT NULL) AS with_ttft,
+    count(latency_ms) FILTER (WHERE cached_tokens IS NOT NULL) AS with_latency,
+    CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+    CAST(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT)
+        AS reported_prompt_tokens,
+    CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+    min(ts_unix_s) AS min_ts_unix_s,
+    max(ts_unix_s) AS max_ts_unix_s
+"""
+_FACT_COLUMNS = ("bucket_start_s, run_id, model, instance, scope, requests, reported_requests, "
+                 "hit_requests, with_ttft, with_latency, prompt_tokens, reported_prompt_tokens, "
+                 "cached_tokens, min_ts_unix_s, max_ts_unix_s")
+#: ``request_rollup_1m`` rows of the requests matched by a WHERE on ``requests`` (``{where}``).
+ROLLUP_SELECT_SQL = (f"SELECT {_BUCKET_SQL} AS bucket_start_s, run_id, model, instance, scope, "
+                     f"{_FACT_AGG} FROM requests WHERE {{where}} GROUP BY ALL")
+
+
+def rebuild_request_rollup(con: duckdb.DuckDBPyConnection) -> int:
+    """Rebuild ``request_rollup_1m`` from every stored request (after rows were written with
+    SQL rather than through :func:`insert_request_rows`). Runs in the caller's transaction.
+
+    Returns:
+        Rollup rows written.
+    """
+    con.execute("DELETE FROM request_rollup_1m")
+    row = con.execute(f"INSERT INTO request_rollup_1m ({_FACT_COLUMNS}) "
+                      + ROLLUP_SELECT_SQL.format(where="TRUE")).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _refresh_rollup(con: duckdb.DuckDBPyConnection, batch: str) -> None:
+    """Recompute the rollup rows of every minute (and the no-time bucket) the batch ``batch``
+    (a registered table with ``ts_unix_s``) touches, from ``requests``: exact whether the
+    batch's rows were all new, partly stored already or repeated. The time range narrows
+    the scan of ``requests`` to the batch's minutes."""
+    lo, hi, untimed = con.execute(
+        f"SELECT min({_BUCKET_SQL}), max({_BUCKET_SQL}), bool_or(ts_unix_s IS NULL) "
+        f"FROM {batch}").fetchone()
+    if lo is not None:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ps_buckets AS SELECT DISTINCT {_BUCKET_SQL} AS b "
+                    f"FROM {batch} WHERE ts_unix_s IS NOT NULL")
+        con.execute("DELETE FROM request_rollup_1m WHERE bucket_start_s >= ? AND "
+                    "bucket_start_s <= ? AND bucket_start_s IN (SELECT b FROM _ps_buckets)",
+                    [lo, hi])
+        where = (f"ts_unix_s >= ? AND ts_unix_s < ? AND {_BUCKET_SQL} IN "
+                 "(SELECT b FROM _ps_buckets)")
+        con.execute(f"INSERT INTO request_rollup_1m ({_FACT_COLUMNS}) "
+                    + ROLLUP_SELECT_SQL.format(where=where), [lo, hi + ROLLUP_S])
+        con.execute("DROP TABLE _ps_buckets")
+    if untimed:
+        con.execute("DELETE FROM request_rollup_1m WHERE bucket_start_s IS NULL")
+        con.execute(f"INSERT INTO request_rollup_1m ({_FACT_COLUMNS}) "
+                    + ROLLUP_SELECT_SQL.format(where="ts_unix_s IS NULL"))
+
+
+def rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when ``request_rollup_1m`` counts every stored request (it is maintained by the
+    ingest transactions; rows written with SQL make it stale until
+    :func:`rebuild_request_rollup`): the queries then read it, else ``requests``."""
+    try:
+        n, r = con.execute("SELECT (SELECT count(*) FROM requests), "
+                           "(SELECT coalesce(sum(requests), 0) FROM request_rollup_1m)").fetchone()
+    except duckdb.CatalogException:
+        return False
+    return int(n) == int(r)
+
+
+def _aligned(x: float | None) -> bool:
+    return x is None or float(x) % ROLLUP_S == 0.0
+
+
+def _facts(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
+           models: Sequence[str] | None, instances: Sequence[str] | None,
+           run_ids: Sequence[str] | None, rollup: bool | None) -> tuple[str, list]:
+    """A subquery of rollup-shaped rows (:data:`_FACT_COLUMNS`) for the requests of the
+    range and filters: per-minute rollup rows for the whole minutes inside ``[start_s,
+    end_s)``, and rows aggregated from ``requests`` for the part minutes at either end; or
+    everything aggregated from ``requests`` (``rollup`` False, or None and the rollup not
+    :func:`rollup_current`). Summed, both give the same numbers."""
+    use = rollup_current(con) if rollup is None else bool(rollup)
+    lo = None if start_s is None else math.ceil(float(start_s) / ROLLUP_S) * ROLLUP_S
+    hi = None if end_s is None else math.floor(float(end_s) / ROLLUP_S) * ROLLUP_S
+    if use and lo is not None and hi is not None and lo > hi:
+        use = False  # the range lies inside one minute
+    if not use:
+        where, params = _where(start_s, end_s, models, instances, run_ids)
+        return f"({ROLLUP_SELECT_SQL.format(where=where)})", params
+    gwhere, gparams = _where(None, None, models, instances, run_ids)
+    parts: list[str] = []
+    params: list = []
+    mid = [gwhere]
+    mid_params = list(gparams)
+    if lo is not None:
+        mid.append("bucket_start_s >= ?")
+        mid_params.append(lo)
+    if hi is not None:
+        mid.append("bucket_start_s < ?")
+        mid_params.append(hi)
+    parts.append(f"SELECT {_FACT_COLUMNS} FROM request_rollup_1m WHERE {' AND '.join(mid)}")
+    params += mid_params
+    if start_s is not None and lo > float(start_s):
+        where, p = _where(start_s, None, models, instances, run_ids)
+        parts.append(ROLLUP_SELECT_SQL.format(where=f"{where} AND {_BUCKET_SQL} < ?"))
+        params += [*p, lo]
+    if end_s is not None and hi < float(end_s):
+        where, p = _where(start_s, end_s, models, instances, run_ids)
+        parts.append(ROLLUP_SELECT_SQL.format(where=f"{where} AND {_BUCKET_SQL} >= ?"))
+        params += [*p, hi]
+    return "(" + " UNION ALL ".join(parts) + ")", params
+
+
+_SUM_FACTS = """
+    CAST(sum(requests) AS BIGINT) AS requests,
+    CAST(sum(reported_requests) AS BIGINT) AS reported_requests,
+    CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+    CAST(sum(reported_prompt_tokens) AS BIGINT) AS reported_prompt_tokens,
+    CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens
+"""
+
+
 def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
     """Insert an Arrow batch of request rows; rows whose (run_id, request_id) is stored are
-    skipped (also repeats inside the batch: the first is kept). The pair is checked through
+    skipped (also repeats inside the batch: the first is kept). The per-minute rollup
+    (``request_rollup_1m``) of the minutes the batch touches is recomputed in the same
+    transaction. The pair is checked through
     ``request_key`` (:data:`prefixscope.store.schema.REQUEST_KEY_SQL`, computed here).
 
     Args:
@@ -77,6 +213,7 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
         row = con.execute(
             f"INSERT INTO requests ({columns}, request_key) "
             f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name} ON CONFLICT DO NOTHING").fetchone()
+        _refresh_rollup(con, name)
     finally:
         con.unregister(name)
     return int(row[0]) if row else 0
@@ -84,7 +221,8 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
 
 def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
     """Insert an Arrow batch of request rows that are all expected to be new (plain INSERT,
-    about twice as fast as :func:`insert_request_rows` on DuckDB 1.x-2.x).
+    about twice as fast as :func:`insert_request_rows` on DuckDB 1.x-2.x), and recompute the
+    rollup of the minutes it touches.
 
     Returns:
         Rows added (= the batch's rows).
@@ -100,6 +238,7 @@ def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, col
     row = con.execute(  # on failure the view stays registered; the next register replaces it
         f"INSERT INTO requests ({columns}, request_key) "
         f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name}").fetchone()
+    _refresh_rollup(con, name)
     con.unregister(name)
     return int(row[0]) if row else 0
 
@@ -124,7 +263,8 @@ def request_hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float
                                models: Sequence[str] | None = None,
                                instances: Sequence[str] | None = None,
                                run_ids: Sequence[str] | None = None,
-                               origin_s: float = 0.0) -> pd.DataFrame:
+                               origin_s: float = 0.0,
+                               rollup: bool | None = None) -> pd.DataFrame:
     """Per-request hit rate and coverage per time window (requests with a time only).
 
     Returns:
@@ -133,12 +273,36 @@ def request_hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float
         (Σ cached / reported_prompt_tokens, fraction, NULL when 0), ``coverage`` (reported /
         requests). Oldest window first, then by the ``by`` columns.
 
+    Windows that are whole minutes (``window_s`` and ``origin_s`` multiples of
+    :data:`ROLLUP_S`) grouped by :data:`ROLLUP_GROUPS` columns are summed from the per-minute
+    rollup (``rollup`` None: when :func:`rollup_current`; False: from ``requests``); the
+    numbers are the same.
+
     Raises:
         InvalidArgument: ``window_s`` not positive, or a ``by`` column not in :data:`GROUPABLE`.
     """
     if not window_s or window_s <= 0:
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
     cols = _by_columns(by)
+    if (rollup is not False and float(window_s) % ROLLUP_S == 0 and _aligned(origin_s)
+            and set(cols) <= set(ROLLUP_GROUPS)):
+        facts, fparams = _facts(con, start_s, end_s, models, instances, run_ids, rollup)
+        sel = "".join(f", {c}" for c in cols)
+        sql = f"""
+            WITH w AS (
+                SELECT ? + floor((bucket_start_s - ?) / ?) * ? AS window_start_s, *
+                FROM {facts} f WHERE bucket_start_s IS NOT NULL
+            ), a AS (
+                SELECT window_start_s{sel}, {_SUM_FACTS} FROM w GROUP BY window_start_s{sel}
+            )
+            SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
+                   requests, reported_requests, prompt_tokens, reported_prompt_tokens,
+                   cached_tokens, {_RATES}
+            FROM a ORDER BY window_start_s{sel}
+        """
+        p = [float(origin_s), float(origin_s), float(window_s), float(window_s), *fparams,
+             float(window_s)]
+        return con.execute(sql, p).df()
     where, params = _where(start_s, end_s, models, instances, run_ids)
     sel = "".join(f", {c}" for c in cols)
     sql = f"""
@@ -163,15 +327,33 @@ def request_hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | 
                             end_s: float | None = None, by: Sequence[str] = ("model",),
                             models: Sequence[str] | None = None,
                             instances: Sequence[str] | None = None,
-                            run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                            run_ids: Sequence[str] | None = None,
+                            rollup: bool | None = None) -> pd.DataFrame:
     """Per-request hit rate and coverage over the whole range, per group.
 
     Returns:
         Columns ``<by...>, requests, reported_requests, prompt_tokens, reported_prompt_tokens,
         cached_tokens, hit_rate, coverage, first_ts_unix_s, last_ts_unix_s``; ordered by the
         ``by`` columns (NULLs last). ``by=()`` gives one overall row (none without requests).
+        Grouped by :data:`ROLLUP_GROUPS` columns only, it is summed from the per-minute rollup
+        (``rollup`` as in :func:`request_hit_rate_by_window`).
     """
     cols = _by_columns(by)
+    if rollup is not False and set(cols) <= set(ROLLUP_GROUPS):
+        facts, fparams = _facts(con, start_s, end_s, models, instances, run_ids, rollup)
+        sel = "".join(f"{c}, " for c in cols)
+        group = f"GROUP BY {', '.join(cols)}" if cols else ""
+        order = f"ORDER BY {', '.join(c + ' NULLS LAST' for c in cols)}" if cols else ""
+        return con.execute(f"""
+            WITH a AS (
+                SELECT {sel}{_SUM_FACTS}, min(min_ts_unix_s) AS first_ts_unix_s,
+                       max(max_ts_unix_s) AS last_ts_unix_s
+                FROM {facts} f {group}
+            )
+            SELECT {sel}requests, reported_requests, prompt_tokens, reported_prompt_tokens,
+                   cached_tokens, {_RATES}, first_ts_unix_s, last_ts_unix_s
+            FROM a WHERE requests > 0 {order}
+        """, fparams).df()
     where, params = _where(start_s, end_s, models, instances, run_ids)
     sel = "".join(f"{c}, " for c in cols)
     group = f"GROUP BY {', '.join(cols)}" if cols else ""
@@ -261,20 +443,21 @@ def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
 def request_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                    end_s: float | None = None, models: Sequence[str] | None = None,
                    instances: Sequence[str] | None = None,
-                   run_ids: Sequence[str] | None = None) -> dict[str, int]:
-    """Request counts of the range (one aggregate row).
+                   run_ids: Sequence[str] | None = None,
+                   rollup: bool | None = None) -> dict[str, int]:
+    """Request counts of the range (one aggregate row; from the per-minute rollup when it is
+    current, ``rollup`` as in :func:`request_hit_rate_by_window`).
 
     Returns:
         ``requests`` (all), ``reported_requests`` (cached_tokens reported, 0 included),
         ``hit_requests`` (cached_tokens > 0), ``with_ttft`` and ``with_latency`` (reporting
         requests with ``ttft_ms`` / ``latency_ms``); all 0 on an empty range.
     """
-    where, params = _where(start_s, end_s, models, instances, run_ids)
+    facts, params = _facts(con, start_s, end_s, models, instances, run_ids, rollup)
     row = con.execute(f"""
-        SELECT count(*), count(cached_tokens), count(*) FILTER (WHERE cached_tokens > 0),
-               count(ttft_ms) FILTER (WHERE cached_tokens IS NOT NULL),
-               count(latency_ms) FILTER (WHERE cached_tokens IS NOT NULL)
-        FROM requests WHERE {where}
+        SELECT sum(requests), sum(reported_requests), sum(hit_requests), sum(with_ttft),
+               sum(with_latency)
+        FROM {facts} f
     """, params).fetchone()
     keys = ("requests", "reported_requests", "hit_requests", "with_ttft", "with_latency")
     return {k: int(v or 0) for k, v in zip(keys, row)}
@@ -405,19 +588,25 @@ def request_hit_rate_histogram(con: duckdb.DuckDBPyConnection, *, bins: int = 20
 def cached_tokens_coverage(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                            end_s: float | None = None, models: Sequence[str] | None = None,
                            instances: Sequence[str] | None = None,
-                           run_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """How many requests reported ``cached_tokens``, per model and instance.
+                           run_ids: Sequence[str] | None = None,
+                           rollup: bool | None = None) -> pd.DataFrame:
+    """How many requests reported ``cached_tokens``, per model and instance (from the
+    per-minute rollup when it is current, ``rollup`` as in :func:`request_hit_rate_by_window`).
 
     Returns:
         Columns ``model, instance, requests, reported_requests, coverage`` (fraction);
         ordered by model, instance (NULLs last).
     """
-    where, params = _where(start_s, end_s, models, instances, run_ids)
+    facts, params = _facts(con, start_s, end_s, models, instances, run_ids, rollup)
     return con.execute(f"""
-        SELECT model, instance, count(*) AS requests, count(cached_tokens) AS reported_requests,
-               CAST(count(cached_tokens) AS DOUBLE) / count(*) AS coverage
-        FROM requests WHERE {where}
-        GROUP BY model, instance ORDER BY model NULLS LAST, instance NULLS LAST
+        WITH a AS (
+            SELECT model, instance, CAST(sum(requests) AS BIGINT) AS requests,
+                   CAST(sum(reported_requests) AS BIGINT) AS reported_requests
+            FROM {facts} f GROUP BY model, instance
+        )
+        SELECT model, instance, requests, reported_requests,
+               CAST(reported_requests AS DOUBLE) / requests AS coverage
+        FROM a WHERE requests > 0 ORDER BY model NULLS LAST, instance NULLS LAST
     """, params).df()
 
 
