@@ -318,6 +318,36 @@ _REQUEST_ROLLUP = (
     """,
 )
 
+_COUNTER_ROLLUP = (
+    # Stored counter increases (migration 70) summed per 5-minute bucket of the later sample's
+    # time, by run, metric, model, instance and engine; maintained by insert_metric_samples in
+    # the scrape's transaction (store/queries/metrics.py). Overview's windows (5 min, 1 h,
+    # 1 day) and totals read it for whole buckets.
+    """
+    CREATE TABLE counter_rollup_5m (
+        bucket_start_s   DOUBLE NOT NULL,   -- floor(ts_unix_s / 300) * 300
+        run_id           VARCHAR NOT NULL,
+        metric           VARCHAR NOT NULL,
+        model            VARCHAR,
+        instance         VARCHAR NOT NULL,
+        engine           VARCHAR,
+        increase         DOUBLE,            -- sum of the samples' increases
+        resets           BIGINT NOT NULL,   -- samples that are a drop (restart)
+        legacy           BOOLEAN,           -- any sample from a vllm:gpu_prefix_cache_* name
+        samples          BIGINT NOT NULL,   -- samples with an increase
+        first_ts_unix_s  DOUBLE,            -- earliest previous sample
+        last_ts_unix_s   DOUBLE             -- latest sample
+    )
+    """,
+    """
+    INSERT INTO counter_rollup_5m
+    SELECT floor(ts_unix_s / 300.0) * 300.0, run_id, metric, model, instance, engine,
+           sum(increase), count(*) FILTER (WHERE is_reset), bool_or(legacy), count(*),
+           min(prev_ts_unix_s), max(ts_unix_s)
+    FROM metric_samples WHERE has_prev GROUP BY ALL
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
     Migration(6, "alerts: daily report sends", (
@@ -553,4 +583,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     Migration(70, "counter increases stored at ingest", _COUNTER_INCREASES),
     Migration(71, "per-minute request rollup", _REQUEST_ROLLUP),
+    Migration(72, "5-minute counter rollup", _COUNTER_ROLLUP),
 )

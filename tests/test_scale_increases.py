@@ -1,7 +1,8 @@
-"""Counter increases stored at ingest (issue 17 item 2, migration 70): the stored increases give
-exactly the rows the window-function SQL computes from the values, whatever the order the
-samples arrive in (resets, out-of-order samples, repeats, gaps, created-zero samples), and a
-database made before migration 70 is migrated in place."""
+"""Counter increases stored at ingest (issue 17 item 2, migration 70) and their 5-minute rollup
+(item 3, migration 72): both give exactly the rows the window-function SQL computes from the
+values, whatever the order the samples arrive in (resets, also inside a rollup bucket,
+out-of-order samples, repeats, gaps, created-zero samples), and a database made before
+migration 70 is migrated in place."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from prefixscope.store import db as store_db
 from prefixscope.store.queries.metrics import (
     counter_increase_by_window,
+    counter_rollup_current,
     hit_rate_by_window,
     hit_rate_totals,
     increases_stored,
@@ -41,15 +43,18 @@ def _stored_columns(con):
 
 
 def _same(con, **kw):
-    """Every counter query gives the same frame from stored and from computed increases."""
+    """Every counter query gives the same frame from the rollup, from stored and from computed
+    increases."""
     for fn, extra in ((hit_rate_by_window, {"window_s": 300.0, "by": ("model", "instance")}),
                       (hit_rate_by_window, {"window_s": 3600.0, "by": ()}),
                       (hit_rate_totals, {"by": ("model",)}),
                       (counter_increase_by_window, {"metric": X, "window_s": 600.0,
                                                     "by": ("instance",)})):
-        a = fn(con, stored=True, **extra, **kw)
-        b = fn(con, stored=False, **extra, **kw)
-        pd.testing.assert_frame_equal(a, b, check_dtype=False)
+        a = fn(con, stored=True, rollup=True, **extra, **kw)
+        b = fn(con, stored=True, rollup=False, **extra, **kw)
+        c = fn(con, stored=False, **extra, **kw)
+        pd.testing.assert_frame_equal(a, c, check_dtype=False)
+        pd.testing.assert_frame_equal(b, c, check_dtype=False)
 
 
 # A series: a list of (dt, increment, reset) steps; the value counts up by increment and drops
@@ -70,7 +75,7 @@ def test_stored_increases_equal_computed_in_any_arrival_order(series, data):
             if data.draw(st.booleans(), label="created zero"):
                 rows += [_row(Q, inst, model, t - 5, 0, created_zero=True),
                          _row(H, inst, model, t - 5, 0, created_zero=True)]
-            for dt, inc, reset in steps:
+            for dt, inc, reset in steps:  # restarts fall inside 5-minute buckets too
                 t += dt
                 q = inc if reset else q + inc
                 h = inc // 2 if reset else h + inc // 2
@@ -84,10 +89,12 @@ def test_stored_increases_equal_computed_in_any_arrival_order(series, data):
             if batch and data.draw(st.booleans(), label="repeat a row"):
                 batch.append(batch[0])  # a repeat inside a batch and of a stored row
             insert_metric_samples(con, batch)
-        assert increases_stored(con)
+        assert increases_stored(con) and counter_rollup_current(con)
         got = _stored_columns(con)
+        rolled = con.execute("SELECT * FROM counter_rollup_5m ORDER BY ALL").fetchall()
         recompute_increases(con)
         assert _stored_columns(con) == got  # = computed over each whole series at once
+        assert con.execute("SELECT * FROM counter_rollup_5m ORDER BY ALL").fetchall() == rolled
         span = max(r[5] for r in rows) - T0 + 10
         start = T0 + data.draw(st.floats(-50, span), label="start")
         end = start + data.draw(st.floats(1, span + 100), label="length")
@@ -95,6 +102,7 @@ def test_stored_increases_equal_computed_in_any_arrival_order(series, data):
         _same(con, start_s=start, end_s=end)
         _same(con, start_s=start, models=["m1"], run_ids=[""])
         _same(con, end_s=T0 - 1e6)  # a range with no data
+        _same(con, start_s=T0 + 200, end_s=T0 + 1100)  # whole 5-minute buckets (T0 % 300 = 100)
     finally:
         con.close()
 

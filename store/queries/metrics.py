@@ -25,6 +25,7 @@ drop as the new value). Summed over consecutive windows it equals the total incr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,6 +158,11 @@ def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple],
                   AND m.instance = s.instance AND m.ts_unix_s = s.ts_unix_s
                   AND s.ts_unix_s >= s.lo
             """, [run_id, run_id])
+        lo, hi = con.execute(
+            "SELECT min(lo), greatest(max(head_ts) FILTER (WHERE NOT in_order), "
+            "(SELECT max(ts_unix_s) FROM _ps_batch)) FROM _ps_touch").fetchone()
+        if lo is not None:
+            _refresh_counter_rollup(con, run_id, float(lo), float(hi))
         con.execute("""
             INSERT INTO metric_series_head
             SELECT ?, metric, labels, instance, max(ts_unix_s), arg_max(value, ts_unix_s)
@@ -181,8 +187,9 @@ def increases_stored(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def recompute_increases(con: duckdb.DuckDBPyConnection) -> int:
-    """Compute the stored increase of every sample and the series heads from the values (after
-    rows were written directly with SQL). Runs inside the caller's transaction.
+    """Compute the stored increase of every sample, the series heads and the counter rollup
+    from the values (after rows were written directly with SQL). Runs inside the caller's
+    transaction.
 
     Returns:
         Samples updated.
@@ -192,6 +199,7 @@ def recompute_increases(con: duckdb.DuckDBPyConnection) -> int:
     n = con.execute(_COUNTER_INCREASES[4]).fetchone()[0]
     con.execute("DELETE FROM metric_series_head")
     con.execute(_COUNTER_INCREASES[6])
+    rebuild_counter_rollup(con)
     return int(n)
 
 
@@ -215,31 +223,112 @@ def _filters(*, models: Sequence[str] | None, instances: Sequence[str] | None,
     return "".join(f" AND {c}" for c in clauses), params
 
 
+#: Length of a counter rollup bucket (``counter_rollup_5m``, migration 72), seconds.
+COUNTER_ROLLUP_S = 300.0
+_CBUCKET_SQL = "floor(ts_unix_s / 300.0) * 300.0"
+#: ``counter_rollup_5m`` rows of the stored increases matched by ``{where}``.
+COUNTER_ROLLUP_SELECT_SQL = f"""
+    SELECT {_CBUCKET_SQL} AS bucket_start_s, run_id, metric, model, instance, engine,
+           sum(increase) AS increase, count(*) FILTER (WHERE is_reset) AS resets,
+           bool_or(legacy) AS legacy, count(*) AS samples,
+           min(prev_ts_unix_s) AS first_ts_unix_s, max(ts_unix_s) AS last_ts_unix_s
+    FROM metric_samples WHERE has_prev AND {{where}} GROUP BY ALL"""
+_CROLLUP_COLUMNS = ("bucket_start_s, run_id, metric, model, instance, engine, increase, resets, "
+                    "legacy, samples, first_ts_unix_s, last_ts_unix_s")
+
+
+def rebuild_counter_rollup(con: duckdb.DuckDBPyConnection) -> int:
+    """Rebuild ``counter_rollup_5m`` from the stored increases (after
+    :func:`recompute_increases`). Runs in the caller's transaction. Returns rows written."""
+    con.execute("DELETE FROM counter_rollup_5m")
+    row = con.execute(f"INSERT INTO counter_rollup_5m ({_CROLLUP_COLUMNS}) "
+                      + COUNTER_ROLLUP_SELECT_SQL.format(where="TRUE")).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _refresh_counter_rollup(con: duckdb.DuckDBPyConnection, run_id: str, lo: float,
+                            hi: float) -> None:
+    """Recompute the rollup buckets of run ``run_id`` from ``lo`` to ``hi`` (sample times whose
+    increase the insert wrote or changed) from the stored increases."""
+    b_lo = math.floor(lo / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
+    b_hi = math.floor(hi / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S + COUNTER_ROLLUP_S
+    con.execute("DELETE FROM counter_rollup_5m WHERE run_id = ? AND bucket_start_s >= ? "
+                "AND bucket_start_s < ?", [run_id, b_lo, b_hi])
+    con.execute(f"INSERT INTO counter_rollup_5m ({_CROLLUP_COLUMNS}) "
+                + COUNTER_ROLLUP_SELECT_SQL.format(
+                    where="run_id = ? AND ts_unix_s >= ? AND ts_unix_s < ?"),
+                [run_id, b_lo, b_hi])
+
+
+def counter_rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when ``counter_rollup_5m`` counts every stored increase (it is maintained by
+    :func:`insert_metric_samples`): the counter queries then read it for whole buckets."""
+    try:
+        n, r = con.execute("SELECT (SELECT count(*) FROM metric_samples WHERE has_prev), "
+                           "(SELECT coalesce(sum(samples), 0) FROM counter_rollup_5m)").fetchone()
+    except duckdb.CatalogException:
+        return False
+    return int(n) == int(r)
+
+
 def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: float | None,
                    models: Sequence[str] | None,
                    instances: Sequence[str] | None,
                    run_ids: Sequence[str] | None = None,
-                   stored: bool = True) -> tuple[str, list[Any]]:
-    """SQL defining CTE ``inc``: one row per sample that has a predecessor in its series,
-    with columns metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy, increase,
-    is_reset. Implements rules 1-4 of the module docstring.
+                   stored: bool = True, rollup: bool = False) -> tuple[str, list[Any]]:
+    """SQL defining CTE ``inc``: rows of increases with columns metric, instance, model,
+    engine, ts_unix_s (the later sample's time, or a rollup bucket's start), prev_ts_unix_s
+    (earliest earlier sample), last_ts_unix_s (latest later sample), legacy, increase,
+    resets (drops counted). Implements rules 1-4 of the module docstring.
 
     ``stored``: read the increases stored at ingest (a filtered scan: the time filter narrows
     it); False computes them from the values with a window over every sample of the series
     (the same numbers; used when :func:`increases_stored` is False). The filters on run,
     model and instance are constant over a series, and ``end_s`` only drops later samples,
-    so neither changes a sample's predecessor: both give identical rows."""
+    so neither changes a sample's predecessor: both give identical rows. ``rollup`` (with
+    ``stored``): whole 5-minute buckets of the range from ``counter_rollup_5m``, the part
+    buckets at either end from the samples (the caller's windows must be whole buckets)."""
     where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
     start_clause = ""
     start_params: list[Any] = []
     if start_s is not None:
         start_clause = " AND ts_unix_s >= ?"
         start_params = [float(start_s)]
+    raw_cols = ("metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, "
+                "ts_unix_s AS last_ts_unix_s, legacy, increase, CAST(is_reset AS BIGINT) AS resets")
+    if stored and rollup:
+        lo = None if start_s is None else math.ceil(start_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
+        hi = None if end_s is None else math.floor(end_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
+        if lo is None or hi is None or lo <= hi:
+            gwhere, gparams = _filters(models=models, instances=instances, end_s=None,
+                                       run_ids=run_ids)
+            mid = f"list_contains(?::VARCHAR[], metric){gwhere}"
+            mid_params: list[Any] = [list(metrics), *gparams]
+            if lo is not None:
+                mid += " AND bucket_start_s >= ?"
+                mid_params.append(lo)
+            if hi is not None:
+                mid += " AND bucket_start_s < ?"
+                mid_params.append(hi)
+            parts = [f"SELECT metric, instance, model, engine, bucket_start_s AS ts_unix_s, "
+                     f"first_ts_unix_s AS prev_ts_unix_s, last_ts_unix_s, legacy, increase, "
+                     f"resets FROM counter_rollup_5m WHERE {mid}"]
+            all_params = mid_params
+            if start_s is not None and lo > start_s:
+                parts.append(f"SELECT {raw_cols} FROM metric_samples WHERE has_prev AND "
+                             f"list_contains(?::VARCHAR[], metric){gwhere} AND ts_unix_s >= ? "
+                             f"AND {_CBUCKET_SQL} < ?")
+                all_params += [list(metrics), *gparams, float(start_s), lo]
+            if end_s is not None and hi < end_s:
+                parts.append(f"SELECT {raw_cols} FROM metric_samples WHERE has_prev AND "
+                             f"list_contains(?::VARCHAR[], metric){where}{start_clause} "
+                             f"AND {_CBUCKET_SQL} >= ?")
+                all_params += [list(metrics), *params, *start_params, hi]
+            return "inc AS (" + " UNION ALL ".join(parts) + ")", all_params
     if stored:
         sql = f"""
         inc AS (
-            SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy,
-                   increase, is_reset
+            SELECT {raw_cols}
             FROM metric_samples
             WHERE list_contains(?::VARCHAR[], metric){where}{start_clause} AND has_prev
         )"""
@@ -258,9 +347,10 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
             WINDOW w AS (PARTITION BY run_id, metric, labels, instance ORDER BY ts_unix_s)
         ),
         inc AS (
-            SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, legacy,
+            SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s,
+                   ts_unix_s AS last_ts_unix_s, legacy,
                    CASE WHEN value < prev_value THEN value ELSE value - prev_value END AS increase,
-                   value < prev_value AS is_reset
+                   CAST(value < prev_value AS BIGINT) AS resets
             FROM steps
             WHERE prev_value IS NOT NULL{start_clause}
         )"""
@@ -304,6 +394,16 @@ def _use_stored(con: duckdb.DuckDBPyConnection, stored: bool | None) -> bool:
     return increases_stored(con) if stored is None else bool(stored)
 
 
+def _use_rollup(con: duckdb.DuckDBPyConnection, stored: bool, rollup: bool | None,
+                window_s: float | None = None, origin_s: float = 0.0) -> bool:
+    if not stored or rollup is False:
+        return False
+    if window_s is not None and (float(window_s) % COUNTER_ROLLUP_S
+                                 or float(origin_s) % COUNTER_ROLLUP_S):
+        return False
+    return counter_rollup_current(con) if rollup is None else True
+
+
 def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                        end_s: float | None = None, window_s: float = 3600,
                        by: Sequence[str] = ("model", "instance"),
@@ -311,7 +411,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
                        instances: Sequence[str] | None = None,
                        origin_s: float = 0.0,
                        run_ids: Sequence[str] | None = None,
-                       stored: bool | None = None) -> pd.DataFrame:
+                       stored: bool | None = None,
+                       rollup: bool | None = None) -> pd.DataFrame:
     """Token-weighted prefix-cache hit rate per window from counter increases.
 
     ``hit_tokens`` = sum of increases of ``vllm:prefix_cache_hits_total`` and ``query_tokens``
@@ -330,6 +431,10 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         stored: sum the increases stored at ingest (True) or compute them from the values
             (False); None = stored when every sample has one (:func:`increases_stored`).
             Both give the same rows.
+        rollup: with stored increases and windows of whole 5-minute buckets, sum the
+            per-bucket rollup (``counter_rollup_5m``) for the whole buckets of the range and
+            the samples for the part buckets at its ends (True), or the samples only (False);
+            None = the rollup when :func:`counter_rollup_current`. Same rows.
 
     Returns:
         DataFrame ordered by window then group: ``window_start_s, window_end_s, <by>,
@@ -345,16 +450,18 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
     if window_s <= 0:
         raise InvalidArgument("window_s must be > 0")
     cols = _by_columns(by)
+    use = _use_stored(con, stored)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC, EXTERNAL_HITS_METRIC),
                                  start_s=start_s, end_s=end_s, models=models, instances=instances,
-                                 run_ids=run_ids, stored=_use_stored(con, stored))
+                                 run_ids=run_ids, stored=use,
+                                 rollup=_use_rollup(con, use, rollup, window_s, origin_s))
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
     sql = f"""
         WITH {cte},
         win AS (
-            SELECT {window_start} AS window_start_s{sel}, metric, increase, is_reset, legacy
+            SELECT {window_start} AS window_start_s{sel}, metric, increase, resets, legacy
             FROM inc
         ),
         agg AS (
@@ -362,7 +469,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
                    coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS hits,
                    coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS queries,
                    coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS external_hits,
-                   count(*) FILTER (WHERE metric = ? AND is_reset) AS restarts,
+                   CAST(coalesce(sum(resets) FILTER (WHERE metric = ?), 0) AS BIGINT)
+                       AS restarts,
                    bool_or(legacy) FILTER (WHERE metric <> ?) AS legacy
             FROM win
             GROUP BY ALL
@@ -387,7 +495,8 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
                     models: Sequence[str] | None = None,
                     instances: Sequence[str] | None = None,
                     run_ids: Sequence[str] | None = None,
-                    stored: bool | None = None) -> pd.DataFrame:
+                    stored: bool | None = None,
+                    rollup: bool | None = None) -> pd.DataFrame:
     """Hit rate over a whole time range per group (one row per group).
 
     ``run_ids`` filters by run as in :func:`hit_rate_by_window` (None = all runs).
@@ -402,9 +511,10 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
         ``last_ts_unix_s`` (the latest sample counted).
     """
     cols = _by_columns(by)
+    use = _use_stored(con, stored)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC), start_s=start_s, end_s=end_s,
                                  models=models, instances=instances, run_ids=run_ids,
-                                 stored=_use_stored(con, stored))
+                                 stored=use, rollup=_use_rollup(con, use, rollup))
     sel = ", ".join(cols)
     group = f"GROUP BY {sel}" if cols else ""
     lead = f"{sel}, " if cols else ""
@@ -417,7 +527,7 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
                    coalesce(sum(increase) FILTER (WHERE metric = ?), 0) AS queries,
                    bool_or(legacy) AS legacy,
                    min(prev_ts_unix_s) AS first_ts_unix_s,
-                   max(ts_unix_s) AS last_ts_unix_s
+                   max(last_ts_unix_s) AS last_ts_unix_s
             FROM inc
             {group}
         )
@@ -439,7 +549,8 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
                                instances: Sequence[str] | None = None,
                                origin_s: float = 0.0,
                                run_ids: Sequence[str] | None = None,
-                               stored: bool | None = None) -> pd.DataFrame:
+                               stored: bool | None = None,
+                               rollup: bool | None = None) -> pd.DataFrame:
     """Increase of any stored counter per window (same rules as :func:`hit_rate_by_window`).
 
     Args:
@@ -455,7 +566,9 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
     cols = _by_columns(by)
     cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
                                  instances=instances, run_ids=run_ids,
-                                 stored=_use_stored(con, stored))
+                                 stored=_use_stored(con, stored),
+                                 rollup=_use_rollup(con, _use_stored(con, stored), rollup,
+                                                    window_s, origin_s))
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
