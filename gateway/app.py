@@ -44,7 +44,6 @@ import itertools
 import json
 import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +172,10 @@ class Gateway:
         self.usage_log: JsonlLog | None = None
         self.decision_log: JsonlLog | None = None
         self.in_flight = 0
+        # request ids and isolating salts: a random per-process prefix and a counter (unique,
+        # and cheaper than uuid4/urandom per request)
+        self._id_prefix = secrets.token_hex(6)
+        self._ids = itertools.count(1)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.proxy, methods=["POST"]),
             Route("/v1/completions", self.proxy, methods=["POST"]),
@@ -192,11 +195,20 @@ class Gateway:
     async def start(self) -> None:
         """Open the upstream pool and the logs, discover the upstreams."""
         c = self.cfg
-        self.client = httpx.AsyncClient(
+        # The pool is split into shards of at most 16 connections: httpcore scans every pooled
+        # connection (a readability poll each) on every request, so one pool of 256 costs more
+        # CPU per request than the rest of the gateway (measured, docs/benchmarks.md).
+        shards = max(1, -(-c.pool_size // 16))
+        per = max(1, c.pool_size // shards)
+        tls = httpx.create_ssl_context()  # one CA bundle load, shared by the shards
+        self.clients = [httpx.AsyncClient(
+            verify=tls,
             timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
                                   write=c.read_timeout_s, pool=c.connect_timeout_s),
-            limits=httpx.Limits(max_connections=c.pool_size,
-                                max_keepalive_connections=c.pool_size))
+            limits=httpx.Limits(max_connections=per, max_keepalive_connections=per))
+            for _ in range(shards)]
+        self.client = self.clients[0]
+        self._shard = itertools.count()
         log_dir = Path(c.log_dir)
         kw = dict(rotate_bytes=c.rotate_bytes, keep=c.rotate_keep,
                   fsync_interval_s=c.fsync_interval_s)
@@ -209,8 +221,8 @@ class Gateway:
         for log in (self.usage_log, self.decision_log):
             if log is not None:
                 log.close()
-        if self.client is not None:
-            await self.client.aclose()
+        for client in getattr(self, "clients", []):
+            await client.aclose()
         await self.store.close()
 
     def _lifespan(self, app):
@@ -337,7 +349,8 @@ class Gateway:
         if auth is None:
             self.metrics.client_errors.labels("unauthorized").inc()
             return _error(401, "unauthorized", "no valid API key or trusted proxy identity")
-        call = _Call(rid="gw-" + uuid.uuid4().hex[:24], endpoint=endpoint, ts=time.time(),
+        call = _Call(rid=f"gw-{self._id_prefix}-{next(self._ids):x}", endpoint=endpoint,
+                     ts=time.time(),
                      t0=time.perf_counter(), auth=auth)
         call.scope = auth.scope
         call.ns = namespace_for(self.key, scope=auth.scope, tenant_id=auth.tenant_id,
@@ -456,7 +469,7 @@ class Gateway:
             [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
              str(self.cfg.policy_revision), str(current)]))
         if isolated:
-            salt = "ps1-iso-" + secrets.token_hex(24)
+            salt = f"ps1-iso-{self._id_prefix}-{call.rid}"  # unique to this request
         else:
             salt = derive_salt(self.key, scope=call.scope, namespace=ns,
                                cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
@@ -497,11 +510,12 @@ class Gateway:
         for h in ("accept", "anthropic-version", "anthropic-beta"):
             if h in request.headers:
                 headers[h] = request.headers[h]
-        req = self.client.build_request("POST", base + request.url.path,
-                                        content=json.dumps(body, ensure_ascii=False).encode(),
-                                        headers=headers)
+        client = self.clients[next(self._shard) % len(self.clients)]
+        req = client.build_request("POST", base + request.url.path,
+                                   content=json.dumps(body, ensure_ascii=False).encode(),
+                                   headers=headers)
         try:
-            resp = await self.client.send(req, stream=True)
+            resp = await client.send(req, stream=True)
         except httpx.HTTPError as exc:
             return self._upstream_failed(call, exc)
         extra = {REQUEST_ID_HEADER: call.rid}
