@@ -265,3 +265,56 @@ def test_rotation_keeps_every_line(tmp_path):
     seen = sorted(r["i"] for f in files for r in read_jsonl(f))
     assert seen == list(range(500))
     assert all(f.stat().st_size <= 4096 for f in files)
+
+
+def test_client_disconnect_mid_stream_releases_the_permit(tmp_path, upstream, gateway):
+    app, control = upstream
+    control.stream_delay_s = 0.3
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", gateway.url + "/v1/chat/completions",
+                           json=dict(CHAT, stream=True), headers=headers_for("acme")) as r:
+            first = next(r.iter_raw())
+            assert b'"t0"' in first
+        # leaving the block closes the connection before the stream ended
+    deadline = time.monotonic() + 10
+    while gateway.admin("/admin/state")["requests_in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gateway.admin("/admin/state")["permits_in_flight"] == 0
+    gateway.stop()
+    _, decisions = _records(tmp_path)
+    assert [d["error"] for d in decisions] == ["client_disconnected"]
+
+
+def test_two_replicas_share_registry_and_gate_in_redis(tmp_path, upstream):
+    from tests.gateway_support import RedisServer
+
+    app, _ = upstream
+    redis = RedisServer(tmp_path / "redis")
+    try:
+        secrets = write_secrets(tmp_path / "secrets")
+        replicas = []
+        for i in (1, 2):
+            cfg = load_gateway_config(None, upstreams=[app.url], port=0, mode="tenant",
+                                      log_dir=str(tmp_path / f"logs{i}"), instance=f"gw-{i}",
+                                      fsync_interval_s=0.05, store=redis.url, **secrets)
+            replicas.append(RunningGateway(cfg))
+        one, two = replicas
+        h = headers_for("acme")
+        post = lambda gw: httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h,  # noqa: E731
+                                     timeout=10)
+        post(one)                       # replica 1 writes the object
+        post(two)                       # replica 2 finds it: accept
+        one.admin("/admin/revoke", {"tenant": "acme"})
+        post(two)                       # replica 2 sees the new epoch: reject
+        two.admin("/admin/cache-epoch/bump")
+        post(one)                       # replica 1 sees the new cache epoch: reject
+        for gw in replicas:
+            gw.stop()
+        d1 = read_jsonl(tmp_path / "logs1" / "decisions.jsonl")
+        d2 = read_jsonl(tmp_path / "logs2" / "decisions.jsonl")
+        one_dec = [(d["decision"], d["first_mismatch"]) for d in d1 if d["record"] == "decision"]
+        two_dec = [(d["decision"], d["first_mismatch"]) for d in d2 if d["record"] == "decision"]
+        assert one_dec == [("miss", None), ("reject", "cache_epoch")]
+        assert two_dec == [("accept", None), ("reject", "authorization_epoch")]
+    finally:
+        redis.stop()

@@ -279,3 +279,39 @@ def test_revocation_race_through_the_gateway_never_both(tmp_path, server):
     assert run.gw.gw.store.in_flight == 0
     assert sum(wins.values()) == trials and min(wins.values()) > 0  # both orders happened
     print(f"\nrevocation race through the gateway: {wins}")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/messages"])
+def test_every_endpoint_streaming_and_not(tmp_path, server, path):
+    """Each endpoint through the gateway, plain then streamed, same prompt: the answers are
+    vLLM's, the usage record of each normalises to the same inclusive prompt count, the
+    streamed repeat reads the blocks the first wrote, and a stream whose client did not ask for
+    usage carries none."""
+    run = Run(tmp_path, server)
+    text = TEMPLATE[:1200]
+    if path == "/v1/completions":
+        body = {"model": SERVED_MODEL_NAME, "prompt": text, "max_tokens": 2}
+    else:
+        body = {"model": SERVED_MODEL_NAME, "max_tokens": 2,
+                "messages": [{"role": "user", "content": text}]}
+    h = headers_for("acme")
+    plain = httpx.post(run.gw.url + path, json=body, headers=h, timeout=120)
+    streamed = httpx.post(run.gw.url + path, json=dict(body, stream=True), headers=h,
+                          timeout=120)
+    assert plain.status_code == streamed.status_code == 200
+    assert streamed.text.rstrip().endswith("[DONE]") or "message_stop" in streamed.text
+    assert ('"usage"' in streamed.text) == (path == "/v1/messages")  # anthropic always has it
+    run.gw.stop()
+    con = store_db.connect(str(tmp_path / "e.duckdb"))
+    try:
+        store_db.migrate(con)
+        s = ingest_usage_file(con, tmp_path / "logs" / "usage.jsonl")
+        rows = con.execute("SELECT endpoint, prompt_tokens, cached_tokens FROM requests "
+                           "ORDER BY ts_unix_s").fetchall()
+    finally:
+        con.close()
+    assert (s.rows_added, s.rows_quarantined) == (2, 0)
+    (e1, p1, c1), (e2, p2, c2) = rows
+    assert e1 == e2 == {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+                        "/v1/messages": "messages"}[path]
+    assert p1 == p2 > 64 and c1 == 0 and c2 == ((p2 - 1) // 32) * 32
