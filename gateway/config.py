@@ -61,6 +61,8 @@ class GatewayConfig(BaseModel):
     block_size: int | None = Field(None, ge=1)
     store: str = "memory"
     state_file: str | None = None
+    registry_max_entries: int = Field(1_000_000, ge=1)
+    registry_ttl_s: int = Field(7 * 86400, ge=60)
     log_dir: str = "logs/gateway"
     rotate_bytes: int = Field(64 * 1024 * 1024, ge=4096)
     rotate_keep: int = Field(10, ge=1)

@@ -48,7 +48,8 @@ def build_gateway(cfg: GatewayConfig, *, faults: Faults | None = None) -> Gatewa
                          epoch_header=cfg.epoch_header)
     inventory = (PublicInventory.from_file(cfg.inventory_file) if cfg.inventory_file
                  else PublicInventory())
-    return Gateway(cfg, key, store=open_store(cfg.store, cfg.state_file), inventory=inventory,
+    return Gateway(cfg, key, store=open_store(cfg.store, cfg.state_file, max_entries=cfg.registry_max_entries,
+                                    entry_ttl_s=cfg.registry_ttl_s), inventory=inventory,
                    authenticator=auth, admin_token=read_admin_token(cfg.admin_token_file),
                    faults=faults)
 

@@ -24,6 +24,7 @@ import json
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -85,13 +86,16 @@ class AcceptanceStore(Protocol):
 class MemoryStore:
     """In-process state for one gateway (module docstring)."""
 
-    def __init__(self, state_file: str | None = None) -> None:
+    def __init__(self, state_file: str | None = None, *, max_entries: int = 1_000_000) -> None:
         self.gate = AuthorizationGate(initial_epoch=INITIAL_EPOCH, keep_log=False)
+        self.max_entries = max_entries
         self._lock = threading.Lock()
         self.cache_epoch = INITIAL_EPOCH
         self.public_stopped = False
         self.bypass = False
-        self.registry: dict[bytes, StoredObject] = {}
+        # least recently written first; beyond max_entries the oldest are forgotten (a later
+        # request for them is a miss: the salts, not the registry, keep tenants apart)
+        self.registry: OrderedDict[bytes, StoredObject] = OrderedDict()
         self.handles: dict[str, bytes] = {}
         self.in_flight = 0
         self.state_file = state_file
@@ -148,7 +152,11 @@ class MemoryStore:
                 if old is not None:
                     self.handles.pop(old.handle, None)
                 self.registry[k] = obj
+                self.registry.move_to_end(k)
                 self.handles[obj.handle] = k
+            while len(self.registry) > self.max_entries:
+                _, old = self.registry.popitem(last=False)
+                self.handles.pop(old.handle, None)
 
     # ---- the gate
     async def acquire_permit(self, namespace: str, epoch: int) -> bool:
@@ -245,8 +253,8 @@ for i = 1, #KEYS do
     local h = cjson.decode(old)['handle']
     redis.call('DEL', ARGV[2 * #KEYS + 1] .. h)
   end
-  redis.call('SET', KEYS[i], ARGV[i])
-  redis.call('SET', ARGV[2 * #KEYS + 1] .. ARGV[#KEYS + i], KEYS[i])
+  redis.call('SET', KEYS[i], ARGV[i], 'EX', ARGV[2 * #KEYS + 2])
+  redis.call('SET', ARGV[2 * #KEYS + 1] .. ARGV[#KEYS + i], KEYS[i], 'EX', ARGV[2 * #KEYS + 2])
 end
 return #KEYS
 """
@@ -258,13 +266,17 @@ class RedisStore:
     Keys (prefix ``prefixscope:gw:`` unless given): ``cache_epoch``, ``public_stopped``,
     ``bypass`` (strings), ``auth_epochs`` (hash namespace -> epoch), ``permits`` (counter of
     permits in flight), ``reg:<lookup key hex>`` (a :class:`StoredObject` as JSON) and
-    ``handle:<handle>`` (its lookup key). Raw tenant ids are never stored: namespaces are HMACs.
+    ``handle:<handle>`` (its lookup key), both expiring ``entry_ttl_s`` after their last write
+    (an expired entry only turns a later request into a miss). Raw tenant ids are never stored:
+    namespaces are HMACs.
     """
 
-    def __init__(self, url: str, prefix: str = "prefixscope:gw:") -> None:
+    def __init__(self, url: str, prefix: str = "prefixscope:gw:", *,
+                 entry_ttl_s: int = 7 * 86400) -> None:
         import redis.asyncio as aioredis
 
         self.url = url
+        self.entry_ttl_s = entry_ttl_s
         self.p = prefix
         self.r = aioredis.from_url(url, decode_responses=False)
         self._acquire = self.r.register_script(_ACQUIRE)
@@ -300,7 +312,7 @@ class RedisStore:
             return
         keys = [self.p + "reg:" + k.hex() for k, _ in items]
         args = [o.to_json() for _, o in items] + [o.handle for _, o in items] + [
-            self.p + "handle:"]
+            self.p + "handle:", self.entry_ttl_s]
         await self._put(keys=keys, args=args)
 
     async def acquire_permit(self, namespace: str, epoch: int) -> bool:
@@ -335,13 +347,15 @@ class RedisStore:
         await self.r.aclose()
 
 
-def open_store(spec: str, state_file: str | None = None) -> MemoryStore | RedisStore:
-    """``memory`` -> :class:`MemoryStore`; ``redis://...`` / ``rediss://...`` / ``unix://...``
-    -> :class:`RedisStore`."""
+def open_store(spec: str, state_file: str | None = None, *, max_entries: int = 1_000_000,
+               entry_ttl_s: int = 7 * 86400) -> MemoryStore | RedisStore:
+    """``memory`` -> :class:`MemoryStore` (at most ``max_entries`` registry entries);
+    ``redis://...`` / ``rediss://...`` / ``unix://...`` -> :class:`RedisStore` (entries expire
+    ``entry_ttl_s`` seconds after their last write)."""
     if spec == "memory":
-        return MemoryStore(state_file)
+        return MemoryStore(state_file, max_entries=max_entries)
     if spec.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStore(spec)
+        return RedisStore(spec, entry_ttl_s=entry_ttl_s)
     from prefixscope.core.errors import ConfigError
 
     raise ConfigError(f"[gateway] store: expected 'memory' or a redis:// URL, got {spec[:40]!r}")

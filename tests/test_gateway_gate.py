@@ -122,6 +122,34 @@ def test_redis_state_is_shared_and_only_grows(redis_server):
     asyncio.run(run())
 
 
+def test_memory_registry_is_bounded():
+    s = MemoryStore(max_entries=3)
+    ident = CacheIdentity("TENANT", NS, *["d"] * 7, 1, 1, 1)
+
+    async def run():
+        for i in range(5):
+            await s.put([(bytes([i]) * 16, StoredObject(ident, i, f"gw-{i}", f"h-{i}"))])
+        return await s.lookup([bytes([i]) * 16 for i in range(5)]), await s.by_handle("h-0")
+
+    found, old = asyncio.run(run())
+    assert [o is not None for o in found] == [False, False, True, True, True] and old is None
+    assert len(s.handles) == 3
+
+
+def test_redis_entries_expire(redis_server):
+    async def run():
+        s = RedisStore(redis_server.url, prefix="t3:", entry_ttl_s=3600)
+        try:
+            ident = CacheIdentity("TENANT", NS, *["d"] * 7, 1, 1, 1)
+            await s.put([(b"k" * 16, StoredObject(ident, 1, "gw-1", "h-1"))])
+            return (await s.r.ttl("t3:reg:" + (b"k" * 16).hex()), await s.r.ttl("t3:handle:h-1"))
+        finally:
+            await s.close()
+
+    ttl_reg, ttl_handle = asyncio.run(run())
+    assert 3500 < ttl_reg <= 3600 and 3500 < ttl_handle <= 3600
+
+
 def test_memory_state_file_survives_a_restart(tmp_path):
     path = str(tmp_path / "state.json")
 
