@@ -37,3 +37,36 @@ def print_json(value: Any) -> None:
     """Print ``value`` as JSON on stdout (no colour, one document), for ``--json``."""
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+#: At most this many quarantined lines are printed (all are in the quarantine table).
+MAX_PROBLEMS_SHOWN = 20
+
+
+def print_request_files(res, *, as_json: bool) -> None:
+    """Print what a request ingester did with several files
+    (:class:`prefixscope.ingest.files.FilesResult`), as ``ingest requests``, ``otlp``,
+    ``litellm`` and ``langfuse`` do: each error (``error: ...``, stderr), then ``--json``
+    (``files``, ``errors``, ``quarantined``) or one line per file and the first
+    :data:`MAX_PROBLEMS_SHOWN` quarantined lines (stderr)."""
+    from prefixscope.ingest.files import quarantined_dicts
+
+    problems = quarantined_dicts(res.problems)
+    for e in res.errors:
+        err.print(f"error: {e}", markup=False, highlight=False)
+    if as_json:
+        print_json({"files": [o.summary.as_dict() for o in res.outcomes], "errors": res.errors,
+                    "quarantined": problems})
+        return
+    for o in res.outcomes:
+        s = o.summary
+        out.print(f"{s.source}: {count_noun(s.rows_added, 'request')} added, "
+                  f"{s.rows_duplicate:,} already stored, "
+                  f"{count_noun(s.rows_quarantined, 'line')} quarantined",
+                  markup=False, highlight=False)
+        if s.note:
+            out.print(f"  note: {s.note}", markup=False, highlight=False)
+    for q in problems[:MAX_PROBLEMS_SHOWN]:
+        what = f"{q['field']}: {q['reason']}" if q.get("field") else q["reason"]
+        err.print(f"quarantined {q['location']}:{q['line']}: {what}", markup=False,
+                  highlight=False)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, count_noun, err, out, print_json
+from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out, print_json,
+                                     print_request_files)
 from prefixscope.core.errors import NothingIngested, UsageError
 
-_MAX_PROBLEMS_SHOWN = 20
 
 HmacKeyOption = Annotated[str | None, typer.Option(
     "--hmac-key-file", help="Server-side HMAC key: tenant/user ids become namespace digests "
@@ -122,33 +122,15 @@ def ingest_and_report(db: str, files: list[str], ingest_one, as_json: bool, *,
     (:func:`prefixscope.ingest.files.ingest_files`) and print the summaries the way every
     ingest command does (``--json``: files, errors, quarantined). Raises NothingIngested when
     nothing was read and something failed."""
-    from prefixscope.ingest.files import ingest_files, quarantined_dicts
+    from prefixscope.ingest.files import ingest_files
 
     def one(con, f):
         r = ingest_one(con, f)
         return r.summary, r.problems
 
     res = ingest_files(db, files, one)
+    print_request_files(res, as_json=as_json)
     results, errors = res.outcomes, res.errors
-    problems = quarantined_dicts(res.problems)
-    for e in errors:
-        err.print(f"error: {e}", markup=False, highlight=False)
-    if as_json:
-        print_json({"files": [r.summary.as_dict() for r in results], "errors": errors,
-                    "quarantined": problems})
-    else:
-        for r in results:
-            s = r.summary
-            out.print(f"{s.source}: {count_noun(s.rows_added, 'request')} added, "
-                      f"{s.rows_duplicate:,} already stored, "
-                      f"{count_noun(s.rows_quarantined, 'line')} quarantined",
-                      markup=False, highlight=False)
-            if s.note:
-                out.print(f"  note: {s.note}", markup=False, highlight=False)
-        for q in problems[:_MAX_PROBLEMS_SHOWN]:
-            what = f"{q['field']}: {q['reason']}" if q.get("field") else q["reason"]
-            err.print(f"quarantined {q['location']}:{q['line']}: {what}",
-                      markup=False, highlight=False)
     read = sum(r.summary.rows_read for r in results)
     if read == 0 and (errors or any(r.summary.rows_quarantined for r in results)):
         why = f"{len(errors)} file(s) could not be read (see above)" if errors else \

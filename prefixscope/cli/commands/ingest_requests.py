@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out,
-                                     print_json)
+from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, count_noun, out, print_json,
+                                     print_request_files)
 from prefixscope.core.errors import NothingIngested
 
-_MAX_PROBLEMS_SHOWN = 20
 
 
 def requests_cmd(
@@ -41,30 +40,13 @@ def requests_cmd(
 
       prefixscope ingest requests run/requests.jsonl --run-id replay-1 --json
     """
-    from prefixscope.ingest.files import ingest_files, quarantined_dicts
+    from prefixscope.ingest.files import ingest_files
     from prefixscope.ingest.usage import ingest_usage_file_detailed
 
     res = ingest_files(db, files, lambda con, f: ingest_usage_file_detailed(
         con, f, run_id=run_id, instance=instance, default_model=model))
+    print_request_files(res, as_json=as_json)
     summaries, errors = [o.summary for o in res.outcomes], res.errors
-    problems = quarantined_dicts(res.problems)
-    for e in errors:
-        err.print(f"error: {e}", markup=False, highlight=False)
-    if as_json:
-        print_json({"files": [s.as_dict() for s in summaries], "errors": errors,
-                    "quarantined": problems})
-    else:
-        for s in summaries:
-            out.print(f"{s.source}: {count_noun(s.rows_added, 'request')} added, "
-                      f"{s.rows_duplicate:,} already stored, "
-                      f"{count_noun(s.rows_quarantined, 'line')} quarantined",
-                      markup=False, highlight=False)
-            if s.note:
-                out.print(f"  note: {s.note}", markup=False, highlight=False)
-        for q in problems[:_MAX_PROBLEMS_SHOWN]:
-            what = f"{q['field']}: {q['reason']}" if q.get("field") else q["reason"]
-            err.print(f"quarantined {q['location']}:{q['line']}: {what}",
-                      markup=False, highlight=False)
     read = sum(s.rows_read for s in summaries)
     nothing_new = all(s.rows_quarantined == 0 for s in summaries) and summaries
     if read == 0 and not nothing_new:
