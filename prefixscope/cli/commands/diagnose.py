@@ -16,7 +16,7 @@ from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocks
                                      LayoutOption, LimitOption, MaxModelLenOption,
                                      OutputTokensOption, PricesOption, SeedOption, StrictOption,
                                      TokenizerOption, TraceArg)
-from prefixscope.core.errors import NothingIngested
+from prefixscope.core.errors import NothingIngested, UsageError
 
 
 def _pct(x: float | None) -> str:
@@ -28,6 +28,8 @@ def _where(b: dict[str, Any]) -> str:
     if seg == "message":
         return f"message {b['message_index']} ({b['role']}), line {b['line']}"
     if seg == "tools":
+        if b.get("kind") != "tool_schema":
+            return "tools"
         extra = f" {b['tool']}" if b.get("tool") else ""
         key = f", key {b['schema_key']}" if b.get("schema_key") else ""
         return f"tools{extra}{key}"
@@ -108,7 +110,8 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
         p(note)
     if not doc["breakers"]:
         if not doc["notes"]:
-            p("no breakers: every request hit the longest prefix an earlier request had")
+            p("no breakers: every request hit the longest prefix an earlier request had; "
+              "what missed is content no earlier request had")
     else:
         p("breakers, by lost tokens (cached tokens gained when the span matches, exact replay):")
     for b in doc["breakers"]:
@@ -150,7 +153,7 @@ def _explain(a: Any, *, no_text: bool) -> None:
     pos = a.position
     where = ""
     if pos is not None:
-        where = _where({"segment": pos.segment, "message_index": pos.message_index,
+        where = _where({"kind": a.kind, "segment": pos.segment, "message_index": pos.message_index,
                         "role": pos.role, "line": pos.line, "tool": pos.tool_name,
                         "schema_key": pos.schema_key, "block": pos.block})
         if pos.column is not None:
@@ -222,6 +225,9 @@ def diagnose_cmd(
     from prefixscope.replay.layouts import load_layout
 
     started = time.time()
+    if ingest and (layout is not None or scope_by_model):
+        raise UsageError("--ingest stores the trace as recorded, as replay sim replays it: "
+                         "drop --layout and --scope-by-model")
     spec = DiagnoseSpec(trace=str(trace), format=fmt, block_size=block_size,
                         capacity_blocks=capacity_blocks, algo=algo,
                         hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
@@ -300,8 +306,6 @@ def _ingest(spec: Any, d: Any, doc: dict[str, Any], outd: Path, *, model: str | 
                      max_model_len=spec.max_model_len, tokenizer_dir=spec.tokenizer_dir,
                      layout_path=None, limit=spec.limit, model=model, hash_seed=spec.hash_seed,
                      label=f"{Path(spec.trace).name.split('.')[0]} as recorded (diagnosed)")
-    if spec.layout is not None:
-        raise NothingIngested("--ingest diagnoses the trace as recorded: drop --layout")
     run = run_sim(sim, outd / "run")
     path = write_breakers_file(outd / "run" / "breakers.json", d, doc, run_id=run.run_id,
                                model=run.model)
