@@ -57,6 +57,8 @@ KINDS = (
 NOT_BREAKERS = ("new_content", "short")
 #: Children of a block key compared for the first divergent token.
 MAX_CHILDREN = 16
+#: Distinct message texts kept interned at most (then the table starts again).
+MAX_INTERNED = 200_000
 
 _DATE = re.compile(
     r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}(:\d{2})?|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
@@ -220,6 +222,10 @@ class Attributor:
         self.with_context = with_context  # a request id: fill its terminal context
 
     def _intern(self, s: str) -> str:
+        # One copy of each text (a system prompt is shared by many structs); bounded: clearing
+        # only costs duplicates, never correctness.
+        if len(self._texts) > MAX_INTERNED:
+            self._texts.clear()
         return self._texts.setdefault(s, s)
 
     def _struct(self, tr: TraceRequest, rendered: Rendered | None, scope: tuple[Any, ...],

@@ -274,3 +274,16 @@ def test_anthropic_messages_bodies(tmp_path):
     assert (top.kind, top.position.role, top.position.message_index, top.position.line) == (
         "timestamp", "system", 0, 1)
     assert d.what_if.hit_rate > d.summary.hit_rate
+
+
+def test_a_log_without_any_shared_prefix_says_so_in_one_line(cli, tmp_path):
+    path = tmp_path / "unshared.jsonl"
+    path.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"{i} " + "word " * (i + 3)}]}) + "\n" for i in range(3)),
+        encoding="utf-8")
+    code, out, _ = cli(["diagnose", path, "--out", tmp_path / "o"])
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == ("no two requests share a full block: nothing in this trace can be "
+                        "served from cache at this block size")
+    assert "breakers, by lost tokens" not in out
