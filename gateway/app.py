@@ -97,9 +97,11 @@ _VERSION_FIELDS = ("model_digest", "tokenizer_digest", "runtime_digest", "adapte
 @dataclass
 class Faults:
     """Failure injection for tests (never set by the CLI): ``between_lookup_and_permit`` is
-    awaited with the namespace after the lookup and before the permit (a revocation there)."""
+    awaited with the namespace after the lookup and before the permit (a revocation there);
+    ``lookup_key`` replaces the registry key function (forced collisions)."""
 
     between_lookup_and_permit: Callable[[str], Awaitable[None]] | None = None
+    lookup_key: Callable[[str, str], bytes] | None = None  # e.g. a deliberately weak hash
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -430,7 +432,8 @@ class Gateway:
         full = CacheIdentity(content_digest=content_digest(msgs, tools), **base)
         # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
         # adapter upgrade finds the old object and reports the version field (replay rule)
-        keys = [lookup_key(ns, f"{model}|{sha256_hex(canonical_json(msgs[:k]))}")
+        key_fn = self.faults.lookup_key or lookup_key
+        keys = [key_fn(ns, f"{model}|{sha256_hex(canonical_json(msgs[:k]))}")
                 for k in prompt.boundaries]
         cand, cand_k = None, None
         presented = self._handle(request)

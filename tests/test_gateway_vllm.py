@@ -124,6 +124,12 @@ def test_negative_cases_b_never_gets_a_private_blocks(tmp_path, server):
     a = _warm_a(run)
     b_case("a_handle", run.send("globex", headers={
         "x-prefixscope-cache-handle": a.headers["x-prefixscope-cache-handle"]}))
+    # an identical short hash: a deliberately weak lookup key makes every prefix collide, so
+    # B's lookup finds A's object; the full identity comparison still rejects it
+    run.faults.lookup_key = lambda ns, material: b"\0" * 16
+    _warm_a(run)
+    b_case("short_hash_collision", run.send("globex"))
+    run.faults.lookup_key = None
     # a stale authorization epoch: B's namespace revoked, B presents a key issued before
     _warm_a(run)
     run.send("globex")  # B's own object at epoch 1
@@ -185,6 +191,8 @@ def test_negative_cases_b_never_gets_a_private_blocks(tmp_path, server):
     reasons = {name: (decisions[rid]["decision"], decisions[rid]["first_mismatch"])
                for name, (rid, _) in cases.items()}
     assert reasons["a_handle"] == ("reject", "namespace")
+    assert reasons["short_hash_collision"] == ("reject", "namespace")
+    assert "content_digest" in decisions[cases["short_hash_collision"][0]]["reasons"]
     assert reasons["stale_epoch"] == ("reject", "authorization_epoch")
     assert reasons["revocation_race"] == ("reject", "authorization_epoch")
     assert decisions[a_revoked.headers["x-prefixscope-request-id"]]["first_mismatch"] == \
