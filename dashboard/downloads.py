@@ -26,26 +26,27 @@ def parquet_bytes(df: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def download_button(df: pd.DataFrame, name: str, *, label: str = "Download") -> None:
+def download_button(df: pd.DataFrame, name: str, *, label: str = "CSV") -> None:
     """Two buttons under a table: ``<name>.csv`` and ``<name>.parquet``.
 
     Args:
         df: the table as shown (object columns of mixed types become text in Parquet).
         name: file stem, e.g. ``savings-by-model`` (letters, digits, ``-`` and ``_`` kept).
-        label: the CSV button's text; the Parquet one says ``Parquet``.
+        label: the CSV button's text (default ``CSV``); the Parquet one says ``Parquet``.
     """
     import streamlit as st
 
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "table"
-    c1, c2, _ = st.columns([1, 1, 6])
-    c1.download_button(f"{label} (CSV)", csv_bytes(df), file_name=f"{stem}.csv",
+    c1, c2, _ = st.columns([1, 1, 5])
+    c1.download_button(label, csv_bytes(df), file_name=f"{stem}.csv",
                        mime="text/csv", key=f"dl-{stem}-csv", icon=":material/download:")
     frame = df.copy()
     for col in frame.columns:
         if frame[col].dtype == object:
             frame[col] = frame[col].map(lambda v: v if v is None or isinstance(v, str) else str(v))
     c2.download_button("Parquet", parquet_bytes(frame), file_name=f"{stem}.parquet",
-                       mime="application/vnd.apache.parquet", key=f"dl-{stem}-parquet")
+                       mime="application/vnd.apache.parquet", key=f"dl-{stem}-parquet",
+                       icon=":material/download:")
 
 
 def show_table(name: str, data, **kwargs):

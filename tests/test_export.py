@@ -115,4 +115,4 @@ def test_savings_page_tables_have_download_buttons(real_db, monkeypatch):
     at = ds.run_app(real_db, "views/savings.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
-    assert [b.label for b in at.get("download_button")][:2] == ["Download (CSV)", "Parquet"]
+    assert [b.label for b in at.get("download_button")][:2] == ["CSV", "Parquet"]

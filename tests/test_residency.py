@@ -128,7 +128,7 @@ def test_residency_page_on_real_data(residency_db, use_db):
 
     assert ds.metrics(at)["Median block lifetime"] == fmt_s(histogram_quantile(g, 0.5))
     assert ds.chart_count(at) >= 2  # lifetime (histogram + KV events), idle before evict
-    assert [b.label for b in at.get("download_button")][:2] == ["Download (CSV)", "Parquet"]
+    assert [b.label for b in at.get("download_button")][:2] == ["CSV", "Parquet"]
 
 
 def test_residency_page_explains_missing_data(tmp_path, use_db):

@@ -81,7 +81,7 @@ with data.guard(db):
     for metric in RESIDENCY_METRICS:
         g = hist[hist["metric"] == metric]
         total = float(g["total"].iloc[0]) if not g.empty and pd.notna(g["total"].iloc[0]) else 0
-        rows.append({"measure": TITLES[metric], "source": f"`{metric}`",
+        rows.append({"measure": TITLES[metric], "source": metric,
                      "blocks": fmt_int(total),
                      "mean": fmt_s(g["sum_s"].iloc[0] / total) if total else "–",
                      "p50": fmt_s(histogram_quantile(g, 0.5)),
