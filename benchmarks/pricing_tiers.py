@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--db", help="reuse a database built by an earlier --keep run")
     args = ap.parse_args()
     from prefixscope.ingest.genai_prices import refresh_genai_prices
     from prefixscope.ingest.prices import load_prices
@@ -85,10 +86,13 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="prefixscope-pricing-"))
     try:
-        db = str(tmp / "bench.duckdb")
-        t0 = time.perf_counter()
-        build(db, args.requests)
-        print(f"built {args.requests:,} requests in {time.perf_counter() - t0:.1f} s")
+        db = args.db or str(tmp / "bench.duckdb")
+        if not args.db:
+            t0 = time.perf_counter()
+            build(db, args.requests)
+            print(f"built {args.requests:,} requests in {time.perf_counter() - t0:.1f} s")
+            if args.keep:
+                print(f"kept: {db}")
         (tmp / "all.toml").write_text(TOML_ALL)
         (tmp / "shadow.toml").write_text(TOML_SHADOW)
 

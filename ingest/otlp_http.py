@@ -135,17 +135,27 @@ class OtlpReceiver:
         ctype = (h.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         is_json = ctype == "application/json"
         out_type = "application/json" if is_json else "application/x-protobuf"
+        chunked = "chunked" in (h.headers.get("Transfer-Encoding") or "").lower()
         try:
             length = int(h.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        body = h.rfile.read(length) if 0 < length <= MAX_BODY_BYTES else b""
+        if chunked:
+            body = _read_chunked(h.rfile)
+            length = len(body) if body is not None else MAX_BODY_BYTES + 1
+        else:
+            body = h.rfile.read(length) if 0 < length <= MAX_BODY_BYTES else b""
         if path != "/v1/traces":
             self._reply(h, 404, b"only /v1/traces is received here\n", "text/plain")
             return
         if length < 0 or length > MAX_BODY_BYTES:
             self.stats.bad_400 += 1
+            h.close_connection = True  # the rest of the body is not read
             self._reply(h, 413 if length > 0 else 400, b"bad Content-Length\n", "text/plain")
+            return
+        if length == 0 and not chunked:
+            self.stats.bad_400 += 1
+            self._reply(h, 411, b"Content-Length required\n", "text/plain")
             return
         if ctype not in ("application/json", "application/x-protobuf"):
             self._reply(h, 415, b"Content-Type must be application/x-protobuf or "
@@ -214,6 +224,27 @@ class OtlpReceiver:
                 return store_otlp_request(con, req, self.opts, location=self.url)
         finally:
             self._write_lock.release()
+
+
+def _read_chunked(rfile) -> bytes | None:
+    """An HTTP/1.1 chunked body (RFC 9112 section 7.1), or None past :data:`MAX_BODY_BYTES`
+    or when malformed."""
+    parts, total = [], 0
+    while True:
+        line = rfile.readline(1024)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            return None
+        if size == 0:
+            while rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                pass  # trailer fields
+            return b"".join(parts)
+        total += size
+        if total > MAX_BODY_BYTES:
+            return None
+        parts.append(rfile.read(size))
+        rfile.readline(8)  # CRLF after the chunk
 
 
 def _status_body(message: str, is_json: bool) -> bytes:

@@ -388,3 +388,25 @@ def test_an_over_long_model_name_quarantines_the_span(tmp_path):
                               "gen_ai.request.model": "m" * 300})
     assert rows == [] and r.problems[0].reason == "longer than 256 characters"
     assert r.problems[0].field.endswith(".model")
+
+
+def test_chunked_body_is_read_and_an_empty_one_refused(tmp_path):
+    """A body sent with Transfer-Encoding: chunked is read whole (never taken as an empty,
+    acknowledged export); no body at all is 411."""
+    import httpx
+
+    memory = InMemorySpanExporter()
+    _emit([memory], SPANS[:1])
+    body = encode_spans(memory.get_finished_spans()).SerializeToString()
+    db = str(tmp_path / "chunked.duckdb")
+    listener = Listener(db, tmp_path)
+    try:
+        resp = httpx.post(listener.endpoint, content=iter([body[:10], body[10:]]), timeout=30,
+                          headers={"Content-Type": "application/x-protobuf"})
+        empty = httpx.post(listener.endpoint, content=b"", timeout=30,
+                           headers={"Content-Type": "application/x-protobuf"})
+    finally:
+        stats = listener.stop()
+    assert resp.status_code == 200 and empty.status_code == 411
+    assert stats["spans_added"] == 1
+    assert _rows(db)["chatcmpl-otel-1"][4] == 1200

@@ -194,7 +194,7 @@ _COSTS = """
 # time, any prompt size) and, for models it does not list, the genai-prices tiers and periods
 # (migration 61, ingest/genai_prices.py). The TOML row wins: it holds overrides and shadow prices.
 _PRICE_ROWS = """
-    pr AS (
+    pr0 AS (
         SELECT model, CAST(NULL AS VARCHAR) AS provider_key, -1e300 AS valid_from_unix_s,
                1e300 AS valid_to_unix_s, 0.0 AS day_from_s, 86400.0 AS day_to_s,
                CAST(-1 AS BIGINT) AS min_prompt_tokens,
@@ -211,29 +211,33 @@ _PRICE_ROWS = """
                input_per_mtok, cached_input_per_mtok, cache_write_per_mtok,
                cache_write_1h_per_mtok, output_per_mtok
         FROM price_tiers WHERE model NOT IN (SELECT model FROM prices)
-    )"""
+    ),
+    -- n_rows = 1: the model's only price row (a TOML entry, a flat genai-prices price): every
+    -- request of the model takes it, no per-request test
+    pr AS (SELECT row_number() OVER () AS pid, count(*) OVER (PARTITION BY model) AS n_rows, *
+           FROM pr0)"""
 
 # A request joins the price row of its model (and provider, for genai-prices rows) whose period
 # and daily interval hold its time and whose prompt interval holds its inclusive prompt size.
+# Requests are summed per (keys, price row id) and the prices joined back after the sums: the
+# per-request work is one hash lookup and, for models with tiers or periods, a few compares.
 _PRICE_JOIN = """
     LEFT JOIN pr ON pr.model = r.model
-        AND (pr.provider_key IS NULL OR pr.provider_key = coalesce(r.provider, ''))
-        AND coalesce(r.ts_unix_s, 0) >= pr.valid_from_unix_s
-        AND coalesce(r.ts_unix_s, 0) < pr.valid_to_unix_s
-        AND coalesce(r.ts_unix_s, 0) - 86400 * floor(coalesce(r.ts_unix_s, 0) / 86400)
-            >= pr.day_from_s
-        AND coalesce(r.ts_unix_s, 0) - 86400 * floor(coalesce(r.ts_unix_s, 0) / 86400)
-            < pr.day_to_s
-        AND coalesce(r.prompt_tokens, 0) > pr.min_prompt_tokens
-        AND coalesce(r.prompt_tokens, 0) <= pr.max_prompt_tokens"""
+        AND (pr.n_rows = 1 OR (
+            (pr.provider_key IS NULL OR pr.provider_key = coalesce(r.provider, ''))
+            AND coalesce(r.ts_unix_s, 0) >= pr.valid_from_unix_s
+            AND coalesce(r.ts_unix_s, 0) < pr.valid_to_unix_s
+            AND coalesce(r.ts_unix_s, 0) - 86400 * floor(coalesce(r.ts_unix_s, 0) / 86400)
+                >= pr.day_from_s
+            AND coalesce(r.ts_unix_s, 0) - 86400 * floor(coalesce(r.ts_unix_s, 0) / 86400)
+                < pr.day_to_s
+            AND coalesce(r.prompt_tokens, 0) > pr.min_prompt_tokens
+            AND coalesce(r.prompt_tokens, 0) <= pr.max_prompt_tokens))"""
 
-_PRICE_COLS = ("pr.model IS NOT NULL AS priced, pr.currency, pr.shadow, pr.price_source, "
-               "pr.input_per_mtok AS p_in, pr.cached_input_per_mtok AS p_read, "
-               "pr.cache_write_per_mtok AS p_write, pr.cache_write_1h_per_mtok AS p_write_1h, "
-               "pr.output_per_mtok AS p_out")
-_PRICE_GROUP = ("pr.model IS NOT NULL, pr.currency, pr.shadow, pr.price_source, "
-                "pr.input_per_mtok, pr.cached_input_per_mtok, pr.cache_write_per_mtok, "
-                "pr.cache_write_1h_per_mtok, pr.output_per_mtok")
+_PRICE_COLS = ("p.pid IS NOT NULL AS priced, p.currency, p.shadow, p.price_source, "
+               "p.input_per_mtok AS p_in, p.cached_input_per_mtok AS p_read, "
+               "p.cache_write_per_mtok AS p_write, p.cache_write_1h_per_mtok AS p_write_1h, "
+               "p.output_per_mtok AS p_out")
 
 # Per price group, exact decimals (currency units x 1e6); summed, then divided and cast.
 _GROUP_COSTS = """
@@ -261,12 +265,13 @@ def _priced_sql(keys: str, where: str, extra_select: str = "", extra_from: str =
     return f"""
         WITH r AS (SELECT *{extra_select} FROM {extra_from} WHERE {where}),
         {_PRICE_ROWS},
-        g AS (
+        g0 AS (
             SELECT {", ".join("r." + k.strip() + " AS " + k.strip() for k in keys.split(","))},
-                   {_PRICE_COLS}, {_SUMS}
+                   pr.pid, {_SUMS}
             FROM r {_PRICE_JOIN}
-            GROUP BY {", ".join("r." + k.strip() for k in keys.split(","))}, {_PRICE_GROUP}
+            GROUP BY {", ".join("r." + k.strip() for k in keys.split(","))}, pr.pid
         ),
+        g AS (SELECT g0.*, {_PRICE_COLS} FROM g0 LEFT JOIN pr p ON p.pid = g0.pid),
         gc AS (SELECT *, {_GROUP_COSTS} FROM g)
         SELECT {keys}, any_value(currency) FILTER (WHERE priced) AS currency,
                bool_or(shadow) FILTER (WHERE priced) AS shadow,
