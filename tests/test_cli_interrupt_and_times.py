@@ -85,14 +85,12 @@ def test_ctrl_c_in_a_large_ingest_is_one_line_and_nothing_is_lost_or_doubled(tmp
     # Interrupt once the database file exists (the ingest is under way).
     _wait_for(lambda: db.exists() or proc.poll() is not None, 60)
     time.sleep(0.3)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
+    assert proc.poll() is None, "the ingest finished before the signal: nothing interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err
-    if proc.returncode == 130:
-        assert err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C):")
-    else:  # finished before the signal: nothing to interrupt
-        assert proc.returncode == 0, err
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C):")
     again = subprocess.run([*PREFIXSCOPE, "ingest", "requests", str(f), "--db", str(db)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr

@@ -78,6 +78,7 @@ def test_pages_render_while_a_writer_ingests(tmp_path, monkeypatch):
     log = (tmp_path / "writer.log").read_text(errors="replace")
     assert "Traceback" not in log and "locked" not in log.lower(), log[-2000:]
     assert scrapes_during > 3
+    assert busy == 0, f"{busy} 'Database busy' notices: a writer held the lock past the read timeout"
     assert rows_after > rows_before
     assert tokens_after > tokens_before
     print(f"renders={renders} busy_notices={busy} scrapes={endpoint.scrapes} "
