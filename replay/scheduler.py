@@ -31,6 +31,15 @@ no speculative decoding and no KV connector:
 
 Time: step k starts at ``t_k``; a step takes ``step_time_s``; idle engines jump to the next
 arrival. Requests enter the waiting queue when ``arrival_s <= t_k``, in trace order.
+
+6. **Follow-ups wait for their answer.** A request whose trace item names another in
+   ``attrs["follows"]`` (a conversation's next turn: its prompt holds the other's prompt and
+   output) cannot be sent before that answer exists: while the request it follows is still
+   waiting or running in the model, it is held, and it enters the waiting queue (at its end) in
+   the step in which that request finishes. Without this the model could admit a follow-up
+   while its parent is still decoding, when the parent's last output blocks are not yet full
+   and cached, and predict fewer hits than vLLM gives (the client sends it only after the
+   answer). Only requests in flight are remembered, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -259,6 +268,8 @@ def run_concurrent(
     """
     sched = StepScheduler(manager, config, stats)
     step_s = config.step_time_s
+    in_flight: set[str] = set()  # trace ids waiting, running or held (rule 6)
+    held: dict[str, list[SimRequest]] = {}  # id of the request followed -> its follow-ups
     pending: tuple[SimRequest | None, object, float] | None = None
     source_done = False
     now: float | None = None
@@ -290,13 +301,24 @@ def run_concurrent(
                 yield item, None, now
             else:
                 req.trace = item
-                sched.add_request(req)
+                rid = getattr(item, "request_id", None)
+                if rid is not None:
+                    in_flight.add(rid)
+                parent = (getattr(item, "attrs", None) or {}).get("follows")
+                if parent is not None and parent in in_flight:
+                    held.setdefault(parent, []).append(req)
+                else:
+                    sched.add_request(req)
             pending = pull()
         if not sched.has_requests():
             continue
         finished = sched.step(now)
         now += step_s
         for req in finished:
+            rid = getattr(req.trace, "request_id", None)
+            in_flight.discard(rid)
+            for child in held.pop(rid, ()):
+                sched.add_request(child)
             yield req.trace, req, now
         if sched.last_num_scheduled == 0 and not sched.running and sched.waiting:
             head = sched.waiting[0]
