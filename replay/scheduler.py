@@ -35,8 +35,9 @@ arrival. Requests enter the waiting queue when ``arrival_s <= t_k``, in trace or
 6. **Follow-ups wait for their answer.** A request whose trace item names another in
    ``attrs["follows"]`` (a conversation's next turn: its prompt holds the other's prompt and
    output) cannot be sent before that answer exists: while the request it follows is still
-   waiting or running in the model, it is held, and it enters the waiting queue (at its end) in
-   the step in which that request finishes. Without this the model could admit a follow-up
+   waiting or running in the model, it is held, and it enters the waiting queue in the step in
+   which that request finishes, at its trace position (before the waiting requests that come
+   after it in the trace: the engine's order is kept). Without this the model could admit a follow-up
    while its parent is still decoding, when the parent's last output blocks are not yet full
    and cached, and predict fewer hits than vLLM gives (the client sends it only after the
    answer). Only requests in flight are remembered, so memory stays bounded.
@@ -149,6 +150,20 @@ class StepScheduler:
         self.waiting.append(request)
         if len(self.waiting) > self.stats.peak_waiting:
             self.stats.peak_waiting = len(self.waiting)
+
+    def add_in_order(self, request: SimRequest, seq: dict[int, int]) -> None:
+        """Put a released follow-up (rule 6) into the waiting queue at its trace position:
+        before every waiting request that comes after it in the trace (``seq``: id(request) ->
+        trace position). Scans from the back, so the cost is the number of later requests
+        already waiting."""
+        waiting = self.waiting
+        mine = seq[id(request)]
+        j = len(waiting)
+        while j > 0 and seq.get(id(waiting[j - 1]), -1) > mine:
+            j -= 1
+        waiting.insert(j, request)
+        if len(waiting) > self.stats.peak_waiting:
+            self.stats.peak_waiting = len(waiting)
 
     def has_requests(self) -> bool:
         """True while any request waits or runs."""
@@ -270,6 +285,8 @@ def run_concurrent(
     step_s = config.step_time_s
     in_flight: set[str] = set()  # trace ids waiting, running or held (rule 6)
     held: dict[str, list[SimRequest]] = {}  # id of the request followed -> its follow-ups
+    seq: dict[int, int] = {}  # id(request) -> trace position, for requests in flight
+    n_seen = 0
     pending: tuple[SimRequest | None, object, float] | None = None
     source_done = False
     now: float | None = None
@@ -304,6 +321,8 @@ def run_concurrent(
                 rid = getattr(item, "request_id", None)
                 if rid is not None:
                     in_flight.add(rid)
+                seq[id(req)] = n_seen
+                n_seen += 1
                 parent = (getattr(item, "attrs", None) or {}).get("follows")
                 if parent is not None and parent in in_flight:
                     held.setdefault(parent, []).append(req)
@@ -318,8 +337,10 @@ def run_concurrent(
             rid = getattr(req.trace, "request_id", None)
             in_flight.discard(rid)
             for child in held.pop(rid, ()):
-                sched.add_request(child)
+                sched.add_in_order(child, seq)
             yield req.trace, req, now
+        for req in finished:
+            seq.pop(id(req), None)
         if sched.last_num_scheduled == 0 and not sched.running and sched.waiting:
             head = sched.waiting[0]
             raise SimulationError(
