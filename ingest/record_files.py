@@ -29,6 +29,7 @@ from typing import Any
 
 import duckdb
 
+from prefixscope.core.bounds import TOO_DEEP, check_regular
 from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
 from prefixscope.ingest.bookkeeping import (
     Checkpoint,
@@ -115,8 +116,10 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
             JSON (the message names the byte).
     """
     location = str(path)
-    if not os.path.isfile(location):
-        raise SourceUnavailable(f"cannot read {location}: no such file")
+    try:
+        check_regular(location)  # a FIFO or a device is refused before it is opened
+    except OSError as exc:
+        raise SourceUnavailable(f"cannot read {location}: {exc}") from None
     form = _kind_of_file(location)
     source_id = source_id_for(kind, location)
     if form == "jsonl":
@@ -170,6 +173,8 @@ def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row
             doc = json.loads(data)
         except ValueError as exc:
             raise SourceUnavailable(f"{location}: {invalid_json_reason(exc)}") from None
+        except RecursionError:
+            raise SourceUnavailable(f"{location}: {TOO_DEEP}") from None
         records = doc.get("data", []) if isinstance(doc, dict) else doc
         if not isinstance(records, list):
             raise SourceUnavailable(f"{location}: expected an array of records or "

@@ -42,6 +42,7 @@ from prefixscope.ingest.usage_read import (
     rows_to_arrow,
 )
 from prefixscope.ingest.usage_shapes import MS_THRESHOLD, UsageRecord, normalise_usage
+from prefixscope.core.bounds import check_regular
 from prefixscope.core.errors import SourceUnavailable
 
 __all__ = [
@@ -144,8 +145,10 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
         SourceUnavailable: the file does not exist or cannot be read.
     """
     location = str(path)
-    if not os.path.isfile(path):
-        raise SourceUnavailable(f"{location}: no such file")
+    try:
+        check_regular(location)  # a FIFO or a device is refused before it is opened
+    except OSError as exc:
+        raise SourceUnavailable(f"cannot read {location}: {exc}") from None
     started = time.time()
     source_id = source_id_for(KIND, location)
     start = resume_offset(con, source_id, path)

@@ -147,8 +147,9 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise NotReadable("no such file") from None
-    except IsADirectoryError:
-        raise NotReadable("not a regular file: it is a folder") from None
+    except OSError as exc:  # a folder, a socket (ENXIO), no permission...
+        check_regular(path)  # names the kind when it is not a regular file
+        raise NotReadable(exc.strerror or str(exc)) from None
     try:
         why = not_regular_reason(os.fstat(fd).st_mode)
         if why is not None:
