@@ -49,6 +49,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,8 @@ from prefixscope.core.bounds import (
     looks_binary,
     time_ok,
 )
-from prefixscope.core.errors import NothingIngested, SourceUnavailable
+from prefixscope.core.errors import NothingIngested, SourceUnavailable, StoreLocked
+from prefixscope.store.db import DEFAULT_LOCK_TIMEOUT_S
 from prefixscope.store.queries.ingest import ingest_transaction
 
 LEGACY_NOTE = "legacy metric names (vllm:gpu_prefix_cache_*): vLLM < 0.11"
@@ -905,11 +907,44 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
 
 @dataclass
 class ScrapeLoopResult:
-    """What a scrape loop did: every stored scrape, and the failures (one message each)."""
+    """What a scrape loop did, in bounded memory (the loop runs as a daemon for months).
 
-    outcomes: list[ScrapeOutcome] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    Attributes:
+        outcomes: the last :data:`KEEP_OUTCOMES` stored scrapes (older ones are only counted).
+        errors: the last :data:`KEEP_ERRORS` failure messages.
+        rounds: rounds run. scrapes: scrapes stored. failures: failures seen (all rounds).
+        skipped_rounds: rounds whose store was skipped because the database stayed locked.
+        rows_read, rows_added, rows_quarantined: totals over every stored scrape.
+    """
+
+    outcomes: deque[ScrapeOutcome] = field(default_factory=lambda: deque(maxlen=KEEP_OUTCOMES))
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_ERRORS))
     rounds: int = 0
+    scrapes: int = 0
+    failures: int = 0
+    skipped_rounds: int = 0
+    rows_read: int = 0
+    rows_added: int = 0
+    rows_quarantined: int = 0
+
+    def add(self, outcome: ScrapeOutcome) -> None:
+        """Count one stored scrape (kept among the last :data:`KEEP_OUTCOMES`)."""
+        self.outcomes.append(outcome)
+        self.scrapes += 1
+        self.rows_read += outcome.summary.rows_read
+        self.rows_added += outcome.summary.rows_added
+        self.rows_quarantined += outcome.summary.rows_quarantined
+
+    def fail(self, message: str) -> None:
+        """Count one failure (its message kept among the last :data:`KEEP_ERRORS`)."""
+        self.errors.append(message)
+        self.failures += 1
+
+
+#: Stored scrapes a :class:`ScrapeLoopResult` keeps (about 1 KiB each, problems included).
+KEEP_OUTCOMES = 1000
+#: Failure messages a :class:`ScrapeLoopResult` keeps.
+KEEP_ERRORS = 100
 
 
 def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
@@ -918,7 +953,8 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
                 on_scrape: Callable[[ScrapeOutcome], None] | None = None,
                 on_error: Callable[[str], None] | None = None,
                 timeout_s: float | None = None,
-                label_key: bytes | None | str = CONFIGURED_KEY) -> ScrapeLoopResult:
+                label_key: bytes | None | str = CONFIGURED_KEY,
+                lock_timeout_s: float | None = None) -> ScrapeLoopResult:
     """Scrape every source every ``every_s`` seconds until stopped.
 
     Each round reads every source over HTTP first, then stores each scrape in its own short
@@ -937,6 +973,10 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
         timeout_s: HTTP timeout (default ``min(10, every_s)``).
         label_key: as in :func:`ingest_exposition`; read once before the first round, so a
             key file is not re-read every scrape (a key rotated on disk needs a restart).
+        lock_timeout_s: how long a round waits for the database lock before it skips its
+            store (reported through ``on_error``, counted in ``skipped_rounds``); default
+            ``every_s`` (at least 1 s, at most 30 s), so a long write elsewhere costs rounds,
+            never the loop.
 
     Returns:
         A :class:`ScrapeLoopResult`.
@@ -953,6 +993,8 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
     key = _label_key(label_key)
     stop = stop or threading.Event()
     result = ScrapeLoopResult()
+    lock_s = min(DEFAULT_LOCK_TIMEOUT_S, max(1.0, every_s)) if lock_timeout_s is None \
+        else lock_timeout_s
     t0 = time.monotonic()
     k = 0
     with httpx.Client() as client:
@@ -963,17 +1005,27 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
                         raw = read_source(source, client=client,
                                           timeout_s=timeout_s or min(10.0, every_s))
                     except SourceUnavailable as exc:
-                        result.errors.append(str(exc))
+                        result.fail(str(exc))
                         if on_error:
                             on_error(str(exc))
                         continue
                     read = fetch_samples(raw.text, label_key=key, location=source,
                                          instance=instance or raw.default_instance,
                                          ts_unix_s=raw.ts_unix_s)
-                    with store_db.writer(db_path) as con:
-                        outcome = ScrapeOutcome(save_samples(con, read, kind=raw.kind),
-                                                read.problems)
-                    result.outcomes.append(outcome)
+                    try:
+                        with store_db.writer(db_path, lock_timeout_s=lock_s) as con:
+                            outcome = ScrapeOutcome(save_samples(con, read, kind=raw.kind),
+                                                    read.problems)
+                    except StoreLocked as exc:
+                        # another writer holds the file: this round's scrape is dropped, the
+                        # next round scrapes again (counters are cumulative: nothing is lost)
+                        message = f"{source}: round skipped: {exc}"
+                        result.fail(message)
+                        result.skipped_rounds += 1
+                        if on_error:
+                            on_error(message)
+                        continue
+                    result.add(outcome)
                     if on_scrape:
                         on_scrape(outcome)
                 result.rounds += 1

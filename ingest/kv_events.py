@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -366,6 +367,38 @@ def _frames(frames: list[bytes], from_replay: bool) -> tuple[str | None, bytes, 
     return (topic.decode("utf-8", "replace") if topic is not None else None), seq_b, payload
 
 
+#: Batch keys ``(seq, ts)`` remembered to count distinct batches (a replayed batch seen again
+#: within this many batches is not counted twice). Bounded: the subscriber runs for months.
+RECENT_BATCHES = 65_536
+#: Quarantined messages kept for the returned outcome (every one is stored and counted).
+KEEP_PROBLEMS = 100
+#: Buffered rows that force a flush before ``flush_interval_s`` (bounds memory in a burst).
+FLUSH_ROWS = 50_000
+
+
+class RecentKeys:
+    """A set of the last ``maxlen`` keys added, with the count of distinct keys ever added
+    (a key older than the window counts again when it returns). Memory: O(maxlen)."""
+
+    def __init__(self, maxlen: int):
+        self.maxlen = maxlen
+        self.distinct = 0
+        self._order: deque = deque()
+        self._keys: set = set()
+
+    def add(self, key: object) -> None:
+        if key in self._keys:
+            return
+        self.distinct += 1
+        self._keys.add(key)
+        self._order.append(key)
+        if len(self._order) > self.maxlen:
+            self._keys.discard(self._order.popleft())
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None,
               bind: bool = False, topic: str = "", instance: str | None = None,
               max_seconds: float | None = None, max_batches: int | None = None,
@@ -409,8 +442,8 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
     replay = None
     pending: list[tuple] = []
     problems: list[Quarantined] = []
-    all_problems: list[Quarantined] = []
-    seen: set[tuple[int, float]] = set()
+    all_problems: deque[Quarantined] = deque(maxlen=KEEP_PROBLEMS)  # the first ones
+    seen = RecentKeys(RECENT_BATCHES)
     totals = [0, 0, 0, 0]  # read, added, duplicate, quarantined
     state = {"last_seq": None, "msg_no": 0}
     t0 = time.monotonic()
@@ -427,7 +460,9 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
         totals[1] += s.rows_added
         totals[2] += s.rows_duplicate
         totals[3] += s.rows_quarantined
-        all_problems.extend(problems)
+        room = KEEP_PROBLEMS - len(all_problems)
+        if room > 0:
+            all_problems.extend(problems[:room])
         pending, problems = [], []
 
     def request_replay(start_seq: int) -> None:
@@ -451,9 +486,13 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
                                    source_id=source_id)
         except BadBatch as exc:
             problems.append(Quarantined(endpoint, state["msg_no"], exc.reason, exc.field))
+            if len(problems) >= FLUSH_ROWS:
+                flush()
             return
         pending.extend(rows)
         seen.add((seq, float(batch[0])))
+        if len(pending) >= FLUSH_ROWS:
+            flush()  # a burst never piles up more than this many rows in memory
         if not from_replay:
             last = state["last_seq"]
             if last is not None and seq > last + 1:
@@ -478,7 +517,7 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
             now = time.monotonic()
             if max_seconds is not None and now - t0 >= max_seconds:
                 break
-            if max_batches is not None and len(seen) >= max_batches:
+            if max_batches is not None and seen.distinct >= max_batches:
                 break
             events = dict(poller.poll(timeout=100))
             if sub in events:
@@ -488,7 +527,7 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
             if time.monotonic() - last_flush >= flush_interval_s:
                 flush()
                 last_flush = time.monotonic()
-            if not hinted and not seen and time.monotonic() - t0 >= hint_after_s:
+            if not hinted and not seen.distinct and time.monotonic() - t0 >= hint_after_s:
                 hinted = True
                 if on_notice:
                     on_notice(NO_EVENTS_HINT.format(endpoint=endpoint))
@@ -504,6 +543,6 @@ def subscribe(db_path: str, endpoint: str, *, replay_endpoint: str | None = None
             if replay is not None:
                 replay.close(0)
             ctx.term()
-    note = None if seen else NO_EVENTS_HINT.format(endpoint=endpoint)
+    note = None if seen.distinct else NO_EVENTS_HINT.format(endpoint=endpoint)
     summary = IngestSummary(endpoint, ZMQ_KIND, totals[0], totals[1], totals[2], totals[3], note)
     return ScrapeOutcome(summary, tuple(all_problems))

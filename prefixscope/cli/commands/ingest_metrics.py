@@ -114,9 +114,9 @@ def metrics_cmd(
             stop=stop, on_scrape=lambda o: _print_outcome(o, quiet=as_json),
             on_error=lambda m: err.print(f"error: {m}", markup=False, highlight=False))
     if as_json:
-        print_json([_outcome_json(o) for o in result.outcomes])
-    if not any(o.summary.rows_read > 0 for o in result.outcomes):
-        raise nothing_error(result.outcomes, result.errors)
+        print_json([_outcome_json(o) for o in result.outcomes])  # the last 1,000 scrapes
+    if result.rows_read == 0:
+        raise nothing_error(list(result.outcomes), list(result.errors))
 
 
 def prometheus_cmd(
