@@ -80,7 +80,7 @@ from prefixscope.gateway.config import GatewayConfig
 from prefixscope.gateway.logs import JsonlLog
 from prefixscope.gateway.metrics import GatewayMetrics
 from prefixscope.gateway.prompt import BadBody, extract
-from prefixscope.gateway.store import StoredObject
+from prefixscope.gateway.store import STORE_ERRORS, StoredObject
 from prefixscope.gateway.upstream import ModelInfo, discover
 from prefixscope.ingest.usage_shapes import normalise_usage
 
@@ -267,8 +267,11 @@ class Gateway:
         return JSONResponse({"status": "ok", "models": sorted(self.models)})
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        self.metrics.permits.set(await self.store.permits_in_flight())
-        self.metrics.cache_epoch.set((await self.store.generation()).cache_epoch)
+        try:
+            self.metrics.permits.set(await self.store.permits_in_flight())
+            self.metrics.cache_epoch.set((await self.store.generation()).cache_epoch)
+        except STORE_ERRORS:  # the gauges keep their last values; the counters still answer
+            self.metrics.upstream_errors.labels("store").inc()
         return Response(self.metrics.exposition(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -290,6 +293,14 @@ class Gateway:
     # ------------------------------------------------------------------ admin
 
     async def admin(self, request: Request) -> Response:
+        try:
+            return await self._admin(request)
+        except STORE_ERRORS:
+            self.metrics.upstream_errors.labels("store").inc()
+            return _error(503, "store_unavailable", "the shared store did not answer; check "
+                          "GET /admin/state before retrying")
+
+    async def _admin(self, request: Request) -> Response:
         if self.admin_token is None:
             return _error(404, "not_found", "admin endpoints are off (no admin_token_file)")
         host = _client_host(request)
@@ -406,6 +417,22 @@ class Gateway:
                                 if len(model) <= 200 else "model is not served by any upstream")
         call.model = model
         call.block_size = info.block_size
+        call.client_salt = "cache_salt" in body
+        try:
+            await self._decide(request, call, body, prompt, info)
+        except STORE_ERRORS:  # the shared store failed: fail closed, no cached KV
+            self.metrics.upstream_errors.labels("store").inc()
+            call.decision = Decision("reject", "authorization_epoch", ("authorization_epoch",))
+            call.expected = call.candidate = None
+            call.register = []
+            call.salt_applied = False
+            body["cache_salt"] = f"ps1-iso-{self._id_prefix}-{call.rid}"
+        return body, info
+
+    async def _decide(self, request: Request, call: _Call, body: dict, prompt, info: ModelInfo
+                      ) -> None:
+        """Steps 3-5 (identity, lookup, acceptance, permit, salt); sets ``body["cache_salt"]``.
+        Raises whatever the store raises (the caller fails closed)."""
         gen = await self.store.generation()
         tools = list(prompt.tools)
         t_digest = toolset_digest(tools) if tools else ""
@@ -433,7 +460,7 @@ class Gateway:
         # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
         # adapter upgrade finds the old object and reports the version field (replay rule)
         key_fn = self.faults.lookup_key or lookup_key
-        keys = [key_fn(ns, f"{model}|{sha256_hex(canonical_json(msgs[:k]))}")
+        keys = [key_fn(ns, f"{info.model}|{sha256_hex(canonical_json(msgs[:k]))}")
                 for k in prompt.boundaries]
         cand, cand_k = None, None
         presented = self._handle(request)
@@ -478,7 +505,6 @@ class Gateway:
                                cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
                                generation=generation)
         call.salt_applied = not isolated
-        call.client_salt = "cache_salt" in body
         body["cache_salt"] = salt
         # registry entries: written under this request's own identity, current epoch only
         if not stale and not gen.bypass and not permit_lost:
@@ -486,7 +512,6 @@ class Gateway:
                 handle = "h-" + hmac.new(self.key, b"handle" + keys[i] + ns.encode(),
                                          hashlib.sha256).hexdigest()[:32]
                 call.register.append((keys[i], StoredObject(expected[i], 0, call.rid, handle)))
-        return body, info
 
     def _handle(self, request: Request) -> str | None:
         h = request.headers.get(HANDLE_HEADER)
@@ -641,25 +666,29 @@ class Gateway:
             return
         call.finished = True
         self.in_flight -= 1
-        try:
-            if call.permit:
+        if call.permit:
+            call.permit = False
+            try:
                 await self.store.release_permit()
-                call.permit = False
-            norm = None
-            if call.usage is not None:
-                try:
-                    norm = normalise_usage({"usage": call.usage, "endpoint": call.endpoint})
-                except Exception:  # noqa: BLE001 (an odd usage object is logged without counts)
-                    norm = None
-            prompt_tokens = norm.prompt_tokens if norm is not None else None
-            cached = norm.cached_tokens if norm is not None else None
-            ok = call.error is None and call.status == 200 and norm is not None
-            if ok and call.register:
-                await self.store.put([(k, StoredObject(o.identity, prompt_tokens or 0, o.request_id,
-                                                       o.handle)) for k, o in call.register])
-            self._write_records(call, prompt_tokens, cached, norm is not None)
-        finally:
-            pass
+            except STORE_ERRORS:  # the records below must still be written
+                self.metrics.upstream_errors.labels("store").inc()
+        norm = None
+        if call.usage is not None:
+            try:
+                norm = normalise_usage({"usage": call.usage, "endpoint": call.endpoint})
+            except Exception:  # noqa: BLE001 (an odd usage object is logged without counts)
+                norm = None
+        prompt_tokens = norm.prompt_tokens if norm is not None else None
+        cached = norm.cached_tokens if norm is not None else None
+        ok = call.error is None and call.status == 200 and norm is not None
+        if ok and call.register:
+            try:
+                await self.store.put([(k, StoredObject(o.identity, prompt_tokens or 0,
+                                                       o.request_id, o.handle))
+                                      for k, o in call.register])
+            except STORE_ERRORS:  # a lost entry is a later miss, never a hit
+                self.metrics.upstream_errors.labels("store").inc()
+        self._write_records(call, prompt_tokens, cached, norm is not None)
 
     def _write_records(self, call: _Call, prompt_tokens: int | None, cached: int | None,
                        has_usage: bool) -> None:

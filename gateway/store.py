@@ -33,6 +33,14 @@ from prefixscope.core.identity import AuthorizationGate, CacheIdentity
 
 INITIAL_EPOCH = 1
 
+try:
+    from redis.exceptions import RedisError
+except ImportError:  # pragma: no cover - redis is a dependency
+    RedisError = OSError  # type: ignore[misc,assignment]
+
+#: What a failing shared store raises (the gateway then fails closed: no cached KV).
+STORE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError)
+
 
 @dataclass(frozen=True, slots=True)
 class StoredObject:

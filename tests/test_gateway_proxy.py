@@ -318,3 +318,25 @@ def test_two_replicas_share_registry_and_gate_in_redis(tmp_path, upstream):
         assert two_dec == [("accept", None), ("reject", "authorization_epoch")]
     finally:
         redis.stop()
+
+
+def test_a_failed_shared_store_fails_closed(tmp_path, upstream):
+    """Redis gone: the request is still answered, forwarded isolated (no cached KV without a
+    permit), and its decision says so; the records are written."""
+    from tests.gateway_support import RedisServer
+
+    app, control = upstream
+    redis = RedisServer(tmp_path / "redis")
+    gw = _gateway(tmp_path, app.url, store=redis.url)
+    redis.stop()
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers_for("acme"),
+                   timeout=30)
+    assert r.status_code == 200
+    assert control.requests[-1]["cache_salt"].startswith("ps1-iso-")
+    assert 'prefixscope_gateway_upstream_errors_total{kind="store"}' in httpx.get(
+        gw.url + "/metrics", timeout=10).text
+    gw.stop()
+    usage, decisions = _records(tmp_path)
+    assert len(usage) == 1
+    assert [(d["decision"], d["first_mismatch"], d["salt_applied"]) for d in decisions] == [
+        ("reject", "authorization_epoch", False)]
