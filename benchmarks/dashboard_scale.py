@@ -123,17 +123,22 @@ def _group_rss_bytes(pgid: int) -> int:
 
 
 def _server_pgid(port: int) -> int | None:
-    """The process group of the ``prefixscope dashboard`` listening on ``port``."""
+    """The process group of the dashboard server listening on ``port`` (``prefixscope
+    dashboard`` runs Streamlit in its own session: the group holds every process of it)."""
+    needle = str(port).encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if any(b"prefixscope" in c for c in cmd[:2]) and b"dashboard" in cmd and \
-                str(port).encode() in cmd:
-            return os.getpgid(int(pid))
+        if needle in cmd and (b"streamlit" in cmd or b"prefixscope" in cmd) \
+                and b"chromium" not in cmd:
+            try:
+                return os.getpgid(int(pid))
+            except ProcessLookupError:
+                continue
     return None
 
 

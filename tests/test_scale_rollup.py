@@ -97,6 +97,10 @@ def test_rollup_gives_the_raw_numbers(reqs, data):
         _same(con, start_s=T0 - 40, end_s=T0 + 7260)  # aligned to minutes
         _same(con, start_s=start, models=["m2"], run_ids=[""], instances=["b"])
         _same(con, start_s=0.0, end_s=60.0)  # a range with no data
+        from_rollup = q.request_filter_values(con)
+        con.execute("DELETE FROM request_rollup_1m")  # not current: read from requests
+        assert not rows or not q.rollup_current(con)
+        assert q.request_filter_values(con) == from_rollup
     finally:
         con.close()
 
