@@ -198,7 +198,7 @@ def diagnose_cmd(
                                         help="Levels of breakers to look for.")] = 3,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Directory for suggested-layout.yaml and breakers.json "
-                      "(default out/diagnose/<time>).")] = None,
+                      "(default out/replay/diagnose-<trace>-<time>Z-<hex>).")] = None,
     ingest: IngestOption = False,
     db: DbOption = DB_DEFAULT,
     as_json: JsonOption = False,
@@ -268,7 +268,9 @@ def diagnose_cmd(
         raise NothingIngested(f"{trace}: no usable requests; {len(d.base.problems)} records "
                               f"skipped{first}")
     price = _price(model or "replay-sim", prices)
-    outd = out_dir or Path("out") / "diagnose" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    from prefixscope.replay.run_ids import default_run_dir, new_run_id
+
+    outd = out_dir or default_run_dir(new_run_id("diagnose", Path(str(trace)).stem))
     layout_path = None
     if d.suggested_layout is not None:
         outd.mkdir(parents=True, exist_ok=True)
