@@ -44,6 +44,9 @@ from prefixscope.store.queries.decisions import (  # the column orders are re-ex
 )
 
 KIND = "decisions"
+#: Bytes of lines per transaction (each commits its rows, quarantine entries and checkpoint,
+#: so a large file never holds one write transaction for long; about 10,000 decisions).
+BATCH_BYTES = 4 << 20
 FORMAT_VERSION = 1
 
 #: Version events a decision log (or a replay trace) may carry.
@@ -274,7 +277,7 @@ def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | o
 
     result = ingest_jsonl_tail(con, location, kind=KIND,
                                parse_chunk=line_parser(one_line, location=location),
-                               insert=_insert_tagged)
+                               insert=_insert_tagged, batch_bytes=BATCH_BYTES)
     summary = result.summary
     if summary.rows_quarantined and not summary.rows_read:
         first = result.problems[0]

@@ -55,6 +55,9 @@ from prefixscope.core.bounds import COUNT_RANGE, ID_TOO_LONG, TIME_RANGE, count_
 from prefixscope.core.errors import NOT_JSON, NothingIngested, SourceUnavailable, invalid_json_reason
 
 FILE_KIND = "kv-events-file"
+#: Bytes of capture lines per transaction (rows, quarantine entries and checkpoint commit
+#: together), so a large capture never holds one write transaction for long.
+BATCH_BYTES = 4 << 20
 ZMQ_KIND = "kv-events-zmq"
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -322,7 +325,8 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: str, *,
 
     result = ingest_jsonl_tail(con, path, kind=FILE_KIND,
                                parse_chunk=line_parser(one_line, location=path),
-                               insert=_insert, note=_no_batches_note, note_on_source=True)
+                               insert=_insert, note=_no_batches_note, note_on_source=True,
+                               batch_bytes=BATCH_BYTES)
     return result.summary, result.problems
 
 

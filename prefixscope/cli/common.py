@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from prefixscope.core.bounds import escape_control
 from prefixscope.core.config import DEFAULT_DB_PATH
 
 DbOption = Annotated[
@@ -24,8 +25,34 @@ DB_DEFAULT = DEFAULT_DB_PATH
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+class SafeConsole(Console):
+    """A rich Console that never passes control characters of the data to the terminal: text
+    arguments and the cells, title and caption of a Table are shown with ANSI escapes, BEL, CR
+    and the like as ``\\x1b``-style escapes (:func:`prefixscope.core.bounds.escape_control`);
+    rich's own styling is unaffected."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
+        super().print(*(safe_renderable(o) for o in objects), **kwargs)
+
+
+def safe_renderable(obj: Any) -> Any:
+    """``obj`` with the control characters of its text escaped (strings and Tables; other
+    renderables are returned as they are)."""
+    from rich.table import Table
+
+    if isinstance(obj, str):
+        return escape_control(obj)
+    if isinstance(obj, Table):
+        for column in obj.columns:
+            column.header = safe_renderable(column.header)
+            column._cells = [safe_renderable(c) for c in column._cells]
+        obj.title = safe_renderable(obj.title) if obj.title is not None else None
+        obj.caption = safe_renderable(obj.caption) if obj.caption is not None else None
+    return obj
+
+
+out = SafeConsole(soft_wrap=True)
+err = SafeConsole(stderr=True, soft_wrap=True)
 
 
 def count_noun(n: int, noun: str) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from prefixscope.cli.options import AllRunsOption
-from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, out, print_json
+from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, SafeConsole, out, print_json
 from prefixscope.core.errors import UsageError
 from prefixscope.core.times import format_time, parse_duration, parse_time
 
@@ -276,11 +276,9 @@ def _print_table(rows: list[dict[str, Any]], cols: tuple[str, ...], source: Sour
     for window, labels, figures, notes in body:
         table.add_row(window, *labels, *figures, *([notes] if notes_column else []))
     if needed > out.width:
-        from rich.console import Console
-
         # Console.print caps width= at the console's own width: a console of the needed width
         # on the same stream prints the whole table (the terminal wraps the long lines).
-        Console(file=out.file, width=needed, color_system=out.color_system,
+        SafeConsole(file=out.file, width=needed, color_system=out.color_system,
                 force_terminal=out.is_terminal, soft_wrap=True).print(table, crop=False)
     else:
         out.print(table)
