@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,17 @@ def world(tmp_path_factory):
     (inputs / "scrape.prom").write_text(
         real + '\n# TYPE vllm:prefix_cache_hits_total counter\n'
         'vllm:prefix_cache_hits_total{engine="0",model_name="tiny-llama-random",'
-        'tenant="acme-corp"} 96.0\n', encoding="utf-8")
+        'tenant="acme-corp"} 96.0\n'
+        # issue 12: cache_config_info labels are screened; malformed lines and # TYPE names
+        # carrying a tenant id never reach quarantine.field or a message
+        'vllm:cache_config_info{block_size="32",tenant="initech"} 1.0\n'
+        'acme-corp_requests{tenant="globex" 1\n'
+        '# TYPE ivan\n', encoding="utf-8")
+    # with an HMAC key configured, a cache_config_info tenant label is kept only as a digest
+    (inputs / "keyed.prom").write_text(
+        '# TYPE vllm:cache_config_info gauge\n'
+        'vllm:cache_config_info{block_size="16",engine="0",tenant="gina"} 1.0\n',
+        encoding="utf-8")
     # usage lines: OpenAI user field, metadata, the request messages, the response text
     usage = []
     for i, tenant in enumerate(TENANT_IDS[:3]):
@@ -140,6 +151,7 @@ def world(tmp_path_factory):
            "candidate_cached_tokens": 0, "accepted_cached_tokens": 0}
     (inputs / "decisions.jsonl").write_text("\n".join(json.dumps(x) for x in [
         dec, dict(dec, request_id="x1", tenant="acme-corp"),
+        dict(dec, request_id="x6", globex=1),  # a key that is itself a tenant id
         dict(dec, request_id="x2", namespace_digest="acme-corp"),
         dict(dec, request_id="x3", decision="acme-corp"),
         dict(dec, request_id="x4", reasons=["globex"]),
@@ -151,7 +163,10 @@ def world(tmp_path_factory):
     for ev in rec["payload"][1]:
         if ev.get("type") == "BlockStored":
             ev["extra_keys"] = [["acme-corp"]] + [None] * (len(ev["block_hashes"]) - 1)
-    (inputs / "kv.jsonl").write_text(json.dumps(rec) + "\n")
+    bad_type = {"seq": 900, "payload": [1795961090.5, [{"type": "iris", "block_hashes": [1]}], 0]}
+    bad_array = {"seq": 901, "payload": [1795961090.6, [["acme-corp", [1, 2]]], 0]}
+    (inputs / "kv.jsonl").write_text("\n".join(json.dumps(x) for x in (rec, bad_type, bad_array))
+                                     + "\n")
     # a chat trace for replay sim: OpenAI user fields, a naive salt, prompt text
     (inputs / "chat.jsonl").write_text("\n".join(json.dumps({
         "request_id": f"s{i}", "timestamp": i, "user": TENANT_IDS[i % 3],
@@ -185,13 +200,22 @@ def world(tmp_path_factory):
                      "--out", outputs / "sim", "--run-id", "sim-privacy"]),
             ("gateway", ["replay", "gateway", MT / "trace.jsonl", "--hmac-key-file", key,
                          "--out", outputs / "gateway", "--run-id", "gw-privacy"]),
+            ("metrics keyed", ["ingest", "metrics", inputs / "keyed.prom", "--instance", "p",
+                               "--at", "1795960920"]),
             ("hitrate", ["hitrate", "--by", "scope", "--source", "requests", "--json"]),
             ("db info", ["db", "info"]),
         ]:
             o, e = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-                assert _has_command(args), f"prefixscope {name}: no such command"
-                codes[name] = run([str(a) for a in args] + ["--db", db])
+            keyed = name == "metrics keyed"
+            if keyed:
+                os.environ["PREFIXSCOPE_HMAC_KEY_FILE"] = str(key)
+            try:
+                with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+                    assert _has_command(args), f"prefixscope {name}: no such command"
+                    codes[name] = run([str(a) for a in args] + ["--db", db])
+            finally:
+                if keyed:
+                    del os.environ["PREFIXSCOPE_HMAC_KEY_FILE"]
             captured += [o.getvalue(), e.getvalue()]
     finally:
         root_logger.removeHandler(handler)
@@ -209,7 +233,11 @@ def test_every_path_ran(world):
                            ).fetchone()[0] == 307
         assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] >= 6
     # every source kind the world pushed through was stored (counts: the bundled inputs)
-    assert n == {"kv-events-file": 20, "metrics-file": 1268, "requests": 314, "decisions": 316}, n
+    assert n == {"kv-events-file": 20, "metrics-file": 1269, "requests": 314, "decisions": 316}, n
+    with store_db.reader(world["db"]) as con:  # the keyed cache_config_info: a digest only
+        [labels] = con.execute("SELECT labels FROM metric_samples WHERE metric = "
+                               "'vllm:cache_config_info' AND labels LIKE '%tenant%'").fetchone()
+    assert json.loads(labels)["tenant"].startswith("hmac:")
 
 
 #: Leaks found in modules this test does not own, each pinned by the strict xfail below (it
@@ -240,3 +268,35 @@ def test_no_tenant_id_in_any_metric_label(world):
 
 def test_no_tenant_id_or_prompt_text_in_analytics_outputs(world):
     assert _scan_files(world["outputs"]) == {}
+
+
+def _page_texts(at) -> list[str]:
+    """Every text an AppTest run shows: headings, markdown, captions, alerts, metrics, tables,
+    data frames (every cell), JSON and chart specs."""
+    out: list[str] = []
+    for kind in ("title", "header", "subheader", "markdown", "caption", "text", "code", "info",
+                 "warning", "error", "success", "exception"):
+        out += [str(e.value) for e in getattr(at, kind)]
+    out += [f"{m.label} {m.value}" for m in at.metric]
+    for kind in ("dataframe", "table"):
+        out += [e.value.to_csv() for e in getattr(at, kind)]
+    out += [str(e.proto.spec) for e in at.get("plotly_chart")]
+    out += [str(e.value) for e in at.json]
+    return out
+
+
+def test_no_tenant_id_or_prompt_text_on_any_dashboard_page(world, monkeypatch):
+    """Every page of the dashboard (the Data sources page lists each quarantined line) on the
+    world's database, in the widest time range."""
+    from tests import dashboard_support as ds
+
+    monkeypatch.setenv("PREFIXSCOPE_DB", world["db"])
+    seen = []
+    for rel, title, _icon in ds.page_entries():
+        at = ds.run_app(world["db"], rel, setup=lambda at: at.radio(key="filter_range")
+                        .set_value("all"))
+        texts = _page_texts(at)
+        seen.append((title, len(texts)))
+        leaks = [(_find(t), t[:200]) for t in texts if _find(t)]
+        assert leaks == [], f"{title}: {leaks}"
+    assert len(seen) >= 5 and all(n for _, n in seen), seen
