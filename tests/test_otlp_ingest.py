@@ -410,3 +410,45 @@ def test_chunked_body_is_read_and_an_empty_one_refused(tmp_path):
     assert resp.status_code == 200 and empty.status_code == 411
     assert stats["spans_added"] == 1
     assert _rows(db)["chatcmpl-otel-1"][4] == 1200
+
+
+def test_requests_beyond_max_pending_get_429_and_the_waiting_ones_land(tmp_path):
+    """With the store locked, requests wait for it (up to --lock-timeout); one more than
+    --max-pending is answered 429 at once with Retry-After; once the lock is released the
+    waiting ones are stored and answered 200."""
+    import httpx
+
+    db = str(tmp_path / "busy.duckdb")
+    with store_db.writer(db):
+        pass
+    listener = Listener(db, tmp_path, "--lock-timeout", "60", "--max-pending", "2")
+    bodies = []
+    for i in range(3):
+        memory = InMemorySpanExporter()
+        _emit([memory], [(f"chat {i}", {"gen_ai.usage.input_tokens": 10 + i,
+                                        "gen_ai.usage.output_tokens": 1,
+                                        "gen_ai.response.id": f"busy-{i}"})])
+        bodies.append(encode_spans(memory.get_finished_spans()).SerializeToString())
+    holder = duckdb.connect(db)
+    answers: dict[int, httpx.Response] = {}
+
+    def post(i):
+        answers[i] = httpx.post(listener.endpoint, content=bodies[i], timeout=120,
+                                headers={"Content-Type": "application/x-protobuf"})
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        listener.wait_for_text("429 127.0.0.1")  # the third in line, answered at once
+        holder.close()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        stats = listener.stop()
+    codes = sorted(r.status_code for r in answers.values())
+    assert codes == [200, 200, 429]
+    (busy,) = [r for r in answers.values() if r.status_code == 429]
+    assert busy.headers["Retry-After"] == "1"
+    assert stats["answered_429"] == 1 and stats["spans_added"] == 2
+    assert len(_rows(db)) == 2

@@ -70,6 +70,9 @@ def otlp_cmd(
     lock_timeout: Annotated[float, typer.Option(
         "--lock-timeout", help="--listen: seconds a request waits for the store's lock "
         "before answering 503 (the exporter retries).")] = 2.0,
+    max_pending: Annotated[int, typer.Option(
+        "--max-pending", min=1, help="--listen: requests that may wait for the store; one "
+        "more is answered 429 (the exporter retries).")] = 8,
     db: DbOption = DB_DEFAULT,
     as_json: JsonOption = False,
 ) -> None:
@@ -99,7 +102,7 @@ def otlp_cmd(
     opts = SpanOptions(run_id=run_id or "", instance=instance, input_rule=input_rule,
                        tenant_digester=tenant_digester(hmac_key_file))
     if listen:
-        _listen(db, listen, opts, lock_timeout, as_json)
+        _listen(db, listen, opts, lock_timeout, as_json, max_pending)
         return
     _files(db, files or [], opts, as_json)
 
@@ -138,12 +141,14 @@ def ingest_and_report(db: str, files: list[str], ingest_one, as_json: bool, *,
         raise NothingIngested(f"no request could be read: {why}")
 
 
-def _listen(db: str, listen: str, opts, lock_timeout: float, as_json: bool) -> None:
+def _listen(db: str, listen: str, opts, lock_timeout: float, as_json: bool,
+            max_pending: int = 8) -> None:
     from prefixscope.ingest.otlp_http import OtlpReceiver
 
     host, port = _host_port(listen)
     try:
-        receiver = OtlpReceiver(db, host=host, port=port, opts=opts, lock_timeout_s=lock_timeout)
+        receiver = OtlpReceiver(db, host=host, port=port, opts=opts, lock_timeout_s=lock_timeout,
+                                max_pending=max_pending)
     except OSError as exc:
         raise UsageError(f"--listen {listen}: cannot listen: {exc.strerror or exc}") from None
     err.print(f"receiving OTLP/HTTP traces on {receiver.url} into {db} (Ctrl-C stops)",
