@@ -101,8 +101,9 @@ def read_jsonl(path: Path) -> list[dict]:
 # --------------------------------------------------------------------------- loopback upstream
 
 class UpstreamControl:
-    """Switches of the loopback upstream: ``mode`` = ``ok``, ``hang`` (never answers) or
-    ``drop`` (a stream closes after two events); ``requests`` = bodies received."""
+    """Switches of the loopback upstream: ``mode`` = ``ok``, ``hang`` (never answers),
+    ``drop`` (a stream closes after two events) or ``stall`` (a stream stops sending after two
+    events, connection open); ``requests`` = bodies received."""
 
     def __init__(self) -> None:
         self.mode = "ok"
@@ -151,6 +152,8 @@ def loopback_upstream_app(control: UpstreamControl, *, model: str = "tiny-llama-
                                                   "content": f"t{i}"}}]}) + "\n\n").encode()
                 if control.mode == "drop" and i == 1:
                     raise RuntimeError("dropped")  # the server aborts the connection
+                if control.mode == "stall" and i == 1:
+                    await asyncio.sleep(3600)  # the stream stops mid-way, connection open
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield ("data: " + json.dumps({"id": "cmpl-1", "object": obj + ".chunk",
                                               "choices": [], "usage": usage}) + "\n\n").encode()

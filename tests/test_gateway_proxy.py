@@ -176,6 +176,20 @@ def test_upstream_dropping_mid_stream_ends_with_an_error_event(tmp_path, upstrea
     assert usage == [] and [d["error"] for d in decisions] == ["upstream_dropped"]
 
 
+def test_upstream_stalling_mid_stream_ends_with_a_timeout_event(tmp_path, upstream, gateway):
+    app, control = upstream
+    control.mode = "stall"
+    t0 = time.monotonic()
+    r = httpx.post(gateway.url + "/v1/chat/completions", json=dict(CHAT, stream=True),
+                   headers=headers_for("acme"), timeout=30)
+    assert time.monotonic() - t0 < 10  # read_timeout_s = 1 s between bytes, never a hang
+    assert r.status_code == 200 and b'"code": "upstream_timeout"' in r.content
+    assert gateway.admin("/admin/state")["permits_in_flight"] == 0
+    gateway.stop()
+    usage, decisions = _records(tmp_path)
+    assert usage == [] and [d["error"] for d in decisions] == ["upstream_timeout"]
+
+
 def test_unreachable_upstream_is_a_502_with_a_reason(tmp_path, upstream):
     app, _ = upstream
     gw = _gateway(tmp_path, app.url)
@@ -340,3 +354,40 @@ def test_a_failed_shared_store_fails_closed(tmp_path, upstream):
     assert len(usage) == 1
     assert [(d["decision"], d["first_mismatch"], d["salt_applied"]) for d in decisions] == [
         ("reject", "authorization_epoch", False)]
+
+
+def test_shadow_mode_logs_candidate_hits_but_reuses_nothing(tmp_path, upstream):
+    app, control = upstream
+    gw = _gateway(tmp_path, app.url, mode="shadow")
+    for _ in range(2):
+        httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers_for("acme"),
+                   timeout=10)
+    salts = [b["cache_salt"] for b in control.requests[-2:]]
+    gw.stop()
+    _, decisions = _records(tmp_path)
+    assert all(x.startswith("ps1-iso-") for x in salts) and salts[0] != salts[1]
+    assert [(d["decision"], d["salt_applied"]) for d in decisions] == [("miss", False),
+                                                                      ("accept", False)]
+
+
+def test_public_scope_only_for_inventory_prompts_until_stopped(tmp_path, upstream):
+    from prefixscope.core.identity import message_digest
+
+    app, control = upstream
+    inv = tmp_path / "inventory.txt"
+    inv.write_text("".join(f"sha256:{message_digest(m)} approved\n" for m in CHAT["messages"]))
+    gw = _gateway(tmp_path, app.url, mode="public", inventory_file=str(inv))
+    private = dict(CHAT, messages=CHAT["messages"][:1] + [{"role": "user", "content": "mine"}])
+    for tenant, body in (("acme", CHAT), ("globex", CHAT), ("acme", private)):
+        httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers_for(tenant),
+                   timeout=10)
+    gw.admin("/admin/public/stop")
+    httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers_for("acme"),
+               timeout=10)
+    salts = [b["cache_salt"] for b in control.requests[-4:]]
+    gw.stop()
+    _, decisions = _records(tmp_path)
+    d = [x for x in decisions if x["record"] == "decision"]
+    assert [x["scope"] for x in d] == ["PUBLIC", "PUBLIC", "TENANT", "TENANT"]
+    assert [x["decision"] for x in d[:2]] == ["miss", "accept"]  # B reuses the public prefix
+    assert salts[0] == salts[1] != salts[2] == salts[3]  # one public salt; then acme's own
