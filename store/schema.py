@@ -9,7 +9,7 @@ Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
 9 requests digest key, 10-19 counts you can trust (issue 11: metric_samples keyed by run),
-30-39 diagnose (issue 13: diagnoses and breakers),
+20-29 hostile input (issue 12; none used yet), 30-39 diagnose (issue 13: diagnoses and breakers),
 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency),
 70-79 production scale (issue 17: stored counter increases, rollups, retention). Columns documented in
 ``docs/schema.md``.
