@@ -427,7 +427,7 @@ class Attributor:
         start = ci
         while start > 0 and _WORDCH.match(new_line[start - 1]):
             start -= 1
-        a.fix_hint = (new_line[:start], new_line, old_line)
+        a.fix_hint = (_stable_prefix(new_line[:start]), new_line, old_line)
         if a.kind == "reordered_content":
             a.detail = "lines present in both versions, in another order"
         if self.with_context is not None and a.request_id == self.with_context:
@@ -489,6 +489,23 @@ def _same_after(r: Rendered, e: Struct, i: int, col: int, block_size: int) -> bo
         return (str(nxt.get("role")), str(nxt.get("content") or "")) == e.messages[i + 1] \
             and bool(e.messages[i + 1][1])
     return False
+
+
+_WEEKDAY = r"(?:Mon|Tues?|Wed(?:nes)?|Thu(?:rs)?|Fri|Sat(?:ur)?|Sun)(?:day)?"
+_MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
+          r"|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)")
+_VOLATILE_TAIL = re.compile(rf"(?:\b{_WEEKDAY}\b|\b{_MONTH}\b|\b\d[\d:./T-]*)[\s,:./T-]*$")
+
+
+def _stable_prefix(prefix: str) -> str:
+    """``prefix`` (the text of a line before its differing word) without the date, time or
+    number parts at its end: "Current time: 2026-11-30 " becomes "Current time: " when only the
+    seconds differed in this log, so that the suggested pattern still matches tomorrow."""
+    while True:
+        m = _VOLATILE_TAIL.search(prefix)
+        if m is None or m.start() == len(prefix):
+            return prefix
+        prefix = prefix[:m.start()]
 
 
 def _common_prefix(a: str, b: str) -> str:

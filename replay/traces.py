@@ -50,7 +50,10 @@ from prefixscope.core.bounds import (
     BINARY_SAMPLE_BYTES,
     ID_TOO_LONG,
     MAX_ID_CHARS,
+    MAX_LINE_BYTES,
+    TOO_DEEP,
     id_ok,
+    json_too_deep,
     looks_binary,
 )
 from prefixscope.core.errors import ConfigError, SourceUnavailable, UsageError
@@ -290,15 +293,31 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     try:
         with open_text(p) as fh:
             head = fh.read(1 << 16)
+            first_line, line_no = "", 0
+            if head.strip():
+                # The first non-blank line, whole (a record may be longer than the sample),
+                # read no further than the line bound.
+                fh.seek(0)
+                while not first_line.strip():
+                    first_line = fh.readline(MAX_LINE_BYTES + 1)
+                    line_no += 1
+                    if not first_line:
+                        break
     except GZIP_ERRORS:
         raise SourceUnavailable(f"{p}: not a readable gzip file (corrupt or cut short)") from None
     stripped = head.lstrip()
     if not stripped:
         raise SourceUnavailable(f"{p}: empty file")
-    first_line = stripped.splitlines()[0]
+    fmt_hint = f"give --format ({', '.join(FORMATS[1:])})"
+    if len(first_line) > MAX_LINE_BYTES:
+        raise UsageError(f"{p}:{line_no}: cannot tell the trace format: the first record is "
+                         f"longer than {MAX_LINE_BYTES:,} bytes (1 MiB, the line bound): {fmt_hint}")
+    if json_too_deep(first_line):
+        raise UsageError(f"{p}:{line_no}: cannot tell the trace format: the first record is "
+                         f"{TOO_DEEP}: {fmt_hint}")
     try:
         obj = json.loads(first_line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         obj = None
     if obj is None and stripped.startswith("{") and '"requests"' in head:
         return "kv-cache-tester"

@@ -1,0 +1,130 @@
+"""prefixscope diagnose as a new user meets it: a support-bot log whose system prompt starts
+with a "Current time" line (all in one day, so only the seconds and minutes change) and whose
+tool list is reordered in some conversations; hostile first records that format detection
+reads (deeply nested, longer than the line bound)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+
+import pytest
+
+from prefixscope.replay.diagnose import _stable_prefix
+
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"{name.replace('_', ' ')} for the customer's order, "
+                                 "with the details the support policy asks for.",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                   "required": ["order_id"]}}}
+    for name in ("lookup_order", "refund", "escalate")]
+POLICY = "\n".join([
+    "You are Ada, the support assistant of Northwind Outfitters.",
+    "Be friendly, brief and exact. Never invent order details; use the tools.",
+    "Refunds: up to 30 days after delivery, full amount; after that, store credit only.",
+    "Shipping: standard 3-5 working days, express 1-2 working days, free above 50 EUR.",
+    "Returns: items must be unused and in the original packaging; the label is free.",
+    "Escalate to a human when the customer is angry twice or asks for a manager."] * 3)
+QUESTIONS = ["Where is my order A-{n}?", "It says delivered but I have nothing. Refund?",
+             "OK, please refund it to my card."]
+
+
+def support_log(path, days: int = 1):
+    """24 requests: 8 conversations of 3 turns; line 1 of the system prompt is the time;
+    conversations 2 and 5 send the tools in another order."""
+    start = datetime.datetime(2026, 11, 30, 9, 0, 0)
+    lines, t = [], 0.0
+    for c in range(8):
+        tools = [TOOLS[2], TOOLS[0], TOOLS[1]] if c % 3 == 2 else TOOLS
+        history: list[dict] = []
+        for turn in range(3):
+            now = start + datetime.timedelta(days=(c * days) // 8, seconds=c * 37 + turn * 11)
+            system = f"Current time: {now:%Y-%m-%d %H:%M:%S} UTC\n" + POLICY
+            msgs = [{"role": "system", "content": system}] + history + [
+                {"role": "user", "content": QUESTIONS[turn].format(n=1000 + c)}]
+            reply = f"Thanks, I checked order A-{1000 + c}. Ada, Northwind support."
+            lines.append({"t": t, "request_id": f"sup-{c:02d}-{turn}",
+                          "conversation": f"sup-{c:02d}", "messages": msgs, "tools": tools,
+                          "response_text": reply})
+            history = msgs[1:] + [{"role": "assistant", "content": reply}]
+            t += 3.0
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def test_support_bot_timestamp_then_reordered_tools(cli, tmp_path):
+    trace = support_log(tmp_path / "support.jsonl")
+    code, out, _ = cli(["diagnose", trace, "--out", tmp_path / "d", "--json"])
+    assert code == 0
+    doc = json.loads(out)
+    top, second = doc["breakers"][:2]
+    assert (top["level"], top["kind"], top["segment"], top["message_index"], top["role"],
+            top["line"]) == (1, "timestamp", "message", 0, "system", 1)
+    assert top["requests"] == 23
+    assert (second["level"], second["kind"], second["segment"]) == (2, "tools_reordered",
+                                                                    "tools")
+    # The suggested pattern names the stable label only: every request of this log is on
+    # 2026-11-30, and a pattern with the date in it would stop matching the next day.
+    move = doc["suggested_layout"]["transforms"][0]
+    assert (move["type"], move["pattern"]) == ("move_lines", "^Current time: ")
+    assert {"type": "sort_tools", "key": "name"} in doc["suggested_layout"]["transforms"]
+    assert doc["hit_rate"] < 0.02 and doc["what_if"]["hit_rate"] > 0.85
+    code, out, _ = cli(["replay", "sim", trace, "--layout", doc["suggested_layout"]["path"],
+                        "--out", tmp_path / "s", "--json"])
+    sim = json.loads(out)
+    assert (sim["hit_rate"], sim["cached_tokens"]) == (doc["what_if"]["hit_rate"],
+                                                       doc["what_if"]["cached_tokens"])
+
+
+def test_suggested_pattern_still_matches_another_day(cli, tmp_path):
+    """The layout suggested on one day's log gives the same hit rate on a log over 8 days."""
+    one_day = support_log(tmp_path / "day.jsonl")
+    week = support_log(tmp_path / "week.jsonl", days=8)
+    code, out, _ = cli(["diagnose", one_day, "--out", tmp_path / "d", "--json"])
+    layout = json.loads(out)["suggested_layout"]["path"]
+    code, out, _ = cli(["diagnose", week, "--out", tmp_path / "w", "--json"])
+    on_week = json.loads(out)["what_if"]
+    code, out, _ = cli(["replay", "sim", week, "--layout", layout, "--out", tmp_path / "s",
+                        "--json"])
+    assert code == 0
+    assert json.loads(out)["cached_tokens"] == on_week["cached_tokens"]
+
+
+@pytest.mark.parametrize(("prefix", "stable"), [
+    ("Current time: 2026-11-30 ", "Current time: "),
+    ("- Current date: ", "- Current date: "),
+    ("Date: Tue, 01 Dec 2026 ", "Date: "),
+    ("Now: 2026-11-30T09:", "Now: "),
+    ("Session 12 ", "Session "),
+    ("Build 42 of ", "Build 42 of "),
+    ("Market ", "Market "),
+    ("v2 ", "v2 "),
+])
+def test_stable_prefix_drops_date_and_number_tails(prefix, stable):
+    assert _stable_prefix(prefix) == stable
+
+
+def test_deeply_nested_first_record_is_one_line_not_a_traceback(cli, tmp_path):
+    path = tmp_path / "nested.jsonl"
+    path.write_text('{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n", encoding="utf-8")
+    code, out, err = cli(["diagnose", path, "--out", tmp_path / "o"])
+    assert code != 0 and "Traceback" not in err + out
+    assert re.search(rf"{re.escape(str(path))}:1: cannot tell the trace format: the first "
+                     r"record is JSON nested deeper than 64 levels: give --format", err)
+
+
+def test_first_record_over_the_line_bound_is_named(cli, tmp_path):
+    support = support_log(tmp_path / "support.jsonl").read_text(encoding="utf-8").splitlines()
+    big = json.loads(support[0])
+    big["messages"][1]["content"] = "x" * (10 << 20)
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps(big) + "\n" + support[1] + "\n", encoding="utf-8")
+    code, _, err = cli(["diagnose", path, "--out", tmp_path / "o"])
+    assert code != 0
+    assert f"{path}:1: cannot tell the trace format: the first record is longer than " \
+           "1,048,576 bytes" in err
+    code, out, err = cli(["diagnose", path, "--format", "chat", "--out", tmp_path / "o2"])
+    assert code == 0
+    assert f"{path}:1: line longer than 1,048,576 bytes (1 MiB)" in err
+    assert re.match(r"1 requests?, ", out)
