@@ -311,7 +311,14 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
         what_if = replay_totals(spec, layout=suggested)
         passes += 1
     notes = []
-    if base.shared_prefix_requests == 0 and base.summary.requests > 0:
+    s = base.summary
+    if s.rejected_requests:
+        every = "every request" if s.counted_requests == 0 and s.rejected_requests == s.requests \
+            else f"{s.rejected_requests:,} of {s.requests:,} requests"
+        notes.append(f"{every} rejected, not counted: vLLM refuses a request that needs more "
+                     "blocks than the cache holds (or is longer than --max-model-len); give a "
+                     "bigger --capacity-blocks")
+    if base.shared_prefix_requests == 0 and s.counted_requests > 0:
         notes.append("no two requests share a full block: nothing in this trace can be served "
                      "from cache at this block size")
     return Diagnosis(spec=spec, base=base, breakers=breakers, suggested_layout=suggested,

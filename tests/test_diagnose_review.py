@@ -128,3 +128,26 @@ def test_first_record_over_the_line_bound_is_named(cli, tmp_path):
     assert code == 0
     assert f"{path}:1: line longer than 1,048,576 bytes (1 MiB)" in err
     assert re.match(r"1 requests?, ", out)
+
+
+def test_a_cache_too_small_for_any_request_says_so(cli, tmp_path):
+    trace = support_log(tmp_path / "support.jsonl")
+    code, out, _ = cli(["diagnose", trace, "--capacity-blocks", "40", "--out", tmp_path / "o"])
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].startswith("every request rejected, not counted: vLLM refuses a request "
+                               "that needs more blocks than the cache holds")
+    assert "no two requests share a full block" not in out
+    code, out, _ = cli(["diagnose", trace, "--capacity-blocks", "54", "--out", tmp_path / "p",
+                        "--json"])
+    doc = json.loads(out)
+    assert 0 < doc["rejected_requests"] < doc["requests"]
+    assert doc["notes"][0].startswith(f"{doc['rejected_requests']} of 24 requests rejected")
+
+
+def test_counts_of_one_are_singular(cli, tmp_path):
+    trace = support_log(tmp_path / "support.jsonl")
+    code, out, _ = cli(["diagnose", trace, "--out", tmp_path / "o"])
+    assert code == 0
+    assert "tools: 1 request, 1 value, " in out
+    assert "not breakers: 1 request went on with content" in out

@@ -100,10 +100,15 @@ def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
     return doc
 
 
+def _n(count: int, word: str) -> str:
+    """``1 request``, ``2 requests`` (thousands separated)."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
 def _print(doc: dict[str, Any], *, no_text: bool) -> None:
     p = lambda s: out.print(s, markup=False, highlight=False)  # noqa: E731
     cap = "unbounded" if doc["capacity_blocks"] is None else f"{doc['capacity_blocks']:,} blocks"
-    p(f"{doc['requests']:,} requests, {doc['prompt_tokens']:,} prompt tokens, "
+    p(f"{_n(doc['requests'], 'request')}, {doc['prompt_tokens']:,} prompt tokens, "
       f"{doc['cached_tokens']:,} from cache ({_pct(doc['hit_rate'])}); exact model: block size "
       f"{doc['block_size']}, capacity {cap}, {doc['hash_algo']}")
     for note in doc["notes"]:
@@ -117,8 +122,8 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
     for b in doc["breakers"]:
         lost = f"{b['lost_tokens']:,} lost" + ("" if b["lost_tokens_measured"] else " (at most)")
         share = "" if b["share"] is None else f", {_pct(b['share'])} of missed"
-        p(f"  #{b['rank']} level {b['level']} {b['kind']:<17} {_where(b)}: {b['requests']:,} "
-          f"requests, {b['distinct_values']:,} values, {lost}{share}")
+        p(f"  #{b['rank']} level {b['level']} {b['kind']:<17} {_where(b)}: {_n(b['requests'], 'request')}, "
+          f"{_n(b['distinct_values'], 'value')}, {lost}{share}")
         if b.get("detail") and not no_text:
             p(f"     {b['detail']}")
         sug = b["suggestion"]
@@ -138,7 +143,7 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
               f"{_pct(w['all_spans_matched_hit_rate'])}")
         if doc["suggested_layout"] and doc["suggested_layout"].get("path"):
             p(f"  written to {doc['suggested_layout']['path']} (replay sim --layout reproduces it)")
-    p(f"not breakers: {doc['cold_requests']:,} requests went on with content no earlier request "
+    p(f"not breakers: {_n(doc['cold_requests'], 'request')} went on with content no earlier request "
       f"had, {doc['short_requests']:,} shorter than one block")
 
 
