@@ -105,6 +105,11 @@ class ChatTokenizer:
                 **{k: v for k, v in self.special.items()}, **template_kwargs)
         except (TemplateError, TypeError, KeyError) as exc:
             raise ConfigError(f"chat template of {self.directory} failed: {exc}") from exc
+        except (ArithmeticError, LookupError, ValueError, AttributeError, RecursionError) as exc:
+            # The template is the model's code: its own errors (the sandbox's range limit,
+            # a division by zero, an index past the end) are the template's, named as such.
+            raise ConfigError(f"chat template of {self.directory} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
     @property
     def end_of_turn(self) -> str:
@@ -200,7 +205,10 @@ def normalise_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
 def _read_template(directory: Path, config: Mapping[str, Any]) -> str:
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{jinja_file}: not UTF-8 text (byte {exc.start})") from None
     tpl = config.get("chat_template")
     if isinstance(tpl, str):
         return tpl

@@ -151,3 +151,43 @@ def test_counts_of_one_are_singular(cli, tmp_path):
     assert code == 0
     assert "tools: 1 request, 1 value, " in out
     assert "not breakers: 1 request went on with content" in out
+
+
+def _tokenizer_with(tmp_path, template: bytes):
+    import shutil
+    from pathlib import Path
+
+    d = tmp_path / "tok"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "tiny-tokenizer", d)
+    (d / "chat_template.jinja").write_bytes(template)
+    return d
+
+
+def test_a_template_that_fails_on_some_requests_names_them(cli, tmp_path):
+    """A Python error inside the template (here a division by zero for long user messages)
+    is the template's error for that record: named file:line and skipped, no traceback."""
+    trace = support_log(tmp_path / "support.jsonl")
+    tok = _tokenizer_with(tmp_path, b"{% for m in messages %}{% if m.role == 'user' and "
+                          b"'refund it' in m.content %}{{ 1 // 0 }}{% endif %}<|{{ m.role }}|>"
+                          b"{{ m.content }}\n{% endfor %}")
+    code, out, err = cli(["diagnose", trace, "--tokenizer", tok, "--out", tmp_path / "o",
+                          "--json"])
+    assert code == 0 and "Traceback" not in err
+    doc = json.loads(out)
+    assert doc["skipped_records"] == 8 and doc["requests"] == 16
+    assert doc["problems"][0] == (f"{trace}:3: $.messages: cannot be rendered: "
+                                  "ZeroDivisionError: integer division or modulo by zero")
+
+
+@pytest.mark.parametrize(("template", "reason"), [
+    (b"{% for m in messages %}{{ range(10**9) | list }}{% endfor %}",
+     "failed: OverflowError: Range too big"),
+    (b"{% for m in messages %}{{ m.content }}{% endfor %}\xff\xfe",
+     "chat_template.jinja: not UTF-8 text (byte "),
+])
+def test_a_broken_template_is_one_line(cli, tmp_path, template, reason):
+    trace = support_log(tmp_path / "support.jsonl")
+    tok = _tokenizer_with(tmp_path, template)
+    code, out, err = cli(["diagnose", trace, "--tokenizer", tok, "--out", tmp_path / "o"])
+    assert code != 0 and "Traceback" not in err + out
+    assert reason in err and len(err.strip().splitlines()) == 1
