@@ -319,8 +319,14 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
                      "blocks than the cache holds (or is longer than --max-model-len); give a "
                      "bigger --capacity-blocks")
     if base.shared_prefix_requests == 0 and s.counted_requests > 0:
-        notes.append("no two requests share a full block: nothing in this trace can be served "
-                     "from cache at this block size")
+        if breakers:
+            # Content is shared after a difference in the first block: what the breakers
+            # below would gain, not "nothing can be served".
+            notes.append("no two requests share a full block as recorded: the breakers below "
+                         "keep apart content they do share")
+        else:
+            notes.append("no two requests share a full block: nothing in this trace can be "
+                         "served from cache at this block size")
     return Diagnosis(spec=spec, base=base, breakers=breakers, suggested_layout=suggested,
                      what_if=what_if, neutralised=neutralised, levels=max(
                          [b.level for b in breakers], default=0), passes=passes, notes=notes)

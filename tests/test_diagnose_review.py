@@ -191,3 +191,24 @@ def test_a_broken_template_is_one_line(cli, tmp_path, template, reason):
     code, out, err = cli(["diagnose", trace, "--tokenizer", tok, "--out", tmp_path / "o"])
     assert code != 0 and "Traceback" not in err + out
     assert reason in err and len(err.strip().splitlines()) == 1
+
+
+def test_token_trace_breaking_in_the_first_block_is_not_nothing_shared(cli, tmp_path):
+    """Token 1 changes in every request and the 240 tokens after it are the same: no full
+    block is shared as recorded, but the note must not say that nothing could be served."""
+    import random
+
+    rnd = random.Random(1)
+    shared = [rnd.randrange(1000, 30000) for _ in range(200)]
+    path = tmp_path / "tokens.jsonl"
+    path.write_text("".join(json.dumps({
+        "request_id": f"tok-{i}", "prompt_token_ids": [7, 100 + i] + shared
+        + [rnd.randrange(1000, 30000) for _ in range(40)], "output_tokens": 10, "t": float(i)})
+        + "\n" for i in range(30)), encoding="utf-8")
+    code, out, _ = cli(["diagnose", path, "--format", "token-ids", "--out", tmp_path / "o",
+                        "--json"])
+    doc = json.loads(out)
+    top = doc["breakers"][0]
+    assert (top["segment"], top["block"], top["requests"]) == ("tokens", 0, 29)
+    assert doc["notes"] == ["no two requests share a full block as recorded: the breakers "
+                            "below keep apart content they do share"]
