@@ -19,7 +19,8 @@ names as exposed by vLLM 0.32/0.33, ``vllm/v1/metrics/loggers.py``):
    KV residency histograms of ``--kv-cache-metrics`` (seconds): ``vllm:kv_block_lifetime_seconds``,
    ``vllm:kv_block_idle_before_evict_seconds``, ``vllm:kv_block_reuse_gap_seconds``.
 3. Gauges: ``vllm:kv_cache_usage_perc`` (fraction 0..1), ``vllm:cache_config_info`` (fixed 1;
-   the cache configuration is in its labels).
+   the cache configuration is in its labels), ``vllm:num_requests_running`` and
+   ``vllm:num_requests_waiting`` (requests).
 4. Legacy names (vLLM < 0.11) mapped to the canonical ones with ``legacy=TRUE``:
    ``vllm:gpu_prefix_cache_queries_total``, ``vllm:gpu_prefix_cache_hits_total``,
    ``vllm:gpu_cache_usage_perc``. The V0 gauges ``vllm:gpu_prefix_cache_hit_rate`` and
@@ -113,7 +114,8 @@ HISTOGRAM_FAMILIES: tuple[str, ...] = (
     "vllm:kv_block_reuse_gap_seconds",
 )
 #: Gauge families kept as they are exposed.
-GAUGE_FAMILIES: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "vllm:cache_config_info")
+GAUGE_FAMILIES: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "vllm:cache_config_info",
+                                   "vllm:num_requests_running", "vllm:num_requests_waiting")
 #: Legacy counter families (vLLM < 0.11) -> canonical family.
 LEGACY_COUNTERS: dict[str, str] = {
     "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",

@@ -267,3 +267,57 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
             f"nothing could be read: {url} has no vLLM prefix-cache series between "
             f"{_dt(start_s).isoformat()} and {_dt(end_s).isoformat()}")
     return ScrapeOutcome(total, tuple(problems))
+
+
+def read_query_range_file(path: str) -> list[dict]:
+    """The ``data.result`` series of a saved Prometheus ``/api/v1/query_range`` (or range-vector
+    ``/api/v1/query``) response body, a JSON file (``curl .../api/v1/query_range?... > FILE``).
+
+    Raises:
+        SourceUnavailable: the file cannot be read. ParseError: not JSON, not a successful
+            response, or its ``resultType`` is not ``matrix``.
+    """
+    from pathlib import Path
+
+    from prefixscope.core.errors import ParseError, invalid_json_reason
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SourceUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(str(path), exc.lineno, invalid_json_reason(exc)) from exc
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, dict) or doc.get("status") != "success":
+        raise ParseError(str(path), None, "not a successful Prometheus API response", "$.status")
+    if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise ParseError(str(path), None, "resultType is not 'matrix'", "$.data.resultType")
+    return data["result"]
+
+
+def ingest_query_range_file(con, path: str, *, instance_label: str = "instance",
+                            label_key: bytes | None | str = CONFIGURED_KEY):
+    """Store a saved Prometheus range response (raw samples) on a read-write connection.
+
+    The recorded-file form of :func:`ingest_prometheus_range`: the same series rules
+    (:func:`samples_from_series`, created-zero samples from ``_created`` series), one
+    transaction; running it again adds nothing. Series without the instance label get the
+    file name stem as instance.
+
+    Returns:
+        The :class:`~ingest.bookkeeping.IngestSummary`.
+
+    Raises:
+        SourceUnavailable, ParseError: from :func:`read_query_range_file`. ConfigError: a
+        configured HMAC key cannot be read.
+    """
+    from pathlib import Path
+
+    key = configured_label_key() if label_key == CONFIGURED_KEY else label_key
+    result = read_query_range_file(path)
+    read = samples_from_series(result, location=str(path), default_instance=Path(path).stem,
+                               instance_label=instance_label, label_key=key)
+    return save_samples(con, read, kind=KIND)

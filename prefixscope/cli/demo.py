@@ -2,7 +2,14 @@
 
 What goes in, all through the normal ingest path (nothing is written around it):
 
-1. Two real vLLM 0.32 CPU servers' ``/metrics`` scrapes from ``data/vllm-cpu-0.32/``:
+0. **The story** (``prefixscope.cli.demo_story``): a week of production traffic for two models
+   on three instances, ending now, made by replaying real conversations through the exact cache
+   model; on day 5 a release puts a timestamp on top of ``coder-7b``'s system prompt and its hit
+   rate falls below 50%. The release-day chat log is replayed as recorded and with the fix, and
+   ``prefixscope diagnose`` runs on it when that command exists. This is production traffic
+   (``run_id = ''``): Overview, Requests, Savings and Alerts show it by default.
+1. A second, labelled data source, run ``vllm-cpu-0.32`` (kind ``capture``): two real vLLM 0.32
+   CPU servers' ``/metrics`` scrapes from ``data/vllm-cpu-0.32/``:
    instance ``vllm-cpu-bs32`` (one scrape after the 31-request probe) and instance
    ``vllm-cpu-kvevents`` (a scrape after its first probe run and one after a second run, a reset
    and 12 evicting requests). The files carry no scrape time; the times used are estimates
@@ -62,13 +69,21 @@ def _optional(module: str, attr: str) -> Callable | None:
         return None
 
 
-def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool = True) -> DemoReport:
+#: The run id of the real vLLM CPU captures (a second data source, not production traffic).
+CAPTURES_RUN_ID = "vllm-cpu-0.32"
+CAPTURES_LABEL = "real vLLM 0.32 CPU captures (tiny model, 2026-11-29)"
+
+
+def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool = True,
+               with_story: bool = True, end_unix_s: float | None = None) -> DemoReport:
     """Build the demo database at ``db_path`` from the bundled data, replacing it atomically.
 
     Args:
         db_path: destination DuckDB file (replaced when the build succeeds).
         work_dir: where replay outputs are written (default ``data/demo/`` beside the DB).
-        with_replay: also run the replay and scope demos (the slow part, about a minute).
+        with_replay: also run the replay and scope demos.
+        with_story: also build the week of production traffic (about a minute).
+        end_unix_s: end of the story's week (default: now).
 
     Returns:
         A :class:`DemoReport` listing each step with its row counts.
@@ -93,6 +108,7 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
 
     from prefixscope.ingest.exposition import ingest_exposition
     from prefixscope.ingest.prices import load_prices
+    from prefixscope.ingest.runs import save_run
     from prefixscope.ingest.usage import ingest_usage_file
 
     with store_db.writer(tmp) as con:
@@ -101,17 +117,27 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
         for name, instance, at in SCRAPE_TIMES:
             # bundled vLLM captures carry only vLLM's own labels: no HMAC key is needed (or read)
             s = ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at,
-                                  label_key=None)
-            report.steps.append(f"metrics {name} as {instance}: {s.rows_added} samples")
+                                  label_key=None, run_id=CAPTURES_RUN_ID)
+            report.steps.append(f"capture {name} as {instance}: {s.rows_added} samples")
         s = ingest_usage_file(con, str(CAPTURES / "probe_bs32.requests.jsonl"),
-                              instance="vllm-cpu-bs32")
-        report.steps.append(f"requests probe_bs32.requests.jsonl: {s.rows_added} requests")
+                              instance="vllm-cpu-bs32", run_id=CAPTURES_RUN_ID)
+        report.steps.append(f"capture probe_bs32.requests.jsonl: {s.rows_added} requests")
+        save_run(con, run_id=CAPTURES_RUN_ID, kind="capture", label=CAPTURES_LABEL,
+                 created_unix_s=SCRAPE_TIMES[-1][2], params={"source": "data/vllm-cpu-0.32"},
+                 source_id=None)
         ingest_kv = _optional("prefixscope.ingest.kv_events", "ingest_kv_events_file")
         if ingest_kv is not None:
             for name in ("kv_events.jsonl", "kv_events_evict.jsonl"):
                 s = ingest_kv(con, str(CAPTURES / name), instance="vllm-cpu-kvevents")
                 report.steps.append(f"KV events {name}: {s.rows_added} events")
         store_db.checkpoint(con)  # the file alone holds every row before os.replace
+
+    story = None
+    if with_story:
+        from prefixscope.cli.demo_story import build_story
+
+        story = build_story(str(tmp), work, end_unix_s=end_unix_s)
+        report.steps.extend(f"production: {line}" for line in story.lines)
 
     if with_replay:
         for module, attr, label in (
@@ -123,6 +149,18 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
                 continue
             result = fn(str(tmp), str(work / attr))
             report.steps.append(f"{label}: {result}")
+    if story is not None and story.chat_log is not None:
+        from prefixscope.cli.demo_story import STORY_INSTANCE, diagnose_hook, run_story_replays
+
+        release = next(i.release_unix_s for i in story.week.instances
+                       if i.spec.name == STORY_INSTANCE)
+        if with_replay:
+            # made last: the newest runs, which the run pickers show first
+            line = run_story_replays(str(tmp), work / "release-replays", story.chat_log, release)
+            report.steps.append(f"fix replay: {line}")
+        diag = diagnose_hook(str(tmp), story.chat_log)
+        report.steps.append(f"diagnose {story.chat_log.name}: "
+                            + (diag if diag is not None else "command not available yet"))
 
     os.replace(tmp, dest)
     wal = Path(str(tmp) + ".wal")

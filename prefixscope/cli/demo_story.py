@@ -1,0 +1,136 @@
+"""The demo's story: a week of production traffic with a day-5 regression, and its fix.
+
+Called by :func:`prefixscope.cli.demo.build_demo`. Everything goes through the normal ingest
+path (``docs/architecture.md``):
+
+1. :func:`prefixscope.replay.production_week.build_week` replays real conversations through the
+   exact cache model and writes the week's usage logs, saved Prometheus ranges (every 15 s) and
+   the release-day chat log;
+2. the usage logs go through :func:`prefixscope.ingest.usage.ingest_usage_file`, the ranges
+   through :func:`prefixscope.ingest.prometheus_api.ingest_query_range_file` (production
+   traffic, ``run_id = ''``);
+3. the release-day chat log of ``gpu-a1`` is replayed twice (:func:`run_story_replays`): as
+   recorded and with the fix (``data/layouts/timestamp-at-end.yaml``), at the instance's cache
+   size, and both runs are ingested (``prefixscope.ingest.runs``): the Replay page shows the fix;
+4. :func:`diagnose_hook` runs ``prefixscope diagnose`` on that chat log when the command exists.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefixscope.core.paths import data_file
+from prefixscope.replay.production_week import INSTANCES, WeekResult, build_week
+
+FIX_LAYOUT = data_file("layouts", "timestamp-at-end.yaml")
+DEMO_PRICES = data_file("demo-week", "prices.toml")
+#: The instance whose release-day chat log is replayed and diagnosed.
+STORY_INSTANCE = "gpu-a1"
+RUN_AS_RECORDED = "demo-release-as-recorded"
+RUN_FIXED = "demo-release-timestamp-at-end"
+
+
+@dataclass
+class StoryReport:
+    """What :func:`build_story` did: one line per step and the week's files."""
+
+    week: WeekResult
+    lines: list[str] = field(default_factory=list)
+    chat_log: Path | None = None
+
+
+def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None = None) -> StoryReport:
+    """Make the week (files under ``work_dir/week``) and ingest it into ``db_path``.
+
+    Args:
+        db_path: a migrated DuckDB file (opened read-write here).
+        work_dir: where the week's files are written.
+        end_unix_s: end of the week (default: 30 s before now, so the default range shows it).
+
+    Raises:
+        PrefixscopeError subclasses from the replay and the ingest.
+    """
+    from prefixscope.ingest.prices import load_prices
+    from prefixscope.ingest.prometheus_api import ingest_query_range_file
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    started = time.monotonic()
+    end = time.time() - 30.0 if end_unix_s is None else float(end_unix_s)
+    week = build_week(Path(work_dir) / "week", end_unix_s=end)
+    report = StoryReport(week)
+    built = time.monotonic() - started
+    with store_db.writer(db_path) as con:
+        load_prices(con, DEMO_PRICES)
+        for iw in week.instances:
+            u = ingest_usage_file(con, str(iw.usage_path), workers=0)
+            m = ingest_query_range_file(con, str(iw.prometheus_path), label_key=None)
+            rate = iw.cached_tokens / iw.prompt_tokens if iw.prompt_tokens else 0.0
+            report.lines.append(
+                f"{iw.spec.name} ({iw.spec.model}): {u.rows_added:,} requests, "
+                f"{m.rows_added:,} metric samples, {rate:.1%} of prompt tokens from cache")
+            if iw.spec.name == STORY_INSTANCE:
+                report.chat_log = iw.chat_log
+    report.lines.append(f"week {week.release_day} release: built in {built:.0f} s, "
+                        f"ingested in {time.monotonic() - started - built:.0f} s")
+    return report
+
+
+def run_story_replays(db_path: str, out_dir: str | Path, chat_log: Path,
+                      release_unix_s: float) -> str:
+    """Replay the release-day chat log as recorded and with the fix; ingest both runs.
+
+    Both runs use ``gpu-a1``'s cache (block size 16, its ``num_gpu_blocks``) and start at the
+    release time, so they sit on the time axis where the regression began.
+
+    Returns:
+        A one-line summary for the demo report.
+    """
+    from prefixscope.ingest.runs import ingest_run_dir
+    from prefixscope.replay.runner import SimRunSpec, run_sim
+    from prefixscope.store import db as store_db
+
+    spec_a1 = next(s for s in INSTANCES if s.name == STORY_INSTANCE)
+    out = Path(out_dir)
+    done = []
+    for run_id, layout, label in (
+            (RUN_AS_RECORDED, None, "release day on gpu-a1, as recorded (timestamp on top)"),
+            (RUN_FIXED, str(FIX_LAYOUT), "release day on gpu-a1, fix: timestamp at the end")):
+        spec = SimRunSpec(trace=str(chat_log), format="chat", block_size=spec_a1.block_size,
+                          capacity_blocks=spec_a1.num_gpu_blocks, algo="fast",
+                          layout_path=layout, label=label, model=spec_a1.model)
+        done.append(run_sim(spec, out / run_id, run_id=run_id, t0_unix_s=release_unix_s))
+    with store_db.writer(db_path) as con:
+        for res in done:
+            ingest_run_dir(con, res.out_dir)
+    return ", ".join(f"{r.label}: {r.summary.hit_rate:.1%}" for r in done)
+
+
+def diagnose_available() -> bool:
+    """True when this prefixscope has a ``diagnose`` command (issue 13)."""
+    from prefixscope.cli.main import app
+
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    names |= {g.name for g in app.registered_groups}
+    return "diagnose" in names
+
+
+def diagnose_hook(db_path: str, chat_log: Path) -> str | None:
+    """Run ``prefixscope diagnose CHAT_LOG --db DB`` when the command exists (else None).
+
+    The hook for the Breakers page: diagnose names what breaks the shared prefix in the
+    release-day chat log (the ``Current time`` line). Its output's first line is returned for
+    the demo report; a failure is reported, never raised (the rest of the demo stands).
+    """
+    if not diagnose_available():
+        return None
+    proc = subprocess.run([sys.executable, "-c", "from prefixscope.cli.main import main; main()",
+                           "diagnose", str(chat_log), "--db", db_path],
+                          capture_output=True, text=True, timeout=300)
+    text = (proc.stdout or proc.stderr).strip().splitlines()
+    first = text[0] if text else ""
+    return first if proc.returncode == 0 else f"failed (exit {proc.returncode}): {first}"
