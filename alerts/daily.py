@@ -217,6 +217,11 @@ class ReportLine:
             (``store.queries.breakers.top_breaker_by_model``: kind, segment, message_index,
             role, line, lost_tokens...), on model lines when one is known; an ALERT line then
             names it (:func:`breaker_hint`).
+        instance: the vLLM instance of a per-instance line (a model served by more than one
+            instance gets one line per instance after its model line, from the counters), else
+            None.
+        miss_cost: what the day's misses cost (prompt tokens computed, not read from the
+            cache, at input minus cached-input price; model lines with a price only).
     """
 
     model: str
@@ -236,16 +241,27 @@ class ReportLine:
     price_source: str | None = None
     stale: tuple[StaleSource, ...] = ()
     top_breaker: dict[str, object] | None = None
+    instance: str | None = None
+    miss_cost: float | None = None
 
     @property
     def label(self) -> str:
-        """``model`` or ``model scope``."""
+        """``model``, ``model scope`` or ``model @ instance``."""
+        if self.instance is not None:
+            return f"{self.model} @ {self.instance}"
         return self.model if self.scope is None else f"{self.model} {self.scope}"
 
     @property
     def key(self) -> tuple[str, str]:
-        """(model, scope or '') - identifies the line inside a report."""
+        """(model, scope or '@instance' or '') - identifies the line inside a report."""
+        if self.instance is not None:
+            return (self.model, "@" + self.instance)
         return (self.model, self.scope or "")
+
+    @property
+    def is_detail(self) -> bool:
+        """A scope or instance line (shown under its model line)."""
+        return self.scope is not None or self.instance is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +319,7 @@ def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: 
     the local time of ``tz``)."""
     return rules.report_line(fig.cached_tokens, fig.prompt_tokens, status, threshold=threshold,
                              min_query_tokens=min_query_tokens, stale=stale,
-                             zone=resolve_tz(tz) if status == STALE else None)
+                             zone=resolve_tz(tz) if status == STALE or stale else None)
 
 
 def breaker_hint(b: dict[str, object]) -> str:
@@ -363,6 +379,24 @@ def metric_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[str, Fi
         assert row.model not in out, f"one window per day expected, got two for {row.model}"
         out[row.model] = Figures("metrics", queries, hits, _rate(hits, queries),
                                  _int(getattr(row, "restarts", 0)))
+    return out
+
+
+def instance_figures(con: duckdb.DuckDBPyConnection, w: DayWindow) -> dict[tuple[str, str], Figures]:
+    """Production counter figures per (model, instance) over the day, like
+    :func:`metric_figures`."""
+    from prefixscope.store.queries.metrics import hit_rate_by_window
+
+    df = hit_rate_by_window(con, start_s=w.start_s, end_s=w.end_s, window_s=w.length_s,
+                            by=("model", "instance"), origin_s=w.start_s,
+                            run_ids=[PRODUCTION_RUN_ID])
+    out: dict[tuple[str, str], Figures] = {}
+    for row in df.itertuples(index=False):
+        if not isinstance(row.model, str) or not isinstance(row.instance, str):
+            continue
+        hits, queries = _int(row.hit_tokens), _int(row.query_tokens)
+        out[(row.model, row.instance)] = Figures("metrics", queries, hits, _rate(hits, queries),
+                                                 _int(getattr(row, "restarts", 0)))
     return out
 
 
@@ -426,6 +460,7 @@ class _DayData:
     by_model: dict[tuple, Figures] = field(default_factory=dict)
     by_scope: dict[tuple, Figures] = field(default_factory=dict)
     by_tenant: dict[tuple, Figures] = field(default_factory=dict)
+    by_instance: dict[tuple, Figures] = field(default_factory=dict)
 
     def model_figures(self, model: str, source: str | None = None) -> Figures | None:
         if source in (None, "metrics") and model in self.metrics:
@@ -442,7 +477,8 @@ def _day_data(con: duckdb.DuckDBPyConnection, w: DayWindow) -> _DayData:
     return _DayData(metrics=metric_figures(con, w),
                     by_model=request_figures(con, w, ("model",)),
                     by_scope=request_figures(con, w, ("model", "scope")),
-                    by_tenant=request_figures(con, w, ("model", "tenant_digest")))
+                    by_tenant=request_figures(con, w, ("model", "tenant_digest")),
+                    by_instance=instance_figures(con, w))
 
 
 def _change(today: Figures | None, before: Figures | None, min_tokens: int) -> float | None:
@@ -519,7 +555,25 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
             cost_without_cache=_opt_float(sv.get("cost_without_cache")),
             currency=sv.get("currency"),
             shadow_price=None if not sv else bool(sv.get("shadow")),
-            price_source=sv.get("price_source"), stale=model_stale))
+            price_source=sv.get("price_source"), stale=model_stale,
+            miss_cost=_opt_float(sv.get("miss_cost"))))
+        # one line per instance when the model's counters come from more than one instance
+        insts = sorted(i for (m, i) in today.by_instance if m == model)
+        if source == "metrics" and len(insts) > 1:
+            for inst in insts:
+                ifig = today.by_instance[(model, inst)]
+                ip = prev.by_instance.get((model, inst))
+                iw = week.by_instance.get((model, inst))
+                istale = tuple(s for s in model_stale if s.instance == inst)
+                istatus = status_of(ifig, threshold=threshold, min_query_tokens=min_tokens,
+                                    stale=bool(istale))
+                lines.append(ReportLine(
+                    model=model, scope=None, instance=inst, figures=ifig, threshold=threshold,
+                    status=istatus,
+                    text=line_text(ifig, istatus, threshold=threshold,
+                                   min_query_tokens=min_tokens, stale=istale, tz=tz),
+                    prev_day=ip, prev_week=iw, change_prev_day=_change(ifig, ip, min_tokens),
+                    change_prev_week=_change(ifig, iw, min_tokens), stale=istale))
         for key in (k for k in scopes if k[0] == model):
             sfig = today.by_scope.get(key) or Figures("none", 0, 0, None)
             sp, sw = prev.by_scope.get(key), week.by_scope.get(key)
@@ -537,7 +591,7 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
                 hit_rate=ln.figures.hit_rate, prev_hit_rate=ln.prev_day.hit_rate,
                 change=ln.change_prev_day, prompt_tokens=ln.figures.prompt_tokens)
          for ln in lines
-         if ln.scope is None and ln.change_prev_day is not None and ln.change_prev_day < 0),
+         if not ln.is_detail and ln.change_prev_day is not None and ln.change_prev_day < 0),
         key=lambda c: (c.change, c.model))[:cfg.top_changes]
     fell_ns: list[Change] = []
     for key, fig in today.by_tenant.items():

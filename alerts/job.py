@@ -13,6 +13,8 @@ claim and the update, never during SMTP.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +38,53 @@ CLAIM_TIMEOUT_S = 900.0
 
 SENT = "sent"
 FAILED = "failed"
+#: The ``error`` recorded on a claim whose process died during SMTP (found by a later run).
+DIED = ("the run that claimed this send (pid {pid}) died before recording an SMTP attempt "
+        "(killed or crashed during SMTP); retried by pid {me}")
+
+
+def claimer() -> str:
+    """``host:pid`` of this process (stored in ``alert_sends.claimed_by``)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_is_dead(claimed_by: object) -> int | None:
+    """The pid of a claim made on this host by a process that no longer runs, else None
+    (another host's claim, a live process or an unknown claimer: the claim timeout decides)."""
+    if not isinstance(claimed_by, str) or ":" not in claimed_by:
+        return None
+    host, _, pid_s = claimed_by.rpartition(":")
+    if host != socket.gethostname() or not pid_s.isdigit():
+        return None
+    pid = int(pid_s)
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except PermissionError:
+        return None
+    return None
+
+
+def release_dead_claims(db: str, *, day: str, tz: str, lock_timeout_s: float) -> list[str]:
+    """Close the ``sending`` claims of (day, tz) whose process died on this host as ``failed``
+    (with :data:`DIED`), so this run sends them again. Returns one note per released claim."""
+    with store_db.reader(db, lock_timeout_s=lock_timeout_s) as con:
+        claims = q.open_claims(con, day=day, tz=tz)
+    dead = [(r.send_id, r.recipients, pid, int(r.attempts)) for r in claims.itertuples()
+            if (pid := claim_is_dead(r.claimed_by)) is not None]
+    notes = []
+    if not dead:
+        return notes
+    with store_db.writer(db, lock_timeout_s=lock_timeout_s) as con:
+        for send_id, recipients, pid, attempts in dead:
+            q.finish_send(con, send_id=send_id, status=FAILED, attempts=attempts,
+                          error=DIED.format(pid=pid, me=os.getpid()), now_unix_s=time.time())
+            notes.append(f"the send to {recipients} claimed by pid {pid} was never finished "
+                         f"({attempts} SMTP attempts recorded): that run died; sending again")
+    return notes
 SKIPPED = "skipped"
 DRY_RUN = "dry-run"
 
@@ -107,6 +156,8 @@ class DailyRun:
     report: DailyReport
     outcomes: list[SendOutcome] = field(default_factory=list)
     smtp_where: str | None = None
+    #: What the run found and did before sending (e.g. a claim left by a run that died).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[SendOutcome]:
@@ -117,6 +168,7 @@ class DailyRun:
         """The report and the emails, JSON-ready (``--json``)."""
         d = self.report.as_dict()
         d["emails"] = [o.as_dict() for o in self.outcomes]
+        d["notes"] = list(self.notes)
         return d
 
     def raise_for_failures(self) -> None:
@@ -187,15 +239,19 @@ def plan_emails(report: DailyReport, cfg: AlertsConfig) -> list[PlannedEmail]:
 
 
 def compose(report: DailyReport, email: PlannedEmail, cfg: AlertsConfig, *,
-            now_unix_s: float | None = None) -> EmailMessage:
-    """The MIME message of one planned email (text, HTML, inline chart, headers)."""
+            now_unix_s: float | None = None, dashboard_url: str | None = None) -> EmailMessage:
+    """The MIME message of one planned email (text, HTML, inline chart, headers).
+
+    ``dashboard_url``: the served dashboard the email links to (``[dashboard] public_url``;
+    default ``[alerts] dashboard_url``)."""
     day = report.window.day.isoformat()
+    url = dashboard_url or cfg.dashboard_url
     png = render_chart_png(report, email.lines)
     cid = make_msgid(idstring="chart", domain="prefixscope.local")[1:-1] if png else None
     return build_message(
         subject=email.subject, mail_from=cfg.mail_from, to=email.recipients,
-        text=render_text(report, email.lines, dashboard_url=cfg.dashboard_url),
-        html=render_html(report, email.lines, dashboard_url=cfg.dashboard_url, chart_cid=cid),
+        text=render_text(report, email.lines, dashboard_url=url),
+        html=render_html(report, email.lines, dashboard_url=url, chart_cid=cid),
         png=png, chart_cid=cid, message_id=new_message_id(cfg.mail_from, day),
         headers={"X-Prefixscope-Day": day, "X-Prefixscope-TZ": report.window.tz,
                  "X-Prefixscope-Status": email.report_status},
@@ -250,11 +306,16 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
     day = day or default_day(tz, now_unix_s=now)
     send = send or resend or dry_run
     lock_s = settings.store.lock_timeout_s
+    released = (release_dead_claims(db, day=day.isoformat(), tz=tz, lock_timeout_s=lock_s)
+                if send and not dry_run else [])
     with store_db.reader(db, lock_timeout_s=lock_s) as con:
         report = build_daily_report(con, day=day, tz=tz, cfg=cfg, now_unix_s=now)
         active = q.active_send_recipients(con, day=day.isoformat(), tz=tz, now_unix_s=now,
                                           claim_timeout_s=CLAIM_TIMEOUT_S) if send else set()
-    run = DailyRun(report=report)
+        claims = q.open_claims(con, day=day.isoformat(), tz=tz) if send else None
+        sent_at = {key: q.last_sent(con, day=day.isoformat(), tz=tz, recipients=key)
+                   for key in active}
+    run = DailyRun(report=report, notes=released)
     if not send:
         return run
     no_recipients = dry_run and not has_recipients(cfg)
@@ -266,11 +327,22 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
         base = dict(recipients=email.recipients, subject=email.subject,
                     report_status=email.report_status)
         if email.key in active and not resend:
-            run.outcomes.append(SendOutcome(
-                **base, status=SKIPPED,
-                error=f"already sent for {day_s} ({tz}): use --resend to send again"))
+            when = sent_at.get(email.key)
+            if when is not None:
+                why = (f"already sent for {day_s} ({tz}): use --resend to send again (sent "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(when))} UTC)")
+            else:
+                mine = claims[claims["recipients"] == email.key] if claims is not None else None
+                who = (str(mine["claimed_by"].iloc[-1]) if mine is not None and not mine.empty
+                       and isinstance(mine["claimed_by"].iloc[-1], str) else "another run")
+                why = (f"being sent for {day_s} ({tz}) by {who} right now (claimed less than "
+                       f"{CLAIM_TIMEOUT_S:g} s ago, no SMTP result recorded yet): not sent "
+                       "twice; if that run died on another host, the next run after the claim "
+                       "timeout sends it")
+            run.outcomes.append(SendOutcome(**base, status=SKIPPED, error=why))
             continue
-        msg = compose(report, email, cfg, now_unix_s=now)
+        msg = compose(report, email, cfg, now_unix_s=now,
+                      dashboard_url=settings.dashboard.public_url)
         eml = _write_eml(msg, eml_dir, day_s, i) if eml_dir else None
         if dry_run:
             run.outcomes.append(SendOutcome(**base, status=DRY_RUN, message_id=msg["Message-ID"],
@@ -285,7 +357,8 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
                 con, send_id=send_id, day=day_s, tz=tz, recipients=email.key,
                 subject=email.subject, report_status=email.report_status,
                 message_id=msg["Message-ID"], resend=resend, smtp_host=smtp.where,
-                lines_json=lines_json, now_unix_s=time.time(), claim_timeout_s=CLAIM_TIMEOUT_S)
+                lines_json=lines_json, now_unix_s=time.time(), claim_timeout_s=CLAIM_TIMEOUT_S,
+                claimed_by=claimer())
         if not claimed:
             run.outcomes.append(SendOutcome(
                 **base, status=SKIPPED,

@@ -29,7 +29,7 @@ def worst_line(lines: Sequence[ReportLine]) -> ReportLine | None:
     lowest hit rate, then name."""
     if not lines:
         return None
-    return min(lines, key=lambda ln: (-SEVERITY[ln.status], ln.scope is not None,
+    return min(lines, key=lambda ln: (-SEVERITY[ln.status], ln.is_detail,
                                       ln.figures.hit_rate if ln.figures.hit_rate is not None else 2.0,
                                       ln.label))
 
@@ -76,7 +76,7 @@ def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> s
         figure = f"{n:,} prompt token{'s' if n != 1 else ''}"
     else:
         figure = f"{percent(top.figures.hit_rate)}% hit rate"
-    more = sum(1 for ln in lines if ln.status == top.status) - 1
+    more = sum(1 for ln in lines if ln.status == top.status and ln.instance is None) - 1
     extra = f" (+{more} more)" if more > 0 and top.status != OK else ""
     return f"{SUBJECT_PREFIX} {top.status} {top.label} {figure}{extra} {day}"
 
@@ -100,6 +100,8 @@ def _detail(ln: ReportLine) -> str:
     if ln.saved is not None:
         price = "shadow price" if ln.shadow_price else "list price"
         parts.append(f"saved {_fmt_money(ln.saved, ln.currency)} ({price})")
+        if ln.miss_cost:
+            parts.append(f"misses cost {_fmt_money(ln.miss_cost, ln.currency)}")
     src = {"metrics": "vLLM counters", "requests": "per-request usage"}.get(ln.figures.source)
     if src:
         parts.append(f"source: {src}")
@@ -122,6 +124,14 @@ def _fell(report: DailyReport, lines: Sequence[ReportLine]) -> tuple[list[Change
             [c for c in report.fell_namespaces if c.model in models])
 
 
+def _definitions(dashboard_url: str | None) -> str:
+    """Where the statuses are defined: the served dashboard's Alerts page (which explains them),
+    or the docs page name when no dashboard URL is known."""
+    if dashboard_url:
+        return dashboard_url.rstrip("/") + "/alerts"
+    return "docs/alerts.md in the prefixscope repository"
+
+
 def render_text(report: DailyReport, lines: Sequence[ReportLine] | None = None, *,
                 dashboard_url: str | None = None) -> str:
     """The plain-text body: a heading, one report line per model/scope with its comparison
@@ -136,11 +146,11 @@ def render_text(report: DailyReport, lines: Sequence[ReportLine] | None = None, 
     if not lines:
         out.append("No prefix-cache data for this day: no vLLM counters and no production "
                    "requests with cached_tokens.")
-    width = max((len(ln.label) for ln in lines), default=0)
+    width = max((len(ln.label) + (2 if ln.is_detail else 0) for ln in lines), default=0)
     for ln in lines:
-        indent = "  " if ln.scope is not None else ""
-        out.append(f"{indent}{ln.label:<{width}}  {ln.text}")
-        out.append(f"{indent}{'':<{width}}  {_detail(ln)}")
+        label = ("  " if ln.is_detail else "") + ln.label
+        out.append(f"{label:<{width}}  {ln.text}")
+        out.append(f"{'':<{width}}  {_detail(ln)}")
     fell_models, fell_ns = _fell(report, lines)
     if fell_models or fell_ns:
         out += ["", "Fell most since the previous day:"]
@@ -148,7 +158,7 @@ def render_text(report: DailyReport, lines: Sequence[ReportLine] | None = None, 
     if dashboard_url:
         out += ["", f"Dashboard: {dashboard_link(dashboard_url, report)}"]
     out += ["", "Healthy means at least half of the prompt tokens came from the prefix cache "
-            "(threshold per model in [alerts]). Formulas: docs/alerts.md."]
+            f"(threshold per model in [alerts]). Definitions: {_definitions(dashboard_url)}"]
     return "\n".join(out) + "\n"
 
 
@@ -165,6 +175,8 @@ def render_html(report: DailyReport, lines: Sequence[ReportLine] | None = None, 
     for ln in lines:
         colour = _STATUS_COLOUR[ln.status]
         label = e(ln.model) + ("" if ln.scope is None else f" <small>{e(ln.scope)}</small>")
+        if ln.instance is not None:
+            label = f"&nbsp;&nbsp;{e(ln.model)} <small>on {e(ln.instance)}</small>"
         pad = "padding:4px 8px;border-bottom:1px solid #d0d7de"
         rows.append(
             f"<tr><td style=\"{pad}\">{label}</td>"
@@ -199,7 +211,7 @@ def render_html(report: DailyReport, lines: Sequence[ReportLine] | None = None, 
         body.append(f"<p><a href=\"{link}\">Open the dashboard</a></p>")
     body.append("<p style=\"color:#57606a;font-size:12px\">Healthy means at least half of the "
                 "prompt tokens came from the prefix cache (threshold per model in [alerts]). "
-                "Formulas: docs/alerts.md.</p>")
+                f"Definitions: {e(_definitions(dashboard_url))}</p>")
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"></head>"
             "<body style=\"font-family:sans-serif\">" + "".join(body) + "</body></html>")
 

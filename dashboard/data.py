@@ -153,7 +153,7 @@ def filter_values(db: str) -> dict:
     """Choices for the sidebar: union of the metric and request stores.
 
     Returns:
-        ``models``, ``instances``, ``run_ids`` (sorted lists) and ``min_ts_unix_s``,
+        ``models``, ``instances`` (production instances first), ``run_ids`` (sorted lists) and ``min_ts_unix_s``,
         ``max_ts_unix_s`` (Unix seconds, or None when nothing is stored).
     """
     from prefixscope.store.queries import metrics as qm
@@ -164,9 +164,13 @@ def filter_values(db: str) -> dict:
         r = qr.request_filter_values(con)
     lows = [v for v in (m.get("min_ts_unix_s"), r.get("min_ts_unix_s")) if v is not None]
     highs = [v for v in (m.get("max_ts_unix_s"), r.get("max_ts_unix_s")) if v is not None]
+    production = {x for x in [*m.get("production_instances", []),
+                              *r.get("production_instances", [])] if x}
+    instances = {x for x in [*m.get("instances", []), *r.get("instances", [])] if x}
     return {
         "models": sorted({x for x in [*m.get("models", []), *r.get("models", [])] if x}),
-        "instances": sorted({x for x in [*m.get("instances", []), *r.get("instances", [])] if x}),
+        # production instances first, then the replay runs' and captures' instances
+        "instances": sorted(instances, key=lambda x: (x not in production, x)),
         "run_ids": sorted({x for x in [*m.get("run_ids", []), *r.get("run_ids", [])]
                            if x is not None}),
         "min_ts_unix_s": min(lows) if lows else None,

@@ -100,6 +100,9 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
     if df.empty:
         return _empty(title + suffix)
     d = df.sort_values("window_start_s").copy()
+    if window_s:  # a missing window breaks the line instead of bridging the gap
+        d = with_gaps(d, window_s=window_s, keys=[c for c in by if c in d.columns])
+        d = d.sort_values("window_start_s")
     d["series"] = series_label(d, by)
     # A point stands for its whole window: drawn at the window's middle (bars of the tokens
     # figure fill the same window).
@@ -614,4 +617,77 @@ def breakers_lost_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Lost tokens per breaker (light: upper bound, not measured)",
                       xaxis_title="tokens", height=120 + 36 * len(d),
                       margin=dict(l=10, r=10, t=50, b=10))
+
+
+def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
+              max_windows: int = 20_000) -> pd.DataFrame:
+    """``df`` with a row of NaN values for every missing window between a series' first and
+    last window, so lines break at gaps (a window without data is not drawn as a line to the
+    next one).
+
+    Args:
+        df: rows with ``window_start_s`` (Unix s) and the ``keys`` columns (any order).
+        window_s: window length, seconds.
+        keys: columns naming a series.
+        max_windows: series spanning more windows are returned as they are.
+    """
+    if df.empty or not window_s:
+        return df
+    parts = []
+    groups = df.groupby(list(keys), dropna=False, sort=False) if keys else [((), df)]
+    for key, g in groups:
+        lo, hi = float(g["window_start_s"].min()), float(g["window_start_s"].max())
+        n = int(round((hi - lo) / float(window_s))) + 1
+        if n > max_windows or n == len(g):
+            parts.append(g)
+            continue
+        full = pd.DataFrame({"window_start_s": [lo + k * float(window_s) for k in range(n)]})
+        key = key if isinstance(key, tuple) else (key,)
+        for c, v in zip(keys, key):
+            full[c] = v
+        parts.append(full.merge(g, on=["window_start_s", *keys], how="left"))
+    return pd.concat(parts, ignore_index=True)
+
+
+def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
+                 by: Sequence[str] = (), title: str, y_title: str,
+                 tickformat: str = ",.0f", hover_format: str = ",.1f",
+                 note: str = "no data in this range", y_range: list | None = None) -> go.Figure:
+    """One line per (group, value column) over time; a point per window at the window's middle
+    (as :func:`hit_rate_over_time`), lines broken where windows are missing.
+
+    Args:
+        df: rows with ``window_start_s`` (Unix s), the ``by`` columns and the value columns.
+        series: value column -> legend suffix (``{"p50_ms": "p50"}``); one line per column.
+        window_s: window length, seconds.
+        by: columns naming a group (each group x column is one line).
+        title, y_title: figure and y-axis titles; ``tickformat``, ``hover_format``: d3 formats.
+        note: text of the empty figure.
+        y_range: fixed y range, or None.
+    """
+    suffix = f" per {fmt_window(window_s)} window"
+    if df.empty:
+        return _empty(title + suffix, note)
+    d = with_gaps(df.sort_values("window_start_s"), window_s=window_s, keys=list(by))
+    d = d.sort_values("window_start_s")
+    d["group"] = series_label(d, by)
+    d["t"] = _utc(d["window_start_s"].astype("float64") + 0.5 * float(window_s))
+    labels = sorted(d["group"].dropna().unique().tolist())
+    colours = _colour_map(labels)
+    dashes = ("solid", "dot", "dash", "dashdot")
+    fig = go.Figure()
+    for label in labels:
+        g = d[d["group"] == label]
+        for k, (col, name) in enumerate(series.items()):
+            if col not in g.columns:
+                continue
+            full = f"{label} {name}".strip() if label != "all" else name
+            fig.add_trace(go.Scatter(
+                x=g["t"], y=g[col].astype("float64"), mode="lines", name=full, connectgaps=False,
+                line=dict(color=colours[label], width=2, dash=dashes[k % len(dashes)]),
+                hovertemplate=f"%{{x|%Y-%m-%d %H:%M}} UTC<br>%{{y:{hover_format}}}<extra>{full}</extra>"))
+    fig.update_layout(title=title + suffix, height=360, **_LAYOUT)
+    fig.update_yaxes(title=y_title, tickformat=tickformat, rangemode="tozero",
+                     **({"range": y_range} if y_range else {}))
+    fig.update_xaxes(title="time (UTC)", range=_time_range(d["window_start_s"], window_s))
     return fig

@@ -9,7 +9,9 @@ Rules:
 1. Quick picks are relative to the wall clock: ``1h``, ``6h``, ``24h``, ``7d`` mean the last
    hour, six hours... up to now; ``all`` is unbounded; ``custom`` is whole UTC days.
 2. The default pick is ``all`` when the newest stored sample or request is older than 24 h (so
-   a database built from past captures shows its data on first open), else ``24h``.
+   a database built from past captures shows its data on first open); else ``7d`` when the
+   oldest stored data is more than 24 h old (a week of history shows on first open), else
+   ``24h``.
 3. An empty multiselect means "all" (None is passed to the queries), never "none".
 """
 
@@ -110,10 +112,14 @@ def quick_range(label: str, *, now_s: float) -> tuple[float | None, float | None
     return now_s - span, None
 
 
-def default_range_label(max_ts_unix_s: float | None, *, now_s: float) -> str:
-    """``'all'`` when there is no data or the newest data is older than 24 h, else ``'24h'``."""
+def default_range_label(max_ts_unix_s: float | None, *, now_s: float,
+                        min_ts_unix_s: float | None = None) -> str:
+    """``'all'`` when there is no data or the newest data is older than 24 h; ``'7d'`` when the
+    oldest data (``min_ts_unix_s``) is more than 24 h old; else ``'24h'`` (Unix seconds)."""
     if max_ts_unix_s is None or now_s - float(max_ts_unix_s) > STALE_AFTER_S:
         return "all"
+    if min_ts_unix_s is not None and now_s - float(min_ts_unix_s) > STALE_AFTER_S:
+        return "7d"
     return "24h"
 
 
@@ -152,7 +158,8 @@ def sidebar(values: dict, *, now_s: float) -> Filters:
     import streamlit as st
 
     st.sidebar.header("Filters")
-    default = default_range_label(values.get("max_ts_unix_s"), now_s=now_s)
+    default = default_range_label(values.get("max_ts_unix_s"), now_s=now_s,
+                                  min_ts_unix_s=values.get("min_ts_unix_s"))
     label = st.sidebar.radio(
         "Time range", RANGE_CHOICES, index=RANGE_CHOICES.index(default), horizontal=True,
         key="filter_range",

@@ -10,6 +10,7 @@ Reserved numbers, one owner each, so that parallel work never collides:
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
 9 requests digest key, 10-19 counts you can trust (issue 11: metric_samples keyed by run),
 20-29 hostile input (issue 12; none used yet), 30-39 diagnose (issue 13: diagnoses and breakers),
+40-49 first contact (issue 14: alert_sends.claimed_by),
 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency),
 70-79 production scale (issue 17: stored counter increases, rollups, retention). Columns documented in
 ``docs/schema.md``.
@@ -545,6 +546,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (diagnosis_id, rank)
         )
         """,
+    )),
+    Migration(40, "alert sends record who claimed them", (
+        # host:pid of the run that claimed a 'sending' row: a later run on the same host sees
+        # that the process died during SMTP and retries instead of reading it as sent
+        "ALTER TABLE alert_sends ADD COLUMN IF NOT EXISTS claimed_by VARCHAR",
     )),
     Migration(60, "requests carry their provider", (
         # gen_ai.provider.name of an OTLP span, LiteLLM custom_llm_provider, ...: NULL when the

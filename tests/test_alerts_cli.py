@@ -152,3 +152,54 @@ def test_missing_database(cli, tmp_path):
     cfg = _config(tmp_path, free_port())
     code, _, err = cli(["report", "daily", "--db", tmp_path / "none.duckdb", "--config", cfg])
     assert code == 3 and "no database at" in err
+
+
+def test_a_run_killed_during_smtp_is_named_and_retried(daily_db, tmp_path):
+    """Issue 11 item 8: a run killed while SMTP hangs leaves a ``sending`` row with 0 attempts;
+    the next run says so and sends, instead of "already sent"."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tests.dashboard_support import PREFIXSCOPE
+
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(8)  # accepts the TCP connection in the backlog and never greets: SMTP waits
+    try:
+        cfg = _config(tmp_path, hang.getsockname()[1])
+        args = [PREFIXSCOPE, "report", "daily", "--db", daily_db, "--date", "2026-11-28",
+                "--config", cfg, "--send"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and status != "sending":
+            assert proc.poll() is None, "the run ended before its claim was seen"
+            with store_db.reader(daily_db) as con:
+                row = con.execute("SELECT status, attempts FROM alert_sends").fetchone()
+            status = row[0] if row else None
+            time.sleep(0.2)
+        assert status == "sending" and row[1] == 0
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        hang.close()
+    server = start_smtp()
+    try:
+        cfg = _config(tmp_path, server.port)
+        done = subprocess.run([sys.executable, "-c", "from prefixscope.cli.main import main; main()",
+                               *args[1:-3], "--config", cfg, "--send"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert (f"the send to oncall@example.com claimed by pid {proc.pid} was never finished "
+                "(0 SMTP attempts recorded): that run died; sending again") in done.stdout
+        assert "sent to oncall@example.com: [prefixscope] OK tiny-llama 94% hit rate" in done.stdout
+        assert len(server.received) == 1
+        with store_db.reader(daily_db) as con:
+            rows = con.execute("SELECT status, error FROM alert_sends ORDER BY created_unix_s").fetchall()
+        assert rows[0][0] == "failed" and f"pid {proc.pid}" in rows[0][1] and rows[1][0] == "sent"
+    finally:
+        server.stop()

@@ -198,6 +198,8 @@ def test_filter_rules():
     assert default_range_label(T0, now_s=now) == "all"
     assert default_range_label(None, now_s=now) == "all"
     assert default_range_label(now - 600, now_s=now) == "24h"
+    assert default_range_label(now - 600, now_s=now, min_ts_unix_s=now - 3600) == "24h"
+    assert default_range_label(now - 600, now_s=now, min_ts_unix_s=now - 6 * 86400) == "7d"
     assert custom_range(date(2026, 11, 28), date(2026, 11, 28)) == (1795824000.0, 1795910400.0)
     assert custom_range(date(2026, 11, 29), date(2026, 11, 28)) == (1795824000.0, 1795996800.0)
     assert selection([]) is None and selection(["a"]) == ("a",)

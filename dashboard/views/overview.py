@@ -99,33 +99,97 @@ with data.guard(db):
                    "counted from the new value (marked ✕ on the chart).",
                    icon=":material/restart_alt:")
 
-    st.subheader(f"Latest {window_label} window per model")
+    st.subheader("Hit rate over the range, per model")
     latest = (per_model[per_model["query_tokens"].fillna(0) > 0]
               .sort_values("window_start_s").groupby("model", dropna=False).tail(1)
-              .sort_values("model"))
+              .set_index("model"))
+    shown = totals[totals["query_tokens"].fillna(0) > 0].sort_values("model")
     cols = st.columns(4)
-    for i, (_, row) in enumerate(latest.iterrows()):
+    for i, (_, row) in enumerate(shown.iterrows()):
         model = row["model"]
         threshold = data.alert_threshold(model)
         with cols[i % len(cols)]:
             st.metric(
-                label=f"{model}",
+                label=f"{model} · whole range",
                 value=fmt_pct(row["hit_rate"]),
-                help=(f"Window from {fmt_time(row['window_start_s'])} ({window_label}): "
-                      f"{fmt_int(row['hit_tokens'])} of {fmt_tokens(row['query_tokens'])} from cache. "
-                      f"OK at {threshold:.0%} or more."),
+                help=(f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} query tokens "
+                      f"from cache over the selected range ({f.describe()}). "
+                      f"OK at {threshold:.0%} or more. The window radio does not change it."),
                 border=True,
             )
             st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold)} "
-                        f"{fmt_int(row['hit_tokens'])} of {fmt_tokens(row['query_tokens'])}")
-    if latest.empty:
-        st.caption("No window in this range had any query tokens.")
+                        f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} tokens")
+            if model in latest.index:
+                last = latest.loc[model]
+                st.markdown(f"Latest {window_label} window: **{fmt_pct(last['hit_rate'])}** "
+                            f"{status_badge(last['hit_tokens'], last['query_tokens'], threshold)}",
+                            help=f"The window from {fmt_time(last['window_start_s'])}: "
+                                 f"{fmt_int(last['hit_tokens'])} of "
+                                 f"{fmt_int(last['query_tokens'])} query tokens from cache.")
+    if shown.empty:
+        st.caption("No query tokens in this range.")
 
-    st.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),
-                                               window_s=window_s),
-                    key="overview_hit_rate")
-    st.plotly_chart(figures.tokens_over_time(windows, by=by, window_s=window_s),
-                    key="overview_tokens")
+    left, right = st.columns(2)
+    left.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),
+                                                 window_s=window_s),
+                      key="overview_hit_rate")
+    common = dict(start_s=f.start_s, end_s=f.end_s, window_s=window_s, models=f.models,
+                  instances=f.instances, run_ids=f.run_ids)
+    prompt_rate = data.query(db, "serving", "counter_increase_by_window",
+                             metric="vllm:prompt_tokens_total", by=by, **common)
+    right.plotly_chart(figures.window_lines(
+        prompt_rate, series={"per_s": ""}, window_s=window_s, by=by,
+        title="Prompt tokens per second", y_title="tokens/s",
+        note="no vllm:prompt_tokens_total in this range"), key="overview_prompt_rate")
+    st.caption("Read the hit rate beside the traffic: a drop in the hit rate while the prompt-token "
+               "rate holds is a drop in reuse, not in traffic.")
+
+    st.subheader("Serving")
+    left, right = st.columns(2)
+    ttft_log = data.query(db, "serving", "ttft_by_hit_window", **common)
+    if not ttft_log.empty:
+        ttft_log = ttft_log.pivot_table(index="window_start_s", columns="outcome",
+                                        values=["p50_ms", "p90_ms"]).reset_index()
+        ttft_log.columns = ["window_start_s" if a == "window_start_s" else f"{b}_{a}"
+                            for a, b in ttft_log.columns]
+    left.plotly_chart(figures.window_lines(
+        ttft_log, series={c: c.replace("_ms", "").replace("_", " ") for c in
+                          ("hit_p50_ms", "hit_p90_ms", "miss_p50_ms", "miss_p90_ms")
+                          if c in ttft_log.columns},
+        window_s=window_s, title="TTFT by hit and miss (usage log)", y_title="ms",
+        note="no request with ttft_ms and cached_tokens in this range"), key="overview_ttft_log")
+    ttft_hist = data.query(db, "serving", "ttft_histogram_by_window", by=("model",), **common)
+    if not ttft_hist.empty:
+        ttft_hist = ttft_hist.assign(p50_ms=ttft_hist["p50_s"] * 1000.0,
+                                     p90_ms=ttft_hist["p90_s"] * 1000.0)
+    right.plotly_chart(figures.window_lines(
+        ttft_hist, series={"p50_ms": "p50", "p90_ms": "p90"}, window_s=window_s, by=("model",),
+        title="TTFT from vLLM's histogram", y_title="ms",
+        note="no vllm:time_to_first_token_seconds in this range"), key="overview_ttft_hist")
+    c1, c2, c3 = st.columns(3)
+    kv = data.query(db, "serving", "gauge_by_window", metric="vllm:kv_cache_usage_perc",
+                    by=("instance",), **common)
+    c1.plotly_chart(figures.window_lines(
+        kv, series={"mean_value": "mean", "max_value": "max"}, window_s=window_s,
+        by=("instance",), title="KV-cache usage", y_title="of the pool", tickformat=".0%",
+        hover_format=".1%", note="no vllm:kv_cache_usage_perc in this range"),
+        key="overview_kv_usage")
+    running = data.query(db, "serving", "gauge_by_window", metric="vllm:num_requests_running",
+                         by=("instance",), **common)
+    waiting = data.query(db, "serving", "gauge_by_window", metric="vllm:num_requests_waiting",
+                         by=("instance",), **common)
+    queue = pd.concat([running.assign(kind="running"), waiting.assign(kind="waiting")])
+    c2.plotly_chart(figures.window_lines(
+        queue, series={"mean_value": "mean"}, window_s=window_s, by=("instance", "kind"),
+        title="Requests running and waiting", y_title="requests", hover_format=",.2f",
+        tickformat=",.1f", note="no vllm:num_requests_running in this range"),
+        key="overview_queue")
+    preempt = data.query(db, "serving", "counter_increase_by_window",
+                         metric="vllm:num_preemptions_total", by=("instance",), **common)
+    c3.plotly_chart(figures.window_lines(
+        preempt, series={"increase": ""}, window_s=window_s, by=("instance",),
+        title="Preemptions", y_title="preemptions", tickformat=",.0f", hover_format=",.0f",
+        note="no vllm:num_preemptions_total in this range"), key="overview_preemptions")
 
     st.subheader("Whole range per model")
     if not totals.empty:

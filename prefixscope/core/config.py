@@ -87,9 +87,12 @@ class IdentityConfig(_Section):
 
 
 class DashboardConfig(_Section):
-    """``[dashboard]``: refresh interval of cached query results, in seconds."""
+    """``[dashboard]``: refresh interval of cached query results (seconds; the pages also
+    re-run on their own at this interval) and ``public_url``, the URL users open the served
+    dashboard at (the daily email links there; default ``[alerts] dashboard_url``)."""
 
     cache_ttl_s: float = 15.0
+    public_url: str | None = None
 
 
 class Settings(_Section):

@@ -17,7 +17,9 @@ Rules (docs/alerts.md, product-brief.md):
 - **NO DATA**: no prompt tokens, or fewer than ``min_query_tokens`` (the daily report's volume
   guard: a cold restart with 0 of 1 queried tokens is not an alert).
 - **STALE** (daily report only): a metrics source of the model stopped reporting; it wins over
-  the other three. Severity, worst first: ALERT, STALE, NO DATA, OK.
+  OK and NO DATA, never over ALERT: a line under the threshold whose source also went silent
+  reads ALERT and names the silent source too (both are shown). Severity, worst first: ALERT,
+  STALE, NO DATA, OK.
 - **Threshold** of a model: ``[alerts] per_model_threshold[model]``, else
   ``[alerts] hit_rate_threshold`` (default :data:`DEFAULT_THRESHOLD`).
 - **The line**: ``608,000 of 644,000 prompt tokens from cache (94%): OK``; the percentage is
@@ -74,13 +76,15 @@ def hit_status(cached_tokens: int, prompt_tokens: int, threshold: float) -> str:
 
 def status_of(cached_tokens: int, prompt_tokens: int, *, threshold: float,
               min_query_tokens: int = 1, stale: bool = False) -> str:
-    """The status of one line, in the module's order: STALE, NO DATA (fewer than
-    ``min_query_tokens`` prompt tokens), then OK / ALERT."""
-    if stale:
-        return STALE
+    """The status of one line, in the module's order: ALERT when under the threshold (stale or
+    not), else STALE, then NO DATA (fewer than ``min_query_tokens`` prompt tokens), then OK."""
     if int(prompt_tokens) < min_query_tokens or int(prompt_tokens) <= 0:
-        return NO_DATA
-    return hit_status(cached_tokens, prompt_tokens, threshold)
+        base = NO_DATA
+    else:
+        base = hit_status(cached_tokens, prompt_tokens, threshold)
+    if stale:
+        return ALERT if base == ALERT else STALE
+    return base
 
 
 def worst(statuses: Iterable[str]) -> str:
@@ -141,6 +145,8 @@ def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshol
     if status in (OK, ALERT, INCONSISTENT):
         fstatus, text = format_report_line(cached_tokens, prompt_tokens, threshold)
         assert fstatus == status, (fstatus, status)
+        if stale:  # ALERT and a silent source: say both
+            text += "; also STALE: " + _silent(stale, zone)
         return text
     head = f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache"
     if prompt_tokens > 0:
@@ -148,12 +154,16 @@ def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshol
     if status == NO_DATA:
         return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
     assert status == STALE, status
+    return f"{head}: STALE: " + _silent(stale, zone)
+
+
+def _silent(stale: Sequence[SilentSource], zone: tzinfo | None) -> str:
     parts = []
     for s in stale:
         last = datetime.fromtimestamp(s.last_ts_unix_s, tz=zone or _utc())
         every = f", scraped every {s.median_gap_s:g} s before" if s.median_gap_s else ""
         parts.append(f"no scrape from {s.instance} after {last:%Y-%m-%d %H:%M}{every}")
-    return f"{head}: STALE: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
 def _utc() -> tzinfo:

@@ -84,10 +84,32 @@ def active_send_recipients(con: duckdb.DuckDBPyConnection, *, day: str, tz: str,
     return {r[0] for r in rows}
 
 
+def open_claims(con: duckdb.DuckDBPyConnection, *, day: str, tz: str) -> pd.DataFrame:
+    """The ``sending`` rows of (``day``, ``tz``): claims not (yet) closed.
+
+    Returns:
+        Columns ``send_id, recipients, claimed_by`` (``host:pid``, NULL for rows written
+        before migration 40), ``attempts``, ``created_unix_s``; oldest first.
+    """
+    return con.execute(
+        "SELECT send_id, recipients, claimed_by, attempts, created_unix_s FROM alert_sends "
+        "WHERE day = ? AND tz = ? AND status = ? ORDER BY created_unix_s",
+        [day, tz, SEND_SENDING]).df()
+
+
+def last_sent(con: duckdb.DuckDBPyConnection, *, day: str, tz: str,
+              recipients: str) -> float | None:
+    """When the newest ``sent`` row of (day, tz, recipients) was sent (Unix s), or None."""
+    row = con.execute(
+        "SELECT max(coalesce(finished_unix_s, created_unix_s)) FROM alert_sends WHERE day = ? "
+        "AND tz = ? AND recipients = ? AND status = ?", [day, tz, recipients, SEND_SENT]).fetchone()
+    return None if row[0] is None else float(row[0])
+
+
 def claim_send(con: duckdb.DuckDBPyConnection, *, send_id: str, day: str, tz: str,
                recipients: str, subject: str, report_status: str, message_id: str,
                resend: bool, smtp_host: str, lines_json: str, now_unix_s: float,
-               claim_timeout_s: float) -> bool:
+               claim_timeout_s: float, claimed_by: str | None = None) -> bool:
     """Record the intent to send one email, unless it is already sent or being sent.
 
     Runs its own transaction (the caller holds a writer connection and no open transaction).
@@ -114,9 +136,10 @@ def claim_send(con: duckdb.DuckDBPyConnection, *, send_id: str, day: str, tz: st
         con.execute(
             "INSERT INTO alert_sends (send_id, day, tz, recipients, subject, report_status, "
             "status, message_id, attempts, error, resend, smtp_host, lines_json, created_unix_s, "
-            "finished_unix_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, ?, NULL)",
+            "finished_unix_s, claimed_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, NULL, ?, ?, ?, ?, "
+            "NULL, ?)",
             [send_id, day, tz, recipients, subject, report_status, SEND_SENDING, message_id,
-             resend, smtp_host, lines_json, now_unix_s])
+             resend, smtp_host, lines_json, now_unix_s, claimed_by])
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

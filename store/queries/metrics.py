@@ -653,8 +653,9 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Values for the dashboard's filters, from the stored samples (created-zero samples aside).
 
     Returns:
-        ``{"models": [...], "instances": [...], "run_ids": [...], "min_ts_unix_s": float | None,
-        "max_ts_unix_s": float | None}``, lists sorted ascending.
+        ``{"models": [...], "instances": [...], "run_ids": [...], "production_instances":
+        [...], "min_ts_unix_s": float | None, "max_ts_unix_s": float | None}``, lists sorted
+        ascending; ``production_instances`` are those with production samples (``run_id = ''``).
     """
     models = [r[0] for r in con.execute(
         "SELECT DISTINCT model FROM metric_samples WHERE model IS NOT NULL ORDER BY model"
@@ -663,10 +664,14 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         "SELECT DISTINCT instance FROM metric_samples ORDER BY instance").fetchall()]
     run_ids = [r[0] for r in con.execute(
         "SELECT DISTINCT run_id FROM metric_samples ORDER BY run_id").fetchall()]
+    production = [r[0] for r in con.execute(
+        "SELECT DISTINCT instance FROM metric_samples WHERE run_id = '' ORDER BY instance"
+    ).fetchall()]
     lo, hi = con.execute(
         "SELECT min(ts_unix_s), max(ts_unix_s) FROM metric_samples WHERE NOT created_zero"
     ).fetchone()
     return {"models": models, "instances": instances, "run_ids": run_ids,
+            "production_instances": production,
             "min_ts_unix_s": None if lo is None else float(lo),
             "max_ts_unix_s": None if hi is None else float(hi)}
 

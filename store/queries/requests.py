@@ -615,7 +615,8 @@ def request_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
     same values, ~50x fewer rows).
 
     Returns:
-        ``{"models": [...], "instances": [...], "run_ids": [...]}`` (sorted, NULLs dropped) and
+        ``{"models": [...], "instances": [...], "run_ids": [...], "production_instances": [...]}``
+        (sorted, NULLs dropped; ``production_instances`` have ``run_id = ''`` rows) and
         ``"min_ts_unix_s"``/``"max_ts_unix_s"`` (None without timed requests).
     """
     table = "request_rollup_1m" if rollup_current(con) else "requests"
@@ -627,8 +628,12 @@ def request_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
             f"SELECT DISTINCT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY 1").fetchall()]
 
     lo, hi = con.execute(f"SELECT min({lo_col}), max({hi_col}) FROM {table}").fetchone()
+    production = [r[0] for r in con.execute(
+        f"SELECT DISTINCT instance FROM {table} WHERE run_id = '' AND instance IS NOT NULL "
+        "ORDER BY 1").fetchall()]
     return {"models": distinct("model"), "instances": distinct("instance"),
-            "run_ids": distinct("run_id"), "min_ts_unix_s": lo, "max_ts_unix_s": hi}
+            "run_ids": distinct("run_id"), "production_instances": production,
+            "min_ts_unix_s": lo, "max_ts_unix_s": hi}
 
 
 def request_flag_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,

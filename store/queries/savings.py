@@ -244,7 +244,8 @@ _GROUP_COSTS = """
     prompt_tokens * p_in + completion_tokens * p_out AS c_without,
     cached_tokens * (p_in - p_read)
       - (cache_write_tokens - cache_write_1h_tokens) * (p_write - p_in)
-      - cache_write_1h_tokens * (p_write_1h - p_in) AS c_saved
+      - cache_write_1h_tokens * (p_write_1h - p_in) AS c_saved,
+    greatest(prompt_tokens - cached_tokens - cache_write_tokens, 0) * (p_in - p_read) AS c_miss
 """
 
 _SUM_COLS = ("requests", "reported_requests", "prompt_tokens", "cached_tokens",
@@ -258,8 +259,8 @@ def _priced_sql(keys: str, where: str, extra_select: str = "", extra_from: str =
 
     Columns: keys, ``currency, shadow, price_source`` (distinct labels joined by ``; ``),
     ``priced_requests``, the token sums of :data:`_SUM_COLS`, ``cost_without_cache,
-    cost_with_cache, saved`` (DOUBLE currency units; NULL when no request of the group was
-    priced).
+    cost_with_cache, saved, miss_cost`` (DOUBLE currency units; NULL when no request of the
+    group was priced).
     """
     sums = ", ".join(f"CAST(sum({c}) AS BIGINT) AS {c}" for c in _SUM_COLS)
     return f"""
@@ -283,7 +284,8 @@ def _priced_sql(keys: str, where: str, extra_select: str = "", extra_from: str =
                    AS cost_without_cache,
                CAST(sum(c_without - c_saved) FILTER (WHERE priced) / 1000000.0 AS DOUBLE)
                    AS cost_with_cache,
-               CAST(sum(c_saved) FILTER (WHERE priced) / 1000000.0 AS DOUBLE) AS saved
+               CAST(sum(c_saved) FILTER (WHERE priced) / 1000000.0 AS DOUBLE) AS saved,
+               CAST(sum(c_miss) FILTER (WHERE priced) / 1000000.0 AS DOUBLE) AS miss_cost
         FROM gc GROUP BY {keys}
     """
 
@@ -309,7 +311,9 @@ def savings_by_model(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
         reported_requests, prompt_tokens, cached_tokens, cache_write_tokens,
         cache_write_1h_tokens, completion_tokens`` (tokens), ``cost_without_cache,
         cost_with_cache, saved`` (currency units, NULL without a price), ``saved_fraction``
-        (saved / cost_without_cache), ``note`` (:data:`NO_PRICE_NOTE` when no request of the
+        (saved / cost_without_cache), ``miss_cost`` (what the prompt tokens neither read from
+        nor written to the cache cost above the cached-input price, ``(I - R - W) (p_in -
+        p_read) / 1e6``: the cost of the misses), ``note`` (:data:`NO_PRICE_NOTE` when no request of the
         model has a price, :data:`PARTLY_PRICED_NOTE` when some have none, else NULL).
         Ordered by model (NULL model last).
     """
@@ -319,7 +323,7 @@ def savings_by_model(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
         SELECT model, currency, shadow, price_source, requests, reported_requests,
                prompt_tokens, cached_tokens, cache_write_tokens, cache_write_1h_tokens,
                completion_tokens, cost_without_cache, cost_with_cache, saved,
-               saved / NULLIF(cost_without_cache, 0) AS saved_fraction,
+               saved / NULLIF(cost_without_cache, 0) AS saved_fraction, miss_cost,
                CASE WHEN priced_requests IS NULL THEN ?
                     WHEN priced_requests < requests THEN ? END AS note
         FROM m ORDER BY model NULLS LAST

@@ -49,9 +49,10 @@ def daily_cmd(
     if as_json:
         print_json(run.as_dict())
     else:
-        out.print(render_text(run.report, dashboard_url=settings.alerts.dashboard_url),
+        out.print(render_text(run.report, dashboard_url=settings.dashboard.public_url
+                              or settings.alerts.dashboard_url),
                   markup=False, highlight=False, end="")
-        for line in describe_outcomes(run.outcomes):
+        for line in [*run.notes, *describe_outcomes(run.outcomes)]:
             out.print(line, markup=False, highlight=False)
     run.raise_for_failures()
 

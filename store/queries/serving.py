@@ -1,0 +1,230 @@
+"""Serving panels beside the hit rate: gauges, counter rates, TTFT quantiles (aggregates only).
+
+What a vLLM Grafana board shows next to the prefix cache, per window (``docs/metrics.md#serving``):
+
+1. **Gauges** (``vllm:kv_cache_usage_perc`` fraction 0..1, ``vllm:num_requests_running``,
+   ``vllm:num_requests_waiting``): mean and max of the samples in each window, per group.
+2. **Counter increase per window** (``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``):
+   the store's increase rule (``prefixscope.store.queries.metrics``, rules 1-4: a drop is a
+   restart counted from 0), summed over series; ``per_s`` = increase / window_s.
+3. **TTFT from vLLM's histogram** (``vllm:time_to_first_token_seconds``): bucket increases per
+   window summed over series, then Prometheus' ``histogram_quantile`` (linear interpolation
+   inside the bucket; the ``+Inf`` bucket reports the highest finite bound).
+4. **TTFT from the usage log** (``requests.ttft_ms``): ``quantile_cont`` per window, split into
+   *hit* (``cached_tokens > 0``) and *miss* (``cached_tokens = 0``), the Requests page's rule
+   (``request_latency_quantiles``); requests without ``ttft_ms`` or ``cached_tokens`` are left
+   out.
+
+Every function returns one row per window and group, never a sample or a request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.queries.metrics import _by_columns, _filters, _increases_cte
+from prefixscope.store.sqlhelpers import window_start_sql
+
+GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+TTFT_FAMILY = "vllm:time_to_first_token_seconds"
+
+
+def _window(window_s: float) -> None:
+    if not window_s or window_s <= 0:
+        raise InvalidArgument(f"window_s must be > 0, got {window_s!r}")
+
+
+def gauge_by_window(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: float | None,
+                    end_s: float | None, window_s: float, by: Sequence[str] = ("instance",),
+                    models: Sequence[str] | None = None, instances: Sequence[str] | None = None,
+                    run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Mean and max of a gauge per window (rule 1).
+
+    Returns:
+        Columns ``window_start_s``, ``window_end_s`` (Unix s), the ``by`` columns,
+        ``mean_value``, ``max_value`` (the gauge's unit), ``samples``; oldest first.
+
+    Raises:
+        InvalidArgument: unknown gauge, grouping column or a window <= 0.
+    """
+    if metric not in GAUGES:
+        raise InvalidArgument(f"not a serving gauge: {metric!r} (one of {', '.join(GAUGES)})")
+    _window(window_s)
+    cols = _by_columns(by)
+    where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
+    if start_s is not None:
+        where += " AND ts_unix_s >= ?"
+        params.append(float(start_s))
+    ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
+    group = "".join(f", {c}" for c in cols)
+    return con.execute(f"""
+        WITH per_sample AS (
+            SELECT {ws} AS window_start_s{group}, ts_unix_s, sum(value) AS value
+            FROM metric_samples
+            WHERE metric = ? AND NOT created_zero{where}
+            GROUP BY ALL
+        )
+        SELECT window_start_s, window_start_s + ? AS window_end_s{group},
+               avg(value) AS mean_value, max(value) AS max_value, count(*) AS samples
+        FROM per_sample GROUP BY ALL ORDER BY window_start_s{group}
+    """, [*wp, metric, *params, float(window_s)]).df()
+
+
+def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
+                               start_s: float | None, end_s: float | None, window_s: float,
+                               by: Sequence[str] = ("instance",),
+                               models: Sequence[str] | None = None,
+                               instances: Sequence[str] | None = None,
+                               run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Increase of a counter per window, summed over series (rule 2).
+
+    Returns:
+        Columns ``window_start_s``, ``window_end_s``, the ``by`` columns, ``increase`` (the
+        counter's unit), ``per_s`` (increase / window_s); oldest first.
+    """
+    _window(window_s)
+    cols = _by_columns(by)
+    cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
+                                 instances=instances, run_ids=run_ids)
+    ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
+    group = "".join(f", {c}" for c in cols)
+    return con.execute(f"""
+        WITH {cte},
+        win AS (SELECT {ws} AS window_start_s{group}, increase FROM inc)
+        SELECT window_start_s, window_start_s + ? AS window_end_s{group},
+               sum(increase) AS increase, sum(increase) / ? AS per_s
+        FROM win GROUP BY ALL ORDER BY window_start_s{group}
+    """, [*params, *wp, float(window_s), float(window_s)]).df()
+
+
+def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' ``histogram_quantile`` over ``(upper bound, cumulative count)`` pairs sorted
+    by bound (``+Inf`` last): linear interpolation inside the bucket holding rank ``q x total``;
+    the first bucket interpolates from 0; a rank in ``+Inf`` returns the highest finite bound.
+    None without observations."""
+    if not buckets:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def ttft_histogram_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
+                             end_s: float | None, window_s: float,
+                             by: Sequence[str] = ("model",),
+                             quantiles: Sequence[float] = (0.5, 0.9),
+                             models: Sequence[str] | None = None,
+                             instances: Sequence[str] | None = None,
+                             run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """TTFT quantiles per window from vLLM's histogram (rule 3).
+
+    Returns:
+        Columns ``window_start_s``, ``window_end_s``, the ``by`` columns, ``requests`` (the
+        ``_count`` increase), and ``p50_s``, ``p90_s``... (seconds) for ``quantiles``; oldest
+        first. Windows without observations are absent.
+    """
+    _window(window_s)
+    cols = _by_columns(by)
+    where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
+    start_clause, start_params = "", []
+    if start_s is not None:
+        start_clause, start_params = " AND ts_unix_s >= ?", [float(start_s)]
+    ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
+    group = "".join(f", {c}" for c in cols)
+    rows = con.execute(f"""
+        WITH base AS (
+            SELECT run_id, labels, instance, model, engine, ts_unix_s, value,
+                   json_extract_string(labels, '$.le') AS le
+            FROM metric_samples
+            WHERE metric = ?{where}
+        ),
+        steps AS (
+            SELECT *, lag(value) OVER (PARTITION BY run_id, labels, instance
+                                               ORDER BY ts_unix_s) AS prev
+            FROM base
+        ),
+        inc AS (
+            SELECT {ws} AS window_start_s{group}, le,
+                   sum(CASE WHEN value < prev THEN value ELSE value - prev END) AS increase
+            FROM steps WHERE prev IS NOT NULL{start_clause}
+            GROUP BY ALL
+        )
+        SELECT window_start_s{group}, le, increase FROM inc
+        ORDER BY window_start_s{group}
+    """, [TTFT_FAMILY + "_bucket", *params, *wp, *start_params]).fetchall()
+    out: dict[tuple, list[tuple[float, float]]] = {}
+    for row in rows:
+        key = tuple(row[:1 + len(cols)])
+        le = row[1 + len(cols)]
+        bound = math.inf if le in ("+Inf", "inf", "Inf") else float(le)
+        out.setdefault(key, []).append((bound, float(row[2 + len(cols)])))
+    records: list[dict[str, Any]] = []
+    for key, buckets in out.items():
+        buckets.sort()
+        total = buckets[-1][1]
+        if total <= 0:
+            continue
+        rec: dict[str, Any] = {"window_start_s": key[0], "window_end_s": key[0] + window_s}
+        rec.update(dict(zip(cols, key[1:])))
+        rec["requests"] = total
+        for q in quantiles:
+            rec[f"p{round(q * 100):d}_s"] = histogram_quantile(buckets, q)
+        records.append(rec)
+    columns = ["window_start_s", "window_end_s", *cols, "requests",
+               *[f"p{round(q * 100):d}_s" for q in quantiles]]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def ttft_by_hit_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
+                       end_s: float | None, window_s: float,
+                       models: Sequence[str] | None = None,
+                       instances: Sequence[str] | None = None,
+                       run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """TTFT p50 and p90 per window from the usage log, hits and misses apart (rule 4).
+
+    Returns:
+        Columns ``window_start_s``, ``window_end_s``, ``outcome`` (``hit`` / ``miss``),
+        ``requests``, ``p50_ms``, ``p90_ms``; oldest first.
+    """
+    _window(window_s)
+    clauses = ["ttft_ms IS NOT NULL", "cached_tokens IS NOT NULL", "ts_unix_s IS NOT NULL"]
+    params: list[Any] = []
+    for col, values in (("model", models), ("instance", instances), ("run_id", run_ids)):
+        if values is not None:
+            clauses.append(f"list_contains(?::VARCHAR[], {col})")
+            params.append(list(values))
+    if start_s is not None:
+        clauses.append("ts_unix_s >= ?")
+        params.append(float(start_s))
+    if end_s is not None:
+        clauses.append("ts_unix_s < ?")
+        params.append(float(end_s))
+    ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
+    return con.execute(f"""
+        WITH win AS (
+            SELECT {ws} AS window_start_s, ttft_ms,
+                   CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome
+            FROM requests WHERE {' AND '.join(clauses)}
+        )
+        SELECT window_start_s, window_start_s + ? AS window_end_s, outcome,
+               count(*) AS requests,
+               quantile_cont(ttft_ms, 0.5) AS p50_ms, quantile_cont(ttft_ms, 0.9) AS p90_ms
+        FROM win GROUP BY ALL ORDER BY window_start_s, outcome
+    """, [*wp, *params, float(window_s)]).df()
