@@ -34,3 +34,28 @@ def daily_report(db: str, *, day_iso: str, tz: str) -> dict:
     with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
         return build_daily_report(con, day=date.fromisoformat(day_iso), tz=tz, cfg=cfg,
                                   now_unix_s=time.time()).as_dict()
+
+
+@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=16)
+def daily_email_html(db: str, *, day_iso: str, tz: str) -> str:
+    """The daily report of ``day_iso`` rendered as the email's HTML body
+    (``prefixscope.alerts.render.render_html``), with its chart inline (a data URI instead of
+    the email's ``cid:`` part), linking to ``[dashboard] public_url`` (default
+    ``[alerts] dashboard_url``)."""
+    import base64
+
+    from prefixscope.alerts.daily import build_daily_report
+    from prefixscope.alerts.render import render_chart_png, render_html
+    from prefixscope.core.config import load_settings
+
+    settings = load_settings()
+    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
+        report = build_daily_report(con, day=date.fromisoformat(day_iso), tz=tz,
+                                    cfg=settings.alerts, now_unix_s=time.time())
+    png = render_chart_png(report)
+    url = settings.dashboard.public_url or settings.alerts.dashboard_url
+    html = render_html(report, dashboard_url=url, chart_cid="chart" if png else None)
+    if png:
+        html = html.replace("cid:chart", "data:image/png;base64,"
+                            + base64.b64encode(png).decode("ascii"))
+    return html

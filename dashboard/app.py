@@ -45,6 +45,28 @@ def url_path(rel: str) -> str:
     return Path(rel).stem
 
 
+_FULL_RUN_KEY = "prefixscope.full_run_monotonic_s"
+_TICKS: dict[float, object] = {}
+
+
+def live_ticker(every_s: float):
+    """A fragment that re-runs the whole app every ``every_s`` seconds (the cache TTL), so a
+    page left open shows new data: ``st.rerun(scope="app")`` keeps every widget's value
+    (selections, time range, window), unlike a browser reload. The ticker does nothing when
+    the app itself ran less than ``0.9 x every_s`` ago (the full run also runs the fragment)."""
+    import streamlit as st
+
+    if every_s not in _TICKS:
+        @st.fragment(run_every=every_s)
+        def _tick() -> None:
+            last = st.session_state.get(_FULL_RUN_KEY, 0.0)
+            if time.monotonic() - last >= 0.9 * every_s:
+                st.rerun(scope="app")
+
+        _TICKS[every_s] = _tick
+    return _TICKS[every_s]
+
+
 def main() -> None:
     """Draw the shared chrome and run the selected page."""
     import streamlit as st
@@ -85,7 +107,15 @@ def main() -> None:
     if st.sidebar.button("Refresh now", icon=":material/refresh:",
                          help=f"Results are cached for {data.CACHE_TTL_S:g} s."):
         data.clear_cache()
-    st.sidebar.caption(f"Results refresh every {data.CACHE_TTL_S:g} s.")
+    live = st.sidebar.toggle("Live", value=True, key="live_refresh",
+                             help=f"Re-run the page every {data.CACHE_TTL_S:g} s (the cache "
+                                  "TTL) to show new data; your selections stay.")
+    st.sidebar.caption(f"Results refresh every {data.CACHE_TTL_S:g} s"
+                       + (" and the page follows on its own." if live else "; live is off."))
+    st.session_state[_FULL_RUN_KEY] = time.monotonic()
+    if live:
+        with st.sidebar:
+            live_ticker(float(data.CACHE_TTL_S))()
     for rel in missing:
         st.sidebar.caption(f"(page {rel} listed but not found)")
     nav.run()

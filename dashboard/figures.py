@@ -578,7 +578,8 @@ def run_cost_bars(df: pd.DataFrame, currency: str) -> go.Figure:
 
 def run_windows_figure(df: pd.DataFrame, labels: dict[str, str], window_s: float) -> go.Figure:
     """Hit rate per window of run time (since each run's first request; minutes, or hours for
-    runs longer than 10 hours).
+    runs longer than 10 hours), each point at its window's middle, lines broken at windows
+    without requests.
 
     Args:
         df: ``replay_run_windows`` rows: ``run_id``, ``window_start_s`` (seconds since the
@@ -587,10 +588,13 @@ def run_windows_figure(df: pd.DataFrame, labels: dict[str, str], window_s: float
     """
     hours = float(df["window_start_s"].max()) > 36_000
     unit_s, unit = (3600.0, "hours") if hours else (60.0, "minutes")
+    # each point at its window's middle; a window without requests breaks the run's line
+    d = with_gaps(df, window_s=window_s, keys=["run_id"]).sort_values("window_start_s")
     fig = go.Figure()
-    for run_id, g in df.groupby("run_id", sort=False):
-        fig.add_trace(go.Scatter(x=g["window_start_s"] / unit_s, y=g["hit_rate"],
-                                 mode="lines+markers", name=labels.get(run_id, run_id)))
+    for run_id, g in d.groupby("run_id", sort=False):
+        fig.add_trace(go.Scatter(x=(g["window_start_s"] + window_s / 2) / unit_s,
+                                 y=g["hit_rate"], mode="lines+markers", connectgaps=False,
+                                 name=labels.get(run_id, run_id)))
     fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
                       xaxis_title=f"{unit} since the run's first request",
                       yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,

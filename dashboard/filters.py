@@ -213,3 +213,50 @@ def window_picker(key: str, labels: Sequence[str], *, default: str, help: str | 
     label = st.radio("Window", list(labels), index=list(labels).index(default), horizontal=True,
                      key=key, help=help)
     return label, WINDOWS_S[label]
+
+
+def run_option_label(run_id: str, label: object, kind: object, created_unix_s: object) -> str:
+    """How a run reads in a run picker: ``label · kind · created YYYY-MM-DD HH:MM`` (the run id
+    when it has no label); pure."""
+    from prefixscope.core.formatting import fmt_time
+
+    name = label if isinstance(label, str) and label else run_id
+    parts = [name]
+    if isinstance(kind, str) and kind:
+        parts.append(kind)
+    if isinstance(created_unix_s, (int, float)) and created_unix_s == created_unix_s:
+        parts.append(f"made {fmt_time(float(created_unix_s))}")
+    return " · ".join(parts)
+
+
+def default_runs(run_ids: Sequence[str], *, n: int) -> list[str]:
+    """The runs a picker starts with: the ``n`` newest (``run_ids`` is newest first)."""
+    return list(run_ids[:max(0, n)])
+
+
+def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
+               help: str | None = None) -> tuple[str, ...]:
+    """A searchable picker of every run in ``runs`` (newest first), for the pages that show
+    one run or compare chosen runs (Replay, Scopes, Rejections, Invariants).
+
+    Args:
+        runs: ``prefixscope.store.queries.replay.run_list`` rows (``run_id, kind, label,
+            created_unix_s``), newest first.
+        key: the widget key (the selection survives reruns and the live refresh).
+        default_n: how many of the newest runs are picked at first.
+        label, help: the widget's label and help text.
+
+    Returns:
+        The picked run ids (empty when the user cleared the picker).
+    """
+    import streamlit as st
+
+    ids = [str(r) for r in runs["run_id"]]
+    names = {str(r): run_option_label(str(r), lab, kind, made) for r, lab, kind, made in
+             zip(runs["run_id"], runs["label"], runs["kind"], runs["created_unix_s"])}
+    picked = st.multiselect(
+        label, ids, default=default_runs(ids, n=default_n), key=key,
+        format_func=lambda r: names.get(r, r), placeholder="Type to search the runs",
+        help=help or f"All {len(ids):,} runs, newest first; type to search. Each run is shown "
+                     "whole (the sidebar's time range does not cut it).")
+    return tuple(picked)

@@ -77,10 +77,11 @@ def test_overview_on_real_data(real_db, use_db):
     at = ds.run_app(use_db(real_db), "views/overview.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
-    assert ds.metrics(at) == {ds.MODEL: "50.2%"}
+    assert ds.metrics(at) == {f"{ds.MODEL} · whole range": "50.2%"}
     md = " ".join(ds.texts(at, "markdown"))
     assert ":green-badge[OK] 21,408 of 42,645 tokens" in md
-    assert ds.chart_count(at) == 2  # hit rate over time, query/hit tokens
+    # hit rate, prompt-token rate, TTFT (usage log, histogram), KV usage, queue, preemptions
+    assert ds.chart_count(at) == 7
     rate = ds.charts(at)["Prefix-cache hit rate per 1h window"]
     lines = {t["name"]: ds.values(t["y"]) for t in rate["data"]}
     assert lines == {f"{ds.MODEL} / {ds.BS32}": [pytest.approx(7136 / 11652)],
@@ -111,7 +112,7 @@ def test_overview_instance_filter(real_db, use_db, instance, value, status):
 
     at = ds.run_app(use_db(real_db), "views/overview.py", setup=pick)
     ds.assert_clean(at)
-    assert ds.metrics(at) == {ds.MODEL: value}
+    assert ds.metrics(at) == {f"{ds.MODEL} · whole range": value}
     colour = "green" if status == "OK" else "red"
     assert any(f":{colour}-badge[{status}]" in t for t in ds.texts(at, "markdown"))
     assert len(at.dataframe[1].value) == 1  # cache config of that instance only
@@ -124,9 +125,26 @@ def test_overview_window_selector(real_db, use_db):
 
     at = ds.run_app(use_db(real_db), "views/overview.py", setup=pick)
     ds.assert_clean(at)
-    # 5m windows: the kvevents server's last window holds only its second scrape's increase
-    assert ds.metrics(at) == {ds.MODEL: "36.9%"}  # 7,136 / 19,341
-    assert ds.chart_count(at) == 2
+    # the KPI is the range's total whatever the window (it read 36.9% with 5m windows before)
+    assert ds.metrics(at) == {f"{ds.MODEL} · whole range": "50.2%"}
+    md = " ".join(ds.texts(at, "markdown"))
+    # the latest window is a separate, labelled figure with its own status:
+    # the kvevents server's last 5m window holds only its second scrape's increase
+    assert "Latest 5m window: **36.9%** :red-badge[ALERT]" in md  # 7,136 / 19,341
+    assert ds.chart_count(at) == 7
+
+
+def test_overview_kpi_does_not_move_with_the_window(real_db, use_db):
+    values = {}
+    for window in ("5m", "1h", "1d"):
+        def pick(a, window=window):
+            a.radio(key="filter_range").set_value("all")
+            a.radio(key="overview_window").set_value(window)
+
+        at = ds.run_app(use_db(real_db), "views/overview.py", setup=pick)
+        ds.assert_clean(at)
+        values[window] = ds.metrics(at)
+    assert values["5m"] == values["1h"] == values["1d"] == {f"{ds.MODEL} · whole range": "50.2%"}
 
 
 def test_requests_on_real_data(real_db, use_db):

@@ -72,11 +72,15 @@ def test_demo_rebuild_replaces_the_database(tmp_path):
     assert report.db_path == path
 
 
-def test_story_release_day_reads_alert_for_the_coder_only(demo_db, cli):
+def test_story_release_day_reads_alert_for_the_coder_only(demo_db, cli, tmp_path):
     path, _ = demo_db
+    config = tmp_path / "prefixscope.toml"
+    config.write_text("")
     code, out, _ = cli(["report", "daily", "--db", path, "--date", "2026-11-29", "--tz", "UTC",
-                        "--config", "/nonexistent-prefixscope.toml"])
+                        "--config", str(config)])
     assert "Status: ALERT" in out
+    # one line per instance under the model served by two
+    assert "  coder-7b @ gpu-a1" in out and "  coder-7b @ gpu-a2" in out
     coder = next(line for line in out.splitlines() if line.startswith("coder-7b"))
     agent = next(line for line in out.splitlines() if line.startswith("agent-32b"))
     assert coder.endswith("ALERT: check the top of the prompt") and agent.endswith(": OK")

@@ -37,6 +37,13 @@ def test_replay_page_shows_runs_side_by_side(replay_db, monkeypatch):
     at = run_app(replay_db, PAGE)
     assert_clean(at)
     assert at.title[0].value == "Replay"
+    # the picker lists every run, newest first, and starts on the two newest
+    picker = at.multiselect(key="replay_runs")
+    assert len(picker.options) == 3 and picker.options[0].startswith("mooncake 400")
+    assert len(picker.value) == 2
+    picker.set_value(list(picker.value) + [r for r in _all_runs(replay_db)
+                                           if r not in picker.value]).run(timeout=120)
+    assert_clean(at)
     table = at.dataframe[0].value
     assert len(table) == 3
     assert set(table["layout"]) >= {"as recorded", "date-in-first-user"}
@@ -51,3 +58,9 @@ def test_replay_page_without_runs_explains_how_to_make_one(tmp_path, monkeypatch
     at = run_app(db, PAGE)
     assert_clean(at)
     assert any("prefixscope replay sim" in t for t in texts(at, "info"))
+
+
+def _all_runs(db):
+    with store_db.reader(db) as con:
+        return [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_unix_s DESC")
+                .fetchall()]

@@ -18,10 +18,23 @@ import streamlit as st
 from prefixscope.dashboard import alerts_data as dashboard_data
 from prefixscope.dashboard import data
 from prefixscope.core.formatting import fmt_pct, fmt_time
-from prefixscope.dashboard.downloads import show_table
+from prefixscope.dashboard.downloads import download_button, show_table
 
-STATUS_ICON = {"OK": "🟢 OK", "ALERT": "🔴 ALERT", "NO DATA": "⚪ NO DATA", "STALE": "🟠 STALE",
-               "INCONSISTENT": "🔴 INCONSISTENT"}
+#: Status colours (text, never emoji: a server may lack the fonts); the email's colours.
+STATUS_COLOUR = {"OK": "green", "ALERT": "red", "NO DATA": "gray", "STALE": "orange",
+                 "INCONSISTENT": "red"}
+_CSS_COLOUR = {"OK": "#1a7f37", "ALERT": "#cf222e", "NO DATA": "#57606a", "STALE": "#9a6700",
+               "INCONSISTENT": "#cf222e"}
+
+
+def status_badge(status: str) -> str:
+    """The status as a coloured Markdown badge (text, no emoji)."""
+    return f":{STATUS_COLOUR.get(status, 'gray')}-badge[{status}]"
+
+
+def _status_style(value: object) -> str:
+    colour = _CSS_COLOUR.get(str(value))
+    return f"color: {colour}; font-weight: bold" if colour else ""
 
 
 def _default_tz() -> str:
@@ -64,8 +77,9 @@ with data.guard(db):
     rep = dashboard_data.daily_report(db, day_iso=day.isoformat(), tz=tz)
     lines = rep["lines"]
     k1, k2, k3, k4 = st.columns(4)
-    k1.metric("Status", STATUS_ICON.get(rep["status"], rep["status"]), border=True,
-              help="The worst status among the lines.")
+    with k1:
+        st.metric("Status", rep["status"], border=True, help="The worst status among the lines.")
+        st.markdown(status_badge(rep["status"]))
     k2.metric("Lines", f"{len(lines):,}", border=True, help="Models, and (model, scope) pairs.")
     k3.metric("ALERT lines", f"{sum(1 for ln in lines if ln['status'] == 'ALERT'):,}",
               border=True)
@@ -77,10 +91,11 @@ with data.guard(db):
         st.info("No prefix-cache data for this day: no vLLM counters and no production requests "
                 "with cached_tokens. Pick another day, or ingest data.", icon=":material/info:")
     else:
-        show_table("alerts-1", pd.DataFrame({
+        table = pd.DataFrame({
             "model": [ln["model"] for ln in lines],
             "scope": [ln["scope"] or "all" for ln in lines],
-            "status": [STATUS_ICON[ln["status"]] for ln in lines],
+            "instance": [ln.get("instance") or "all" for ln in lines],
+            "status": [ln["status"] for ln in lines],
             "report line": [ln["text"] for ln in lines],
             "hit rate": [_rate(ln["figures"]) for ln in lines],
             "previous day": [_rate(ln["prev_day"]) for ln in lines],
@@ -88,8 +103,14 @@ with data.guard(db):
             "week before": [_rate(ln["prev_week"]) for ln in lines],
             "change vs week": [_pp(ln["change_prev_week"]) for ln in lines],
             "threshold": [fmt_pct(ln["threshold"], digits=0) for ln in lines],
-            "source": [ln["figures"]["source"] for ln in lines],
-        }), hide_index=True)
+            "source": [{"metrics": "vLLM counters", "requests": "per-request usage"}.get(
+                ln["figures"]["source"], "none") for ln in lines],
+        })
+        st.dataframe(table.style.map(_status_style, subset=["status"]), hide_index=True)
+        download_button(table, "alerts-1")
+        with st.expander("The email, as it is sent", expanded=True):
+            # st.html sanitizes; every value in the email body is already HTML-escaped
+            st.html(dashboard_data.daily_email_html(db, day_iso=day.isoformat(), tz=tz))
     for s in rep["stale_sources"]:
         st.warning(f"STALE: no scrape from `{s['instance']}` ({s['model']}) after "
                    f"{fmt_time(s['last_ts_unix_s'])}; stale after {s['stale_after_s']:g} s of "

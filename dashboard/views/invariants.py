@@ -47,10 +47,18 @@ db = data.db_path()
 f = filters.current()
 st.title("Invariants")
 st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
-           f"{f.describe(every_run_by_default=True)}.")
+           "Each picked run is shown whole.")
 
 with data.guard(db):
-    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())
+    runs = data.query(db, "replay", "run_list", with_decisions=True)
+    if runs.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    picked = filters.run_picker(runs, key="invariants_runs", label="Run (or runs to compare)")
+    if not picked:
+        st.info("Pick at least one run.", icon=":material/info:")
+        st.stop()
+    common = dict(start_s=None, end_s=None, run_ids=picked)
     counts = data.query(db, "scopes", "invariant_counts", **common)
     if counts["decided_requests"] == 0:
         st.info(EMPTY, icon=":material/info:")

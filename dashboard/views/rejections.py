@@ -25,10 +25,18 @@ db = data.db_path()
 f = filters.current()
 st.title("Rejections")
 st.caption("A rejection is a candidate hit whose identity did not match (any field): it is served "
-           f"as a miss. {f.describe(every_run_by_default=True)}.")
+           f"as a miss. Each picked run is shown whole.")
 
 with data.guard(db):
-    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids())
+    runs = data.query(db, "replay", "run_list", with_decisions=True)
+    if runs.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    picked = filters.run_picker(runs, key="rejections_runs", label="Run (or runs to compare)")
+    if not picked:
+        st.info("Pick at least one run.", icon=":material/info:")
+        st.stop()
+    common = dict(start_s=None, end_s=None, run_ids=picked)
     label, window_s = filters.window_picker("rejections_window", ("5m", "15m", "1h", "1d"), default="15m")
     misses = data.query(db, "scopes", "miss_breakdown_by_window", window_s=window_s, **common)
     decided = (misses[["ordinary_miss_requests", "version_mismatch_requests",

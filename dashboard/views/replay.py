@@ -5,7 +5,8 @@ Reads ``prefixscope.store.queries.replay.replay_runs`` and ``replay_run_windows`
 tokens saved = Σ cached_tokens (prefill tokens the cache served); cost without and with the
 cache at one price-table entry (a self-hosted model's shadow price by default, labelled as
 such), ``docs/replay.md#outputs``. The sidebar's time, model and instance filters do not apply:
-a run is compared whole. The run filter does, when set.
+a run is compared whole. The page's own run picker lists every replay run, newest first (the
+two newest are picked at first).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
 from prefixscope.dashboard.downloads import show_table
 
 EACH_MODEL = "each run's own model"
-MAX_DEFAULT_RUNS = 8
+#: Run kinds this page compares (captures and production are not replays).
+REPLAY_KINDS = ("replay-sim", "replay-live")
 EMPTY = ("No replay runs stored yet — run `prefixscope replay sim TRACE --ingest` (or "
          "`prefixscope replay compare TRACE --layout-b LAYOUT --ingest`), or `make demo`.")
 
@@ -68,7 +70,16 @@ st.page_link(str(Path(__file__).resolve().parent / "breakers.py"),
              icon=":material/troubleshoot:")
 
 with data.guard(db):
-    runs = data.query(db, "replay", "replay_runs", run_ids=f.replay_run_ids())
+    listed = data.query(db, "replay", "run_list", kinds=REPLAY_KINDS)
+    if listed.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    picked = filters.run_picker(listed, key="replay_runs", default_n=2,
+                                label="Runs to compare")
+    if not picked:
+        st.info("Pick at least one run.", icon=":material/info:")
+        st.stop()
+    runs = data.query(db, "replay", "replay_runs", run_ids=picked)
     if runs.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
@@ -80,15 +91,10 @@ with data.guard(db):
                             help="A price-table entry applied to every run (e.g. a self-hosted "
                                  "model's shadow price), or each run's own model.")
     if price_as != EACH_MODEL:
-        runs = data.query(db, "replay", "replay_runs", run_ids=f.replay_run_ids(), price_as=price_as)
+        runs = data.query(db, "replay", "replay_runs", run_ids=picked, price_as=price_as)
 
     labels = {r: (lab if isinstance(lab, str) and lab else r)
               for r, lab in zip(runs["run_id"], runs["label"])}
-    picked = st.multiselect("Runs", list(labels), default=list(labels)[:MAX_DEFAULT_RUNS],
-                            format_func=lambda r: labels[r])
-    if not picked:
-        st.info("Pick at least one run.", icon=":material/info:")
-        st.stop()
     sel = runs[runs["run_id"].isin(picked)].copy()
     sel["label"] = [labels[r] for r in sel["run_id"]]
     params = [run_params(p) for p in sel["params_json"]]

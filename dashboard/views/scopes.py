@@ -25,10 +25,18 @@ f = filters.current()
 st.title("Scopes")
 st.caption("Hit rate = Σ cached_tokens ÷ Σ prompt_tokens (requests that reported cached tokens); "
            f"saved prefill tokens = Σ cached_tokens; by cache scope and namespace digest. "
-           f"{f.describe(every_run_by_default=True)}.")
+           "Each picked run is shown whole.")
 
 with data.guard(db):
-    common = dict(start_s=f.start_s, end_s=f.end_s, run_ids=f.replay_run_ids(), models=f.models,
+    runs = data.query(db, "replay", "run_list", with_decisions=True)
+    if runs.empty:
+        st.info(EMPTY, icon=":material/info:")
+        st.stop()
+    picked = filters.run_picker(runs, key="scopes_runs", label="Run (or runs to compare)")
+    if not picked:
+        st.info("Pick at least one run.", icon=":material/info:")
+        st.stop()
+    common = dict(start_s=None, end_s=None, run_ids=picked, models=f.models,
                   instances=f.instances)
     totals = data.query(db, "scopes", "hit_rate_by_scope_totals", by=("scope",), **common)
     scoped = totals[totals["scope"] != "UNSCOPED"] if not totals.empty else totals

@@ -174,3 +174,31 @@ def insert_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label:
          None if params is None else json.dumps(dict(params), sort_keys=True, default=str),
          source_id])
     return before == 0
+
+
+def run_list(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = None,
+             with_decisions: bool = False) -> pd.DataFrame:
+    """Every stored run for a run picker, newest first (``created_unix_s`` descending, runs
+    without a creation time last, then by run id).
+
+    Args:
+        kinds: only these kinds (``replay-sim``, ``replay-live``, ``capture``...); None = all.
+        with_decisions: only runs with gateway decisions (the Scopes, Rejections and
+            Invariants pages), including decision runs without a ``runs`` row.
+
+    Returns:
+        Columns ``run_id, kind, label, created_unix_s`` (kind/label NULL for a decision run
+        without a ``runs`` row).
+    """
+    where, params = ["TRUE"], []
+    if kinds is not None:
+        where.append("list_contains(?::VARCHAR[], kind)")
+        params.append([str(k) for k in kinds])
+    base = "SELECT run_id, kind, label, created_unix_s FROM runs"
+    if with_decisions:
+        base = ("SELECT d.run_id, r.kind, r.label, coalesce(r.created_unix_s, d.last_ts) AS "
+                "created_unix_s FROM (SELECT run_id, max(ts_unix_s) AS last_ts FROM "
+                "gateway_decisions GROUP BY run_id) d LEFT JOIN runs r USING (run_id)")
+    return con.execute(
+        f"SELECT * FROM ({base}) WHERE {' AND '.join(where)} "
+        "ORDER BY created_unix_s DESC NULLS LAST, run_id", params).df()
