@@ -79,11 +79,12 @@ def test_story_release_day_reads_alert_for_the_coder_only(demo_db, cli, tmp_path
     code, out, _ = cli(["report", "daily", "--db", path, "--date", "2026-11-29", "--tz", "UTC",
                         "--config", str(config)])
     assert "Status: ALERT" in out
-    # one line per instance under the model served by two
+    # one line per instance under the model served by two; the hint names the top breaker
     assert "  coder-7b @ gpu-a1" in out and "  coder-7b @ gpu-a2" in out
     coder = next(line for line in out.splitlines() if line.startswith("coder-7b"))
     agent = next(line for line in out.splitlines() if line.startswith("agent-32b"))
-    assert coder.endswith("ALERT: check the top of the prompt") and agent.endswith(": OK")
+    assert "(41%): ALERT: check the top of the prompt" in coder and agent.endswith(": OK")
+    assert "top breaker: timestamp on line 1 of message 0 (system)" in coder
 
 
 def test_story_hit_rate_falls_below_half_after_the_release(demo_db):
@@ -125,4 +126,6 @@ def test_story_fix_replay_recovers_the_hit_rate(demo_db):
             "SELECT run_id, sum(cached_tokens) / sum(prompt_tokens) FROM requests "
             "WHERE run_id IN (?, ?) GROUP BY run_id", [RUN_AS_RECORDED, RUN_FIXED]).fetchall())
     assert rates[RUN_AS_RECORDED] < 0.5 < rates[RUN_FIXED]
-    assert any(step.startswith("diagnose chatlog-gpu-a1-2026-11-29.jsonl") for step in report.steps)
+    diag = next(s for s in report.steps if s.startswith("diagnose chatlog-gpu-a1-2026-11-29.jsonl"))
+    # prefixscope diagnose names the release's line: a timestamp on line 1 of the system prompt
+    assert "#1 level 1 timestamp message 0 (system), line 1" in diag

@@ -135,8 +135,12 @@ with data.guard(db):
                       key="overview_hit_rate")
     common = dict(start_s=f.start_s, end_s=f.end_s, window_s=window_s, models=f.models,
                   instances=f.instances, run_ids=f.run_ids)
-    prompt_rate = data.query(db, "serving", "counter_increase_by_window",
-                             metric="vllm:prompt_tokens_total", by=by, **common)
+    if source == "counters":
+        prompt_rate = data.query(db, "metrics", "counter_increase_by_window",
+                                 metric="vllm:prompt_tokens_total", by=by, **common)
+        prompt_rate = prompt_rate.assign(per_s=prompt_rate["increase"] / window_s)
+    else:  # the usage log's prompt tokens per window
+        prompt_rate = windows.assign(per_s=windows["query_tokens"] / window_s)
     right.plotly_chart(figures.window_lines(
         prompt_rate, series={"per_s": ""}, window_s=window_s, by=by,
         title="Prompt tokens per second", y_title="tokens/s",
@@ -158,38 +162,39 @@ with data.guard(db):
                           if c in ttft_log.columns},
         window_s=window_s, title="TTFT by hit and miss (usage log)", y_title="ms",
         note="no request with ttft_ms and cached_tokens in this range"), key="overview_ttft_log")
-    ttft_hist = data.query(db, "serving", "ttft_histogram_by_window", by=("model",), **common)
-    if not ttft_hist.empty:
-        ttft_hist = ttft_hist.assign(p50_ms=ttft_hist["p50_s"] * 1000.0,
-                                     p90_ms=ttft_hist["p90_s"] * 1000.0)
-    right.plotly_chart(figures.window_lines(
-        ttft_hist, series={"p50_ms": "p50", "p90_ms": "p90"}, window_s=window_s, by=("model",),
-        title="TTFT from vLLM's histogram", y_title="ms",
-        note="no vllm:time_to_first_token_seconds in this range"), key="overview_ttft_hist")
-    c1, c2, c3 = st.columns(3)
-    kv = data.query(db, "serving", "gauge_by_window", metric="vllm:kv_cache_usage_perc",
-                    by=("instance",), **common)
-    c1.plotly_chart(figures.window_lines(
-        kv, series={"mean_value": "mean", "max_value": "max"}, window_s=window_s,
-        by=("instance",), title="KV-cache usage", y_title="of the pool", tickformat=".0%",
-        hover_format=".1%", note="no vllm:kv_cache_usage_perc in this range"),
-        key="overview_kv_usage")
-    running = data.query(db, "serving", "gauge_by_window", metric="vllm:num_requests_running",
-                         by=("instance",), **common)
-    waiting = data.query(db, "serving", "gauge_by_window", metric="vllm:num_requests_waiting",
-                         by=("instance",), **common)
-    queue = pd.concat([running.assign(kind="running"), waiting.assign(kind="waiting")])
-    c2.plotly_chart(figures.window_lines(
-        queue, series={"mean_value": "mean"}, window_s=window_s, by=("instance", "kind"),
-        title="Requests running and waiting", y_title="requests", hover_format=",.2f",
-        tickformat=",.1f", note="no vllm:num_requests_running in this range"),
-        key="overview_queue")
-    preempt = data.query(db, "serving", "counter_increase_by_window",
-                         metric="vllm:num_preemptions_total", by=("instance",), **common)
-    c3.plotly_chart(figures.window_lines(
-        preempt, series={"increase": ""}, window_s=window_s, by=("instance",),
-        title="Preemptions", y_title="preemptions", tickformat=",.0f", hover_format=",.0f",
-        note="no vllm:num_preemptions_total in this range"), key="overview_preemptions")
+    if source == "counters":  # vLLM's own histogram and gauges need its /metrics
+        ttft_hist = data.query(db, "serving", "ttft_histogram_by_window", by=("model",), **common)
+        if not ttft_hist.empty:
+            ttft_hist = ttft_hist.assign(p50_ms=ttft_hist["p50_s"] * 1000.0,
+                                         p90_ms=ttft_hist["p90_s"] * 1000.0)
+        right.plotly_chart(figures.window_lines(
+            ttft_hist, series={"p50_ms": "p50", "p90_ms": "p90"}, window_s=window_s, by=("model",),
+            title="TTFT from vLLM's histogram", y_title="ms",
+            note="no vllm:time_to_first_token_seconds in this range"), key="overview_ttft_hist")
+        c1, c2, c3 = st.columns(3)
+        kv = data.query(db, "serving", "gauge_by_window", metric="vllm:kv_cache_usage_perc",
+                        by=("instance",), **common)
+        c1.plotly_chart(figures.window_lines(
+            kv, series={"mean_value": "mean", "max_value": "max"}, window_s=window_s,
+            by=("instance",), title="KV-cache usage", y_title="of the pool", tickformat=".0%",
+            hover_format=".1%", note="no vllm:kv_cache_usage_perc in this range"),
+            key="overview_kv_usage")
+        running = data.query(db, "serving", "gauge_by_window", metric="vllm:num_requests_running",
+                             by=("instance",), **common)
+        waiting = data.query(db, "serving", "gauge_by_window", metric="vllm:num_requests_waiting",
+                             by=("instance",), **common)
+        queue = pd.concat([running.assign(kind="running"), waiting.assign(kind="waiting")])
+        c2.plotly_chart(figures.window_lines(
+            queue, series={"mean_value": "mean"}, window_s=window_s, by=("instance", "kind"),
+            title="Requests running and waiting", y_title="requests", hover_format=",.2f",
+            tickformat=",.1f", note="no vllm:num_requests_running in this range"),
+            key="overview_queue")
+        preempt = data.query(db, "metrics", "counter_increase_by_window",
+                             metric="vllm:num_preemptions_total", by=("instance",), **common)
+        c3.plotly_chart(figures.window_lines(
+            preempt, series={"increase": ""}, window_s=window_s, by=("instance",),
+            title="Preemptions", y_title="preemptions", tickformat=",.0f", hover_format=",.0f",
+            note="no vllm:num_preemptions_total in this range"), key="overview_preemptions")
 
     st.subheader("Whole range per model")
     if not totals.empty:

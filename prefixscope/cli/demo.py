@@ -154,13 +154,13 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
 
         release = next(i.release_unix_s for i in story.week.instances
                        if i.spec.name == STORY_INSTANCE)
+        diag = diagnose_hook(str(tmp), story.chat_log, work / "diagnose")
+        report.steps.append(f"diagnose {story.chat_log.name}: "
+                            + (diag if diag is not None else "command not available"))
         if with_replay:
             # made last: the newest runs, which the run pickers show first
             line = run_story_replays(str(tmp), work / "release-replays", story.chat_log, release)
             report.steps.append(f"fix replay: {line}")
-        diag = diagnose_hook(str(tmp), story.chat_log)
-        report.steps.append(f"diagnose {story.chat_log.name}: "
-                            + (diag if diag is not None else "command not available yet"))
 
     os.replace(tmp, dest)
     wal = Path(str(tmp) + ".wal")

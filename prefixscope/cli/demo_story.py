@@ -119,18 +119,29 @@ def diagnose_available() -> bool:
     return "diagnose" in names
 
 
-def diagnose_hook(db_path: str, chat_log: Path) -> str | None:
-    """Run ``prefixscope diagnose CHAT_LOG --db DB`` when the command exists (else None).
+def diagnose_hook(db_path: str, chat_log: Path, out_dir: Path | None = None) -> str | None:
+    """Run ``prefixscope diagnose CHAT_LOG --ingest`` on the release-day chat log when the
+    command exists (else None), at ``gpu-a1``'s cache (block size 16, its ``num_gpu_blocks``,
+    fast keys), so the Breakers page and the daily report's hint name what broke the prefix
+    (the ``Current time`` line on top of the system prompt).
 
-    The hook for the Breakers page: diagnose names what breaks the shared prefix in the
-    release-day chat log (the ``Current time`` line). Its output's first line is returned for
-    the demo report; a failure is reported, never raised (the rest of the demo stands).
+    Returns:
+        The line naming the top breaker (``#1 level 1 timestamp message 0 (system), line 1:
+        ...``) for the demo report; a failure is reported, never raised (the rest of the demo
+        stands).
     """
     if not diagnose_available():
         return None
+    spec = next(s for s in INSTANCES if s.name == STORY_INSTANCE)
+    args = ["diagnose", str(chat_log), "--format", "chat", "--block-size", str(spec.block_size),
+            "--capacity-blocks", str(spec.num_gpu_blocks), "--algo", "fast",
+            "--model", spec.model, "--ingest", "--db", db_path, "--no-text"]
+    if out_dir is not None:
+        args += ["--out", str(out_dir)]
     proc = subprocess.run([sys.executable, "-c", "from prefixscope.cli.main import main; main()",
-                           "diagnose", str(chat_log), "--db", db_path],
-                          capture_output=True, text=True, timeout=300)
-    text = (proc.stdout or proc.stderr).strip().splitlines()
-    first = text[0] if text else ""
-    return first if proc.returncode == 0 else f"failed (exit {proc.returncode}): {first}"
+                           *args], capture_output=True, text=True, timeout=600)
+    lines = (proc.stdout or proc.stderr).strip().splitlines()
+    if proc.returncode != 0:
+        return f"failed (exit {proc.returncode}): {lines[-1] if lines else ''}"
+    top = next((ln.strip() for ln in lines if ln.strip().startswith("#1 ")), None)
+    return " ".join(top.split()) if top else (lines[0] if lines else "")

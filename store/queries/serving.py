@@ -5,8 +5,7 @@ What a vLLM Grafana board shows next to the prefix cache, per window (``docs/met
 1. **Gauges** (``vllm:kv_cache_usage_perc`` fraction 0..1, ``vllm:num_requests_running``,
    ``vllm:num_requests_waiting``): mean and max of the samples in each window, per group.
 2. **Counter increase per window** (``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``):
-   the store's increase rule (``prefixscope.store.queries.metrics``, rules 1-4: a drop is a
-   restart counted from 0), summed over series; ``per_s`` = increase / window_s.
+   ``prefixscope.store.queries.metrics.counter_increase_by_window`` (the store's increase rule).
 3. **TTFT from vLLM's histogram** (``vllm:time_to_first_token_seconds``): bucket increases per
    window summed over series, then Prometheus' ``histogram_quantile`` (linear interpolation
    inside the bucket; the ``+Inf`` bucket reports the highest finite bound).
@@ -28,7 +27,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
-from prefixscope.store.queries.metrics import _by_columns, _filters, _increases_cte
+from prefixscope.store.queries.metrics import _by_columns, _filters
 from prefixscope.store.sqlhelpers import window_start_sql
 
 GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -74,33 +73,6 @@ def gauge_by_window(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: flo
                avg(value) AS mean_value, max(value) AS max_value, count(*) AS samples
         FROM per_sample GROUP BY ALL ORDER BY window_start_s{group}
     """, [*wp, metric, *params, float(window_s)]).df()
-
-
-def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
-                               start_s: float | None, end_s: float | None, window_s: float,
-                               by: Sequence[str] = ("instance",),
-                               models: Sequence[str] | None = None,
-                               instances: Sequence[str] | None = None,
-                               run_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """Increase of a counter per window, summed over series (rule 2).
-
-    Returns:
-        Columns ``window_start_s``, ``window_end_s``, the ``by`` columns, ``increase`` (the
-        counter's unit), ``per_s`` (increase / window_s); oldest first.
-    """
-    _window(window_s)
-    cols = _by_columns(by)
-    cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
-                                 instances=instances, run_ids=run_ids)
-    ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
-    group = "".join(f", {c}" for c in cols)
-    return con.execute(f"""
-        WITH {cte},
-        win AS (SELECT {ws} AS window_start_s{group}, increase FROM inc)
-        SELECT window_start_s, window_start_s + ? AS window_end_s{group},
-               sum(increase) AS increase, sum(increase) / ? AS per_s
-        FROM win GROUP BY ALL ORDER BY window_start_s{group}
-    """, [*params, *wp, float(window_s), float(window_s)]).df()
 
 
 def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
@@ -156,6 +128,7 @@ def ttft_histogram_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
             WHERE metric = ?{where}
         ),
         steps AS (
+            -- rules 1-2 of store.queries.metrics on each bucket series (le kept as a column)
             SELECT *, lag(value) OVER (PARTITION BY run_id, labels, instance
                                                ORDER BY ts_unix_s) AS prev
             FROM base
