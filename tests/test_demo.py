@@ -83,7 +83,7 @@ def test_story_release_day_reads_alert_for_the_coder_only(demo_db, cli, tmp_path
     assert "  coder-7b @ gpu-a1" in out and "  coder-7b @ gpu-a2" in out
     coder = next(line for line in out.splitlines() if line.startswith("coder-7b"))
     agent = next(line for line in out.splitlines() if line.startswith("agent-32b"))
-    assert "(41%): ALERT: check the top of the prompt" in coder and agent.endswith(": OK")
+    assert ": ALERT: check the top of the prompt" in coder and agent.endswith(": OK")
     assert "top breaker: timestamp on line 1 of message 0 (system)" in coder
 
 
