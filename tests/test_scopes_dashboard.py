@@ -97,7 +97,7 @@ def test_scopes_page_on_the_demo(demo_db, use_db):
     assert ds.chart_count(at) == 3
     table = at.dataframe[0].value
     assert set(table["scope"]) == {"PUBLIC", "TENANT", "PRINCIPAL"}
-    assert all(len(x) == 16 for x in table["namespace_digest"])
+    assert all(len(x) == 16 for x in table["namespace digest"])
     assert len(table) == 5  # public + 3 tenants + 1 principal (alice)
 
 

@@ -51,7 +51,12 @@ def _pp(change: float | None) -> str:
 
 
 def _rate(fig: dict | None) -> str:
-    return "" if not fig else fmt_pct(fig.get("hit_rate"), digits=0)
+    """A line's hit rate as the report line prints it (whole percent, rounded down:
+    ``prefixscope.core.report.percent``), so the table never reads 42% beside a line's 41%."""
+    from prefixscope.core.report import percent
+
+    rate = None if not fig else fig.get("hit_rate")
+    return "—" if rate is None or rate != rate else f"{percent(rate)}%"
 
 
 db = data.db_path()
@@ -121,8 +126,8 @@ with data.guard(db):
         show_table("alerts-2", pd.DataFrame({
             "model": [c["model"] for c in fell],
             "namespace": [c["tenant_digest"] or "" for c in fell],
-            "previous day": [fmt_pct(c["prev_hit_rate"], digits=0) for c in fell],
-            "this day": [fmt_pct(c["hit_rate"], digits=0) for c in fell],
+            "previous day": [_rate({"hit_rate": c["prev_hit_rate"]}) for c in fell],
+            "this day": [_rate({"hit_rate": c["hit_rate"]}) for c in fell],
             "change": [_pp(c["change"]) for c in fell],
             "prompt tokens": [f"{c['prompt_tokens']:,}" for c in fell],
         }), hide_index=True)

@@ -59,6 +59,8 @@ with data.guard(db):
                                  instances=f.instances, run_ids=f.run_ids)
     for _, row in totals.iterrows():  # one row per currency and price kind: never mixed
         cur = row["currency"]
+        if not isinstance(cur, str) or not cur:
+            continue  # the unpriced models: named below, never "(None, list)"
         kind = "shadow" if bool(row["shadow"]) else "list"
         cols = st.columns(4)
         cols[0].metric(f"Without cache ({cur}, {kind})", fmt_money(row["cost_without_cache"], cur),
@@ -102,3 +104,15 @@ with data.guard(db):
     by_window = data.savings_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
                                        models=f.models, instances=f.instances, run_ids=f.run_ids)
     st.plotly_chart(figures.savings_over_time(by_window, window_s=window_s), key="savings_time")
+    misses = by_window[by_window["miss_cost"].notna()] if "miss_cost" in by_window else by_window
+    if not misses.empty and misses["currency"].nunique() == 1:
+        cur = str(misses["currency"].iloc[0])
+        total_miss = float(misses["miss_cost"].sum())
+        st.subheader("What the misses cost")
+        st.caption(f"{fmt_money(total_miss, cur)} in this range: the prompt tokens the prefill "
+                   "computed (not read from the cache) at input minus cached-input price. A "
+                   "regression shows as a step up (docs/metrics.md#cost-and-savings).")
+        st.plotly_chart(figures.window_lines(
+            misses, series={"miss_cost": ""}, window_s=window_s, by=("model",),
+            title=f"Cost of the misses ({cur})", y_title=cur, tickformat=",.2f",
+            hover_format=",.4f"), key="savings_misses")

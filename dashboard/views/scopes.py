@@ -79,7 +79,14 @@ with data.guard(db):
     st.subheader("By namespace digest")
     st.caption("A namespace digest is the first 16 hex characters of HMAC-SHA256 of the tenant "
                "(or principal) id under the server's key: never the id itself.")
-    show_table("scopes-1", ns_totals[["scope", "namespace_digest", "requests", "prompt_tokens",
-                            "cached_tokens", "hit_rate", "accepts", "rejects", "misses"]],
-                 hide_index=True, key="scopes_ns_table",
-                 column_config={"hit_rate": st.column_config.NumberColumn(format="percent")})
+    show_table("scopes-1", pd.DataFrame({
+        "scope": ns_totals["scope"],
+        "namespace digest": ns_totals["namespace_digest"],
+        "requests": ns_totals["requests"].map(fmt_int),
+        "prompt tokens": ns_totals["prompt_tokens"].map(fmt_int),
+        "cached tokens": ns_totals["cached_tokens"].map(fmt_int),
+        "hit rate": ns_totals["hit_rate"].map(fmt_pct),
+        "accepted": ns_totals["accepts"].map(fmt_int),
+        "rejected": ns_totals["rejects"].map(fmt_int),
+        "no candidate": ns_totals["misses"].map(fmt_int),
+    }), hide_index=True, key="scopes_ns_table")

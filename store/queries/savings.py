@@ -374,6 +374,7 @@ def savings_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
 
     Returns:
         Columns ``window_start_s, window_end_s, model, currency, shadow, price_source, saved,
+        miss_cost`` (what the window's misses cost, as in :func:`savings_by_model`), and``
         cost_without_cache, cost_with_cache`` (currency units; NULL without a price), ``note``;
         oldest window first, then model.
 
@@ -390,7 +391,7 @@ def savings_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
     return con.execute(f"""
         WITH m AS ({inner})
         SELECT window_start_s, window_start_s + ? AS window_end_s, model, currency, shadow,
-               price_source, saved, cost_without_cache, cost_with_cache,
+               price_source, saved, cost_without_cache, cost_with_cache, miss_cost,
                CASE WHEN priced_requests IS NULL THEN ?
                     WHEN priced_requests < requests THEN ? END AS note
         FROM m ORDER BY window_start_s, model NULLS LAST
