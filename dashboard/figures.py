@@ -12,6 +12,7 @@ state before calling these).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -32,7 +33,7 @@ MISS_COLOUR = "#d62728"
 THRESHOLD_COLOUR = "#d62728"
 _LAYOUT = dict(
     margin=dict(l=10, r=10, t=60, b=10),
-    legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
+    legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0),
     hovermode="closest",
 )
 
@@ -656,7 +657,8 @@ def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
 def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
                  by: Sequence[str] = (), title: str, y_title: str,
                  tickformat: str = ",.0f", hover_format: str = ",.1f",
-                 note: str = "no data in this range", y_range: list | None = None) -> go.Figure:
+                 note: str = "no data in this range", y_range: list | None = None,
+                 integer: bool = False, log_y: bool = False) -> go.Figure:
     """One line per (group, value column) over time; a point per window at the window's middle
     (as :func:`hit_rate_over_time`), lines broken where windows are missing.
 
@@ -668,6 +670,8 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
         title, y_title: figure and y-axis titles; ``tickformat``, ``hover_format``: d3 formats.
         note: text of the empty figure.
         y_range: fixed y range, or None.
+        integer: counts (whole-number ticks; an all-zero series gets a 0-1 axis).
+        log_y: logarithmic y axis (series of very different sizes side by side).
     """
     suffix = f" per {fmt_window(window_s)} window"
     if df.empty:
@@ -691,7 +695,15 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
                 line=dict(color=colours[label], width=2, dash=dashes[k % len(dashes)]),
                 hovertemplate=f"%{{x|%Y-%m-%d %H:%M}} UTC<br>%{{y:{hover_format}}}<extra>{full}</extra>"))
     fig.update_layout(title=title + suffix, height=360, **_LAYOUT)
-    fig.update_yaxes(title=y_title, tickformat=tickformat, rangemode="tozero",
-                     **({"range": y_range} if y_range else {}))
-    fig.update_xaxes(title="time (UTC)", range=_time_range(d["window_start_s"], window_s))
+    if log_y:
+        fig.update_yaxes(title=y_title, type="log", tickformat=tickformat)
+    else:
+        fig.update_yaxes(title=y_title, tickformat=tickformat, rangemode="tozero",
+                         **({"range": y_range} if y_range else {}))
+    if integer:
+        top = max((float(d[c].max()) for c in series if c in d and d[c].notna().any()),
+                  default=0.0)
+        fig.update_yaxes(tick0=0, dtick=max(1, math.ceil(top / 5)),
+                         **({} if top > 0 else {"range": [0, 1]}))
+    fig.update_xaxes(range=_time_range(d["window_start_s"], window_s))
     return fig

@@ -24,7 +24,10 @@ SHOTS = ds.ROOT / "out" / "screenshots" / "demo"
 LEAK = re.compile(r"\b(None|nan|NaN)\b")
 #: Points of each Plotly chart on the page, and whether it is a "no data" figure.
 CHART_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => ({
-    points: (e.data || []).reduce((n, t) => n + ((t.x || t.y || []).length || 0), 0),
+    // points Plotly computed and drew (calcdata: the data arrays may be binary-encoded)
+    points: (e.calcdata || []).reduce((n, c) => n + c.filter(p => p && (
+        Number.isFinite(p.y) || Number.isFinite(p.x) || Number.isFinite(p.s) ||
+        Number.isFinite(p.med))).length, 0),
     title: ((e.layout || {}).title || {}).text || '',
     empty: ((e.layout || {}).annotations || []).some(a => /^no /.test(a.text || '')),
 }))"""

@@ -143,7 +143,7 @@ with data.guard(db):
         prompt_rate = windows.assign(per_s=windows["query_tokens"] / window_s)
     right.plotly_chart(figures.window_lines(
         prompt_rate, series={"per_s": ""}, window_s=window_s, by=by,
-        title="Prompt tokens per second", y_title="tokens/s",
+        title="Prompt tokens per second", y_title="tokens/s (log)", log_y=True,
         note="no vllm:prompt_tokens_total in this range"), key="overview_prompt_rate")
     st.caption("Read the hit rate beside the traffic: a drop in the hit rate while the prompt-token "
                "rate holds is a drop in reuse, not in traffic.")
@@ -194,6 +194,7 @@ with data.guard(db):
         c3.plotly_chart(figures.window_lines(
             preempt, series={"increase": ""}, window_s=window_s, by=("instance",),
             title="Preemptions", y_title="preemptions", tickformat=",.0f", hover_format=",.0f",
+            integer=True,
             note="no vllm:num_preemptions_total in this range"), key="overview_preemptions")
 
     st.subheader("Whole range per model")

@@ -86,8 +86,9 @@ with data.guard(db):
     prices = data.query(db, "savings", "price_table")
     choices = [EACH_MODEL, *prices["model"].tolist()]
     shadow = prices.loc[prices["shadow"].astype(bool), "model"].tolist() if not prices.empty else []
+    own_priced = set(runs["model"].dropna()) <= set(prices["model"]) if not prices.empty else False
     price_as = st.selectbox("Price the runs as", choices,
-                            index=choices.index(shadow[0]) if shadow else 0,
+                            index=0 if own_priced or not shadow else choices.index(shadow[0]),
                             help="A price-table entry applied to every run (e.g. a self-hosted "
                                  "model's shadow price), or each run's own model.")
     if price_as != EACH_MODEL:
