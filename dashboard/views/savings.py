@@ -111,8 +111,9 @@ with data.guard(db):
         st.subheader("What the misses cost")
         st.caption(f"{fmt_money(total_miss, cur)} in this range: the prompt tokens the prefill "
                    "computed (not read from the cache) at input minus cached-input price. A "
-                   "regression shows as a step up (docs/metrics.md#cost-and-savings).")
+                   "regression shows as a step up of its model's line (log axis: models of very different "
+                   "sizes side by side; docs/metrics.md#cost-and-savings).")
         st.plotly_chart(figures.window_lines(
             misses, series={"miss_cost": ""}, window_s=window_s, by=("model",),
-            title=f"Cost of the misses ({cur})", y_title=cur, tickformat=",.2f",
-            hover_format=",.4f"), key="savings_misses")
+            title=f"Cost of the misses ({cur})", y_title=f"{cur} (log)", tickformat=",.2f",
+            hover_format=",.4f", log_y=True), key="savings_misses")
