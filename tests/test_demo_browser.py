@@ -98,5 +98,5 @@ def test_every_demo_page_tells_the_story(demo, browser, tmp_path):
     assert re.search(r"coder-7b · whole range.*?Latest 1h window: \S+%\s*ALERT", texts["overview"],
                      re.S), texts["overview"][:2000]
     assert "ALERT" in texts["alerts"] and f"Daily report {release_day}" in texts["alerts"]
-    assert "coder-7b @ gpu-a1" in texts["alerts"]
+    assert re.search(r"coder-7b\s+on gpu-a1", texts["alerts"])  # the email's instance line
     assert len(list(SHOTS.glob("*.png"))) == len(ds.page_entries())
