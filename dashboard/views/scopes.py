@@ -8,6 +8,7 @@ cached_tokens (``docs/scopes.md#formulas``). Namespaces appear only as 16-hex HM
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
