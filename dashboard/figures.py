@@ -679,7 +679,7 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
     d = with_gaps(df.sort_values("window_start_s"), window_s=window_s, keys=list(by))
     d = d.sort_values("window_start_s")
     d["group"] = series_label(d, by)
-    d["t"] = _utc(d["window_start_s"].astype("float64") + 0.5 * float(window_s))
+    d["t"] = utc_times(d["window_start_s"].astype("float64") + 0.5 * float(window_s))
     labels = sorted(d["group"].dropna().unique().tolist())
     colours = _colour_map(labels)
     dashes = ("solid", "dot", "dash", "dashdot")

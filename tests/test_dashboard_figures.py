@@ -255,7 +255,13 @@ def test_replay_run_figures():
                             "hit_rate": [0.1, 0.5, 0.2]})
     fig = figures.run_windows_figure(windows, {"r1": "first"}, 60.0)
     assert [t.name for t in fig.data] == ["first", "r2"]
-    assert list(fig.data[0].x) == [0.0, 1.0]  # minutes since the run's first request
+    # minutes since the run's first request, each point at its window's middle
+    assert list(fig.data[0].x) == [0.5, 1.5]
+    gap = figures.run_windows_figure(pd.DataFrame({"run_id": ["r1", "r1"],
+                                                   "window_start_s": [0.0, 180.0],
+                                                   "hit_rate": [0.1, 0.5]}), {}, 60.0)
+    # the two missing windows break the line (NaN points, not connected)
+    assert len(gap.data[0].y) == 4 and gap.data[0].connectgaps is False
     assert fig.layout.xaxis.title.text == "minutes since the run's first request"
 
 
