@@ -64,7 +64,7 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     report = at.dataframe[0].value
     assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" \
         in report["report line"].tolist()
-    assert "🟠 STALE" in report["status"].tolist()
+    assert "STALE" in report["status"].tolist()
     warnings = texts(at, "warning")
     assert any("STALE: no scrape from `vllm-b:8000` (qwen-small)" in w for w in warnings)
     assert any("1 send(s) failed" in w and "team@example.com: connection refused" in w

@@ -174,7 +174,7 @@ def test_savings_on_real_data(real_db, use_db):
     at = ds.run_app(use_db(real_db), "views/savings.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
-    assert ds.chart_count(at) == 2  # cost per model, saved per window
+    assert ds.chart_count(at) == 3  # cost per model, saved per window, cost of the misses
     info = " ".join(ds.texts(at, "info"))
     assert "shadow price" in info and f"`{ds.MODEL}`: shadow price: " in info
     kpis = ds.metrics(at)
