@@ -622,6 +622,7 @@ def breakers_lost_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Lost tokens per breaker (light: upper bound, not measured)",
                       xaxis_title="tokens", height=120 + 36 * len(d),
                       margin=dict(l=10, r=10, t=50, b=10))
+    return fig
 
 
 def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
