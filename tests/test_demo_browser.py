@@ -16,7 +16,7 @@ import pytest
 
 from tests import dashboard_support as ds
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]  # builds the whole demo first
 
 ERROR_SELECTORS = ('[data-testid="stException"]', '[data-testid="stAlertContentError"]')
 SHOTS = ds.ROOT / "out" / "screenshots" / "demo"
