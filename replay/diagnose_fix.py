@@ -167,7 +167,12 @@ def neutraliser(g: dict[str, Any]) -> list[dict[str, Any]] | None:
     prefix = (g.get("prefix") or "").rstrip()
     if kind in ("timestamp", "id", "number", "name"):
         if len(prefix) >= 3:
-            return [{"type": "replace", "pattern": "^(" + _escape(g["prefix"]) + ").*$",
+            # A short line (a label and its value): the rest of the line becomes the
+            # placeholder. A long line (a document on one line after a session id): only the
+            # value does, the rest of the line is stable content that must stay.
+            rest = r".*$" if not _long_line(g) else \
+                "(?:" + (_KIND_RX[kind] + "|" if kind in _KIND_RX else "") + r"[\w:.\-/+]+)"
+            return [{"type": "replace", "pattern": "^(" + _escape(g["prefix"]) + ")" + rest,
                      "with": r"\g<1>" + f"<{kind}>", "in": sel}]
         if kind in _KIND_RX:
             return [{"type": "replace", "pattern": _KIND_RX[kind], "with": f"<{kind}>", "in": sel}]
@@ -191,11 +196,11 @@ def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
             and pos.segment == "message":
         prefix = g.get("prefix") or ""
         where = f"line {pos.line} of the {pos.role} message"
-        if len(prefix.rstrip()) >= 3:
+        if len(prefix.rstrip()) >= 3 and not _long_line(g):
             move = {"type": "move_lines", "pattern": "^" + _escape(prefix),
                     "from": _selector_in(pos), "to": "first_user_end", "separator": "\n\n"}
             if pos.role in ("system", "developer"):
-                return (f"move {where} (a {kind}) to the end of the first user message "
+                return (f"move {where} ({_article(kind)} {kind}) to the end of the first user message "
                         "(move_lines ... to: first_user_end): the stable rest becomes a shared "
                         "prefix and every later turn keeps its history", [move], True)
         t = neutraliser(g) or []
@@ -206,6 +211,22 @@ def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
         return "normalise whitespace in that message (replace)", neutraliser(g) or [], True
     text = _NOT_FIXABLE.get(kind, "not fixable by layout")
     return "not fixable by layout: " + text, [], False
+
+
+#: Characters after a volatile value's label beyond which its line is content, not a label
+#: and value: it is not moved and only the value becomes a placeholder.
+MAX_MOVED_LINE_TAIL = 120
+
+
+def _long_line(g: dict[str, Any]) -> bool:
+    """Whether the breaker's line goes on for more than :data:`MAX_MOVED_LINE_TAIL`
+    characters after its stable label in any recorded example (a document on one line)."""
+    prefix = g.get("prefix") or ""
+    return any(len(new) - len(prefix) > MAX_MOVED_LINE_TAIL for new, _ in g.get("pairs") or ())
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _escape(text: str) -> str:

@@ -212,3 +212,30 @@ def test_token_trace_breaking_in_the_first_block_is_not_nothing_shared(cli, tmp_
     assert (top["segment"], top["block"], top["requests"]) == ("tokens", 0, 29)
     assert doc["notes"] == ["no two requests share a full block as recorded: the breakers "
                             "below keep apart content they do share"]
+
+
+def test_an_id_before_a_document_on_one_line_becomes_a_placeholder(cli, tmp_path):
+    """The system prompt is one long line: "Session <id> " and then a document. Moving that
+    line would move the document too (nothing gained); the fix replaces the id only."""
+    import random
+
+    rnd = random.Random(2)
+    doc = " ".join(rnd.choice(["alpha", "beta", "gamma", "delta", "omega"]) for _ in range(3000))
+    path = tmp_path / "oneline.jsonl"
+    path.write_text("".join(json.dumps({"request_id": f"s-{i}", "output_tokens": 5, "messages": [
+        {"role": "system", "content": f"Session {i * 7919:x}abc{i} " + doc},
+        {"role": "user", "content": "summarise"}]}) + "\n" for i in range(6)), encoding="utf-8")
+    code, out, _ = cli(["diagnose", path, "--out", tmp_path / "o", "--json"])
+    d = json.loads(out)
+    top = d["breakers"][0]
+    assert (top["kind"], top["message_index"], top["line"]) == ("id", 0, 1)
+    assert top["suggestion"].startswith("replace the id on line 1 of the system message")
+    (t,) = d["suggested_layout"]["transforms"]
+    assert (t["type"], t["with"]) == ("replace", r"\g<1><id>")
+    assert t["pattern"].startswith("^(Session )(?:")
+    # Five of six requests now share the whole document; the prompt keeps its length.
+    assert d["what_if"]["hit_rate"] > 0.8
+    assert abs(d["what_if"]["prompt_tokens"] - d["prompt_tokens"]) <= 6 * 4
+    code, out, _ = cli(["replay", "sim", path, "--layout", d["suggested_layout"]["path"],
+                        "--out", tmp_path / "s", "--json"])
+    assert json.loads(out)["cached_tokens"] == d["what_if"]["cached_tokens"]
