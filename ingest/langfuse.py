@@ -30,6 +30,7 @@ from typing import Any
 from prefixscope.ingest.jsonl_driver import BadLine
 from prefixscope.ingest.litellm import _ms, json_field, time_s, tokens
 from prefixscope.ingest.privacy import digest_namespace
+from prefixscope.ingest.usage_rows import NOT_TEXT
 
 KIND = "langfuse"
 _USAGE_TYPES = frozenset({"GENERATION", "EMBEDDING"})
@@ -64,7 +65,8 @@ def observation_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None,
     shape = "langfuse"
     if details:
         for k, v in details.items():
-            n = tokens(v, f"{name}.{k}")
+            # The key is input (a usage type may be any name): the field names the object only.
+            n = tokens(v, name)
             if n is None:
                 continue
             kl = k.lower()
@@ -88,6 +90,8 @@ def observation_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None,
     rid = rec.get("id")
     if not rid:
         raise BadLine("id", "no observation id")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise BadLine("id", NOT_TEXT)
     start = time_s(rec.get("startTime") or rec.get("start_time"), "startTime")
     if start is None:
         raise BadLine("startTime", "no start time")

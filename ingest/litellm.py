@@ -33,7 +33,9 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from prefixscope.core.bounds import TIME_RANGE, TOO_DEEP
 from prefixscope.ingest.jsonl_driver import BadLine
+from prefixscope.ingest.usage_rows import NOT_TEXT
 from prefixscope.ingest.privacy import digest_namespace
 
 KIND = "litellm"
@@ -80,6 +82,8 @@ def json_field(rec: dict[str, Any], name: str) -> dict[str, Any]:
             v = json.loads(v)
         except ValueError:
             raise BadLine(name, "JSON column is not valid JSON") from None
+        except RecursionError:  # a CSV cell is not screened by the line guard
+            raise BadLine(name, TOO_DEEP) from None
     if not isinstance(v, dict):
         raise BadLine(name, "not a JSON object")
     return v
@@ -90,7 +94,10 @@ def time_s(value: Any, field: str) -> float | None:
     if value is None or value == "":
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        x = float(value)
+        try:
+            x = float(value)
+        except OverflowError:  # an integer past a double's range
+            raise BadLine(field, TIME_RANGE) from None
         return x / 1000.0 if x > 1e11 else x
     if not isinstance(value, str):
         raise BadLine(field, "time is not text or a number")
@@ -105,7 +112,10 @@ def time_s(value: Any, field: str) -> float | None:
         raise BadLine(field, "time is not ISO 8601") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+    try:
+        return dt.timestamp()
+    except (OverflowError, ValueError):  # year 1 with a positive offset, year 9999 with -23:59
+        raise BadLine(field, TIME_RANGE) from None
 
 
 def _ms(x: float | None) -> float | None:
@@ -136,11 +146,15 @@ def spendlog_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None, run_i
     Raises:
         BadLine: no request id or time, or a token count of the wrong type.
     """
+    if not isinstance(rec.get("status"), (str, type(None))):
+        raise BadLine("status", NOT_TEXT)
     if str(rec.get("status") or "").lower() == "failure":
         return None
     rid = rec.get("request_id") or rec.get("id")
     if not rid:
         raise BadLine("request_id", "no request id")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise BadLine("request_id", NOT_TEXT)
     meta = json_field(rec, "metadata")
     usage = meta.get("usage_object") or {}
     if not isinstance(usage, dict):
@@ -183,6 +197,8 @@ def spendlog_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None, run_i
     end = time_s(rec.get("endTime") or rec.get("end_time"), "endTime")
     first = time_s(rec.get("completionStartTime"), "completionStartTime")
     duration = rec.get("request_duration_ms")
+    if isinstance(duration, int) and not isinstance(duration, bool) and abs(duration) > 2**53:
+        raise BadLine("request_duration_ms", "not a finite number of milliseconds from 0 to 10^9")
     latency = (float(duration) if isinstance(duration, (int, float)) and not
                isinstance(duration, bool) else (end - start) * 1000.0 if end else None)
     ttft = (first - start) * 1000.0 if first and first >= start else None
@@ -198,9 +214,14 @@ def spendlog_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None, run_i
                                              principal_id=str(end_user) if end_user else None)
         else:
             flags.append("principal-without-tenant")
-    base = rec.get("api_base") or ""
-    host = urlsplit(base).netloc if "://" in base else None
-    call = str(rec.get("call_type") or "")
+    base = rec.get("api_base")
+    host = None
+    if isinstance(base, str) and "://" in base:
+        try:
+            host = urlsplit(base).netloc or None
+        except ValueError:  # "http://[::1" (an unclosed IPv6 bracket): no host
+            host = None
+    call = rec.get("call_type") if isinstance(rec.get("call_type"), str) else ""
     return {
         "run_id": run_id, "request_id": str(rid), "ts_unix_s": start, "ts_estimated": False,
         "model": rec.get("model") or rec.get("model_group") or None,

@@ -78,6 +78,9 @@ def _kind_of_file(path: str) -> str:
 def _row(to_row: ToRow, rec: Any, location: str, line: int, source_id: str,
          rows: list, bad: list) -> bool:
     """Append the record's row (with source id and line); False when it gave none."""
+    if isinstance(rec, _CsvBad):
+        bad.append(Quarantined(location, line, rec.reason, None))
+        return False
     if not isinstance(rec, dict):
         bad.append(Quarantined(location, line, "not a JSON object", None))
         return False
@@ -85,6 +88,13 @@ def _row(to_row: ToRow, rec: Any, location: str, line: int, source_id: str,
         row = to_row(rec)
     except BadLine as exc:
         bad.append(Quarantined(location, line, exc.reason, exc.field))
+        return False
+    except (TypeError, ValueError, OverflowError, RecursionError, AttributeError) as exc:
+        # A value of a type no reader rule expected: the record, not the file, is bad
+        # (issue 12: no input crashes or poisons a source). The exception text may quote
+        # the value, so only its type is named.
+        bad.append(Quarantined(location, line, "a value of an unexpected type or size "
+                                               f"({type(exc).__name__})", None))
         return False
     if row is None:
         return False
@@ -157,6 +167,40 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
     return _whole_file(con, location, form, kind, source_id, to_row, keep_problems)
 
 
+_CSV_FIELD_MAX = 1 << 20  # the line bound of every JSONL source (docs/ingest.md#bounds)
+
+
+class _CsvBad:
+    """A CSV record the reader could not split (a field past the bound, a stray quote)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _csv_records(text: str, location: str) -> list[Any]:
+    """CSV text with a header row -> one dict per record, or a :class:`_CsvBad` for a record
+    the stdlib reader refuses (its message is not kept: it may quote the field)."""
+    old = csv.field_size_limit()
+    csv.field_size_limit(_CSV_FIELD_MAX)
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        out: list[Any] = []
+        while True:
+            try:
+                rec = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                big = "field larger" in str(exc)
+                out.append(_CsvBad("CSV field longer than 1,048,576 bytes (1 MiB)" if big
+                                   else "CSV record cannot be split into fields"))
+                continue
+            out.append(rec)
+        return out
+    finally:
+        csv.field_size_limit(old)
+
+
 def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row: ToRow,
                 keep_problems: int) -> TailResult:
     started = time.time()
@@ -167,7 +211,7 @@ def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row
         raise SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}") from exc
     if form == "csv":
         text = data.decode("utf-8-sig", errors="replace")
-        records: list[Any] = list(csv.DictReader(io.StringIO(text, newline="")))
+        records: list[Any] = _csv_records(text, location)
     else:
         try:
             doc = json.loads(data)

@@ -26,21 +26,35 @@ _DEFAULTS = {"run_id": "", "ts_estimated": False}
 
 
 _ID_FIELDS = ("request_id", "run_id", "model", "instance", "endpoint", "provider")
+NOT_TEXT = "not text (a list, object, number or boolean where a name belongs)"
+_MAX_MS = 1e9
+MS_RANGE = "not a finite number of milliseconds from 0 to 10^9"
 
 
 def row_problem(row: dict[str, Any]) -> tuple[str, str] | None:
     """The first bound a row breaks (``prefixscope.core.bounds``), as ``(column, reason)``:
-    an identifier longer than 256 characters, a time outside 1970-2100, or None when the row
-    is within bounds. Token counts are checked by each reader as it reads them."""
+    an identifier that is not text (a JSON list or object in ``model``) or is longer than 256
+    characters, a time outside 1970-2100, ``ttft_ms``/``latency_ms`` not a finite number from 0
+    to 10^9 ms, or None when the row is within bounds. Token counts are checked by each reader
+    as it reads them. The reason never quotes the value."""
     from prefixscope.core.bounds import ID_TOO_LONG, TIME_RANGE, id_ok, time_ok
 
     for name in _ID_FIELDS:
         v = row.get(name)
-        if isinstance(v, str) and not id_ok(v):
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            return name, NOT_TEXT
+        if not id_ok(v):
             return name, ID_TOO_LONG
     ts = row.get("ts_unix_s")
-    if ts is not None and not time_ok(ts):
+    if ts is not None and (not isinstance(ts, (int, float)) or not time_ok(ts)):
         return "ts_unix_s", TIME_RANGE
+    for name in ("ttft_ms", "latency_ms"):
+        v = row.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0.0 <= v <= _MAX_MS):
+            return name, MS_RANGE
     return None
 
 
