@@ -48,6 +48,8 @@ from typing import Any
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from prefixscope.core.bounds import TOO_DEEP, json_too_deep
+
 #: Total input (inclusive of cache reads and writes, rule 2).
 INPUT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt",
               "ai.usage.inputTokens", "ai.usage.promptTokens")
@@ -335,6 +337,8 @@ def decode_json(body: bytes | str | dict) -> ExportTraceServiceRequest:
     if isinstance(body, dict):
         obj = body
     else:
+        if json_too_deep(body):  # checked before any decoder: they recurse (issue 12)
+            raise OtlpDecodeError(TOO_DEEP)
         try:
             obj = json.loads(body)
         except ValueError as exc:

@@ -23,7 +23,6 @@ concurrent exports.
 
 from __future__ import annotations
 
-import gzip
 import sys
 import threading
 import time
@@ -163,10 +162,13 @@ class OtlpReceiver:
             return
         try:
             enc = (h.headers.get("Content-Encoding") or "").strip().lower()
-            if enc == "gzip":
-                body = gzip.decompress(body)
-            elif enc == "deflate":
-                body = zlib.decompress(body)
+            if enc in ("gzip", "deflate"):
+                body = inflate_bounded(body, enc)
+                if body is None:  # a gzip bomb: the bound holds after decompression too
+                    self.stats.bad_400 += 1
+                    self._reply(h, 413, b"body larger than 64 MiB after decompression\n",
+                                "text/plain")
+                    return
             req = decode_json(body) if is_json else decode_protobuf(body)
         except (OtlpDecodeError, OSError, EOFError, zlib.error) as exc:
             self.stats.bad_400 += 1
@@ -224,6 +226,26 @@ class OtlpReceiver:
                 return store_otlp_request(con, req, self.opts, location=self.url)
         finally:
             self._write_lock.release()
+
+
+def inflate_bounded(body: bytes, encoding: str, limit: int = MAX_BODY_BYTES) -> bytes | None:
+    """A ``gzip`` or ``deflate`` body decompressed to at most ``limit`` bytes; None when it
+    would be larger (a 64 MiB gzip of zeros is 64 GiB: never held whole).
+
+    Raises:
+        zlib.error: not gzip/zlib data, or cut short.
+    """
+    # wbits 31: a gzip member; 15: a zlib stream (HTTP "deflate", RFC 9110 8.4.1.2)
+    d = zlib.decompressobj(31 if encoding == "gzip" else 15)
+    out = d.decompress(body, limit + 1)
+    if len(out) > limit:
+        return None
+    out += d.flush()
+    if len(out) > limit:
+        return None
+    if not d.eof:
+        raise zlib.error("compressed data cut short")
+    return out
 
 
 def _read_chunked(rfile) -> bytes | None:

@@ -144,3 +144,68 @@ def test_litellm_hostile_csv_cell(cid, cell, expected, tmp_path):
     else:
         assert q == [(1, expected[0], expected[1])], q
         assert ids == {"good"}
+
+
+def _span_line(i: int, attrs: list, end: str = "1764410401000000000") -> str:
+    base = [{"key": "gen_ai.usage.input_tokens", "value": {"intValue": "10"}},
+            {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "1"}}]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "%032x" % i, "spanId": "%016x" % i, "startTimeUnixNano": "1764410400000000000",
+        "endTimeUnixNano": end, "attributes": base + attrs}]}]}]})
+
+
+def _ttft(v) -> list:
+    return [{"key": "gen_ai.server.time_to_first_token", "value": {"doubleValue": v}}]
+
+
+@pytest.mark.parametrize("cid,line,expected", [
+    ("ttft-infinity", _span_line(1, _ttft("Infinity")), "ttft_ms"),
+    ("ttft-nan", _span_line(1, _ttft("NaN")), "ttft_ms"),
+    ("ttft-negative", _span_line(1, _ttft(-5)), "ttft_ms"),
+    ("end-max-uint64", _span_line(1, [], end="18446744073709551615"), "latency_ms"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+def test_otlp_file_times_out_of_bounds_are_quarantined(cid, line, expected, tmp_path):
+    """Before: inf, NaN or negative TTFT and a 5.8e11 ms latency were stored as they came."""
+    db = fresh_db(tmp_path)
+    p = tmp_path / "traces.jsonl"
+    p.write_text(line + "\n" + _span_line(2, []) + "\n")
+    code, out, err = run_cli(["ingest", "otlp", str(p), "--db", db])
+    assert code == 0, (out, err)
+    assert quarantine_rows(db) == [
+        (1, f"resourceSpans[0].scopeSpans[0].spans[0].{expected}", MS_RANGE)]
+    with store_db.reader(db) as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 1
+
+
+def test_otlp_listener_refuses_compression_bombs_and_deep_json(tmp_path):
+    """A 64 GiB-when-inflated gzip body was decompressed whole (MemoryError or the OOM killer);
+    JSON nested 100,000 deep was a RecursionError in the handler (no answer, a traceback)."""
+    import gzip
+    import zlib
+
+    import httpx
+
+    from tests.test_otlp_ingest import Listener
+
+    db = fresh_db(tmp_path)
+    zeros = b"\0" * (80 << 20)  # 80 MiB inflated, past the 64 MiB bound; ~80 KiB compressed
+    good = _span_line(7, []).encode()
+    listener = Listener(db, tmp_path)
+    try:
+        def post(body: bytes, enc: str | None, ctype: str = "application/json"):
+            h = {"Content-Type": ctype}
+            if enc:
+                h["Content-Encoding"] = enc
+            return httpx.post(listener.endpoint, content=body, headers=h, timeout=60)
+
+        codes = [post(gzip.compress(zeros), "gzip").status_code,
+                 post(zlib.compress(zeros), "deflate", "application/x-protobuf").status_code,
+                 post(b"[" * 100_000, None).status_code,
+                 post(gzip.compress(good)[:-12], "gzip").status_code,
+                 post(gzip.compress(good), "gzip").status_code]
+    finally:
+        stats = listener.stop()
+    assert codes == [413, 413, 400, 400, 200]
+    assert stats["spans_added"] == 1
+    err = listener.errlog.read_text()
+    assert "Traceback" not in err and "MemoryError" not in err
