@@ -292,12 +292,19 @@ def _parse_region(path: str, offset: int, nbytes: int, line_no: int, ctx: _LineC
 
 
 def _worker_init(parent_pid: int | None = None) -> None:
-    """Set up a parser process: no cyclic GC, and die with the parent. On Linux,
+    """Set up a parser process: no cyclic GC, Ctrl-C ignored, and die with the parent.
+
+    A terminal's Ctrl-C sends SIGINT to the whole process group: the parent (the CLI) turns it
+    into one line and exit 130 and rolls back its open batch, so a parser ignores it (else each
+    idle parser would print a KeyboardInterrupt traceback from its queue wait). On Linux,
     ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` has the kernel kill this process when the process
     that forked it ends, however it ends (a SIGKILL of the ingest included), so a parser never
     outlives it holding memory and the caller's stdout; if the parent is already gone when
     this runs, exit at once."""
+    import signal
+
     gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid)
 
 
