@@ -10,6 +10,7 @@ interrupted run resumes). Whether *nothing* was read (exit code 4) is the caller
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,7 @@ def expand_paths(paths: Sequence[str], *, folders: bool) -> tuple[list[str], lis
             else:
                 files.extend(str(x) for x in found)
         elif not p.exists():
-            errors.append(f"{given}: no such file")
+            errors.append(f"{given}: {_missing_reason(str(given))}")
         else:
             files.append(str(given))
     return files, errors
@@ -108,3 +109,15 @@ def quarantined_dicts(problems: Sequence[Quarantined]) -> list[dict]:
     """The ``quarantined`` entries of ``--json``: location, line, field, reason."""
     return [{"location": q.location, "line": q.line, "field": q.field, "reason": q.reason}
             for q in problems]
+
+
+def _missing_reason(path: str) -> str:
+    """Why a path that ``exists()`` denies cannot be read: ``no such file``, a symbolic link
+    to nothing, a loop of symbolic links (ELOOP), no permission on a folder above it."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return "a symbolic link to a missing file" if os.path.islink(path) else "no such file"
+    except OSError as exc:
+        return (exc.strerror or "cannot be read").lower()
+    return "no such file"

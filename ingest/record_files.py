@@ -167,6 +167,8 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
     return _whole_file(con, location, form, kind, source_id, to_row, keep_problems)
 
 
+#: Largest JSON document or CSV file read whole (JSON lines have no such bound: batches).
+MAX_DOCUMENT_BYTES = 256 << 20
 _CSV_FIELD_MAX = 1 << 20  # the line bound of every JSONL source (docs/ingest.md#bounds)
 
 
@@ -204,6 +206,15 @@ def _csv_records(text: str, location: str) -> list[Any]:
 def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row: ToRow,
                 keep_problems: int) -> TailResult:
     started = time.time()
+    try:
+        size = os.stat(location).st_size
+    except OSError as exc:
+        raise SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}") from exc
+    if size > MAX_DOCUMENT_BYTES:  # read whole and decoded whole: 173 MB took 3.6 GB
+        raise SourceUnavailable(
+            f"{location}: a {'CSV file' if form == 'csv' else 'JSON document'} larger than "
+            "256 MiB is not read whole; give it as JSON lines (one record a line, read in "
+            "batches), e.g. jq -c '.data[]?, .[]?' FILE > FILE.jsonl")
     try:
         with open(location, "rb") as fh:
             data = fh.read()

@@ -209,3 +209,32 @@ def test_otlp_listener_refuses_compression_bombs_and_deep_json(tmp_path):
     assert stats["spans_added"] == 1
     err = listener.errlog.read_text()
     assert "Traceback" not in err and "MemoryError" not in err
+
+
+@pytest.mark.parametrize("command", ["requests", "decisions", "kv-events", "litellm", "langfuse",
+                                     "otlp"])
+def test_symlink_loop_and_dangling_link_are_named(command, tmp_path):
+    """Was "no such file" for both (issue 12: never that for something that exists)."""
+    db = fresh_db(tmp_path)
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    (tmp_path / "d.jsonl").symlink_to(tmp_path / "nothing.jsonl")
+    code, out, err = run_cli(["ingest", command, str(tmp_path / "a.jsonl"),
+                              str(tmp_path / "d.jsonl"), "--db", db])
+    assert code == 4, (out, err)
+    assert f"{tmp_path / 'a.jsonl'}: too many levels of symbolic links" in err
+    assert f"{tmp_path / 'd.jsonl'}: a symbolic link to a missing file" in err
+
+
+def test_a_whole_json_document_past_256_mib_is_refused_before_reading(tmp_path):
+    """A 173 MB Langfuse array took 3.6 GB of memory; JSON lines are read in batches."""
+    from prefixscope.ingest import record_files
+
+    db = fresh_db(tmp_path)
+    p = tmp_path / "obs.json"
+    with open(p, "wb") as fh:
+        fh.write(b"[")
+        fh.truncate(record_files.MAX_DOCUMENT_BYTES + 2)  # sparse: no disk, no time
+    code, out, err = run_cli(["ingest", "langfuse", str(p), "--db", db])
+    assert code == 4, (out, err)
+    assert "a JSON document larger than 256 MiB is not read whole; give it as JSON lines" in err
