@@ -756,13 +756,7 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
                     spec.metric, labels_json, instance, s.model, s.engine, c, 0.0, name,
                     spec.legacy, True)
     samples = tuple(zeros.values()) + tuple(by_key.values())
-    notes: list[str] = []
-    if any(s.legacy for s in samples):
-        notes.append(LEGACY_NOTE)
-    if saw_v0:
-        notes.append(V0_GAUGE_NOTE)
-    if not samples:
-        notes.append(NOTHING_NOTE)
+    notes = read_notes(samples, saw_v0=saw_v0, nothing=NOTHING_NOTE)
     problems.sort(key=lambda q: q.line)
     return ExpositionRead(location, instance, ts_unix_s, samples, tuple(problems), tuple(notes),
                           len(lines))
@@ -1038,3 +1032,18 @@ def scrape_loop(db_path: str, sources: Sequence[str], *, every_s: float,
         except KeyboardInterrupt:
             pass
     return result
+
+
+def read_notes(samples: tuple[MetricSample, ...], *, saw_v0: bool, nothing: str) -> list[str]:
+    """The notes of one read (a scrape, a file or a Prometheus range), one rule for all:
+    :data:`LEGACY_NOTE` when a series came under a pre-0.10 vLLM name, :data:`V0_GAUGE_NOTE`
+    when the v0 hit-rate gauge was seen (read, never used as a hit rate), ``nothing`` when no
+    prefix-cache series was read."""
+    notes: list[str] = []
+    if any(s.legacy for s in samples):
+        notes.append(LEGACY_NOTE)
+    if saw_v0:
+        notes.append(V0_GAUGE_NOTE)
+    if not samples:
+        notes.append(nothing)
+    return notes

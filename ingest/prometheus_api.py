@@ -36,8 +36,6 @@ from prefixscope.ingest.exposition import (
     CREATED_SPECS,
     SAMPLE_SPECS,
     V0_HIT_RATE_GAUGES,
-    V0_GAUGE_NOTE,
-    LEGACY_NOTE,
     ExpositionRead,
     MetricSample,
     ScrapeOutcome,
@@ -46,6 +44,7 @@ from prefixscope.ingest.exposition import (
     encode_labels,
     instance_for_url,
     normalise_sample,
+    read_notes,
     save_samples,
 )
 from prefixscope.core.errors import NothingIngested, SourceUnavailable
@@ -187,13 +186,7 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
                     spec.metric, labels_json, instance, model, engine, at, 0.0, name,
                     spec.legacy, True)
     samples = tuple(zeros.values()) + tuple(by_key.values())
-    notes: list[str] = []
-    if any(s.legacy for s in samples):
-        notes.append(LEGACY_NOTE)
-    if saw_v0:
-        notes.append(V0_GAUGE_NOTE)
-    if not samples:
-        notes.append("no vLLM prefix-cache series in this range")
+    notes = read_notes(samples, saw_v0=saw_v0, nothing="no vLLM prefix-cache series in this range")
     return ExpositionRead(location, default_instance,
                           time.time() if ts_unix_s is None else ts_unix_s, samples,
                           tuple(problems), tuple(notes), len(result))
