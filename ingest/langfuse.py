@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefixscope.ingest.jsonl_driver import BadLine
-from prefixscope.ingest.litellm import _ms, json_field, time_s, tokens
+from prefixscope.ingest.litellm import _MAX, _ms, json_field, time_s, tokens
 from prefixscope.ingest.privacy import digest_namespace
 from prefixscope.ingest.usage_rows import NOT_TEXT
 
@@ -85,6 +85,8 @@ def observation_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None,
         completion = tokens(usage.get("output", usage.get("completionTokens")), "usage.output")
     if prompt is None and completion is None:
         return None
+    if max(prompt or 0, completion or 0) > _MAX:  # a sum of buckets each <= 2^62 (BIGINT)
+        raise BadLine(name, "token counts summed over usage types exceed 2^62")
     if prompt is None:
         raise BadLine(name, "output usage without input usage")
     rid = rec.get("id")

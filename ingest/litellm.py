@@ -188,6 +188,8 @@ def spendlog_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None, run_i
         prompt = prompt + read + (write or 0)
     elif (read or 0) + (write or 0) > prompt:
         flags.append("cache-exceeds-prompt")
+    if prompt > _MAX:  # input + reads + writes, each <= 2^62: past BIGINT otherwise
+        raise BadLine("prompt_tokens", "prompt tokens with cache reads and writes exceed 2^62")
     if str(rec.get("cache_hit") or "").lower() == "true":
         flags.append("litellm-response-cache-hit")
 
