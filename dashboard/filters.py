@@ -260,3 +260,31 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
         help=help or f"All {len(ids):,} runs, newest first; type to search. Each run is shown "
                      "whole (the sidebar's time range does not cut it).")
     return tuple(picked)
+
+
+def pick_decision_runs(db: str, *, key: str, empty: str) -> tuple[str, ...]:
+    """The run picker of the pages over gateway decisions (Scopes, Rejections, Invariants):
+    every run that has decisions, newest first; stops the page with ``empty`` when there is
+    none, or with a hint when the user cleared the picker.
+
+    Args:
+        db: the database path (read through :func:`prefixscope.dashboard.data.query`).
+        key: the picker's widget key.
+        empty: the page's text for a database without decision runs.
+
+    Returns:
+        The picked run ids (never empty: the page stops first).
+    """
+    import streamlit as st
+
+    from prefixscope.dashboard import data
+
+    runs = data.query(db, "replay", "run_list", with_decisions=True)
+    if runs.empty:
+        st.info(empty, icon=":material/info:")
+        st.stop()
+    picked = run_picker(runs, key=key, label="Run (or runs to compare)")
+    if not picked:
+        st.info("Pick at least one run.", icon=":material/info:")
+        st.stop()
+    return picked

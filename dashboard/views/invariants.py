@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from prefixscope.dashboard import data, figures, filters
+from prefixscope.dashboard import data, filters
 from prefixscope.core.formatting import fmt_int
 from prefixscope.dashboard.downloads import show_table
 
@@ -50,14 +50,7 @@ st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
            "Each picked run is shown whole.")
 
 with data.guard(db):
-    runs = data.query(db, "replay", "run_list", with_decisions=True)
-    if runs.empty:
-        st.info(EMPTY, icon=":material/info:")
-        st.stop()
-    picked = filters.run_picker(runs, key="invariants_runs", label="Run (or runs to compare)")
-    if not picked:
-        st.info("Pick at least one run.", icon=":material/info:")
-        st.stop()
+    picked = filters.pick_decision_runs(db, key="invariants_runs", empty=EMPTY)
     common = dict(start_s=None, end_s=None, run_ids=picked)
     counts = data.query(db, "scopes", "invariant_counts", **common)
     if counts["decided_requests"] == 0:

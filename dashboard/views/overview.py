@@ -13,7 +13,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core import report
-from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_tokens, fmt_window
+from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_window
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "

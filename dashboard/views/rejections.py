@@ -28,14 +28,7 @@ st.caption("A rejection is a candidate hit whose identity did not match (any fie
            f"as a miss. Each picked run is shown whole.")
 
 with data.guard(db):
-    runs = data.query(db, "replay", "run_list", with_decisions=True)
-    if runs.empty:
-        st.info(EMPTY, icon=":material/info:")
-        st.stop()
-    picked = filters.run_picker(runs, key="rejections_runs", label="Run (or runs to compare)")
-    if not picked:
-        st.info("Pick at least one run.", icon=":material/info:")
-        st.stop()
+    picked = filters.pick_decision_runs(db, key="rejections_runs", empty=EMPTY)
     common = dict(start_s=None, end_s=None, run_ids=picked)
     label, window_s = filters.window_picker("rejections_window", ("5m", "15m", "1h", "1d"), default="15m")
     misses = data.query(db, "scopes", "miss_breakdown_by_window", window_s=window_s, **common)

@@ -29,14 +29,7 @@ st.caption("Hit rate = Σ cached_tokens ÷ Σ prompt_tokens (requests that repor
            "Each picked run is shown whole.")
 
 with data.guard(db):
-    runs = data.query(db, "replay", "run_list", with_decisions=True)
-    if runs.empty:
-        st.info(EMPTY, icon=":material/info:")
-        st.stop()
-    picked = filters.run_picker(runs, key="scopes_runs", label="Run (or runs to compare)")
-    if not picked:
-        st.info("Pick at least one run.", icon=":material/info:")
-        st.stop()
+    picked = filters.pick_decision_runs(db, key="scopes_runs", empty=EMPTY)
     common = dict(start_s=None, end_s=None, run_ids=picked, models=f.models,
                   instances=f.instances)
     totals = data.query(db, "scopes", "hit_rate_by_scope_totals", by=("scope",), **common)
