@@ -54,6 +54,7 @@ def chat_body(obj: Mapping[str, Any]) -> dict[str, Any]:
             raise BodyError(f"{prefix}.messages[{i}].role",
                             f"unknown role (use one of {', '.join(ROLES)})")
     if _is_anthropic(body, obj):
+        _check_anthropic(body, prefix)
         return _from_anthropic(body)
     out = dict(body)
     out["messages"] = [dict(m) for m in messages]
@@ -63,7 +64,36 @@ def chat_body(obj: Mapping[str, Any]) -> dict[str, Any]:
         fn = t.get("function", t) if isinstance(t, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise BodyError(f"{prefix}.tools[{i}]", "not a tool object with a function name")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], Mapping):
+            # vLLM 0.32 FunctionDefinition.parameters is dict | None: the server answers 400
+            raise BodyError(f"{prefix}.tools[{i}].function.parameters",
+                            "not a JSON schema object")
     return out
+
+
+def _check_anthropic(body: Mapping[str, Any], prefix: str) -> None:
+    """Refuse an Anthropic Messages body vLLM 0.32's ``/v1/messages`` would answer 400
+    (``AnthropicTool.input_schema`` and a ``tool_use`` block's ``input`` are objects,
+    ``vllm/entrypoints/anthropic/protocol.py``), naming the JSON path.
+
+    Raises:
+        BodyError: ``tools`` not a list; a tool without a string ``name``; an ``input_schema``
+            that is not an object; a ``tool_use`` block whose ``input`` is not an object.
+    """
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise BodyError(f"{prefix}.tools", "not a list")
+    for i, t in enumerate(tools or []):
+        if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
+            raise BodyError(f"{prefix}.tools[{i}]", "not a tool object with a name")
+        if "input_schema" in t and not isinstance(t["input_schema"], Mapping):
+            raise BodyError(f"{prefix}.tools[{i}].input_schema", "not a JSON schema object")
+    for i, m in enumerate(body.get("messages") or []):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if (isinstance(block, Mapping) and block.get("type") == "tool_use"
+                    and not isinstance(block.get("input", {}), Mapping)):
+                raise BodyError(f"{prefix}.messages[{i}].content[{j}].input", "not an object")
 
 
 def output_tokens_of(obj: Mapping[str, Any], body: Mapping[str, Any]) -> int:

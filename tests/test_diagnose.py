@@ -287,3 +287,34 @@ def test_a_log_without_any_shared_prefix_says_so_in_one_line(cli, tmp_path):
     assert lines[1] == ("no two requests share a full block: nothing in this trace can be "
                         "served from cache at this block size")
     assert "breakers, by lost tokens" not in out
+
+
+def test_broken_tool_definitions_are_named_records_in_both_shapes(cli, tmp_path):
+    """A tool schema that is not an object, or a tool_use input that is not an object, is a
+    request vLLM 0.32 answers 400 (Anthropic and OpenAI shapes alike): named file:line:field
+    and skipped by diagnose and replay sim, never accepted silently."""
+    sysmsg = "You are a support bot. " * 20
+    good = {"system": sysmsg, "messages": [{"role": "user", "content": "hello"}],
+            "tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}
+    bad_schema = dict(good, tools=[{"name": "lookup", "input_schema": "bad"}])
+    bad_input = dict(good, messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup",
+                                           "input": "not an object"}]},
+        {"role": "user", "content": "again"}])
+    openai_bad = {"messages": [{"role": "user", "content": "x"}],
+                  "tools": [{"type": "function", "function": {"name": "f", "parameters": "bad"}}]}
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in [good, bad_schema, bad_input, openai_bad, good])
+                    + "\n", encoding="utf-8")
+    p = attribution_pass(DiagnoseSpec(trace=str(path), format="chat"))
+    assert [(q.line, q.field) for q in p.problems] == [
+        (2, "$.tools[0].input_schema"), (3, "$.messages[1].content[0].input"),
+        (4, "$.tools[0].function.parameters")]
+    assert p.summary.requests == 2
+    code, out, err = cli(["diagnose", path, "--format", "chat", "--out", tmp_path / "o"])
+    assert code == 0 and "Traceback" not in err
+    assert f"skipped {path}:2: $.tools[0].input_schema: not a JSON schema object" in err
+    code, out, _ = cli(["replay", "sim", path, "--format", "chat", "--out", tmp_path / "s",
+                        "--json"])
+    assert json.loads(out)["skipped_records"] == 3
