@@ -44,8 +44,10 @@ with data.guard(db):
     cols[1].metric("With the suggested layout",
                    "—" if pd.isna(d["what_if_hit_rate"]) else fmt_pct(d["what_if_hit_rate"]),
                    help="The suggested layout replayed through the exact model", border=True)
-    cols[2].metric("Missed tokens", fmt_tokens(int(d["prompt_tokens"] - d["cached_tokens"])),
-                   border=True)
+    missed = int(d["prompt_tokens"] - d["cached_tokens"])
+    cols[2].metric("Missed prompt tokens", f"{missed:,}", border=True,
+                   help=f"{fmt_tokens(missed)} of {int(d['prompt_tokens']):,} prompt tokens were "
+                        "not served from the cache")
     cols[3].metric("Requests", f"{int(d['requests']):,}", border=True)
     if not pd.isna(d.get("what_if_cost_delta")) and isinstance(d.get("currency"), str):
         st.caption(f"Cost with cache after the suggested layout: "
