@@ -342,3 +342,22 @@ def metrics_writer(db: str, url: str, *, every_s: float = 0.2,
         stop_process_group(proc)
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+#: Streamlit 1.67's own websocket teardown race when a browser closes mid-rerun: logged by its
+#: Starlette server, not raised by any page (the page has already been served).
+_STREAMLIT_TEARDOWN = 'WebSocketDisconnected: Cannot call "send" once a close message has been sent.'
+
+
+def app_tracebacks(log: str) -> list[str]:
+    """The tracebacks in a dashboard server log, except Streamlit's websocket-teardown race
+    (:data:`_STREAMLIT_TEARDOWN`); a chained traceback ("During handling of the above
+    exception...") counts as one, ending with its last exception."""
+    chained = ("During handling of the above exception", "The above exception was the direct cause")
+    out: list[str] = []
+    for block in log.split("Traceback (most recent call last):")[1:]:
+        if out and out[-1].rstrip().splitlines()[-1].startswith(chained):
+            out[-1] += block
+        else:
+            out.append(block)
+    return [b for b in out if _STREAMLIT_TEARDOWN not in b]

@@ -49,7 +49,7 @@ def test_overview_shows_the_per_request_figure_with_its_source(usage_only_db, mo
     ds.assert_clean(at)
     infos = " ".join(ds.texts(at, "info"))
     assert "No vLLM counters for this selection: these figures are **per request**" in infos
-    assert ds.metrics(at) == {ds.MODEL: "61.2%"}  # 7,136 / 11,652
+    assert ds.metrics(at) == {f"{ds.MODEL} · whole range": "61.2%"}  # 7,136 / 11,652
     md = " ".join(ds.texts(at, "markdown"))
     assert "7,136 of 11,652" in md
     totals = at.dataframe[0].value.to_dict("records")
