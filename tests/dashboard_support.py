@@ -231,6 +231,28 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+@contextlib.contextmanager
+def chromium(profile_dir: str | os.PathLike[str], *, width: int = 1400,
+             height: int = 1000) -> Iterator:
+    """A Playwright persistent context of Debian's headless Chromium (:data:`CHROMIUM`, profile in
+    ``profile_dir``, viewport ``width`` x ``height`` px), closed on exit. Skips the test when
+    Chromium is absent (a failure under CI=true, tests/conftest.py)."""
+    import pytest
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (make test does, as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+            headless=True, viewport={"width": width, "height": height})
+        try:
+            yield context
+        finally:
+            context.close()
+
+
 def page_url_path(rel: str, *, first: bool) -> str:
     """The URL path Streamlit gives a page file (the default page is served at ``/``)."""
     if first:

@@ -25,18 +25,8 @@ def real_db(tmp_path_factory) -> str:
 
 @pytest.fixture
 def browser(tmp_path):
-    if not os.path.exists(ds.CHROMIUM):
-        pytest.skip(f"{ds.CHROMIUM} is absent: install Debian's chromium (make test does, as root)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=ds.CHROMIUM, args=ds.CHROMIUM_ARGS,
-            headless=True, viewport={"width": 1400, "height": 1000})
-        try:
-            yield context
-        finally:
-            context.close()
+    with ds.chromium(tmp_path / "chromium-profile") as context:
+        yield context
 
 
 def test_every_page_renders_in_chromium(real_db, browser, tmp_path):
