@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from prefixscope.alerts.daily import Change, DailyReport, Figures, ReportLine, resolve_tz
 from prefixscope.core.report import ALERT, INCONSISTENT, NO_DATA, OK, SEVERITY, STALE, percent
-from prefixscope.core.formatting import money_decimals
+from prefixscope.core.formatting import count_noun, money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"
 #: At most this many lines in the chart (worst first); the text lists all.
@@ -73,7 +73,7 @@ def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> s
             f"no scrape since {when:%Y-%m-%d %H:%M}"
     elif top.status == NO_DATA or top.figures.hit_rate is None:
         n = top.figures.prompt_tokens
-        figure = f"{n:,} prompt token{'s' if n != 1 else ''}"
+        figure = count_noun(n, "prompt token")
     else:
         figure = f"{percent(top.figures.hit_rate)}% hit rate"
     more = sum(1 for ln in lines if ln.status == top.status and ln.instance is None) - 1

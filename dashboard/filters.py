@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
+from prefixscope.core.formatting import count_noun
+
 QUICK_PICKS: dict[str, float | None] = {
     "1h": 3600.0,
     "6h": 6 * 3600.0,
@@ -86,7 +88,7 @@ class Filters:
         def part(values: tuple[str, ...] | None, noun: str) -> str:
             if values is None:
                 return f"all {noun}s"
-            return f"{len(values)} {noun}" + ("" if len(values) == 1 else "s")
+            return count_noun(len(values), noun)
 
         bits = [when, part(self.models, "model"), part(self.instances, "instance")]
         runs = self.replay_run_ids() if every_run_by_default else self.run_ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from prefixscope.cli.common import count_noun as metrics_count
+from prefixscope.core.formatting import count_noun as metrics_count
 
 
 def _usage(i: int) -> str:

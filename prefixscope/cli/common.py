@@ -11,6 +11,7 @@ from rich.console import Console
 
 from prefixscope.core.bounds import escape_control
 from prefixscope.core.config import DEFAULT_DB_PATH
+from prefixscope.core.formatting import count_noun
 
 DbOption = Annotated[
     str,
@@ -53,11 +54,6 @@ def safe_renderable(obj: Any) -> Any:
 
 out = SafeConsole(soft_wrap=True)
 err = SafeConsole(stderr=True, soft_wrap=True)
-
-
-def count_noun(n: int, noun: str) -> str:
-    """``1 line``, ``2 lines``, ``500,000 requests``: thousands separators, singular for 1."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def print_json(value: Any) -> None:

@@ -8,9 +8,12 @@ way. Missing values (None or NaN: "not reported") format as an em dash, never as
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where it is used: the CLI's count_noun does not load it
+    import pandas as pd
 
 MISSING = "—"
 
@@ -19,7 +22,10 @@ _CURRENCY_PREFIX = {"INR": "Rs", "RS": "Rs", "USD": "$", "EUR": "€", "GBP": "�
 
 
 def _missing(value: object) -> bool:
-    if value is None or value is pd.NA or value is pd.NaT:
+    if value is None:
+        return True
+    pd = sys.modules.get("pandas")  # pd.NA / pd.NaT exist only once pandas is loaded
+    if pd is not None and (value is pd.NA or value is pd.NaT):
         return True
     try:
         return bool(math.isnan(float(value)))  # type: ignore[arg-type]
@@ -58,8 +64,13 @@ def fmt_tokens(value: float | None) -> str:
     x = _number(value)
     if x is None:
         return f"{value} tokens"
-    n = round(x)
-    return f"{n:,} token" + ("" if n == 1 else "s")
+    return count_noun(round(x), "token")
+
+
+def count_noun(n: int, noun: str) -> str:
+    """``1 line``, ``2 lines``, ``500,000 requests``: thousands separators, singular for 1
+    (the noun takes a plain ``s`` in the plural)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def fmt_ms(value: float | None) -> str:
@@ -139,6 +150,8 @@ def fmt_window(window_s: float) -> str:
 def utc_times(ts_unix_s: pd.Series) -> pd.Series:
     """Unix seconds -> naive UTC datetimes (plotly and Streamlit tables show them as given: UTC
     wall time)."""
+    import pandas as pd
+
     return pd.to_datetime(ts_unix_s.astype("float64"), unit="s", utc=True).dt.tz_localize(None)
 
 
@@ -152,7 +165,7 @@ def breaker_position(row: pd.Series) -> str:
         return "tools"
     if seg == "template":
         idx = row.get("message_index")
-        return "template" + ("" if pd.isna(idx) else f" before message {int(idx)} ({row['role']})")
+        return "template" + ("" if _missing(idx) else f" before message {int(idx)} ({row['role']})")
     if isinstance(seg, str):
         return seg
     return "whole request"

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, count_noun, out, print_json
+from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, out, print_json
+from prefixscope.core.formatting import count_noun
 
 
 def export_cmd(

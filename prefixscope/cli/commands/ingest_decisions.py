@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out,
+from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, err, out,
                                      print_json)
+from prefixscope.core.formatting import count_noun
 from prefixscope.core.errors import NothingIngested, problem_text
 
 #: At most this many quarantined lines are printed (all are in the quarantine table).

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, count_noun, err, out, print_json,
+from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, err, out, print_json,
                                      print_request_files)
+from prefixscope.core.formatting import count_noun
 from prefixscope.core.errors import NothingIngested, UsageError
 
 
