@@ -2,8 +2,9 @@
 model driven one request at a time (:mod:`prefixscope.replay.diagnose` attributes, this module
 reads and replays).
 
-- :func:`open_trace`: chat request logs are read as ``replay/traces.py`` reads them (same request
-  ids, arrivals, salts, outputs, token ids) and rendered with an offset map
+- :func:`open_trace`: chat request logs are read by ``replay/traces.py``'s chat reader
+  (``chat_records``: the same request ids, arrivals, salts, outputs, token ids and skipped
+  records as ``replay sim``) with an encoder that keeps the offset map
   (``replay/diagnose_render.py``); other formats go through ``read_trace``.
 - :class:`ExactCache`: the request factory, ``KVCacheManager`` and sequential replay of
   ``replay/sim.py``, one request at a time; :func:`replay_totals` replays a whole trace (a
@@ -12,7 +13,6 @@ reads and replays).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,9 +20,11 @@ from typing import Any
 
 from prefixscope.replay.diagnose_render import PieceEncoder, Rendered, render_map
 from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest
+from prefixscope.replay.runner import SimRunSpec
 from prefixscope.replay.scheduler import EngineStats, run_sequential
 from prefixscope.replay.sim import SimSummary, _Accumulator, _RequestFactory
 from prefixscope.replay.trace_common import TraceProblem, _Bad, _Reader
+from prefixscope.replay.traces import ChatEncoder, chat_records, detect_format, read_trace
 from prefixscope.replay.types import SimConfig, TraceRequest
 
 @dataclass
@@ -53,13 +55,28 @@ class DiagnoseSpec:
     strict: bool = False
     scope_by_model: bool = False
 
+    @classmethod
+    def of(cls, run: SimRunSpec, **more: Any) -> DiagnoseSpec:
+        """The diagnosis of the trace and cache of ``run`` (its :data:`RUN_FIELDS`; ``more``:
+        ``layout``, ``scope_by_model``)."""
+        return cls(**{f: getattr(run, f) for f in RUN_FIELDS}, **more)
+
+    def run_spec(self, **overrides: Any) -> SimRunSpec:
+        """The ``replay sim`` run of this trace and cache (sequential, as recorded; ``overrides``
+        for the other :class:`SimRunSpec` fields: ``model``, ``label``...)."""
+        return SimRunSpec(**({f: getattr(self, f) for f in RUN_FIELDS} | overrides))
+
     def sim_config(self, *, capacity_blocks: Any = "same") -> SimConfig:
-        """The exact model's configuration (sequential replay)."""
-        cap = self.capacity_blocks if capacity_blocks == "same" else capacity_blocks
-        return SimConfig(block_size=self.block_size, num_gpu_blocks=cap,
-                         hash_algo=self.algo, hash_seed=self.hash_seed,
-                         simulate_output=self.output_tokens == "trace",
-                         max_model_len=self.max_model_len)
+        """The exact model's configuration (sequential replay: :meth:`SimRunSpec.sim_config`;
+        ``capacity_blocks`` other than ``"same"`` replaces the spec's)."""
+        if capacity_blocks == "same":
+            return self.run_spec().sim_config()
+        return self.run_spec(capacity_blocks=capacity_blocks).sim_config()
+
+
+#: The fields a :class:`DiagnoseSpec` shares with :class:`SimRunSpec` (same names, meanings).
+RUN_FIELDS = ("trace", "format", "block_size", "capacity_blocks", "algo", "hash_id_block_size",
+              "output_tokens", "max_model_len", "tokenizer_dir", "limit", "hash_seed", "strict")
 
 
 
@@ -82,15 +99,12 @@ class TraceSource:
 def open_trace(spec: DiagnoseSpec, *, layout: Any = "spec") -> TraceSource:
     """Open ``spec.trace`` (``layout`` overrides ``spec.layout``; None = as recorded).
 
-    Chat traces are read as ``replay/traces.py`` reads them (same request ids, arrivals,
-    salts, outputs and token ids: ``replay sim`` replays the same requests), rendered with an
-    offset map. Other formats go through :func:`prefixscope.replay.traces.read_trace`.
+    Chat traces are read by :func:`prefixscope.replay.traces.chat_records` (``replay sim``'s
+    reader: the same requests), rendered with an offset map. Other formats go through :func:`prefixscope.replay.traces.read_trace`.
 
     Raises:
         SourceUnavailable, UsageError, ConfigError, ParseError: as ``read_trace``.
     """
-    from prefixscope.replay.traces import detect_format, read_trace
-
     lay = spec.layout if layout == "spec" else layout
     p = Path(spec.trace)
     fmt = spec.format
@@ -102,89 +116,39 @@ def open_trace(spec: DiagnoseSpec, *, layout: Any = "spec") -> TraceSource:
                           strict=spec.strict, layout=lay, limit=spec.limit)
         return TraceSource(items=((tr, None) for tr in read.requests), problems=read.problems,
                            format=read.format, stats=read.stats)
-    # Validate as read_trace does (missing file, bad options), then read ourselves.
+    # Validate as read_trace does (missing file, bad options), then read with the offset map.
     read_trace(spec.trace, format="chat", block_size=spec.block_size,
                tokenizer_dir=spec.tokenizer_dir, output_tokens=spec.output_tokens, limit=0)
     r = _Reader(p, strict=spec.strict, output_tokens=spec.output_tokens, limit=spec.limit)
-    return TraceSource(items=_read_chat_rendered(r, spec.tokenizer_dir, lay), problems=r.problems,
-                       format="chat", stats=r.stats)
+    items = chat_records(r, tokenizer_dir=spec.tokenizer_dir, layout=lay,
+                         encoder=_RenderingEncoder)
+    return TraceSource(items=items, problems=r.problems, format="chat", stats=r.stats)
 
 
-_ENCODERS: dict[str, Any] = {}
+_ENCODERS: dict[str, PieceEncoder] = {}
 
 
-def _encoder(tokenizer_dir: str | os.PathLike[str] | None) -> tuple[Any, PieceEncoder]:
-    from prefixscope.replay.tokenization import load_chat_tokenizer
+class _RenderingEncoder(ChatEncoder):
+    """The chat reader's encoder with the rendered prompt's offset map (``render_map``, the same
+    ids as the tokenizer's chat template)."""
 
-    tok = load_chat_tokenizer(tokenizer_dir)
-    key = str(tok.directory)
-    enc = _ENCODERS.get(key)
-    if enc is None:
-        enc = _ENCODERS[key] = PieceEncoder(tok)
-    return tok, enc
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        key = str(tok.directory)
+        enc = _ENCODERS.get(key)
+        if enc is None:
+            enc = _ENCODERS[key] = PieceEncoder(tok)
+        self.pieces = enc
 
+    def encode(self, text: str) -> list[int]:
+        return self.pieces.encode_with_offsets(text)[0]
 
-def _read_chat_rendered(r: _Reader, tokenizer_dir: Any, layout: Any
-                        ) -> Iterator[tuple[TraceRequest, Rendered]]:
-    from prefixscope.core.errors import ConfigError
-    from prefixscope.replay.chat_requests import chat_body, output_tokens_of
-    from prefixscope.replay.traces import _arrival, _cache_salt
-
-    tok, enc = _encoder(tokenizer_dir)
-    end_of_turn = tok.end_of_turn
-    stem = r.stem
-    previous = 0.0
-    for lineno, obj in r.jsonl():
-        if r.done():
-            return
+    def render(self, body: Any) -> tuple[list[int], Rendered]:
         try:
-            body = chat_body(obj)
-            if layout is not None:
-                body = layout.apply(body)
-            arrival = _arrival(obj, previous)
-            salt = _cache_salt(body) or _cache_salt(obj)
-            out = output_tokens_of(obj, body)
-            out_ids = None
-            response_text = obj.get("response_text")
-            if response_text is not None:
-                if not isinstance(response_text, str):
-                    raise _Bad("$.response_text", "not a string")
-                out_ids = enc.encode_with_offsets(response_text + end_of_turn)[0]
-                if "output_tokens" not in obj:
-                    out = len(out_ids)
-            try:
-                rendered = render_map(tok, enc, body)
-            except ConfigError as exc:
-                raise _Bad("$.messages", f"cannot be rendered: {str(exc).split(': ', 1)[-1]}")
-            if not rendered.ids:
-                raise _Bad("$.messages", "renders to an empty prompt")
-        except _Bad as exc:
-            r.bad(r.location, lineno, exc)
-            continue
-        except (ValueError, TypeError, AttributeError) as exc:
-            r.bad(r.location, lineno, _Bad(getattr(exc, "field", None),
-                                           str(exc) or type(exc).__name__))
-            continue
-        previous = arrival
-        rid = obj.get("request_id")
-        attrs = {"trace": stem}
-        if obj.get("conversation") is not None:
-            attrs["conversation"] = str(obj["conversation"])
-        if layout is not None:
-            attrs["layout"] = layout.name
-        model = body.get("model")
-        logprobs = body.get("prompt_logprobs") is not None or (
-            bool(body.get("echo")) and body.get("logprobs") not in (None, False))
-        r.stats["requests"] += 1
-        ids = rendered.ids
-        yield TraceRequest(
-            request_id=str(rid) if rid is not None else f"{stem}:{lineno}",
-            arrival_s=arrival, num_prompt_tokens=len(ids), prompt_token_ids=ids,
-            output_tokens=out if r.keep_output else 0,
-            output_token_ids=out_ids if r.keep_output else None,
-            model=model if isinstance(model, str) else None, cache_salt=salt,
-            skip_reading=logprobs, source=f"{r.location}:{lineno}", attrs=attrs,
-        ), rendered
+            rendered = render_map(self.tok, self.pieces, body)
+        except (TypeError, AttributeError) as exc:  # a message or tool of the wrong shape
+            raise _Bad(getattr(exc, "field", None), str(exc) or type(exc).__name__) from exc
+        return rendered.ids, rendered
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,12 +190,51 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
 # --------------------------------------------------------------------------------------------
 
 
+class ChatEncoder:
+    """How :func:`chat_records` turns text into token ids: the chat tokenizer's ``encode`` and
+    its chat template, as ``replay sim`` replays (the default). A diagnosis passes one whose
+    :meth:`render` also returns the rendered prompt's offset map
+    (``prefixscope.replay.diagnose_replay``); the ids must be the same."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (a reply, no template)."""
+        return self.tok.encode(text)
+
+    def render(self, body: Mapping[str, Any]) -> tuple[list[int], Any]:
+        """(prompt token ids of the chat body ``body``, what :func:`chat_records` yields beside
+        the request: None here).
+
+        Raises:
+            ConfigError: the chat template refused the request. ValueError, or ``_Bad`` with
+                the field: a malformed request (named file:line by the reader).
+        """
+        return self.tok.encode_chat(body["messages"], tools=body.get("tools")), None
+
+
 def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
                layout: Any) -> Iterator[TraceRequest]:
+    for tr, _ in chat_records(r, tokenizer_dir=tokenizer_dir, layout=layout):
+        yield tr
+
+
+def chat_records(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None, layout: Any,
+                 encoder: Callable[[Any], ChatEncoder] = ChatEncoder
+                 ) -> Iterator[tuple[TraceRequest, Any]]:
+    """The chat-completions requests of ``r`` (one JSON object a line) as
+    ``(TraceRequest, extra)``: the body after ``layout`` (None: as recorded) rendered by
+    ``encoder(tokenizer)`` (:class:`ChatEncoder`: vLLM's chat template through the tokenizer of
+    ``tokenizer_dir``, None = the bundled one); ``extra`` is the encoder's second value (None
+    for the default). Malformed lines are recorded in ``r.problems`` as ``file:line: field:
+    reason`` and skipped (``r.strict``: the first one raises).
+    """
     from prefixscope.replay.chat_requests import chat_body, output_tokens_of
     from prefixscope.replay.tokenization import load_chat_tokenizer
 
     tok = load_chat_tokenizer(tokenizer_dir)
+    enc = encoder(tok)
     end_of_turn = tok.end_of_turn
     stem = r.stem
     previous = 0.0
@@ -215,11 +254,11 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
                 if not isinstance(response_text, str):
                     raise _Bad("$.response_text", "not a string")
                 # The reply as the model would emit it, ending with the template's end-of-turn.
-                out_ids = tok.encode(response_text + end_of_turn)
+                out_ids = enc.encode(response_text + end_of_turn)
                 if "output_tokens" not in obj:
                     out = len(out_ids)
             try:
-                ids = tok.encode_chat(body["messages"], tools=body.get("tools"))
+                ids, extra = enc.render(body)
             except ConfigError as exc:  # the chat template refused this request
                 raise _Bad("$.messages", "cannot be rendered: " + str(exc).split(": ", 1)[-1]) \
                     from exc
@@ -233,7 +272,8 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
             r.bad(r.location, lineno, exc)
             continue
         except ValueError as exc:  # chat_body's own validation
-            r.bad(r.location, lineno, _Bad(getattr(exc, "field", None), str(exc)))
+            r.bad(r.location, lineno, _Bad(getattr(exc, "field", None),
+                                           str(exc) or type(exc).__name__))
             continue
         previous = arrival
         attrs = {"trace": stem}
@@ -256,7 +296,7 @@ def _read_chat(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None,
             skip_reading=logprobs,
             source=f"{r.location}:{lineno}",
             attrs=attrs,
-        )
+        ), extra
 
 
 # --------------------------------------------------------------------------------------------

@@ -139,6 +139,27 @@ def test_unrenderable_requests_are_named_and_counted(cli, tmp_path):
     assert json.loads(out)["skipped_records"] == 3
 
 
+def test_diagnose_reads_chat_traces_with_replay_sims_reader(tmp_path):
+    """One chat reader (replay/traces.py): a request id or model past 256 characters is a named
+    record in diagnose as in replay sim, and both read the same requests and token ids."""
+    good = {"messages": [{"role": "system", "content": "S " * 40}, {"role": "user", "content": "q"}]}
+    lines = [dict(good, request_id="a"), dict(good, request_id="r" * 257),
+             dict(good, model="m" * 257), dict(good, request_id="b", response_text="fine")]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    src = open_trace(DiagnoseSpec(trace=str(path), format="chat"))
+    items = list(src.items)
+    sim = read_trace(str(path), format="chat")
+    sim_requests = list(sim.requests)  # read lazily, as the diagnosis' items
+    assert [str(q) for q in src.problems] == [str(q) for q in sim.problems] == [
+        f"{path}:2: $.request_id: longer than 256 characters",
+        f"{path}:3: $.model: longer than 256 characters"]
+    assert [(tr.request_id, tr.prompt_token_ids, tr.output_token_ids) for tr, _ in items] == [
+        (tr.request_id, tr.prompt_token_ids, tr.output_token_ids) for tr in sim_requests]
+    assert [tr.request_id for tr, _ in items] == ["a", "b"]
+    assert all(rendered.ids == tr.prompt_token_ids for tr, rendered in items)
+
+
 def test_a_template_error_is_a_named_record(tmp_path):
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
