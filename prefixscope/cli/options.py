@@ -9,9 +9,12 @@ stays at the use site, so a command can choose its own. ``--db`` and ``--json`` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from prefixscope.replay.runner import SimRunSpec
 
 #: Trace formats ``replay sim``, ``replay compare`` and ``replay live`` read (replay/traces.py).
 FORMAT_HELP = "Trace format: auto, mooncake, kv-cache-tester, token-ids, chat."
@@ -56,3 +59,21 @@ IngestOption = Annotated[bool, typer.Option(
 # Which traffic a query reads (hitrate and report).
 AllRunsOption = Annotated[bool, typer.Option(
     "--all-runs", help="Production traffic and every replay run together.")]
+
+
+def sim_spec_from_options(trace: Path | str, *, fmt: str, block_size: int,
+                          capacity_blocks: int | None, algo: str, hash_id_block_size: int,
+                          output_tokens: str, max_model_len: int | None, tokenizer: Path | None,
+                          limit: int | None, seed: str | None, strict: bool,
+                          **more: Any) -> SimRunSpec:
+    """The :class:`prefixscope.replay.runner.SimRunSpec` of the trace options shared by
+    ``replay sim`` and ``diagnose`` (the flags above, by their parameter names); ``more``: the
+    command's own fields (``concurrency``, ``layout_path``, ``label``, ``model``)."""
+    from prefixscope.replay.runner import SimRunSpec
+
+    return SimRunSpec(trace=str(trace), format=fmt, block_size=block_size,
+                      capacity_blocks=capacity_blocks, algo=algo,
+                      hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+                      max_model_len=max_model_len,
+                      tokenizer_dir=str(tokenizer) if tokenizer else None, limit=limit,
+                      hash_seed=seed, strict=strict, **more)

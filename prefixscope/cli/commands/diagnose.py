@@ -15,7 +15,7 @@ from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocks
                                      FormatOption, HashIdBlockSizeOption, IngestOption,
                                      LayoutOption, LimitOption, MaxModelLenOption,
                                      OutputTokensOption, PricesOption, SeedOption, StrictOption,
-                                     TokenizerOption, TraceArg)
+                                     TokenizerOption, TraceArg, sim_spec_from_options)
 from prefixscope.core.errors import NothingIngested, UsageError
 
 
@@ -233,13 +233,12 @@ def diagnose_cmd(
     if ingest and (layout is not None or scope_by_model):
         raise UsageError("--ingest stores the trace as recorded, as replay sim replays it: "
                          "drop --layout and --scope-by-model")
-    spec = DiagnoseSpec(trace=str(trace), format=fmt, block_size=block_size,
-                        capacity_blocks=capacity_blocks, algo=algo,
-                        hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
-                        max_model_len=max_model_len,
-                        tokenizer_dir=str(tokenizer) if tokenizer else None,
-                        layout=load_layout(layout) if layout else None, limit=limit,
-                        hash_seed=seed, strict=strict, scope_by_model=scope_by_model)
+    run = sim_spec_from_options(
+        trace, fmt=fmt, block_size=block_size, capacity_blocks=capacity_blocks, algo=algo,
+        hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+        max_model_len=max_model_len, tokenizer=tokenizer, limit=limit, seed=seed, strict=strict)
+    spec = DiagnoseSpec.of(run, layout=load_layout(layout) if layout else None,
+                           scope_by_model=scope_by_model)
     if request is not None:
         p = attribution_pass(spec, explain=request)
         if p.explained is None:
@@ -304,15 +303,11 @@ def _ingest(spec: Any, d: Any, doc: dict[str, Any], outd: Path, *, model: str | 
     from prefixscope.ingest.breakers import ingest_breakers_file
     from prefixscope.ingest.runs import ingest_run_dir
     from prefixscope.replay.diagnose_store import write_breakers_file
-    from prefixscope.replay.runner import SimRunSpec, run_sim
+    from prefixscope.replay.runner import run_sim
     from prefixscope.store import db as store_db
 
-    sim = SimRunSpec(trace=spec.trace, format=spec.format, block_size=spec.block_size,
-                     capacity_blocks=spec.capacity_blocks, algo=spec.algo,
-                     hash_id_block_size=spec.hash_id_block_size, output_tokens=spec.output_tokens,
-                     max_model_len=spec.max_model_len, tokenizer_dir=spec.tokenizer_dir,
-                     layout_path=None, limit=spec.limit, model=model, hash_seed=spec.hash_seed,
-                     label=f"{Path(spec.trace).name.split('.')[0]} as recorded (diagnosed)")
+    sim = spec.run_spec(model=model, strict=False,
+                        label=f"{Path(spec.trace).name.split('.')[0]} as recorded (diagnosed)")
     run = run_sim(sim, outd / "run")
     path = write_breakers_file(outd / "run" / "breakers.json", d, doc, run_id=run.run_id,
                                model=run.model)

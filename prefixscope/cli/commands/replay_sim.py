@@ -13,7 +13,7 @@ from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocks
                                      ConcurrencyOption, FormatOption, HashIdBlockSizeOption,
                                      IngestOption, LayoutOption, LimitOption, MaxModelLenOption,
                                      OutputTokensOption, PricesOption, SeedOption, StrictOption,
-                                     T0Option, TokenizerOption, TraceArg)
+                                     T0Option, TokenizerOption, TraceArg, sim_spec_from_options)
 from prefixscope.core.errors import NothingIngested, UsageError
 
 
@@ -155,16 +155,15 @@ def sim_cmd(
       prefixscope replay sim data/captures/aider/chat-requests.jsonl --format chat --layout data/layouts/date-at-end.yaml --ingest
     """
     from prefixscope.core.times import parse_time
-    from prefixscope.replay.runner import SimRunSpec, run_sim
+    from prefixscope.replay.runner import run_sim
 
-    spec = SimRunSpec(
-        trace=str(trace), format=fmt, block_size=block_size, capacity_blocks=capacity_blocks,
-        algo=algo, hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+    spec = sim_spec_from_options(
+        trace, fmt=fmt, block_size=block_size, capacity_blocks=capacity_blocks, algo=algo,
+        hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+        max_model_len=max_model_len, tokenizer=tokenizer, limit=limit, seed=seed, strict=strict,
         concurrency=_concurrency(concurrency, max_num_batched_tokens, step_time,
                                  no_chunked_prefill, long_prefill_token_threshold),
-        max_model_len=max_model_len, tokenizer_dir=str(tokenizer) if tokenizer else None,
-        layout_path=str(layout) if layout else None, limit=limit, label=label, model=model,
-        hash_seed=seed, strict=strict)
+        layout_path=str(layout) if layout else None, label=label, model=model)
     res = run_sim(spec, out_dir, run_id=run_id,
                   t0_unix_s=parse_time(t0) if t0 else None, snapshot_every_s=snapshot_every)
     _report_problems(res.problems, quiet=as_json)
