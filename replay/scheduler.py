@@ -29,8 +29,11 @@ no speculative decoding and no KV connector:
    a request that has its ``max_tokens`` (at least 1) finishes and is freed, in scheduled order.
    The last sampled token is never fed back.
 
-Time: step k starts at ``t_k``; a step takes ``step_time_s``; idle engines jump to the next
-arrival. Requests enter the waiting queue when ``arrival_s <= t_k``, in trace order.
+Time: step k starts at ``t_k``; a step takes ``step_time_s + step_token_s * P + step_decode_s *
+D`` (P: prefill tokens scheduled in the step, including a preempted request's recomputation; D:
+requests decoding one token; the two coefficients default to 0, a constant step); idle engines
+jump to the next arrival. Requests enter the waiting queue when ``arrival_s <= t_k``, in trace
+order.
 
 6. **Follow-ups wait for their answer.** A request whose trace item names another in
    ``attrs["follows"]`` (a conversation's next turn: its prompt holds the other's prompt and
@@ -144,6 +147,8 @@ class StepScheduler:
         self.running: list[SimRequest] = []
         self.max_model_len = manager.max_model_len
         self.last_num_scheduled = 0
+        self.last_prefill_tokens = 0
+        self.last_decodes = 0
 
     def add_request(self, request: SimRequest) -> None:
         """Append a newly arrived request to the waiting queue."""
@@ -252,8 +257,15 @@ class StepScheduler:
 
         self.last_num_scheduled = len(scheduled) + (1 if preempted else 0)
         finished: list[SimRequest] = []
+        prefill_tokens = decodes = 0
         for req, n in scheduled:
+            if n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
+                decodes += 1
+            else:
+                prefill_tokens += n
             req.num_computed_tokens += n
+        self.last_prefill_tokens = prefill_tokens
+        self.last_decodes = decodes
         for req, _n in scheduled:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk: no token sampled
@@ -283,6 +295,7 @@ def run_concurrent(
     """
     sched = StepScheduler(manager, config, stats)
     step_s = config.step_time_s
+    token_s, decode_s = config.step_token_s, config.step_decode_s
     in_flight: set[str] = set()  # trace ids waiting, running or held (rule 6)
     held: dict[str, list[SimRequest]] = {}  # id of the request followed -> its follow-ups
     seq: dict[int, int] = {}  # id(request) -> trace position, for requests in flight
@@ -332,7 +345,7 @@ def run_concurrent(
         if not sched.has_requests():
             continue
         finished = sched.step(now)
-        now += step_s
+        now += step_s + token_s * sched.last_prefill_tokens + decode_s * sched.last_decodes
         for req in finished:
             rid = getattr(req.trace, "request_id", None)
             in_flight.discard(rid)

@@ -97,7 +97,13 @@ class ConcurrencyConfig:
         max_num_seqs: cap on running requests.
         max_num_batched_tokens: token budget per engine step.
         enable_chunked_prefill: split long prompts across steps.
-        step_time_s: simulated seconds per engine step (pacing against arrival times).
+        step_time_s: simulated seconds per engine step (pacing against arrival times); with
+            the two coefficients below, the fixed part of every step.
+        step_token_s: seconds added per prefill token scheduled in the step (0 = constant
+            step time). A step lasts ``step_time_s + step_token_s * prefill tokens +
+            step_decode_s * decodes``; :func:`prefixscope.replay.step_fit.fit_step_time` fits the
+            three from a live run's per-request timestamps.
+        step_decode_s: seconds added per request decoding (one token) in the step.
         long_prefill_token_threshold: vLLM ``--long-prefill-token-threshold`` (tokens; 0 = no
             cap): a prefill chunk is capped at this many tokens when more than one request is
             eligible (``vllm/v1/core/sched/scheduler.py``, 0.32).
@@ -108,6 +114,8 @@ class ConcurrencyConfig:
     enable_chunked_prefill: bool = True
     step_time_s: float = 0.02
     long_prefill_token_threshold: int = 0
+    step_token_s: float = 0.0
+    step_decode_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

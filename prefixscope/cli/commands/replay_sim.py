@@ -18,7 +18,8 @@ from prefixscope.core.errors import NothingIngested, UsageError
 
 
 def _concurrency(concurrency: int | None, max_num_batched_tokens: int, step_time: float,
-                 no_chunked_prefill: bool, long_prefill_token_threshold: int):
+                 no_chunked_prefill: bool, long_prefill_token_threshold: int,
+                 step_token_time: float = 0.0, step_decode_time: float = 0.0):
     from prefixscope.replay.types import ConcurrencyConfig
 
     if concurrency is None:
@@ -27,7 +28,8 @@ def _concurrency(concurrency: int | None, max_num_batched_tokens: int, step_time
                              max_num_batched_tokens=max_num_batched_tokens,
                              enable_chunked_prefill=not no_chunked_prefill,
                              step_time_s=step_time,
-                             long_prefill_token_threshold=long_prefill_token_threshold)
+                             long_prefill_token_threshold=long_prefill_token_threshold,
+                             step_token_s=step_token_time, step_decode_s=step_decode_time)
 
 
 def _fmt_rate(x: float | None) -> str:
@@ -117,6 +119,14 @@ def sim_cmd(
         "--max-num-batched-tokens", min=1, help="With --concurrency: token budget per step.")] = 8192,
     step_time: Annotated[float, typer.Option(
         "--step-time", min=0.0, help="With --concurrency: seconds per engine step.")] = 0.02,
+    step_token_time: Annotated[float, typer.Option(
+        "--step-token-time", min=0.0,
+        help="With --concurrency: seconds added per prefill token in a step "
+             "(replay fit-steps).")] = 0.0,
+    step_decode_time: Annotated[float, typer.Option(
+        "--step-decode-time", min=0.0,
+        help="With --concurrency: seconds added per decoding request in a step "
+             "(replay fit-steps).")] = 0.0,
     no_chunked_prefill: Annotated[bool, typer.Option(
         "--no-chunked-prefill", help="With --concurrency: no chunked prefill.")] = False,
     long_prefill_token_threshold: Annotated[int, typer.Option(
@@ -162,7 +172,8 @@ def sim_cmd(
         hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
         max_model_len=max_model_len, tokenizer=tokenizer, limit=limit, seed=seed, strict=strict,
         concurrency=_concurrency(concurrency, max_num_batched_tokens, step_time,
-                                 no_chunked_prefill, long_prefill_token_threshold),
+                                 no_chunked_prefill, long_prefill_token_threshold,
+                                 step_token_time, step_decode_time),
         layout_path=str(layout) if layout else None, label=label, model=model)
     res = run_sim(spec, out_dir, run_id=run_id,
                   t0_unix_s=parse_time(t0) if t0 else None, snapshot_every_s=snapshot_every)
@@ -297,6 +308,34 @@ def chat_trace_cmd(
     out.print(f"wrote {n} chat requests to {out_file}", markup=False, highlight=False)
 
 
+def fit_steps_cmd(
+    requests_file: Annotated[Path, typer.Argument(
+        help="requests.jsonl of a 'replay live' run (send time, TTFT, latency, usage).")],
+    as_json: JsonOption = False,
+) -> None:
+    """Fit the step model's step time to a live run: step = a + b * prefill tokens + c * decodes.
+
+    Least squares over every request's decode time (first token to end: out - 1 engine steps)
+    against the prefills and decodes that ran beside it (docs/fidelity.md). Prints the three
+    coefficients and the 'replay sim' options that use them.
+
+    Example: prefixscope replay fit-steps out/live/run-1/requests.jsonl --json
+    """
+    from prefixscope.replay.step_fit import fit_step_time, timings_from_usage_jsonl
+
+    if not requests_file.is_file():
+        raise UsageError(f"{requests_file}: no such file")
+    fit = fit_step_time(timings_from_usage_jsonl(requests_file))
+    if as_json:
+        print_json({**fit.as_dict(), "sim_flags": fit.sim_flags()})
+        return
+    out.print(f"step = {fit.step_time_s:.6g} s + {fit.step_token_s:.6g} s x prefill tokens + "
+              f"{fit.step_decode_s:.6g} s x decodes ({fit.equations:,} of {fit.requests:,} "
+              f"requests; rms residual {fit.rms_residual_s:.3f} s of a mean decode "
+              f"{fit.mean_decode_s:.3f} s)", markup=False, highlight=False)
+    out.print(f"replay sim options: {fit.sim_flags()}", markup=False, highlight=False)
+
+
 def ingest_replay_run_cmd(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by replay sim.")],
     db: DbOption = DB_DEFAULT,
@@ -321,6 +360,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
     groups["replay"].command("sim")(sim_cmd)
     groups["replay"].command("compare")(compare_cmd)
     groups["replay"].command("chat-trace")(chat_trace_cmd)
+    groups["replay"].command("fit-steps")(fit_steps_cmd)
     groups["ingest"].command("replay-run")(ingest_replay_run_cmd)
 
 
