@@ -24,7 +24,7 @@ SHORT = dict(max_prompt_tokens=900, max_system_chars=1600, max_doc_chars=900)
 TRACKS = ((9, 130, 21, "e"), (23, 130, 20, "g"))
 RESULT_FIELDS = ("request_id", "response_id", "sent_unix_s", "ttft_ms", "latency_ms",
                  "prompt_tokens", "cached_tokens", "completion_tokens", "output_token_ids",
-                 "cache_salt", "attrs")
+                 "cache_salt", "attrs", "usage")
 
 
 def track_traffic(seed: int):
