@@ -117,7 +117,7 @@ def fit(directory: Path, train_seed: int, train_run: int) -> None:
             row = {"seed": seed, "run": k,
                    "duration_s": round(max(r.sent_unix_s + r.latency_ms / 1000 for r in results)
                                        - min(r.sent_unix_s for r in results), 1),
-                   "own_fit": [round(own.step_time_s, 5), round(own.step_token_s, 8),
+                   "own_coefficients": [round(own.step_time_s, 5), round(own.step_token_s, 7),
                                round(own.step_decode_s, 5)]}
             for name, cc in (("constant_0.02", _cc()),
                              ("train_fit", _cc(train.step_time_s, train.step_token_s,
