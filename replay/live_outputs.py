@@ -66,7 +66,8 @@ def results_as_trace(results: Iterable[LiveResult], *, order: Sequence[str] | No
         order: request ids in the order the engine received them (e.g. from
             ``--enable-log-requests``); default: by ``sent_unix_s``.
         step_s: ``arrival_s`` spacing given to the ordered requests (0 keeps send times,
-            relative to the first send).
+            relative to the first send). ``finished_s`` is the end of the answer relative to
+            the same first request's send.
 
     Raises:
         UsageError: a successful result has no prompt or output token ids (the server did not
@@ -86,6 +87,7 @@ def results_as_trace(results: Iterable[LiveResult], *, order: Sequence[str] | No
     out = []
     for i, r in enumerate(ordered):
         arrival = i * step_s if (order is not None or step_s) else r.sent_unix_s - t0
+        finished = None if r.latency_ms is None else r.sent_unix_s + r.latency_ms / 1000 - t0
         out.append(TraceRequest(
             request_id=r.request_id, arrival_s=max(0.0, arrival),
             num_prompt_tokens=len(r.prompt_token_ids or ()),
@@ -93,6 +95,7 @@ def results_as_trace(results: Iterable[LiveResult], *, order: Sequence[str] | No
             output_tokens=len(r.output_token_ids or ()),
             output_token_ids=tuple(r.output_token_ids or ()),
             model=r.model, cache_salt=r.cache_salt, attrs=dict(r.attrs),
+            finished_s=finished,
         ))
     return out
 
@@ -104,7 +107,8 @@ def write_token_trace(results: Iterable[LiveResult], path: Any, *,
 
     One line per request, in ``order`` (trace request ids) or send order: ``request_id``,
     ``arrival_s`` (seconds after the first send), ``prompt_token_ids`` (as sent),
-    ``output_token_ids`` (as generated), ``output_tokens``, ``cache_salt``, ``model``.
+    ``output_token_ids`` (as generated), ``output_tokens``, ``cache_salt``, ``model``,
+    ``finished_s`` (end of the answer on the same clock, for ``replay sim --clock observed``).
 
     Returns:
         Lines written.
@@ -117,5 +121,6 @@ def write_token_trace(results: Iterable[LiveResult], path: Any, *,
                 "prompt_token_ids": list(r.prompt_token_ids or ()),
                 "output_token_ids": list(r.output_token_ids or ()),
                 "output_tokens": r.output_tokens, "cache_salt": r.cache_salt, "model": r.model,
+                "finished_s": r.finished_s,
             }) + "\n")
     return len(trace)

@@ -22,6 +22,7 @@ from typing import Any
 from prefixscope.core.errors import SimulationError
 from prefixscope.replay.hashing import BlockHasher, check_algo
 from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
+from prefixscope.replay.observed_clock import run_observed
 from prefixscope.replay.scheduler import EngineStats, run_concurrent, run_sequential
 from prefixscope.replay.types import RequestResult, SimConfig, TraceRequest
 
@@ -312,9 +313,11 @@ class SimRun(Iterator[RequestResult]):
                 yield result(tr, req, tr.arrival_s, tr.arrival_s)
             return
         triples = ((req, tr, tr.arrival_s) for req, tr in self._prepared(requests))
-        for tr, req, finished_s in run_concurrent(
-            triples, self.manager, cfg.concurrency, self.stats
-        ):
+        if cfg.concurrency.observed_clock:
+            engine = run_observed(triples, self.manager, self.stats)
+        else:
+            engine = run_concurrent(triples, self.manager, cfg.concurrency, self.stats)
+        for tr, req, finished_s in engine:
             yield result(tr, req, None if req is None else req.admitted_s, finished_s)
 
 

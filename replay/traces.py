@@ -18,6 +18,7 @@ gzip-compressed, ``.gz``):
 ``token-ids``
     JSONL ``{"prompt_token_ids": [...], "output_tokens": n, "t": s, "cache_salt": ...}``
     (optional ``request_id``, ``model``, ``lora_name``, ``lora_path``, ``output_token_ids``,
+    ``finished_s`` (the recorded end of the answer, for ``--clock observed``),
     ``prompt_logprobs``/``skip_reading``; ``prompt`` as a token-id list is accepted too).
 ``chat``
     JSONL of OpenAI chat-completions request bodies (``messages``, ``tools``, ``model``,
@@ -157,6 +158,12 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
             if out_ids is not None and "output_tokens" not in obj:
                 out = len(out_ids)
             arrival = _arrival(obj, previous)
+            finished = None
+            if obj.get("finished_s") is not None:
+                finished = _num_field(obj, "finished_s")
+                if finished < arrival:
+                    raise _Bad("$.finished_s", "must be >= the arrival time (seconds from the "
+                                               "trace start)")
             salt = _cache_salt(obj)
             model = _opt_str(obj, "model")
             lora_name = _opt_str(obj, "lora_name")
@@ -182,6 +189,7 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
             skip_reading=skip,
             source=f"{r.location}:{lineno}",
             attrs={"trace": stem},
+            finished_s=finished,
         )
 
 

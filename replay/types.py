@@ -34,6 +34,9 @@ class TraceRequest:
         source: ``file:line`` the request came from (for error messages).
         attrs: free-form string attributes carried to the outputs (tenant digest, scope,
             conversation id, layout name...). Never raw tenant ids or prompt text.
+        finished_s: when the recorded answer ended, seconds on the ``arrival_s`` clock (a
+            trace recorded from a server: ``replay live``'s ``trace.jsonl``); used only by the
+            observed clock (``ConcurrencyConfig.observed_clock``).
     """
 
     request_id: str
@@ -50,6 +53,7 @@ class TraceRequest:
     skip_reading: bool = False
     source: str | None = None
     attrs: Mapping[str, str] = field(default_factory=dict)
+    finished_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,10 @@ class ConcurrencyConfig:
             step_decode_s * decodes``; :func:`prefixscope.replay.step_fit.fit_step_time` fits the
             three from a live run's per-request timestamps.
         step_decode_s: seconds added per request decoding (one token) in the step.
+        observed_clock: replay on the trace's recorded timeline instead of the step model:
+            each request is admitted at its ``arrival_s`` in trace order, decodes evenly until
+            its ``finished_s`` and is freed then (``prefixscope.replay.observed_clock``);
+            ``max_num_seqs``, the budget and the step times are not used.
         long_prefill_token_threshold: vLLM ``--long-prefill-token-threshold`` (tokens; 0 = no
             cap): a prefill chunk is capped at this many tokens when more than one request is
             eligible (``vllm/v1/core/sched/scheduler.py``, 0.32).
@@ -116,6 +124,7 @@ class ConcurrencyConfig:
     long_prefill_token_threshold: int = 0
     step_token_s: float = 0.0
     step_decode_s: float = 0.0
+    observed_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)

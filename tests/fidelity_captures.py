@@ -95,8 +95,9 @@ def load_capture(seed: int, directory: Path = CAPTURE_DIR) -> dict:
 
 
 def run_agreement(capture: dict, k: int, concurrency) -> dict:
-    """Simulate run ``k`` of a capture with the step model ``concurrency`` (a
-    ``ConcurrencyConfig``), given the engine's arrival order and the client's send times.
+    """Simulate run ``k`` of a capture with ``concurrency`` (a ``ConcurrencyConfig``: the step
+    model, or the observed clock), given the engine's arrival order, the client's send times as
+    arrivals and its answer ends as ``finished_s``.
 
     Returns ``{"requests", "agreement", "exact", "vllm_cached", "model_cached", "misses":
     [(request, vLLM, model, vLLM unstable, follow-up)]}``.
@@ -112,8 +113,10 @@ def run_agreement(capture: dict, k: int, concurrency) -> dict:
     t0 = min(r.sent_unix_s for r in results)
     trace, arrival = [], 0.0
     for t in results_as_trace(results, order=order):
-        arrival = max(arrival, live[t.request_id].sent_unix_s - t0)
-        trace.append(dataclasses.replace(t, arrival_s=arrival))
+        r = live[t.request_id]
+        arrival = max(arrival, r.sent_unix_s - t0)
+        trace.append(dataclasses.replace(t, arrival_s=arrival,
+                                         finished_s=r.sent_unix_s + r.latency_ms / 1000 - t0))
     cfg = SimConfig(block_size=32, num_gpu_blocks=capture["num_gpu_blocks"],
                     concurrency=concurrency)
     sim = {r.request_id: r for r in simulate(trace, cfg)}

