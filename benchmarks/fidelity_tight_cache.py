@@ -19,8 +19,9 @@ the misses ``(request, vLLM, model, vLLM unstable, follow-up)``; with a schedule
 ``git show REV:replay/scheduler.py > old.py``) it uses that version's ``run_concurrent``.
 
 ``fit`` fits the step-time model (``replay/step_fit.py``) on ONE run (default seed 9, run 0)
-and prints the coefficients, then every run's agreement with the constant 0.02 s step, with
-the training fit (the other track is independent of it) and with the run's own fit.
+and prints the coefficients, then every run's agreement with the constant 0.02 s step, on the
+recorded timeline (``observed_clock``: nothing fitted), with the training fit (the other track
+is independent of it) and with the run's own fit.
 """
 
 import json
@@ -79,12 +80,12 @@ def save(out: Path, dest: Path) -> None:
         print("saved", dest / f"seed{seed}.json.gz")
 
 
-def _cc(step: float = 0.02, token: float = 0.0, decode: float = 0.0):
+def _cc(step: float = 0.02, token: float = 0.0, decode: float = 0.0, observed: bool = False):
     from prefixscope.replay.types import ConcurrencyConfig
 
     return ConcurrencyConfig(max_num_seqs=4, max_num_batched_tokens=2048,
                              enable_chunked_prefill=True, step_time_s=step,
-                             step_token_s=token, step_decode_s=decode)
+                             step_token_s=token, step_decode_s=decode, observed_clock=observed)
 
 
 def analyse(directory: Path, step: float, old: str | None) -> None:
@@ -120,6 +121,7 @@ def fit(directory: Path, train_seed: int, train_run: int) -> None:
                    "own_coefficients": [round(own.step_time_s, 5), round(own.step_token_s, 7),
                                round(own.step_decode_s, 5)]}
             for name, cc in (("constant_0.02", _cc()),
+                             ("observed_clock", _cc(observed=True)),
                              ("train_fit", _cc(train.step_time_s, train.step_token_s,
                                                train.step_decode_s)),
                              ("own_fit", _cc(own.step_time_s, own.step_token_s,
