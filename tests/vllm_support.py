@@ -450,7 +450,9 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
       client's send times as arrivals; ``misses`` lists (request, prompt, live, simulated,
       whether vLLM itself disagreed on it between runs).
     - ``agreement_fitted``: the same with the step time fitted to run 0's timestamps
-      (``prefixscope.replay.step_fit``; ``step_fit`` holds the coefficients).
+      (``prefixscope.replay.step_fit``; ``step_fit`` holds the coefficients);
+      ``agreement_observed_clock``: on the run's own recorded timeline (send and end times,
+      ``prefixscope.replay.observed_clock``).
     """
     import dataclasses
 
@@ -514,6 +516,12 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
         sim_fit = {r.request_id: r for r in simulate(
             trace, dataclasses.replace(cfg, concurrency=cc_fit))}
         misses_fit = [i for i in order if sim_fit[i].cached_tokens != live[i].cached_tokens]
+        timed = [dataclasses.replace(t, finished_s=live[t.request_id].sent_unix_s
+                                     + live[t.request_id].latency_ms / 1000 - t0) for t in trace]
+        sim_obs = {r.request_id: r for r in simulate(
+            timed, dataclasses.replace(cfg, concurrency=dataclasses.replace(
+                cc, observed_clock=True)))}
+        misses_obs = [i for i in order if sim_obs[i].cached_tokens != live[i].cached_tokens]
         report["runs"].append({
             "live_cached": sum(r.cached_tokens for r in results),
             "counters_settled": summary.settled,
@@ -523,6 +531,8 @@ def measure_concurrency(server: VllmServer, reqs, out_dir: Path, *, concurrency:
                 if a != b.request_id),
             "agreement": 1 - len(misses) / len(results), "misses": misses,
             "agreement_fitted": 1 - len(misses_fit) / len(results), "misses_fitted": misses_fit,
+            "agreement_observed_clock": 1 - len(misses_obs) / len(results),
+            "misses_observed_clock": misses_obs,
             "sim_cached": sum(s.cached_tokens for s in sim.values()),
             "num_preemptions": summary.deltas.get("vllm:num_preemptions_total"),
         })
