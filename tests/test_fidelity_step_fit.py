@@ -201,3 +201,24 @@ def test_cli_observed_clock_on_a_recorded_trace(captures, tmp_path, capsys):
                 "--clock", "observed", "--out", str(tmp_path / "bare-run")])
     assert code != 0
     assert "request x: no finished_s" in capsys.readouterr().err
+
+
+def test_observed_clock_without_overlap_equals_sequential_replay(captures):
+    """Requests that never overlap on the recorded timeline: the observed clock must give the
+    exact sequential model's hits, request by request (the same cache rules)."""
+    from dataclasses import replace
+
+    from prefixscope.replay.live_outputs import results_as_trace
+    from prefixscope.replay.sim import simulate
+    from prefixscope.replay.types import SimConfig
+
+    results, order = captures[23]["runs"][0]
+    trace = [replace(t, arrival_s=10.0 * i, finished_s=10.0 * i + 1.0)
+             for i, t in enumerate(results_as_trace(results, order=order))]
+    seq = {r.request_id: r.cached_tokens for r in simulate(
+        trace, SimConfig(block_size=32, num_gpu_blocks=96))}
+    obs = {r.request_id: r.cached_tokens for r in simulate(
+        trace, SimConfig(block_size=32, num_gpu_blocks=96,
+                         concurrency=replace(_cc(), observed_clock=True)))}
+    assert obs == seq
+    assert sum(seq.values()) > 0
