@@ -61,3 +61,6 @@ def test_concurrency_4_with_eviction(server, tmp_path):
     # Weaker than the unbounded case (docs/fidelity.md explains the misses).
     assert report["aggregate_error_fraction"] <= max(report["spread_fraction"], 0.02)
     assert min(r["agreement"] for r in report["runs"]) >= 0.95
+    # On its own recorded timeline the cache model is at 99.3-100 % on the saved captures
+    # (tests/test_fidelity_step_fit.py); a live run may lose a request more to the client's clock.
+    assert min(r["agreement_observed_clock"] for r in report["runs"]) >= 0.98
