@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from prefixscope.core.documents import DocumentError, parse_toml, read_document
 from prefixscope.core.errors import ConfigError
 from prefixscope.core.identity import PRINCIPAL, TENANT
 
@@ -68,11 +67,11 @@ def load_api_keys(path: str | None) -> dict[str, _KeyEntry]:
     if path is None:
         return {}
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the API key file: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        data = parse_toml(read_document(path))
+    except DocumentError as exc:
+        if exc.unreadable:
+            raise ConfigError(f"{path}: cannot read the API key file: {exc}") from None
+        raise ConfigError(f"{path}: {exc}") from None
     out: dict[str, _KeyEntry] = {}
     for i, e in enumerate(data.get("key", [])):
         digest = str(e.get("sha256", "")).removeprefix("sha256:")

@@ -8,12 +8,11 @@ hold them (the API key file holds only SHA-256 digests of keys).
 from __future__ import annotations
 
 import os
-import tomllib
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from prefixscope.core.documents import DocumentError, parse_toml, read_document
 from prefixscope.core.errors import ConfigError
 
 MODES = ("shadow", "tenant", "public")
@@ -88,11 +87,14 @@ def load_gateway_config(path: str | os.PathLike[str] | None = None, **overrides:
     data: dict = {}
     if path is not None:
         try:
-            data = dict(tomllib.loads(Path(path).read_text(encoding="utf-8")).get("gateway", {}))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+            doc = parse_toml(read_document(path))
+        except DocumentError as exc:
+            prefix = "cannot read: " if exc.unreadable else ""
+            raise ConfigError(f"{path}: {prefix}{exc}") from None
+        section = doc.get("gateway", {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: gateway: not a table")
+        data = dict(section)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return GatewayConfig(**data)

@@ -5,8 +5,8 @@ flushes and fsyncs the logs and saves the in-process state)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
+from prefixscope.core.documents import DocumentError, read_document
 from prefixscope.core.errors import ConfigError
 from prefixscope.core.identity import PublicInventory, load_hmac_key
 from prefixscope.gateway.app import Faults, Gateway
@@ -24,9 +24,9 @@ def read_admin_token(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the admin token file: {exc.strerror}") from exc
+        token = read_document(path, limit=4096).strip()
+    except DocumentError as exc:
+        raise ConfigError(f"{path}: cannot read the admin token file: {exc}") from None
     if len(token) < 16:
         raise ConfigError(f"{path}: the admin token needs at least 16 characters")
     return token

@@ -7,13 +7,13 @@ field of the wrong type is refused with ``file: field: reason`` (never its value
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import duckdb
 
-from prefixscope.core.errors import ConfigError, SourceUnavailable, invalid_json_reason, problem_text
+from prefixscope.core.documents import DocumentError, parse_json, read_document
+from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
 
 _INT = ("rank", "level", "requests", "distinct_values", "lost_tokens")
 _TEXT = ("kind", "segment", "role", "transform_types", "schema_key_digest")
@@ -28,12 +28,12 @@ def ingest_breakers_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike
     from prefixscope.store.queries.breakers import insert_diagnosis
 
     p = Path(path)
-    if not p.is_file():
-        raise SourceUnavailable(f"{p}: no such file")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(problem_text(str(p), exc.lineno, invalid_json_reason(exc))) from exc
+        doc = parse_json(read_document(p))
+    except DocumentError as exc:
+        if exc.unreadable:
+            raise SourceUnavailable(f"{p}: {exc}") from None
+        raise ConfigError(problem_text(str(p), exc.line, str(exc))) from None
     if not isinstance(doc, dict) or doc.get("kind") != "diagnosis":
         raise ConfigError(problem_text(str(p), 1, "not a diagnosis breakers file", "$.kind"))
     for key in ("diagnosis_id", "run_id"):

@@ -17,7 +17,6 @@ Safe to run twice (every step is idempotent).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from pathlib import Path
 import duckdb
 
 from prefixscope.ingest.bookkeeping import IngestSummary
-from prefixscope.core.errors import ParseError, SourceUnavailable, invalid_json_reason
+from prefixscope.core.documents import load_json_file
+from prefixscope.core.errors import ParseError, SourceUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +54,7 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
     manifest = d / "run.json"
     if not manifest.is_file():
         raise SourceUnavailable(f"{d}: no run.json (not a live replay run directory)")
-    try:
-        doc = json.loads(manifest.read_text())
-    except json.JSONDecodeError as exc:
-        raise ParseError(str(manifest), exc.lineno, invalid_json_reason(exc)) from exc
-    except UnicodeDecodeError:
-        raise ParseError(str(manifest), None, "not UTF-8 text") from None
+    doc = load_json_file(manifest, what="manifest")
     for key in ("run_id", "instance"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise ParseError(str(manifest), None, "missing or empty", field=f"$.{key}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-import tomllib
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefixscope.core.documents import DocumentError, parse_toml, read_document
 from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 
@@ -145,14 +145,13 @@ def read_price_file(path: str | os.PathLike[str], *,
     """
     p = Path(path)
     try:
-        with open(p, "rb") as fh:
-            data = tomllib.load(fh, parse_float=Decimal)
-    except FileNotFoundError as exc:
-        raise SourceUnavailable(f"{p}: price file not found") from exc
-    except OSError as exc:
-        raise SourceUnavailable(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
+        data = parse_toml(read_document(p), parse_float=Decimal)
+    except DocumentError as exc:
+        if exc.missing:
+            raise SourceUnavailable(f"{p}: price file not found") from None
+        if exc.unreadable:
+            raise SourceUnavailable(f"{p}: cannot read: {exc}") from None
+        raise ConfigError(f"{p}: {exc}") from None
     try:
         parsed = PriceFile.model_validate(data)
     except ValidationError as exc:

@@ -270,19 +270,10 @@ def read_query_range_file(path: str) -> list[dict]:
         SourceUnavailable: the file cannot be read. ParseError: not JSON, not a successful
             response, or its ``resultType`` is not ``matrix``.
     """
-    from pathlib import Path
+    from prefixscope.core.documents import load_json_file
+    from prefixscope.core.errors import ParseError
 
-    from prefixscope.core.errors import ParseError, invalid_json_reason
-
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SourceUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(str(path), exc.lineno, invalid_json_reason(exc)) from exc
+    doc = load_json_file(path)
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, dict) or doc.get("status") != "success":
         raise ParseError(str(path), None, "not a successful Prometheus API response", "$.status")

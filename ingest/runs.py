@@ -16,7 +16,6 @@ Ingesting the same directory twice adds nothing (file checkpoints, primary keys,
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,15 +85,18 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         SourceUnavailable: no manifest there. ConfigError: not valid JSON.
     """
-    from prefixscope.core.errors import ConfigError, SourceUnavailable, invalid_json_reason, problem_text
+    from prefixscope.core.documents import DocumentError, parse_json, read_document
+    from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
 
     path = Path(run_dir) / RUN_MANIFEST
     if not path.is_file():
         raise SourceUnavailable(f"{run_dir}: no {RUN_MANIFEST} (not a replay run directory)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(problem_text(str(path), exc.lineno, invalid_json_reason(exc))) from exc
+        return parse_json(read_document(path))
+    except DocumentError as exc:
+        if exc.unreadable:
+            raise SourceUnavailable(f"{path}: cannot read: {exc}") from None
+        raise ConfigError(problem_text(str(path), exc.line, str(exc))) from None
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection,

@@ -34,7 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefixscope.core.errors import ParseError, SourceUnavailable, invalid_json_reason
+from prefixscope.core.documents import load_json_file
+from prefixscope.core.errors import ParseError, SourceUnavailable
 
 #: Seconds assumed between two user inputs of one aider chat (the log records no times).
 AIDER_TURN_GAP_S = 30.0
@@ -253,10 +254,7 @@ def swe_agent_chat_requests(path: str | os.PathLike[str], *, model: str = "swe-a
     p = Path(path)
     if not p.is_file():
         raise SourceUnavailable(f"{p}: no such file")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ParseError(str(p), exc.lineno, invalid_json_reason(exc)) from exc
+    doc = load_json_file(p)
     history = doc.get("history") if isinstance(doc, dict) else None
     if not isinstance(history, list):
         raise ParseError(str(p), None, "missing or not a list", "$.history")

@@ -7,7 +7,6 @@ Pure: reads only the trace file and its text library.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -15,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefixscope.core.errors import ParseError, SourceUnavailable, invalid_json_reason
+from prefixscope.core.documents import DocumentError, parse_json, read_document
+from prefixscope.core.errors import ParseError, SourceUnavailable
 from prefixscope.core.identity import PRINCIPAL, TENANT
 
 TRACE_FORMAT = "prefixscope-multitenant/v1"
@@ -132,6 +132,10 @@ class MultiTenantTrace:
     base_dir: Path
 
 
+#: Largest gateway trace (and its text library) read, bytes: the trace is read whole.
+MAX_GATEWAY_TRACE_BYTES = 256 << 20
+
+
 def _bad(source: str, line: int, field_: str | None, reason: str) -> ParseError:
     return ParseError(source, line, reason, field_)
 
@@ -149,9 +153,11 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
     p = Path(path)
     src = str(p)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise SourceUnavailable(f"{src}: cannot read: {exc.strerror}") from exc
+        lines = read_document(p, limit=MAX_GATEWAY_TRACE_BYTES).splitlines()
+    except DocumentError as exc:
+        if exc.unreadable:
+            raise SourceUnavailable(f"{src}: cannot read: {exc}") from None
+        raise _bad(src, exc.line or 1, None, str(exc)) from None
     if not lines:
         raise _bad(src, 1, "type", "empty trace: the first line must be the header")
     objs: list[tuple[int, dict]] = []
@@ -159,9 +165,9 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise _bad(src, i, None, invalid_json_reason(exc)) from None
+            obj = parse_json(raw)
+        except DocumentError as exc:
+            raise _bad(src, i, None, str(exc)) from None
         if not isinstance(obj, dict):
             raise _bad(src, i, "$", "not a JSON object")
         objs.append((i, obj))
@@ -172,11 +178,11 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
     if h.get("texts"):
         tp = p.parent / str(h["texts"])
         try:
-            texts = json.loads(tp.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise SourceUnavailable(f"{tp}: cannot read text library: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise _bad(str(tp), exc.lineno, None, invalid_json_reason(exc)) from None
+            texts = parse_json(read_document(tp, limit=MAX_GATEWAY_TRACE_BYTES))
+        except DocumentError as exc:
+            if exc.unreadable:
+                raise SourceUnavailable(f"{tp}: cannot read text library: {exc}") from None
+            raise _bad(str(tp), exc.line or 1, None, str(exc)) from None
     try:
         header = TraceHeader(
             model=str(h["model"]), model_version=str(h.get("model_version", "1")),
@@ -193,8 +199,10 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
             inventory=h.get("inventory"),
             t0_unix_s=float(h.get("t0_unix_s", 1_795_960_000.0)),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _bad(src, line0, str(exc).strip("'"), "missing or invalid header field") from None
+    except KeyError as exc:  # the missing key's name (a fixed header key), never a value
+        raise _bad(src, line0, str(exc.args[0]), "missing header field") from None
+    except (TypeError, ValueError, AttributeError):  # int('x'), list(3): the message may quote it
+        raise _bad(src, line0, "$", "invalid header field (see docs/scopes.md#trace)") from None
     if header.block_size < 1:
         raise _bad(src, line0, "block_size", "must be >= 1")
     items: list[tuple[float, int, GatewayRequest | VersionEvent]] = []

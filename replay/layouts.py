@@ -26,14 +26,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from prefixscope.core.documents import DocumentError, parse_toml, parse_yaml, read_document
 from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 
@@ -436,18 +435,17 @@ def load_layout(path: str | os.PathLike[str]) -> Layout:
         ConfigError: unreadable file or invalid schema (names the file and the field).
     """
     p = Path(path)
-    if not p.is_file():
-        raise SourceUnavailable(f"layout file {p} not found")
-    text = p.read_text(encoding="utf-8")
+    if p.suffix.lower() not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"{p}: layout files are .yaml, .yml or .toml")
     try:
-        if p.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        elif p.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            raise ConfigError(f"{p}: layout files are .yaml, .yml or .toml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{p}: not valid {p.suffix[1:].upper()}: {exc}") from exc
+        text = read_document(p)
+        data = parse_toml(text) if p.suffix.lower() == ".toml" else parse_yaml(text)
+    except DocumentError as exc:
+        if exc.missing:
+            raise SourceUnavailable(f"layout file {p} not found") from None
+        if exc.unreadable:
+            raise SourceUnavailable(f"{p}: cannot read: {exc}") from None
+        raise ConfigError(f"{p}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a layout file holds a mapping with name and transforms")
     try:

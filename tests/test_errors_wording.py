@@ -70,4 +70,4 @@ def test_live_run_manifest_errors_use_the_same_wording(cli, tmp_path, db_path):
     assert code == 4 and f"error: {run / 'run.json'}:2: not valid JSON: Expecting value (byte 0)" in err
     (run / "run.json").write_bytes(b"\xff\xfe{")
     code, _, err = cli(["ingest", "live-run", run, "--db", db_path])
-    assert code == 4 and "run.json: not UTF-8 text" in err and "Traceback" not in err
+    assert code == 4 and "run.json:1: not UTF-8 text (byte 0)" in err and "Traceback" not in err

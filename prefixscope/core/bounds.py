@@ -23,6 +23,9 @@ Bounds:
 6. Only regular files are read (:func:`open_regular`): a FIFO, a device (``/dev/zero``), a
    socket or a folder is refused with its kind named; a file whose first 8 KiB are mostly not
    text (:func:`looks_binary`) is refused as binary.
+7. :data:`MAX_DOCUMENT_BYTES`: a document read whole (a config file, a price table, a layout, a
+   run manifest, a token-id list: :mod:`prefixscope.core.documents`) is at most 16 MiB, strict
+   UTF-8, and nested at most :data:`MAX_DEPTH` levels.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ MAX_COUNT = 2**62
 #: Earliest and latest accepted time, Unix seconds: 1970-01-01 and 2100-01-01 UTC.
 TS_MIN_UNIX_S = 0.0
 TS_MAX_UNIX_S = 4102444800.0
+#: Largest document read whole (config, price table, layout, manifest, token list), bytes.
+MAX_DOCUMENT_BYTES = 16 << 20
 #: Bytes sampled at the start of a file by :func:`looks_binary`.
 BINARY_SAMPLE_BYTES = 8192
 
@@ -53,6 +58,7 @@ ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
 COUNT_RANGE = "not an integer from 0 to 2^62"
 TIME_RANGE = "time is outside 1970-01-01 to 2100-01-01 UTC"
 NOT_FINITE = "not a finite number"
+DOCUMENT_TOO_LARGE = f"larger than {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)"
 
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKETS = re.compile(rb"[\[\]{}]")

@@ -12,11 +12,11 @@ Sections (see ``docs/config.md``): ``[store]``, ``[pricing]``, ``[alerts]``, ``[
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from prefixscope.core.documents import DocumentError, parse_toml, read_document
 from prefixscope.core.errors import ConfigError
 
 DEFAULT_DB_PATH = "data/prefixscope.duckdb"
@@ -126,12 +126,11 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     if candidate is not None:
         source = str(candidate)
         try:
-            with open(candidate, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"{source}: config file not found") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+            data = parse_toml(read_document(candidate))
+        except DocumentError as exc:
+            if exc.missing:
+                raise ConfigError(f"{source}: config file not found") from None
+            raise ConfigError(f"{source}: {exc}") from None
     env_db = os.environ.get("PREFIXSCOPE_DB")
     if env_db:
         data.setdefault("store", {})["db"] = env_db

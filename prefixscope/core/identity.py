@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from prefixscope.core.bounds import NotReadable, open_regular
 from prefixscope.core.errors import ConfigError
 from prefixscope.core.paths import source_root
 
@@ -69,6 +70,8 @@ EXTRA_REASONS = ("salt",)
 ALL_REASONS = IDENTITY_FIELDS + EXTRA_REASONS
 
 MIN_KEY_BYTES = 32
+#: Largest HMAC key file read, bytes (a key is 32-64 bytes; anything far larger is not a key).
+MAX_KEY_FILE_BYTES = 4096
 SALT_PREFIX = "ps1-"
 SALT_MAX_CHARS = 128          # vLLM validate_cache_salt (0.33, 0.32)
 _SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
@@ -104,9 +107,16 @@ def load_hmac_key(path: str | os.PathLike[str] | None = None, *,
             raise ConfigError(f"{p}: the HMAC key file lies inside the repository; keep it outside "
                               "(e.g. /etc/prefixscope/hmac.key, mode 0600)")
         try:
-            key = p.read_bytes().strip()
+            with open_regular(p) as fh:  # a FIFO or /dev/zero is refused, never read
+                key = fh.read(MAX_KEY_FILE_BYTES + 1)
+        except NotReadable as exc:
+            raise ConfigError(f"{p}: cannot read the HMAC key file: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read the HMAC key file: {exc.strerror}") from exc
+        if len(key) > MAX_KEY_FILE_BYTES:
+            raise ConfigError(f"{p}: not an HMAC key file: larger than {MAX_KEY_FILE_BYTES:,} "
+                              "bytes")
+        key = key.strip()
         source = str(p)
     else:
         text = os.environ.get("PREFIXSCOPE_HMAC_KEY")
@@ -415,10 +425,13 @@ class PublicInventory:
             ConfigError: unreadable file, or a line that is not ``sha256:<64 hex>`` (names the
                 file and line).
         """
+        from prefixscope.core.documents import DocumentError, read_document
+
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read public inventory: {exc.strerror}") from exc
+            text = read_document(path)
+        except DocumentError as exc:
+            prefix = "cannot read public inventory: " if exc.unreadable else ""
+            raise ConfigError(f"{path}: {prefix}{exc}") from None
         found: set[str] = set()
         for lineno, line in enumerate(text.splitlines(), 1):
             entry = line.split("#", 1)[0].strip()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from prefixscope.cli.common import out
-from prefixscope.core.errors import ParseError, SourceUnavailable, UsageError
+from prefixscope.core.documents import load_json_file
+from prefixscope.core.errors import ParseError, UsageError
 
 
 def read_token_ids(path: str) -> list[int]:
@@ -19,14 +18,7 @@ def read_token_ids(path: str) -> list[int]:
         SourceUnavailable: the file cannot be read.
         ParseError: not JSON, not a list, or an element that is not an int.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SourceUnavailable(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ParseError(path, exc.lineno, f"not JSON ({exc.msg})") from None
+    value = load_json_file(path)
     if not isinstance(value, list):
         raise ParseError(path, None, "expected a JSON list of token ids", field="$")
     for i, t in enumerate(value):
