@@ -1,24 +1,41 @@
-"""What the gateway adds: latency p50/p99 and requests/s through the gateway vs direct, same run.
+"""What the gateway adds: latency p50/p99, requests/s and CPU per request, through the gateway vs
+direct to the same upstream, in the same run.
 
-Two upstreams:
+Three processes, each measured on its own:
 
-1. a minimal loopback upstream (a raw ASGI app under uvicorn in its own process, answering a
-   chat completion stream of 8 events plus the usage chunk at once), so the gateway's own cost
-   is what differs;
-2. the real vLLM CPU server with the tiny model (``tests/vllm_support.py``; skipped with
-   ``--no-vllm``).
+- **upstream**: a minimal HTTP/1.1 server on raw asyncio (uvloop), keep-alive, answering
+  ``/v1/chat/completions`` at once with a chunked SSE stream of 8 content events (+ the usage
+  event when ``stream_options.include_usage`` is set) and the vLLM discovery routes; so what
+  differs between the two paths is the gateway's own cost;
+- **client**: raw asyncio (uvloop) too: ``--concurrency`` keep-alive connections, each sending
+  its next streaming request as soon as the previous answer's last byte arrived (a closed
+  loop of that many streams in flight); latency = request written to the last byte read;
+- **gateway**: ``prefixscope gateway`` (mode ``tenant``, in-process store, logs on; with
+  ``--workers N`` N worker processes on a real ``redis-server``).
 
-For each upstream the same client (httpx, asyncio, one process) sends the same streaming chat
-requests at the same concurrency, alternating rounds direct / through the gateway (a separate
-``prefixscope gateway`` process, mode ``tenant``, in-process store), so both see the same machine
-load. Latency = request sent to the last byte of the stream. Added latency = percentile through
-the gateway minus the same percentile direct. Targets (issue 15): added p99 <= 5 ms at 64
-concurrent streams, throughput >= 0.7x direct.
+With 2 or more CPUs the processes are pinned (``os.sched_setaffinity``): the gateway on its own
+CPU(s), the client and the upstream on the others, the same layout for both paths. Rounds
+alternate direct / through the gateway so both see the same machine load. Reported per path:
+p50/p99 latency, requests/s, and CPU milliseconds per request of each process (user+system from
+``/proc``: the figures that do not depend on what else the machine runs). Added latency =
+percentile through the gateway minus the same percentile direct; throughput ratio = requests/s
+through the gateway / direct. Targets (issue 15): added p99 <= 5 ms at 64 concurrent streams,
+throughput >= 0.7x direct.
 
-    .venv/bin/python benchmarks/gateway.py                 # both upstreams
-    .venv/bin/python benchmarks/gateway.py --no-vllm --requests 4000
+In a closed loop the latency of a path is concurrency / its throughput (Little's law), so at 64
+streams the added latency is set by how many requests/s the gateway's CPU can do: the
+"saturated floor" printed for the at-once upstream is concurrency x gateway CPU ms/request /
+its CPUs: what that many requests queued in the gateway cost when nothing else limits the loop.
+The **paced** run (``--paced-gap-ms``, default 20: the upstream sends its 8 events 20 ms apart,
+a 160 ms stream like an engine decoding 50 tokens/s) is the one for the issue's targets: 64
+streams open at once, as a real deployment has them, instead of 64 back-to-back request loops
+against an upstream that answers in microseconds.
 
-Prints a table and one JSON line (``GATEWAY_BENCH {...}``) with the machine's load.
+    .venv/bin/python benchmarks/gateway.py                 # loopback (1 and 64 streams) + vLLM
+    .venv/bin/python benchmarks/gateway.py --no-vllm       # loopback only
+    .venv/bin/python benchmarks/gateway.py --no-vllm --workers 2
+
+Prints a table and one JSON line (``GATEWAY_BENCH {...}``) with the load average.
 """
 
 from __future__ import annotations
@@ -38,61 +55,167 @@ sys.path.insert(0, str(ROOT))
 
 MODEL = "tiny-llama-random"
 API_KEY = "bench-key-0123456789"
+BODY = {"model": MODEL, "stream": True, "max_tokens": 8,
+        "messages": [{"role": "system", "content": "You are terse."},
+                     {"role": "user", "content": "Say something short."}]}
+
+
+def _loop():
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
 
 
 # --------------------------------------------------------------------------- the upstream
 
-def upstream_app():
-    """A raw ASGI app: /v1/models, /version, /metrics and a fixed chat completion stream."""
-    models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model",
-                                                     "root": "/m", "parent": None}]}).encode()
-    chunk = (b'data: {"id":"c","object":"chat.completion.chunk","model":"' + MODEL.encode()
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class _Upstream(asyncio.Protocol):
+    """Minimal HTTP/1.1: Content-Length request bodies, keep-alive, answers written at once."""
+
+    CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","model":"' + MODEL.encode()
              + b'","choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n')
-    usage = (b'data: {"id":"c","object":"chat.completion.chunk","model":"' + MODEL.encode()
+    USAGE = (b'data: {"id":"c","object":"chat.completion.chunk","model":"' + MODEL.encode()
              + b'","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":8,'
              b'"prompt_tokens_details":{"cached_tokens":64}}}\n\n')
-    metrics = b'vllm:cache_config_info{block_size="32",cache_dtype="auto"} 1.0\n'
+    HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+    STREAM = HEAD + _chunk(CHUNK) * 8
+    DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    STATIC = {
+        b"/v1/models": json.dumps({"object": "list", "data": [
+            {"id": MODEL, "object": "model", "root": "/m", "parent": None}]}).encode(),
+        b"/version": b'{"version":"0.32.0+cpu"}',
+        b"/metrics": b'vllm:cache_config_info{block_size="32",cache_dtype="auto"} 1.0\n',
+    }
 
-    async def app(scope, receive, send):
-        if scope["type"] == "lifespan":
+    def connection_made(self, transport) -> None:
+        self.t = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end]
+            n = 0
+            i = head.lower().find(b"content-length:")
+            if i >= 0:
+                n = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0
+                             else len(head)])
+            if len(self.buf) < end + 4 + n:
+                return
+            body = self.buf[end + 4:end + 4 + n]
+            self.buf = self.buf[end + 4 + n:]
+            path = head.split(b" ", 2)[1]
+            if path == b"/v1/chat/completions":
+                usage = b'"include_usage":true' in body or b'"include_usage": true' in body
+                tail = (_chunk(self.USAGE) if usage else b"") + self.DONE
+                if not GAP_S:
+                    self.t.write(self.STREAM + tail)
+                    continue
+                # paced like a decoding engine: one event every GAP_S seconds
+                loop = asyncio.get_running_loop()
+                self.t.write(self.HEAD)
+                one = _chunk(self.CHUNK)
+                for i in range(8):
+                    loop.call_later(GAP_S * (i + 1), self._write, one)
+                loop.call_later(GAP_S * 8, self._write, tail)
+            else:
+                out = self.STATIC.get(path, b"{}")
+                self.t.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(out), out))
+
+
+    def _write(self, data: bytes) -> None:
+        if not self.t.is_closing():
+            self.t.write(data)
+
+
+GAP_S = 0.0  # set in the upstream process (--serve-upstream PORT GAP_MS)
+
+
+def serve_upstream(port: int, gap_ms: float) -> None:
+    global GAP_S
+    GAP_S = gap_ms / 1000
+    loop = _loop()
+    server = loop.run_until_complete(loop.create_server(_Upstream, "127.0.0.1", port,
+                                                        backlog=4096))
+    try:
+        loop.run_forever()
+    finally:
+        server.close()
+
+
+# --------------------------------------------------------------------------- the client
+
+def _request(host_port: str) -> bytes:
+    body = json.dumps(BODY).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json"
+            b"\r\nauthorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (host_port.encode(), API_KEY.encode(), len(body), body))
+
+
+async def _one_connection(host: str, port: int, req: bytes, until: list[int], lat: list[float],
+                          fails: list[int]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while until[0] > 0:
+            until[0] -= 1
+            t0 = time.perf_counter()
+            writer.write(req)
+            buf = b""
             while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
+                data = await reader.read(65536)
+                if not data:
+                    fails[0] += 1
                     return
-        path = scope["path"]
-        body = b""
-        more = True
-        while more:
-            msg = await receive()
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-        if path == "/v1/chat/completions":
-            asked = b'"include_usage": true' in body or b'"include_usage":true' in body
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
-            for _ in range(8):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if asked:
-                await send({"type": "http.response.body", "body": usage, "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-            return
-        out = {"/v1/models": models, "/version": b'{"version":"0.32.0+cpu"}',
-               "/metrics": metrics}.get(path, b"{}")
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": out})
-
-    return app
+                buf += data
+                # the answers here are chunked streams ("0\r\n\r\n" ends them) or a
+                # Content-Length error body (counted as a failure)
+                if buf.endswith(b"\r\n0\r\n\r\n"):
+                    break
+                h = buf.find(b"\r\n\r\n")
+                if h > 0 and b"content-length:" in buf[:h].lower():
+                    i = buf.lower().find(b"content-length:")
+                    n = int(buf[i + 15:buf.find(b"\r\n", i)])
+                    if len(buf) >= h + 4 + n:
+                        break
+            if buf.startswith(b"HTTP/1.1 200"):
+                lat.append(time.perf_counter() - t0)
+            else:
+                fails[0] += 1
+    finally:
+        writer.close()
 
 
-def serve_upstream(port: int) -> None:
-    import uvicorn
+def run_load(base: str, n: int, concurrency: int) -> tuple[list[float], float, int]:
+    """n streaming requests over ``concurrency`` keep-alive connections (a closed loop);
+    returns (latencies s, wall s, failures)."""
+    host, port = base.removeprefix("http://").split(":")
+    req = _request(f"{host}:{port}")
+    lat: list[float] = []
+    fails = [0]
+    until = [n]
+    async def all_connections() -> None:
+        await asyncio.gather(*(_one_connection(host, int(port), req, until, lat, fails)
+                               for _ in range(concurrency)))
 
-    uvicorn.run(upstream_app(), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False)
+    loop = _loop()
+    try:
+        t0 = time.perf_counter()
+        loop.run_until_complete(all_connections())
+        wall = time.perf_counter() - t0
+    finally:
+        loop.close()
+    return lat, wall, fails[0]
 
 
 # --------------------------------------------------------------------------- processes
@@ -118,7 +241,8 @@ def wait_http(url: str, timeout_s: float = 60) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def start_gateway(upstream: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str = "memory"
+                  ) -> tuple[subprocess.Popen, str]:
     from prefixscope.gateway.auth import key_digest
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +253,8 @@ def start_gateway(upstream: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     (workdir / "gateway.toml").write_text(
         f'[gateway]\nupstreams = ["{upstream}"]\nport = {port}\nmode = "tenant"\n'
         f'hmac_key_file = "{workdir / "hmac.key"}"\napi_keys_file = "{workdir / "keys.toml"}"\n'
-        f'log_dir = "{workdir / "logs"}"\nread_timeout_s = 120.0\npool_size = 256\n')
+        f'log_dir = "{workdir / "logs"}"\nread_timeout_s = 120.0\npool_size = 256\n'
+        f'workers = {workers}\nstore = "{store}"\n')
     proc = subprocess.Popen([str(Path(sys.executable).parent / "prefixscope"), "gateway",
                              "--config", str(workdir / "gateway.toml")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -138,143 +263,194 @@ def start_gateway(upstream: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-# --------------------------------------------------------------------------- the client
+def tree_pids(pid: int) -> list[int]:
+    """A process and its descendants (the gateway's workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            kids = []
+        todo.extend(int(k) for k in kids)
+    return out
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of processes (Linux /proc)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    for p in pids:
+        try:
+            os.sched_setaffinity(p, cpus)
+        except OSError:
+            pass
+
 
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
-async def round_trip(base: str, *, n: int, concurrency: int, body: dict, headers: dict
-                     ) -> tuple[list[float], float, int]:
-    """n streaming requests with ``concurrency`` in flight; (latencies s, wall s, failures)."""
-    import httpx
-
-    lat: list[float] = []
-    fails = 0
-    sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        async def one():
-            nonlocal fails
-            async with sem:
-                t0 = time.perf_counter()
-                try:
-                    async with client.stream("POST", base + "/v1/chat/completions", json=body,
-                                             headers=headers) as r:
-                        async for _ in r.aiter_raw():
-                            pass
-                        ok = r.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    lat.append(time.perf_counter() - t0)
-                else:
-                    fails += 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
-        wall = time.perf_counter() - t0
-    return lat, wall, fails
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] if s else float("nan")
 
 
 def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, rounds: int,
-            body: dict, gateway_pid: int) -> dict:
-    headers = {"authorization": f"Bearer {API_KEY}"}
-    # warm both paths (connections, discovery)
-    asyncio.run(round_trip(direct, n=concurrency, concurrency=concurrency, body=body,
-                           headers=headers))
-    asyncio.run(round_trip(gateway, n=concurrency, concurrency=concurrency, body=body,
-                           headers=headers))
-    res = {"direct": ([], 0.0, 0), "gateway": ([], 0.0, 0)}
-    gw_cpu = 0.0
+            upstream_pids: list[int], gateway_pid: int, gateway_cpus: int) -> dict:
+    """Alternating rounds direct / gateway; latencies, rates and CPU per request."""
+    for base in (direct, gateway):  # warm connections, discovery, the registry
+        run_load(base, concurrency * 2, concurrency)
+    acc = {p: {"lat": [], "wall": 0.0, "fails": 0, "cpu": {"client": 0.0, "upstream": 0.0,
+                                                            "gateway": 0.0}}
+           for p in ("direct", "gateway")}
     for _ in range(rounds):
         for label, base in (("direct", direct), ("gateway", gateway)):
-            c0 = cpu_s(gateway_pid)
-            lat, wall, fails = asyncio.run(round_trip(base, n=n // rounds,
-                                                      concurrency=concurrency, body=body,
-                                                      headers=headers))
-            if label == "gateway":
-                gw_cpu += cpu_s(gateway_pid) - c0
-            a, w, f = res[label]
-            res[label] = (a + lat, w + wall, f + fails)
-    out = {"upstream": name, "requests": n, "concurrency": concurrency, "rounds": rounds,
-           "gateway_cpu_ms_per_request": round(gw_cpu * 1000 / max(1, len(res["gateway"][0])),
-                                               3)}
-    for label, (lat, wall, fails) in res.items():
-        out[label] = {"p50_ms": round(pct(lat, 0.5) * 1000, 2),
-                      "p99_ms": round(pct(lat, 0.99) * 1000, 2),
-                      "req_per_s": round(len(lat) / wall, 1), "failures": fails}
+            gw_pids = tree_pids(gateway_pid)
+            c0 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
+            lat, wall, fails = run_load(base, n // rounds, concurrency)
+            c1 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
+            a = acc[label]
+            a["lat"] += lat
+            a["wall"] += wall
+            a["fails"] += fails
+            for k, x0, x1 in zip(("client", "upstream", "gateway"), c0, c1, strict=True):
+                a["cpu"][k] += x1 - x0
+    out = {"upstream": name, "requests_per_path": n, "concurrency": concurrency,
+           "rounds": rounds}
+    for label, a in acc.items():
+        done = max(1, len(a["lat"]))
+        out[label] = {"p50_ms": round(pct(a["lat"], 0.5) * 1000, 2),
+                      "p99_ms": round(pct(a["lat"], 0.99) * 1000, 2),
+                      "req_per_s": round(len(a["lat"]) / a["wall"], 1), "failures": a["fails"],
+                      "cpu_ms_per_request": {k: round(v * 1000 / done, 3)
+                                             for k, v in a["cpu"].items()}}
     out["added_p50_ms"] = round(out["gateway"]["p50_ms"] - out["direct"]["p50_ms"], 2)
     out["added_p99_ms"] = round(out["gateway"]["p99_ms"] - out["direct"]["p99_ms"], 2)
     out["throughput_ratio"] = round(out["gateway"]["req_per_s"] / out["direct"]["req_per_s"], 3)
+    gw_ms = out["gateway"]["cpu_ms_per_request"]["gateway"]
+    out["gateway_cpu_ms_per_request"] = gw_ms
+    out["gateway_bound_floor_ms"] = round(concurrency * gw_ms / gateway_cpus, 2)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--requests", type=int, default=3200, help="loopback: requests per path")
-    ap.add_argument("--concurrency", type=int, default=64, help="streams in flight")
+    ap.add_argument("--serve-upstream", type=float, nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--requests", type=int, default=6400, help="loopback: requests per path")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64],
+                    help="loopback: streams in flight (one comparison each)")
     ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per path")
+    ap.add_argument("--paced-gap-ms", type=float, default=20.0,
+                    help="paced loopback upstream: ms between its 8 events (0: skip that run)")
+    ap.add_argument("--paced-concurrency", type=int, default=64)
+    ap.add_argument("--paced-requests", type=int, default=3200)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="gateway worker processes (more than 1: a redis-server is started)")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     ap.add_argument("--no-vllm", action="store_true", help="skip the real CPU server")
     ap.add_argument("--vllm-requests", type=int, default=96)
     ap.add_argument("--vllm-concurrency", type=int, default=8)
     args = ap.parse_args()
     if args.serve_upstream:
-        serve_upstream(args.serve_upstream)
+        serve_upstream(int(args.serve_upstream[0]), args.serve_upstream[1])
         return
+    ncpu = len(os.sched_getaffinity(0))
+    pinned = ncpu >= 2 and not args.no_pin
+    cpus = sorted(os.sched_getaffinity(0))
+    gw_cpus = set(cpus[len(cpus) // 2:]) if pinned else set(cpus)
+    rest = set(cpus[:len(cpus) // 2]) if pinned else set(cpus)
+    if pinned:
+        pin([os.getpid()], rest)
     load_before = os.getloadavg()
     results = []
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    body = {"model": MODEL, "stream": True, "max_tokens": 8,
-            "messages": [{"role": "system", "content": "You are terse."},
-                         {"role": "user", "content": "Say something short."}]}
+    redis = None
     try:
-        port = free_port()
-        procs.append(subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port)]))
-        up = f"http://127.0.0.1:{port}"
-        wait_http(up + "/v1/models")
-        gw, gw_url = start_gateway(up, tmp / "loopback")
-        procs.append(gw)
-        results.append(compare("loopback", up, gw_url, n=args.requests,
-                               concurrency=args.concurrency, rounds=args.rounds, body=body,
-                               gateway_pid=gw.pid))
+        store = "memory"
+        if args.workers > 1:
+            from tests.gateway_support import RedisServer
+
+            redis = RedisServer(tmp / "redis")
+            store = redis.url
+            if pinned:
+                pin([redis.proc.pid], rest)
+        def loopback(gap_ms: float, label: str) -> tuple[subprocess.Popen, str, subprocess.Popen, str]:
+            port = free_port()
+            up_proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port),
+                                        str(gap_ms)])
+            procs.append(up_proc)
+            up = f"http://127.0.0.1:{port}"
+            wait_http(up + "/v1/models")
+            gw, gw_url = start_gateway(up, tmp / label, workers=args.workers, store=store)
+            procs.append(gw)
+            if pinned:
+                pin([up_proc.pid], rest)
+                pin(tree_pids(gw.pid), gw_cpus)
+            return up_proc, up, gw, gw_url
+
+        up_proc, up, gw, gw_url = loopback(0.0, "loopback")
+        for conc in args.concurrency:
+            results.append(compare("loopback", up, gw_url, n=args.requests, concurrency=conc,
+                                   rounds=args.rounds, upstream_pids=[up_proc.pid],
+                                   gateway_pid=gw.pid, gateway_cpus=len(gw_cpus)))
+        if args.paced_gap_ms > 0:
+            up_proc, up, gw, gw_url = loopback(args.paced_gap_ms, "paced")
+            results.append(compare(f"paced{args.paced_gap_ms:g}", up, gw_url,
+                                   n=args.paced_requests, concurrency=args.paced_concurrency,
+                                   rounds=args.rounds, upstream_pids=[up_proc.pid],
+                                   gateway_pid=gw.pid, gateway_cpus=len(gw_cpus)))
         if not args.no_vllm:
             from tests.vllm_support import ServerConfig, start_server
 
             server = start_server(ServerConfig(kv_events=False, log_requests=False),
                                   log_dir=tmp / "vllm")
             try:
-                gw2, gw2_url = start_gateway(server.base_url, tmp / "vllm-gw")
+                gw2, gw2_url = start_gateway(server.base_url, tmp / "vllm-gw",
+                                             workers=args.workers, store=store)
                 procs.append(gw2)
+                if pinned:
+                    pin(tree_pids(gw2.pid), gw_cpus)
                 results.append(compare("vllm-cpu", server.base_url, gw2_url,
                                        n=args.vllm_requests, concurrency=args.vllm_concurrency,
-                                       rounds=2, body=body, gateway_pid=gw2.pid))
+                                       rounds=2, upstream_pids=tree_pids(server.proc.pid),
+                                       gateway_pid=gw2.pid, gateway_cpus=len(gw_cpus)))
             finally:
                 server.stop()
     finally:
         for p in procs:
             p.terminate()
-            p.wait(timeout=30)
+            p.wait(timeout=60)
+        if redis is not None:
+            redis.stop()
     load_after = os.getloadavg()
-    print(f"{'upstream':10} {'conc':>4} {'path':8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
+    layout = (f"gateway on CPU {sorted(gw_cpus)}, client+upstream on CPU {sorted(rest)}"
+              if pinned else "not pinned")
+    print(f"{ncpu} CPUs ({layout}); gateway workers {args.workers}; load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(f"{'upstream':9} {'conc':>4} {'path':8} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8} "
+          f"{'CPU ms/req: client':>19} {'upstream':>9} {'gateway':>8}")
     for r in results:
         for label in ("direct", "gateway"):
             d = r[label]
-            print(f"{r['upstream']:10} {r['concurrency']:>4} {label:8} {d['p50_ms']:>8.2f} "
-                  f"{d['p99_ms']:>8.2f} {d['req_per_s']:>8.1f}")
-        print(f"{'':10} {'':>4} added p50 {r['added_p50_ms']:+.2f} ms, p99 "
-              f"{r['added_p99_ms']:+.2f} ms, throughput {r['throughput_ratio']:.2f}x direct, "
-              f"gateway CPU {r['gateway_cpu_ms_per_request']:.2f} ms/request")
-    print("GATEWAY_BENCH " + json.dumps({"results": results, "cpus": os.cpu_count(),
+            c = d["cpu_ms_per_request"]
+            print(f"{r['upstream']:9} {r['concurrency']:>4} {label:8} {d['p50_ms']:>9.2f} "
+                  f"{d['p99_ms']:>9.2f} {d['req_per_s']:>8.1f} {c['client']:>19.3f} "
+                  f"{c['upstream']:>9.3f} {c['gateway']:>8.3f}")
+        print(f"{'':9} {'':>4} added p50 {r['added_p50_ms']:+.2f} ms, p99 "
+              f"{r['added_p99_ms']:+.2f} ms, throughput {r['throughput_ratio']:.2f}x direct; "
+              f"gateway CPU {r['gateway_cpu_ms_per_request']:.3f} ms/request"
+              + (f", saturated floor {r['gateway_bound_floor_ms']:.2f} ms"
+                 if r["upstream"] == "loopback" and r["concurrency"] > 1 else ""))
+    print("GATEWAY_BENCH " + json.dumps({"results": results, "cpus": ncpu, "pinned": pinned,
+                                         "workers": args.workers,
                                          "loadavg_before": [round(x, 2) for x in load_before],
                                          "loadavg_after": [round(x, 2) for x in load_after]}))
 

@@ -38,6 +38,7 @@ epoch, so an old generation is never used again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import itertools
@@ -49,12 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
+import aiohttp
 import httpx
+import msgspec
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record, lookup_key
@@ -65,15 +66,13 @@ from prefixscope.core.identity import (
     PublicInventory,
     canonical_json,
     check_acceptance,
-    content_digest,
     derive_salt,
-    message_digest,
     namespace_digest,
     namespace_for,
+    prefix_digests,
     reason_class,
     resolve_scope,
     sha256_hex,
-    toolset_digest,
 )
 from prefixscope.gateway.auth import AuthContext, Authenticator
 from prefixscope.gateway.config import GatewayConfig
@@ -90,6 +89,7 @@ HANDLE_HEADER = "x-prefixscope-cache-handle"
 REQUEST_ID_HEADER = "x-prefixscope-request-id"
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "te",
                   "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
+_HOP_B = frozenset(h.encode() for h in _HOP)
 _VERSION_FIELDS = ("model_digest", "tokenizer_digest", "runtime_digest", "adapter_digest",
                    "prompt_bundle_digest", "toolset_digest", "content_digest", "policy_revision")
 
@@ -104,14 +104,52 @@ class Faults:
     lookup_key: Callable[[str, str], bytes] | None = None  # e.g. a deliberately weak hash
 
 
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+#: What the upstream client raises for a failed or cut upstream request.
+_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+_DISCONNECTED = object()  # _prepare: the client went away while sending its body
+
+
+def _error_body(code: str, message: str) -> bytes:
+    return _encode({"error": {"message": message, "type": "gateway_error", "code": code}})
+
+
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "gateway_error", "code": code}},
                         status_code=status)
 
 
+async def _send_error(send, status: int, code: str, message: str) -> None:
+    body = _error_body(code, message)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _sse_error(code: str, message: str) -> bytes:
     return b"data: " + json.dumps({"error": {"message": message, "type": "gateway_error",
                                              "code": code}}).encode() + b"\n\n"
+
+
+def _rewrite(raw: bytes, body: dict, salt: str, add_usage: bool) -> bytes:
+    """The outgoing body: the client's bytes untouched except ``cache_salt`` (always set) and,
+    when ``add_usage``, ``stream_options.include_usage``. When the client sent neither key the
+    two members are appended before the closing brace (the client's bytes are kept as they
+    are); else the decoded object is re-encoded with the fields set (a client's ``cache_salt``
+    is replaced, never left beside ours)."""
+    if "cache_salt" in body or (add_usage and "stream_options" in body):
+        body["cache_salt"] = salt
+        if add_usage:
+            so = body.get("stream_options")
+            body["stream_options"] = {**(so if isinstance(so, dict) else {}),
+                                      "include_usage": True}
+        return _encode(body)
+    end = raw.rstrip(b" \t\r\n")  # a JSON object with at least "model": ends with "}"
+    extra = b',"cache_salt":' + _encode(salt)
+    if add_usage:
+        extra += b',"stream_options":{"include_usage":true}'
+    return end[:-1] + extra + b"}"
 
 
 @dataclass
@@ -141,6 +179,8 @@ class _Call:
     upstream: str | None = None
     streaming: bool = False
     finished: bool = False
+    message: str = ""
+    tokens_task: asyncio.Future | None = None
 
 
 class Gateway:
@@ -178,10 +218,12 @@ class Gateway:
         # and cheaper than uuid4/urandom per request)
         self._id_prefix = secrets.token_hex(6)
         self._ids = itertools.count(1)
-        self.app = Starlette(routes=[
-            Route("/v1/chat/completions", self.proxy, methods=["POST"]),
-            Route("/v1/completions", self.proxy, methods=["POST"]),
-            Route("/v1/messages", self.proxy, methods=["POST"]),
+        self._ns_cache: dict[tuple, str] = {}
+        self._salt_cache: dict[tuple, str] = {}
+        self._public_ns = namespace_for(key, scope=PUBLIC)
+        self.session: aiohttp.ClientSession | None = None
+        self.app = self  # the ASGI app (:meth:`__call__`)
+        self.starlette = Starlette(routes=[
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -197,20 +239,19 @@ class Gateway:
     async def start(self) -> None:
         """Open the upstream pool and the logs, discover the upstreams."""
         c = self.cfg
-        # The pool is split into shards of at most 16 connections: httpcore scans every pooled
-        # connection (a readability poll each) on every request, so one pool of 256 costs more
-        # CPU per request than the rest of the gateway (measured, docs/benchmarks.md).
-        shards = max(1, -(-c.pool_size // 16))
-        per = max(1, c.pool_size // shards)
-        tls = httpx.create_ssl_context()  # one CA bundle load, shared by the shards
-        self.clients = [httpx.AsyncClient(
-            verify=tls,
+        # the hot path: aiohttp (C HTTP parser, one pool; measured ~4x less CPU per request
+        # than httpx/httpcore here, docs/benchmarks.md); discovery and /v1/models: httpx
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=c.pool_size, limit_per_host=0,
+                                           keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None, connect=c.connect_timeout_s,
+                                          sock_connect=c.connect_timeout_s,
+                                          sock_read=c.read_timeout_s),
+            auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"))
+        self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
                                   write=c.read_timeout_s, pool=c.connect_timeout_s),
-            limits=httpx.Limits(max_connections=per, max_keepalive_connections=per))
-            for _ in range(shards)]
-        self.client = self.clients[0]
-        self._shard = itertools.count()
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=8))
         log_dir = Path(c.log_dir)
         kw = dict(rotate_bytes=c.rotate_bytes, keep=c.rotate_keep,
                   fsync_interval_s=c.fsync_interval_s)
@@ -223,8 +264,10 @@ class Gateway:
         for log in (self.usage_log, self.decision_log):
             if log is not None:
                 log.close()
-        for client in getattr(self, "clients", []):
-            await client.aclose()
+        if self.session is not None:
+            await self.session.close()
+        if self.client is not None:
+            await self.client.aclose()
         await self.store.close()
 
     def _lifespan(self, app):
@@ -285,7 +328,8 @@ class Gateway:
             except httpx.HTTPError as exc:
                 self.metrics.upstream_errors.labels(_kind(exc)).inc()
                 return _error(502, _kind(exc), f"upstream /v1/models failed: {type(exc).__name__}")
-            return Response(r.content, status_code=r.status_code, headers=_pass_headers(r))
+            return Response(r.content, status_code=r.status_code, headers={
+                k: v for k, v in r.headers.items() if k.lower() not in _HOP})
         await self.rediscover()
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "owned_by": "vllm"} for m in sorted(self.models)]})
@@ -356,47 +400,80 @@ class Gateway:
 
     # ------------------------------------------------------------------ the proxy
 
-    async def proxy(self, request: Request) -> Response:
-        endpoint = ENDPOINTS[request.url.path]
-        auth = self.auth.authenticate(request.headers, _client_host(request))
+    async def __call__(self, scope, receive, send) -> None:
+        """The ASGI entry: the three proxy routes run as raw ASGI (no Starlette request,
+        middleware or response objects on the hot path); everything else is the Starlette app."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = ENDPOINTS.get(scope["path"])
+            if endpoint is not None:
+                await self._proxy(scope, receive, send, endpoint)
+                return
+        await self.starlette(scope, receive, send)
+
+    async def _proxy(self, scope, receive, send, endpoint: str) -> None:
+        hdrs: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            name = k.decode("latin-1")
+            if name not in hdrs:  # the first of repeated headers, as Starlette's Headers.get
+                hdrs[name] = v.decode("latin-1")
+        client = scope.get("client")
+        auth = self.auth.authenticate(hdrs, client[0] if client else None)
         if auth is None:
-            self.metrics.client_errors.labels("unauthorized").inc()
-            return _error(401, "unauthorized", "no valid API key or trusted proxy identity")
+            self._m_client_err("unauthorized").inc()
+            await _send_error(send, 401, "unauthorized", "no valid API key or trusted proxy identity")
+            return
         call = _Call(rid=f"gw-{self._id_prefix}-{next(self._ids):x}", endpoint=endpoint,
-                     ts=time.time(),
-                     t0=time.perf_counter(), auth=auth)
+                     ts=time.time(), t0=time.perf_counter(), auth=auth)
         call.scope = auth.scope
-        call.ns = namespace_for(self.key, scope=auth.scope, tenant_id=auth.tenant_id,
-                                principal_id=auth.principal_id)
+        call.ns = self._namespace(auth)
         self.in_flight += 1
         try:
-            early = await self._prepare(request, call)
-            if isinstance(early, Response):
-                return early
-            body, info = early
-            return await self._forward(request, call, body, info)
+            prepared = await self._prepare(receive, hdrs, call)
+            if prepared is None:  # refused; call.error/status set
+                await _send_error(send, call.status, call.error, call.message)
+                return
+            if prepared is _DISCONNECTED:
+                return
+            await self._forward(scope, receive, send, hdrs, call, *prepared)
         finally:
-            if not call.streaming:  # a stream finishes in its generator (or its backstop task)
-                with anyio.CancelScope(shield=True):
-                    await self._finish(call)
+            if not call.finished:
+                await asyncio.shield(self._finish(call))
 
-    async def _prepare(self, request: Request, call: _Call):
-        """Steps 2-5: the body, the identity, the decision. Returns an error Response or
-        (outgoing body, model info)."""
+    def _namespace(self, auth: AuthContext) -> str:
+        key = (auth.scope, auth.tenant_id, auth.principal_id)
+        ns = self._ns_cache.get(key)
+        if ns is None:
+            ns = namespace_for(self.key, scope=auth.scope, tenant_id=auth.tenant_id,
+                               principal_id=auth.principal_id)
+            if len(self._ns_cache) > 100_000:
+                self._ns_cache.clear()
+            self._ns_cache[key] = ns
+        return ns
+
+    async def _prepare(self, receive, hdrs: dict[str, str], call: _Call):
+        """Steps 2-5: the body, the identity, the decision. Returns None (refused: ``call``
+        has the status, code and message), :data:`_DISCONNECTED`, or (outgoing body bytes,
+        model info, stream, strip_usage)."""
         chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
+        limit = self.cfg.max_body_bytes
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                call.error, call.status = "client_disconnected", 499
+                return _DISCONNECTED
+            chunk = msg.get("body", b"")
+            if chunk:
                 size += len(chunk)
-                if size > self.cfg.max_body_bytes:
+                if size > limit:
                     return self._refuse(call, 413, "too_large",
-                                        f"request body above {self.cfg.max_body_bytes} bytes")
+                                        f"request body above {limit} bytes")
                 chunks.append(chunk)
-        except ClientDisconnect:
-            call.error, call.status = "client_disconnected", 499
-            return Response(status_code=499)
+            if not msg.get("more_body", False):
+                break
+        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            body = json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError):
+            body = _decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError):
             return self._refuse(call, 400, "bad_request", "body is not valid JSON")
         if not isinstance(body, dict):
             return self._refuse(call, 400, "bad_request", "body must be a JSON object")
@@ -418,30 +495,41 @@ class Gateway:
         call.model = model
         call.block_size = info.block_size
         call.client_salt = "cache_salt" in body
+        handle = hdrs.get(HANDLE_HEADER)
         try:
-            await self._decide(request, call, body, prompt, info)
+            salt = await self._decide(handle if handle and len(handle) <= 64 else None, call,
+                                      body, prompt, info)
         except STORE_ERRORS:  # the shared store failed: fail closed, no cached KV
             self.metrics.upstream_errors.labels("store").inc()
             call.decision = Decision("reject", "authorization_epoch", ("authorization_epoch",))
             call.expected = call.candidate = None
             call.register = []
             call.salt_applied = False
-            body["cache_salt"] = f"ps1-iso-{self._id_prefix}-{call.rid}"
-        return body, info
+            salt = f"ps1-iso-{self._id_prefix}-{call.rid}"
+        stream = body.get("stream") is True or (bool(body.get("stream"))
+                                                and not isinstance(body.get("stream"), str))
+        strip_usage = False
+        if stream and call.endpoint in ("chat", "completions"):
+            so = body.get("stream_options")
+            strip_usage = not isinstance(so, dict) or not so.get("include_usage")
+        if self._tokenize_for(call):
+            call.tokens_task = asyncio.ensure_future(self._tokenize(info, call, body))
+        return _rewrite(raw, body, salt, strip_usage), info, stream, strip_usage
 
-    async def _decide(self, request: Request, call: _Call, body: dict, prompt, info: ModelInfo
-                      ) -> None:
-        """Steps 3-5 (identity, lookup, acceptance, permit, salt); sets ``body["cache_salt"]``.
+    async def _decide(self, presented: str | None, call: _Call, body: dict, prompt,
+                      info: ModelInfo) -> str:
+        """Steps 3-5 (identity, lookup, acceptance, permit); returns the ``cache_salt`` to send.
         Raises whatever the store raises (the caller fails closed)."""
         gen = await self.store.generation()
-        tools = list(prompt.tools)
-        t_digest = toolset_digest(tools) if tools else ""
+        tools = prompt.tools
+        dig = prefix_digests(prompt.messages, tools, prompt.boundaries)
+        t_digest = dig.toolset
         scope = call.auth.scope
         if self.cfg.mode == "public" and not gen.public_stopped:
-            scope = resolve_scope(call.auth.scope, [message_digest(m) for m in prompt.messages],
-                                  t_digest or None, self.inventory)
+            scope = resolve_scope(call.auth.scope, list(dig.message), t_digest or None,
+                                  self.inventory)
         if scope == PUBLIC:
-            call.scope, call.ns = PUBLIC, namespace_for(self.key, scope=PUBLIC)
+            call.scope, call.ns = PUBLIC, self._public_ns
         ns = call.ns
         current = await self.store.auth_epoch(ns)
         ctx_epoch = current if call.auth.epoch is None else call.auth.epoch
@@ -453,24 +541,20 @@ class Gateway:
                     adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
                     toolset_digest=t_digest, policy_revision=self.cfg.policy_revision,
                     authorization_epoch=ctx_epoch, cache_epoch=gen.cache_epoch)
-        msgs = list(prompt.messages)
-        expected = [CacheIdentity(content_digest=content_digest(msgs[:k], tools), **base)
-                    for k in prompt.boundaries]
-        full = CacheIdentity(content_digest=content_digest(msgs, tools), **base)
+        expected = [CacheIdentity(content_digest=d, **base) for d in dig.content]
+        full = CacheIdentity(content_digest=dig.full, **base)
         # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
         # adapter upgrade finds the old object and reports the version field (replay rule)
         key_fn = self.faults.lookup_key or lookup_key
-        keys = [key_fn(ns, f"{info.model}|{sha256_hex(canonical_json(msgs[:k]))}")
-                for k in prompt.boundaries]
+        keys = [key_fn(ns, f"{info.model}|{m}") for m in dig.messages_only]
         cand, cand_k = None, None
-        presented = self._handle(request)
         if presented:
             cand = await self.store.by_handle(presented)
             if cand is not None:
                 cand_k = next((i for i in range(len(expected) - 1, -1, -1)
                                if expected[i].content_digest == cand.identity.content_digest),
                               len(expected) - 1 if expected else None)
-        if cand is None:
+        if cand is None and keys:
             found = await self.store.lookup(keys)
             for i in range(len(found) - 1, -1, -1):
                 if found[i] is not None:
@@ -495,100 +579,125 @@ class Gateway:
                                        f for f in verdict.mismatches if f != "authorization_epoch"))
                 isolated = permit_lost = True
         call.decision = verdict
+        call.salt_applied = not isolated
+        # registry entries: written under this request's own identity, current epoch only
+        if not stale and not gen.bypass and not permit_lost:
+            nsb = ns.encode()
+            for i, k in enumerate(keys):
+                handle = "h-" + hmac.new(self.key, b"handle" + k + nsb,
+                                         hashlib.sha256).hexdigest()[:32]
+                call.register.append((k, StoredObject(expected[i], 0, call.rid, handle)))
+        if isolated:
+            return f"ps1-iso-{self._id_prefix}-{call.rid}"  # unique to this request
         generation = sha256_hex("\x00".join(
             [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
              str(self.cfg.policy_revision), str(current)]))
-        if isolated:
-            salt = f"ps1-iso-{self._id_prefix}-{call.rid}"  # unique to this request
-        else:
+        skey = (call.scope, ns, gen.cache_epoch, info.runtime_digest, generation)
+        salt = self._salt_cache.get(skey)
+        if salt is None:
             salt = derive_salt(self.key, scope=call.scope, namespace=ns,
                                cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
                                generation=generation)
-        call.salt_applied = not isolated
-        body["cache_salt"] = salt
-        # registry entries: written under this request's own identity, current epoch only
-        if not stale and not gen.bypass and not permit_lost:
-            for i, k in enumerate(prompt.boundaries):
-                handle = "h-" + hmac.new(self.key, b"handle" + keys[i] + ns.encode(),
-                                         hashlib.sha256).hexdigest()[:32]
-                call.register.append((keys[i], StoredObject(expected[i], 0, call.rid, handle)))
+            if len(self._salt_cache) > 100_000:
+                self._salt_cache.clear()
+            self._salt_cache[skey] = salt
+        return salt
 
-    def _handle(self, request: Request) -> str | None:
-        h = request.headers.get(HANDLE_HEADER)
-        return h if h and len(h) <= 64 else None
+    def _refuse(self, call: _Call, status: int, code: str, message: str) -> None:
+        call.error, call.status, call.message = code, status, message
+        self._m_client_err(code).inc()
+        return None
 
-    def _refuse(self, call: _Call, status: int, code: str, message: str) -> Response:
-        call.error, call.status = code, status
-        self.metrics.client_errors.labels(code).inc()
-        return _error(status, code, message)
+    def _m_client_err(self, code: str):
+        return self.metrics.client_errors.labels(code)
 
-    async def _forward(self, request: Request, call: _Call, body: dict, info: ModelInfo
-                       ) -> Response:
+    def _tokenize_for(self, call: _Call) -> bool:
+        return False
+
+    def _pick_upstream(self, call: _Call, info: ModelInfo) -> str:
         bases = info.upstreams
         base = bases[next(self._rr) % len(bases)].rstrip("/")
         call.upstream = base
-        strip_usage = False
-        if body.get("stream") and call.endpoint in ("chat", "completions"):
-            so = body.get("stream_options")
-            if not isinstance(so, dict) or not so.get("include_usage"):
-                body["stream_options"] = {**(so if isinstance(so, dict) else {}),
-                                          "include_usage": True}
-                strip_usage = True
+        return base
+
+    async def _forward(self, scope, receive, send, hdrs: dict[str, str], call: _Call,
+                       out: bytes, info: ModelInfo, stream: bool, strip_usage: bool) -> None:
+        base = self._pick_upstream(call, info)
         headers = {"content-type": "application/json", "x-request-id": call.rid}
         for h in ("accept", "anthropic-version", "anthropic-beta"):
-            if h in request.headers:
-                headers[h] = request.headers[h]
-        client = self.clients[next(self._shard) % len(self.clients)]
-        req = client.build_request("POST", base + request.url.path,
-                                   content=json.dumps(body, ensure_ascii=False).encode(),
-                                   headers=headers)
-        try:
-            resp = await client.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            return self._upstream_failed(call, exc)
-        extra = {REQUEST_ID_HEADER: call.rid}
+            v = hdrs.get(h)
+            if v is not None:
+                headers[h] = v
+        extra = [(b"x-prefixscope-request-id", call.rid.encode())]
         if call.register:
-            extra[HANDLE_HEADER] = call.register[-1][1].handle
-        if not body.get("stream") or resp.status_code != 200:
-            try:
-                content = await resp.aread()
-            except httpx.HTTPError as exc:
-                await resp.aclose()
-                return self._upstream_failed(call, exc)
-            call.status = resp.status_code
-            call.ttft_s = time.perf_counter() - call.t0
-            if resp.status_code == 200:
+            extra.append((HANDLE_HEADER.encode(), call.register[-1][1].handle.encode()))
+        try:
+            resp = await self.session.post(base + scope["path"], data=out, headers=headers)
+        except _UPSTREAM_ERRORS as exc:
+            await self._upstream_failed(send, call, exc)
+            return
+        try:
+            if not stream or resp.status != 200:
                 try:
-                    call.usage = json.loads(content).get("usage")
-                except (ValueError, AttributeError):
-                    call.usage = None
-            else:
-                call.error = "upstream_error" if resp.status_code >= 500 else "upstream_status"
-                if resp.status_code >= 500:
-                    self.metrics.upstream_errors.labels("status_5xx").inc()
-            return Response(content, status_code=resp.status_code,
-                            headers={**_pass_headers(resp), **extra})
-        call.status = 200
-        call.streaming = True
-        return StreamingResponse(self._stream(call, resp, strip_usage), status_code=200,
-                                 headers={**_pass_headers(resp), **extra},
-                                 background=BackgroundTask(self._finish_stream, call, resp))
+                    content = await resp.read()
+                except _UPSTREAM_ERRORS as exc:
+                    await self._upstream_failed(send, call, exc)
+                    return
+                call.status = resp.status
+                call.ttft_s = time.perf_counter() - call.t0
+                if resp.status == 200:
+                    try:
+                        obj = _decode(content)
+                        call.usage = obj.get("usage") if isinstance(obj, dict) else None
+                    except (msgspec.DecodeError, UnicodeDecodeError):
+                        call.usage = None
+                else:
+                    call.error = "upstream_error" if resp.status >= 500 else "upstream_status"
+                    if resp.status >= 500:
+                        self.metrics.upstream_errors.labels("status_5xx").inc()
+                hl = _pass_headers(resp)
+                hl.append((b"content-length", str(len(content)).encode()))
+                await send({"type": "http.response.start", "status": resp.status,
+                            "headers": hl + extra})
+                await send({"type": "http.response.body", "body": content})
+                return
+            call.status = 200
+            call.streaming = True
+            await self._stream(receive, send, call, resp, strip_usage,
+                               _pass_headers(resp) + extra)
+        finally:
+            resp.release()
 
-    async def _finish_stream(self, call: _Call, resp: httpx.Response) -> None:
-        """Backstop for a stream whose generator never ran (idempotent)."""
-        await resp.aclose()
-        await self._finish(call)
-
-    async def _stream(self, call: _Call, resp: httpx.Response, strip_usage: bool):
+    async def _stream(self, receive, send, call: _Call, resp, strip_usage: bool,
+                      headers: list) -> None:
         """Pass the SSE stream through event by event (byte for byte), keeping back the usage
-        chunk the gateway asked for; an upstream failure mid-stream ends with an error event."""
+        chunk the gateway asked for; an upstream failure mid-stream ends with an error event; a
+        client that goes away ends the upstream request (``client_disconnected``)."""
+        gone = False
+
+        async def watch() -> None:  # the only message after the body is http.disconnect
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            resp.close()  # wakes the read below; sends to a gone client are no-ops
+
+        watcher = asyncio.ensure_future(watch())
         buf = b""
         anthropic = call.endpoint == "messages"
         usage: dict = {}
         try:
-            async for chunk in resp.aiter_raw():
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in resp.content.iter_any():
                 if call.ttft_s is None:
                     call.ttft_s = time.perf_counter() - call.t0
+                if b'"usage"' not in chunk and b"\n\n" in chunk and not buf:
+                    # the common case: whole events without usage, passed on untouched
+                    cut = chunk.rfind(b"\n\n") + 2
+                    buf = chunk[cut:]
+                    await send({"type": "http.response.body", "body": chunk[:cut],
+                                "more_body": True})
+                    continue
                 buf += chunk
                 out = []
                 while True:
@@ -602,26 +711,32 @@ class Gateway:
                             continue
                     out.append(event)
                 if out:
-                    yield b"".join(out)
-            if buf:
-                yield buf
-        except httpx.TimeoutException:
+                    await send({"type": "http.response.body", "body": b"".join(out),
+                                "more_body": True})
+            await send({"type": "http.response.body", "body": buf})
+            if gone:
+                call.error = call.error or "client_disconnected"
+        except TimeoutError:
             call.error = "upstream_timeout"
             self.metrics.upstream_errors.labels("upstream_timeout").inc()
-            yield _sse_error("upstream_timeout", "the upstream stopped sending within the read "
-                             f"timeout ({self.cfg.read_timeout_s:g} s)")
-        except httpx.HTTPError:
+            await send({"type": "http.response.body", "body": _sse_error(
+                "upstream_timeout", "the upstream stopped sending within the read timeout "
+                f"({self.cfg.read_timeout_s:g} s)")})
+        except _UPSTREAM_ERRORS:
+            if gone:
+                call.error = call.error or "client_disconnected"
+                return
             call.error = "upstream_dropped"
             self.metrics.upstream_errors.labels("upstream_dropped").inc()
-            yield _sse_error("upstream_dropped", "the upstream closed the stream before its end")
+            await send({"type": "http.response.body", "body": _sse_error(
+                "upstream_dropped", "the upstream closed the stream before its end")})
         except BaseException:
             call.error = call.error or "client_disconnected"
             raise
         finally:
+            watcher.cancel()
             call.usage = usage or None
-            with anyio.CancelScope(shield=True):
-                await resp.aclose()
-                await self._finish(call)
+            await asyncio.shield(self._finish(call))
 
     def _usage_event(self, event: bytes, usage: dict, anthropic: bool, strip: bool) -> bool:
         """Collect the usage of one SSE event; False = keep the event from the client."""
@@ -629,8 +744,8 @@ class Gateway:
             if not line.startswith(b"data:"):
                 continue
             try:
-                obj = json.loads(line[5:])
-            except ValueError:
+                obj = _decode(line[5:])
+            except (msgspec.DecodeError, UnicodeDecodeError):
                 return True
             if not isinstance(obj, dict):
                 return True
@@ -648,7 +763,7 @@ class Gateway:
                     return False
         return True
 
-    def _upstream_failed(self, call: _Call, exc: httpx.HTTPError) -> Response:
+    async def _upstream_failed(self, send, call: _Call, exc: BaseException) -> None:
         kind = _kind(exc)
         call.error, call.status = kind, 502
         self.metrics.upstream_errors.labels(kind).inc()
@@ -656,7 +771,7 @@ class Gateway:
                 f"(connect {self.cfg.connect_timeout_s:g} s, read {self.cfg.read_timeout_s:g} s)",
                 "upstream_dropped": "closed the connection before the answer was complete"}.get(
                     kind, f"could not be reached ({type(exc).__name__})")
-        return _error(502, kind, f"upstream {call.upstream} {what}")
+        await _send_error(send, 502, kind, f"upstream {call.upstream} {what}")
 
     # ------------------------------------------------------------------ records
 
@@ -762,13 +877,17 @@ def _client_host(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-def _kind(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.TimeoutException):
+def _kind(exc: BaseException) -> str:
+    if isinstance(exc, (TimeoutError, httpx.TimeoutException)):
         return "upstream_timeout"
-    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "upstream_error"
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                        aiohttp.ClientOSError, httpx.RemoteProtocolError, httpx.ReadError)):
         return "upstream_dropped"
     return "upstream_error"
 
 
-def _pass_headers(resp: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+def _pass_headers(resp) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers without hop-by-hop ones (ASGI form)."""
+    return [(k, v) for k, v in resp.raw_headers if k.lower() not in _HOP_B]

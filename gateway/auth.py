@@ -98,6 +98,7 @@ class Authenticator:
                  tenant_header: str, principal_header: str, scope_header: str,
                  epoch_header: str) -> None:
         self.api_keys = dict(api_keys)
+        self._seen: dict[str, _KeyEntry] = {}
         try:
             self.proxies = [ipaddress.ip_network(c, strict=False) for c in trusted_proxies]
         except ValueError as exc:
@@ -121,7 +122,14 @@ class Authenticator:
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
         if key:
             # a digest lookup: the key itself is never compared, so timing reveals nothing of it
-            entry = self.api_keys.get(key_digest(key))
+            # (the digest of a key already seen valid is remembered: one SHA-256 per key, not
+            # per request; unknown keys are not remembered, so the cache stays bounded by the
+            # key file)
+            entry = self._seen.get(key)
+            if entry is None:
+                entry = self.api_keys.get(key_digest(key))
+                if entry is not None and len(self._seen) < 4 * len(self.api_keys) + 16:
+                    self._seen[key] = entry
             if entry is not None:
                 return AuthContext(entry.tenant, entry.principal, entry.scope, entry.epoch,
                                    "api_key")

@@ -74,6 +74,8 @@ class GatewayConfig(BaseModel):
     admin_allow_remote: bool = False
     metrics_namespace_labels: int = Field(0, ge=0, le=1000)
     shutdown_grace_s: float = Field(30.0, ge=0.0)
+    workers: int = Field(1, ge=1, le=64)
+    tokenize: Literal["off", "upstream"] = "off"
 
 
 def load_gateway_config(path: str | os.PathLike[str] | None = None, **overrides: object

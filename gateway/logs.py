@@ -13,11 +13,14 @@ rounds loses nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
 from typing import Any
+
+import msgspec
+
+_encode = msgspec.json.Encoder().encode
 
 
 class JsonlLog:
@@ -56,7 +59,7 @@ class JsonlLog:
 
     def write(self, record: dict[str, Any]) -> None:
         """Queue one record (thread-safe, no I/O on the caller's thread)."""
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        line = _encode(record) + b"\n"  # compact, UTF-8 (not ASCII-escaped)
         with self._cv:
             if self._closed:
                 raise RuntimeError(f"{self.path}: log closed")

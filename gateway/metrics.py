@@ -9,6 +9,8 @@ kind; histograms of TTFT and latency; gauges of permits in flight and the cache 
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
@@ -53,9 +55,10 @@ class GatewayMetrics:
         self.latency = Histogram("prefixscope_gateway_latency_seconds", "Request latency through "
                                  "the gateway", ["endpoint"], buckets=_BUCKETS, registry=r)
         self.permits = Gauge("prefixscope_gateway_permits_in_flight",
-                             "CacheUsePermits held by requests in flight", registry=r)
+                             "CacheUsePermits held by requests in flight", registry=r,
+                             multiprocess_mode="livemostrecent")
         self.cache_epoch = Gauge("prefixscope_gateway_cache_epoch", "Current cache epoch",
-                                 registry=r)
+                                 registry=r, multiprocess_mode="livemax")
         self.by_namespace = (Counter("prefixscope_gateway_namespace_cached_tokens",
                                      "Cached tokens by namespace digest (bounded)",
                                      ["namespace_digest"], registry=r)
@@ -76,5 +79,14 @@ class GatewayMetrics:
         self.by_namespace.labels(label).inc(cached)
 
     def exposition(self) -> bytes:
-        """The text exposition of every family."""
+        """The text exposition of every family; with ``PROMETHEUS_MULTIPROC_DIR`` set (the
+        gateway's ``workers`` > 1) the sum over every worker process (gauges: the most recent
+        / the highest value of a live worker)."""
+        d = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if d:
+            from prometheus_client import multiprocess
+
+            reg = CollectorRegistry()
+            multiprocess.MultiProcessCollector(reg, path=d)
+            return generate_latest(reg)
         return generate_latest(self.registry)

@@ -5,6 +5,14 @@ flushes and fsyncs the logs and saves the in-process state)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
 
 from prefixscope.core.documents import DocumentError, read_document
 from prefixscope.core.errors import ConfigError
@@ -54,12 +62,106 @@ def build_gateway(cfg: GatewayConfig, *, faults: Faults | None = None) -> Gatewa
                    faults=faults)
 
 
-def serve(cfg: GatewayConfig) -> None:
-    """Run the gateway in the foreground until SIGTERM/SIGINT (graceful, see module)."""
+def _uvicorn_config(app, cfg: GatewayConfig):
     import uvicorn
 
+    # proxy_headers off: the client address is the TCP peer (trusted proxies are the gateway's
+    # own rule, gateway/auth.py); uvloop and httptools when installed (uvicorn's "auto")
+    return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                          access_log=False, lifespan="on", proxy_headers=False,
+                          loop="auto", http="auto", backlog=4096,
+                          timeout_graceful_shutdown=int(cfg.shutdown_grace_s) or None)
+
+
+def worker_config(cfg: GatewayConfig, index: int) -> GatewayConfig:
+    """The configuration of worker ``index`` of ``cfg.workers``: its own log folder
+    (``<log_dir>/worker-<index>``) and ``instance`` (``<instance>-w<index>``); one worker keeps
+    ``cfg`` as it is."""
+    if cfg.workers == 1:
+        return cfg
+    return cfg.model_copy(update={"log_dir": str(Path(cfg.log_dir) / f"worker-{index}"),
+                                  "instance": f"{cfg.instance}-w{index}"})
+
+
+def check_workers(cfg: GatewayConfig) -> None:
+    """Raises ConfigError when ``workers`` > 1 with the in-process store: each process would
+    have its own registry, epochs and permit gate, so a revocation seen by one worker would not
+    close the permits of another (``docs/deploy.md#several-gateway-replicas``)."""
+    if cfg.workers > 1 and cfg.store == "memory":
+        raise ConfigError("[gateway] workers > 1 needs store = \"redis://...\": the in-process "
+                          "store is per process (registry, authorization epochs and permits "
+                          "would not be shared between the workers)")
+
+
+def _worker_main(cfg_json: str, index: int, sock) -> None:
+    """One worker process (spawned, ``PROMETHEUS_MULTIPROC_DIR`` inherited): its gateway on
+    the shared listening socket."""
+    import uvicorn
+
+    cfg = worker_config(GatewayConfig.model_validate_json(cfg_json), index)
     gw = build_gateway(cfg)
-    config = uvicorn.Config(gw.app, host=cfg.host, port=cfg.port, log_level="warning",
-                            access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=int(cfg.shutdown_grace_s) or None)
-    uvicorn.Server(config).run()
+    uvicorn.Server(_uvicorn_config(gw.app, cfg)).run(sockets=[sock])
+
+
+def serve(cfg: GatewayConfig) -> None:
+    """Run the gateway in the foreground until SIGTERM/SIGINT (graceful, see module).
+
+    With ``workers`` > 1 (Redis store only, :func:`check_workers`): the listening socket is
+    bound here and shared by ``workers`` spawned processes (the kernel spreads connections
+    between them); each writes its own logs (:func:`worker_config`); ``/metrics`` answers from
+    any worker with the sum over all of them (prometheus_client's multiprocess mode, files in
+    a private temporary folder). SIGTERM/SIGINT is passed to every worker (each finishes its
+    streams); if one worker dies the others are stopped and this exits non-zero (let the
+    service manager restart it).
+    """
+    import uvicorn
+
+    check_workers(cfg)
+    if cfg.workers == 1:
+        gw = build_gateway(cfg)
+        uvicorn.Server(_uvicorn_config(gw.app, cfg)).run()
+        return
+    build_gateway(cfg)  # fail here, once, on a bad key file or inventory
+    metrics_dir = tempfile.mkdtemp(prefix="prefixscope-gw-metrics-")
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cfg.host, cfg.port))
+    except OSError as exc:
+        raise ConfigError(f"[gateway] cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}"
+                          ) from None
+    sock.listen(4096)
+    sock.set_inheritable(True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by the workers' imports
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker_main, args=(cfg.model_dump_json(), i, sock),
+                         name=f"gateway-w{i}") for i in range(cfg.workers)]
+    stopping = False
+
+    def stop(signum, frame) -> None:
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    failed = False
+    try:
+        for p in procs:
+            p.start()
+        while not stopping:
+            if any(p.exitcode is not None for p in procs):
+                failed = True
+                stop(None, None)
+                break
+            time.sleep(0.2)
+        for p in procs:
+            p.join()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    if failed:
+        raise SystemExit(1)

@@ -20,6 +20,9 @@ def gateway_cmd(
         "--log-dir", help="Folder of usage.jsonl and decisions.jsonl.")] = None,
     hmac_key_file: Annotated[str | None, typer.Option(
         "--hmac-key-file", help="Server-side HMAC key (outside the repository).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, max=64, help="Worker processes on one port (more than 1 needs "
+        "store = redis://...; each writes LOG_DIR/worker-N/).")] = None,
 ) -> None:
     """Serve an OpenAI-compatible proxy that applies cache scope, salts and acceptance.
 
@@ -33,7 +36,8 @@ def gateway_cmd(
     from prefixscope.gateway.server import serve
 
     cfg = load_gateway_config(config, upstreams=upstream or None, host=host, port=port,
-                              mode=mode, log_dir=log_dir, hmac_key_file=hmac_key_file)
+                              mode=mode, log_dir=log_dir, hmac_key_file=hmac_key_file,
+                              workers=workers)
     serve(cfg)
 
 
