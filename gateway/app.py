@@ -79,6 +79,7 @@ from prefixscope.gateway.config import GatewayConfig
 from prefixscope.gateway.logs import JsonlLog
 from prefixscope.gateway.metrics import GatewayMetrics
 from prefixscope.gateway.prompt import BadBody, extract
+from prefixscope.gateway.tokens import block_chain, shared_tokens, tokenize_request
 from prefixscope.gateway.store import STORE_ERRORS, StoredObject
 from prefixscope.gateway.upstream import ModelInfo, discover
 from prefixscope.ingest.usage_shapes import normalise_usage
@@ -181,6 +182,7 @@ class _Call:
     finished: bool = False
     message: str = ""
     tokens_task: asyncio.Future | None = None
+    blocks: bytes | None = None
 
 
 class Gateway:
@@ -612,7 +614,30 @@ class Gateway:
         return self.metrics.client_errors.labels(code)
 
     def _tokenize_for(self, call: _Call) -> bool:
-        return False
+        return (self.cfg.tokenize == "upstream" and self.cfg.mode == "shadow"
+                and call.endpoint in ("chat", "completions"))
+
+    async def _tokenize(self, info: ModelInfo, call: _Call, body: dict) -> bytes | None:
+        """The block-hash chain of this prompt from the upstream's ``/tokenize``
+        (``gateway/tokens.py``), or None when it cannot be had (then the decision's
+        candidate tokens stay an upper bound)."""
+        req = tokenize_request(call.endpoint, body)
+        if req is None:
+            return None
+        try:
+            if isinstance(req, list):
+                tokens = req
+            else:
+                base = info.upstreams[0].rstrip("/")
+                async with self.session.post(base + "/tokenize", data=_encode(req), headers={
+                        "content-type": "application/json"}) as r:
+                    if r.status != 200:
+                        raise ValueError(f"/tokenize answered {r.status}")
+                    tokens = _decode(await r.read())["tokens"]
+            return block_chain(tokens, info.block_size)
+        except (*_UPSTREAM_ERRORS, ValueError, KeyError, TypeError, msgspec.DecodeError):
+            self.metrics.upstream_errors.labels("tokenize").inc()
+            return None
 
     def _pick_upstream(self, call: _Call, info: ModelInfo) -> str:
         bases = info.upstreams
@@ -795,11 +820,17 @@ class Gateway:
                 norm = None
         prompt_tokens = norm.prompt_tokens if norm is not None else None
         cached = norm.cached_tokens if norm is not None else None
+        if call.tokens_task is not None:
+            if call.error is None:
+                call.blocks = await call.tokens_task
+            else:
+                call.tokens_task.cancel()
         ok = call.error is None and call.status == 200 and norm is not None
         if ok and call.register:
+            blocks = call.blocks or b""
             try:
                 await self.store.put([(k, StoredObject(o.identity, prompt_tokens or 0,
-                                                       o.request_id, o.handle))
+                                                       o.request_id, o.handle, blocks))
                                       for k, o in call.register])
             except STORE_ERRORS:  # a lost entry is a later miss, never a hit
                 self.metrics.upstream_errors.labels("store").inc()
@@ -834,8 +865,15 @@ class Gateway:
         verdict = call.decision or Decision("miss")
         cand = call.candidate
         cand_tokens = 0
+        basis = "exact" if cand is None else "upper_bound"  # a miss: 0, exactly
         if cand is not None and prompt_tokens:
-            cand_tokens = candidate_tokens(cand.num_tokens, prompt_tokens, call.block_size)
+            if call.blocks is not None and cand.blocks:
+                cand_tokens = shared_tokens(cand.blocks, call.blocks, prompt_tokens,
+                                            call.block_size)
+                basis = "exact"
+            else:
+                cand_tokens = candidate_tokens(cand.num_tokens, prompt_tokens, call.block_size)
+        m.candidate_tokens.labels(basis).inc(cand_tokens)
         exp_short = call.expected.short(self.key) if call.expected is not None else {
             "scope": call.scope, "namespace_digest": ns_d}
         rec = DecisionRecord(
@@ -847,7 +885,7 @@ class Gateway:
             candidate=None if cand is None else cand.identity.short(self.key),
             candidate_request_id=None if cand is None else cand.request_id,
             instance=self.cfg.instance, model=call.model, error=call.error,
-            client_salt_replaced=call.client_salt)
+            client_salt_replaced=call.client_salt, candidate_tokens_basis=basis)
         self.decision_log.write(rec.as_json())
         m.decisions.labels(verdict.outcome, verdict.first_mismatch or "none").inc()
         self._check_invariants(call, verdict, cached or 0)

@@ -42,6 +42,11 @@ class GatewayMetrics:
         self.invariants = Counter("prefixscope_gateway_invariant_violations",
                                   "Must stay 0: cross-scope acceptance, wrong-version acceptance, "
                                   "old-generation use", ["invariant"], registry=r)
+        self.candidate_tokens = Counter("prefixscope_gateway_candidate_tokens",
+                                        "Tokens the decisions' candidates could supply, by "
+                                        "basis: exact (token ids, tokenize = upstream) or "
+                                        "upper_bound (the writer's prompt length)", ["basis"],
+                                        registry=r)
         self.upstream_errors = Counter("prefixscope_gateway_upstream_errors",
                                        "Upstream failures by kind", ["kind"], registry=r)
         self.client_errors = Counter("prefixscope_gateway_client_errors",
@@ -65,6 +70,8 @@ class GatewayMetrics:
                              if namespace_labels else None)
         for inv in INVARIANTS:
             self.invariants.labels(inv)
+        for basis in ("exact", "upper_bound"):
+            self.candidate_tokens.labels(basis)
         for s in SCOPES:
             self.prompt_tokens.labels(s)
             self.cached_tokens.labels(s)

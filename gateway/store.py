@@ -45,23 +45,28 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError)
 @dataclass(frozen=True, slots=True)
 class StoredObject:
     """A registry entry: the identity it was written under, its tokens (an upper bound: the
-    writer's prompt tokens), the writer's request id and the handle a client may present."""
+    writer's prompt tokens), the writer's request id, the handle a client may present and,
+    when the gateway tokenizes (``tokenize = "upstream"``), the block-hash chain of the
+    writer's prompt (``gateway/tokens.py``)."""
 
     identity: CacheIdentity
     num_tokens: int
     request_id: str
     handle: str
+    blocks: bytes = b""  # the writer's prompt as a chain of 8-byte block hashes (tokenize on)
 
     def to_json(self) -> str:
-        return json.dumps({"identity": asdict(self.identity), "num_tokens": self.num_tokens,
-                           "request_id": self.request_id, "handle": self.handle},
-                          separators=(",", ":"))
+        d = {"identity": asdict(self.identity), "num_tokens": self.num_tokens,
+             "request_id": self.request_id, "handle": self.handle}
+        if self.blocks:
+            d["blocks"] = self.blocks.hex()
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> StoredObject:
         d = json.loads(text)
         return cls(CacheIdentity(**d["identity"]), int(d["num_tokens"]), d["request_id"],
-                   d["handle"])
+                   d["handle"], bytes.fromhex(d.get("blocks", "")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,7 @@ class DecisionLine(msgspec.Struct, forbid_unknown_fields=True):
     candidate: ShortIdentity | None = None
     error: Literal[ERROR_CODES] | None = None  # type: ignore[valid-type]
     client_salt_replaced: bool | None = None
+    candidate_tokens_basis: Literal["exact", "upper_bound"] | None = None
 
 
 class EventLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -184,7 +185,7 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
         *(getattr(exp, f) for f in SHORT_FIELDS),
         rec.candidate_request_id, cand.scope, cand.namespace_digest,
         *(getattr(cand, f) for f in SHORT_FIELDS),
-        rec.error, rec.client_salt_replaced,
+        rec.error, rec.client_salt_replaced, rec.candidate_tokens_basis,
     )
 
 

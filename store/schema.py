@@ -497,6 +497,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         # gateway, or not recorded).
         "ALTER TABLE gateway_decisions ADD COLUMN IF NOT EXISTS client_salt_replaced BOOLEAN",
     )),
+    Migration(51, "gateway decisions: how candidate_cached_tokens was counted", (
+        # 'exact' (from token ids: the gateway's tokenize = "upstream"), 'upper_bound' (the
+        # candidate writer's prompt tokens) or NULL (not a live gateway record, or older).
+        "ALTER TABLE gateway_decisions ADD COLUMN IF NOT EXISTS candidate_tokens_basis VARCHAR",
+    )),
     Migration(30, "diagnose: breaker summaries of a run", (
         # One row per diagnosis (prefixscope diagnose --ingest) and one per breaker it ranked.
         # Structure, kinds, counts, lost tokens and value digests only: never prompt text

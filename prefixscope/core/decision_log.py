@@ -35,6 +35,10 @@ ERROR_CODES = (
 )
 
 
+#: Values of ``DecisionRecord.candidate_tokens_basis``.
+CANDIDATE_TOKEN_BASES = ("exact", "upper_bound")
+
+
 def candidate_tokens(num_tokens: int, prompt_tokens: int, block_size: int) -> int:
     """Tokens a stored object of ``num_tokens`` can supply to a prompt of ``prompt_tokens``
     (rule 1); 0 when the prompt is empty or unknown (``prompt_tokens`` <= 0)."""
@@ -63,6 +67,11 @@ class DecisionRecord:
         error: one of :data:`ERROR_CODES` when the request failed, else None (not written).
         client_salt_replaced: the live gateway replaced a ``cache_salt`` the client sent
             (None: not applicable, not written).
+        candidate_tokens_basis: how the live gateway got ``candidate_cached_tokens``:
+            ``exact`` (from the token ids of both prompts, gateway ``tokenize = "upstream"``:
+            the whole blocks the candidate's prompt shares with this one, at most
+            prompt_tokens - 1, as vLLM counts them; a miss is 0 exactly) or ``upper_bound``
+            (the candidate writer's prompt tokens, without token ids); None: not written.
     """
 
     ts_unix_s: float
@@ -82,9 +91,11 @@ class DecisionRecord:
     model: str | None = None
     error: str | None = None
     client_salt_replaced: bool | None = None
+    candidate_tokens_basis: str | None = None
 
     def __post_init__(self) -> None:
         assert self.error is None or self.error in ERROR_CODES, self.error
+        assert self.candidate_tokens_basis in (None, *CANDIDATE_TOKEN_BASES)
 
     @property
     def first_mismatch(self) -> str | None:
@@ -104,7 +115,8 @@ class DecisionRecord:
             "candidate": None if self.candidate is None else dict(self.candidate),
             "candidate_request_id": self.candidate_request_id,
         }
-        for k in ("run_id", "instance", "model", "error", "client_salt_replaced"):
+        for k in ("run_id", "instance", "model", "error", "client_salt_replaced",
+                  "candidate_tokens_basis"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         return out
