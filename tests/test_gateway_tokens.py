@@ -27,6 +27,7 @@ pytestmark = pytest.mark.vllm
 _TEXTS = json.loads(TEXTS.read_text())
 SYSTEM = _TEXTS["tpl:system"][:1800]
 DOC = _TEXTS["doc:acme:issue"][:1500]
+OTHER_DOC = _TEXTS["doc:globex:issue"][:1500]
 
 
 def _chat(*contents: str) -> dict:
@@ -37,9 +38,10 @@ def _chat(*contents: str) -> dict:
 
 # name: (path, writer, request, whether the old upper bound overstates vLLM's number)
 CASES = {
-    # same system prompt, different questions: only the shared leading blocks
-    "shared_system": ("/v1/chat/completions", _chat(SYSTEM, "What is the first step?"),
-                      _chat(SYSTEM, "Name three risks in one line."), True),
+    # same system prompt, different documents: only the shared leading blocks (the writer's
+    # length overstates them by the document's blocks)
+    "shared_system": ("/v1/chat/completions", _chat(SYSTEM, "Document:\n" + DOC),
+                      _chat(SYSTEM, "Document:\n" + OTHER_DOC), True),
     # the same prompt again: every whole block below the last prompt token
     "repeat": ("/v1/chat/completions", _chat(SYSTEM, "Summarise."), _chat(SYSTEM, "Summarise."),
                False),
