@@ -254,7 +254,7 @@ def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str 
         f'[gateway]\nupstreams = ["{upstream}"]\nport = {port}\nmode = "tenant"\n'
         f'hmac_key_file = "{workdir / "hmac.key"}"\napi_keys_file = "{workdir / "keys.toml"}"\n'
         f'log_dir = "{workdir / "logs"}"\nread_timeout_s = 120.0\npool_size = 256\n'
-        f'workers = {workers}\nstore = "{store}"\n')
+        + (f'workers = {workers}\nstore = "{store}"\n' if workers > 1 else ""))
     proc = subprocess.Popen([str(Path(sys.executable).parent / "prefixscope"), "gateway",
                              "--config", str(workdir / "gateway.toml")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
