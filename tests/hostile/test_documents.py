@@ -57,7 +57,7 @@ def _path(kind: str, tmp_path: Path, suffix: str) -> str:
 
 def _key(tmp_path: Path) -> str:
     k = tmp_path.parent / f"{tmp_path.name}-hmac.key"  # outside any repository checkout
-    k.write_bytes(os.urandom(32))
+    k.write_bytes(os.urandom(32).hex().encode())  # no whitespace to strip
     return str(k)
 
 
