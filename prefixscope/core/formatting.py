@@ -8,6 +8,7 @@ way. Missing values (None or NaN: "not reported") format as an em dash, never as
 from __future__ import annotations
 
 import math
+import re
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -169,3 +170,40 @@ def breaker_position(row: pd.Series) -> str:
     if isinstance(seg, str):
         return seg
     return "whole request"
+
+
+#: First characters that make a spreadsheet read a CSV cell as a formula (OWASP "CSV
+#: injection"): ``=``, ``+``, ``-``, ``@``, tab and carriage return.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: A negative number written as text (``-1,234.50``, ``-3.5%``, ``-1e-05``): a number, not a
+#: formula, left as it is (the dashboard's tables hold formatted numbers). Python and DuckDB
+#: regular-expression syntax alike (full match).
+NEGATIVE_NUMBER = r"-[0-9][0-9,]*(\.[0-9]+)?([eE][+-]?[0-9]+)?%?"
+_NEGATIVE_NUMBER = re.compile(NEGATIVE_NUMBER)
+
+
+def csv_cell(value: object) -> object:
+    """``value`` safe as a cell of a CSV file people open in a spreadsheet: a string starting
+    with one of :data:`FORMULA_STARTS` gets a leading apostrophe (``=HYPERLINK(...)`` ->
+    ``'=HYPERLINK(...)``, shown as text), unless it is a negative number written as text
+    (:data:`NEGATIVE_NUMBER`); anything else (numbers, None, other text) as given. The rule of
+    ``prefixscope export --format csv`` (store/queries/export.py) and the dashboard's CSV
+    downloads."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and \
+            _NEGATIVE_NUMBER.fullmatch(value) is None:
+        return "'" + value
+    return value
+
+
+def csv_safe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` with :func:`csv_cell` applied to its text columns (object and string
+    dtypes; numbers and times untouched), for ``df.to_csv``. The column names are ours and are
+    kept."""
+    import pandas as pd
+
+    out = df.copy()
+    for i in range(out.shape[1]):  # by position: column names may repeat
+        s = out.iloc[:, i]
+        if s.dtype == object or isinstance(s.dtype, pd.StringDtype):
+            out.isetitem(i, s.map(csv_cell))  # None, NaN and NA pass through as given
+    return out

@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 
 from prefixscope.core.errors import InvalidArgument
+from prefixscope.core.formatting import FORMULA_STARTS, NEGATIVE_NUMBER
 
 FORMATS = ("csv", "parquet")
 
@@ -71,6 +72,24 @@ class ExportResult:
     def as_dict(self) -> dict:
         return {"table": self.name, "rows": self.rows, "path": self.path, "files": self.files,
                 "format": self.format, "by_day": self.by_day}
+
+
+def _formula_safe(con: duckdb.DuckDBPyConnection, select: str, params: list) -> str:
+    """``select`` with every text column as :func:`prefixscope.core.formatting.csv_cell` writes
+    it (a leading apostrophe before a cell a spreadsheet would run as a formula)."""
+    cols = con.execute(f"SELECT * FROM ({select}) LIMIT 0", params).description
+    text = [_ident(name) for name, typ, *_ in cols if str(typ) == "VARCHAR"]
+    if not text:
+        return select
+    starts = ", ".join(f"chr({ord(c)})" for c in FORMULA_STARTS)
+    number = "'" + NEGATIVE_NUMBER.replace("'", "''") + "'"
+    repl = ", ".join(f"CASE WHEN left({c}, 1) IN ({starts}) AND NOT regexp_full_match({c}, "
+                     f"{number}) THEN chr(39) || {c} ELSE {c} END AS {c}" for c in text)
+    return f"SELECT * REPLACE ({repl}) FROM ({select})"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _quote(path: str) -> str:
@@ -144,6 +163,8 @@ def export_table(con: duckdb.DuckDBPyConnection, name: str, out_dir: str | os.Pa
         else:
             target.unlink()
     options = ["FORMAT csv, HEADER true"] if fmt == "csv" else ["FORMAT parquet, COMPRESSION zstd"]
+    if fmt == "csv":
+        select = _formula_safe(con, select, params)
     if by_day:
         select = (f"SELECT *, strftime(to_timestamp({tcol}) AT TIME ZONE 'UTC', '%Y-%m-%d') "
                   f"AS day FROM ({select})")
