@@ -371,36 +371,6 @@ def request_hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | 
     return con.execute(sql, params).df()
 
 
-def request_hit_rates(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
-                      end_s: float | None = None, models: Sequence[str] | None = None,
-                      instances: Sequence[str] | None = None,
-                      run_ids: Sequence[str] | None = None,
-                      limit: int | None = None) -> pd.DataFrame:
-    """One row per request that reported cached tokens, oldest first.
-
-    For tests and exports of small ranges only: the dashboard never calls it (at 10 M requests
-    it is 10 M rows); it uses :func:`request_counts`, :func:`request_hit_rate_bands`,
-    :func:`request_latency_quantiles` and :func:`newest_requests`.
-
-    Args:
-        limit: at most this many rows (the oldest), None = all.
-
-    Returns:
-        Columns ``run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
-        cached_tokens, hit_rate`` (cached / prompt, NULL when prompt is 0), ``ttft_ms,
-        latency_ms, scope, tenant_digest``; oldest first.
-    """
-    where, params = _where(start_s, end_s, models, instances, run_ids)
-    lim = "" if limit is None else f" LIMIT {int(limit)}"
-    return con.execute(f"""
-        SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
-               cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
-               ttft_ms, latency_ms, scope, tenant_digest
-        FROM requests WHERE cached_tokens IS NOT NULL AND {where}
-        ORDER BY ts_unix_s NULLS LAST, run_id, request_id{lim}
-    """, params).df()
-
-
 #: Most rows :func:`newest_requests` returns per page.
 MAX_PAGE_ROWS = 1000
 
@@ -419,8 +389,10 @@ def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
         offset: rows skipped (page number x limit), >= 0.
 
     Returns:
-        Same columns as :func:`request_hit_rates`; newest first (requests without a time
-        last), ties by run_id, request_id.
+        Columns ``run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
+        cached_tokens, hit_rate`` (cached / prompt, NULL when prompt is 0), ``ttft_ms,
+        latency_ms, scope, tenant_digest``; newest first (requests without a time last), ties
+        by run_id, request_id.
 
     Raises:
         InvalidArgument: ``limit`` outside 1..MAX_PAGE_ROWS or ``offset`` negative.
