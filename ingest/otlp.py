@@ -7,8 +7,9 @@ table under one rule. The HTTP listener is ``ingest/otlp_http.py``.
 
 File source (``kind`` ``otlp-file``): one ``ExportTraceServiceRequest`` in OTLP/JSON per line,
 as the collector's ``file`` exporter writes it (lines of ``resourceMetrics`` or
-``resourceLogs`` are skipped). Tailed from its checkpoint by ``ingest/jsonl_driver.py``: one
-transaction per batch with its quarantine entries and checkpoint; read twice, adds nothing.
+``resourceLogs`` are skipped). Read by the line loop of ``ingest/record_files.py``, tailed from
+its checkpoint by ``ingest/jsonl_driver.py``: one transaction per batch with its quarantine
+entries and checkpoint; read twice, adds nothing.
 A span with a bad usage attribute quarantines its line (``file:line: <span path>.<attribute>:
 reason``), the line's other spans are still stored.
 """
@@ -36,14 +37,8 @@ from prefixscope.ingest.genai_spans import (
     iter_spans,
     normalise_span,
 )
-from prefixscope.core.bounds import TOO_DEEP, json_too_deep
-from prefixscope.ingest.jsonl_driver import (
-    LONG_LINE,
-    ParsedChunk,
-    TailResult,
-    commit_batch,
-    ingest_jsonl_tail,
-)
+from prefixscope.ingest.jsonl_driver import BadLine, TailResult, commit_batch
+from prefixscope.ingest.record_files import LineRows, ingest_record_lines
 from prefixscope.ingest.usage_rows import insert_dict_rows, row_problem
 
 KIND_FILE = "otlp-file"
@@ -122,45 +117,18 @@ def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str
     Raises:
         SourceUnavailable: the file cannot be read.
     """
-    location = str(path)
-    source_id = source_id_for(KIND_FILE, location)
+    source_id = source_id_for(KIND_FILE, str(path))
 
-    def parse(data: bytes, first_line: int) -> ParsedChunk:
-        rows: list[dict[str, Any]] = []
-        bad: list[Quarantined] = []
-        skipped = 0
-        lines = data.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        for i, raw in enumerate(lines):
-            no = first_line + i
-            if not raw.strip() or _looks_like_other_signal(raw):
-                skipped += 1
-                continue
-            if no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte-order mark
-            if raw == LONG_LINE or len(raw) > MAX_EXPORT_LINE_BYTES:
-                bad.append(Quarantined(location, no, f"line longer than "
-                                       f"{MAX_EXPORT_LINE_BYTES:,} bytes (64 MiB)", None))
-                continue
-            if json_too_deep(raw):
-                bad.append(Quarantined(location, no, TOO_DEEP, None))
-                continue
-            try:
-                req = decode_json(raw)
-            except OtlpDecodeError as exc:
-                bad.append(Quarantined(location, no, str(exc), None))
-                continue
-            got = rows_from_request(req, opts, source_id=source_id)
-            for r in got.rows:
-                r["line"] = no
-            rows.extend(got.rows)
-            if got.problems:
-                _, field, reason = got.problems[0]
-                bad.append(Quarantined(location, no, reason, field))
-            if not got.rows and not got.problems:
-                skipped += 1
-        return ParsedChunk(rows, len(rows), bad, skipped)
+    def line_rows(raw: bytes) -> LineRows:
+        try:
+            req = decode_json(raw)
+        except OtlpDecodeError as exc:
+            raise BadLine(None, str(exc)) from None
+        got = rows_from_request(req, opts, source_id=source_id)
+        if got.problems:
+            _, field, reason = got.problems[0]
+            return got.rows, (field, reason)
+        return got.rows, None
 
     def note(counts) -> str | None:
         if counts.rows_read == 0 and counts.rows_quarantined == 0:
@@ -169,10 +137,9 @@ def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str
                     "no GenAI spans with token usage (gen_ai.usage.* / llm.token_count.*)")
         return None
 
-    return ingest_jsonl_tail(con, path, kind=KIND_FILE, parse_chunk=parse,
-                             insert=insert_dict_rows, batch_bytes=16 << 20,
-                             note=note, keep_problems=keep_problems,
-                             max_line_bytes=MAX_EXPORT_LINE_BYTES)
+    return ingest_record_lines(con, path, kind=KIND_FILE, line_rows=line_rows,
+                               skip_line=_looks_like_other_signal, note=note,
+                               max_line_bytes=MAX_EXPORT_LINE_BYTES, keep_problems=keep_problems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import duckdb
 
-from prefixscope.core.bounds import TOO_DEEP, check_regular
+from prefixscope.core.bounds import MAX_LINE_BYTES, TOO_DEEP, check_regular, json_too_deep
 from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
 from prefixscope.ingest.bookkeeping import (
     Checkpoint,
@@ -40,6 +40,7 @@ from prefixscope.ingest.bookkeeping import (
 )
 from prefixscope.ingest.jsonl_driver import (
     _BOM,
+    LONG_LINE,
     BadLine,
     line_guard,
     ParsedChunk,
@@ -50,8 +51,10 @@ from prefixscope.ingest.jsonl_driver import (
 from prefixscope.ingest.usage_rows import insert_dict_rows, row_problem
 
 ToRow = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+#: A line's (or record's) rows and its quarantine ``(field, reason)``, or None.
+LineRows = tuple[list[dict[str, Any]], "tuple[str | None, str] | None"]
 
-__all__ = ["BadLine", "ToRow", "ingest_record_file"]
+__all__ = ["BadLine", "LineRows", "ToRow", "ingest_record_file", "ingest_record_lines"]
 
 
 def _kind_of_file(path: str) -> str:
@@ -75,37 +78,118 @@ def _kind_of_file(path: str) -> str:
     return "jsonl"
 
 
-def _row(to_row: ToRow, rec: Any, location: str, line: int, source_id: str,
-         rows: list, bad: list) -> bool:
-    """Append the record's row (with source id and line); False when it gave none."""
+def _record_rows(to_row: ToRow, rec: Any) -> LineRows:
+    """The record's rows (none or one) and its quarantine ``(field, reason)`` or None."""
     if isinstance(rec, _CsvBad):
-        bad.append(Quarantined(location, line, rec.reason, None))
-        return False
+        return [], (None, rec.reason)
     if not isinstance(rec, dict):
-        bad.append(Quarantined(location, line, "not a JSON object", None))
-        return False
+        return [], (None, "not a JSON object")
     try:
         row = to_row(rec)
     except BadLine as exc:
-        bad.append(Quarantined(location, line, exc.reason, exc.field))
-        return False
+        return [], (exc.field, exc.reason)
     except (TypeError, ValueError, OverflowError, RecursionError, AttributeError) as exc:
         # A value of a type no reader rule expected: the record, not the file, is bad
         # (issue 12: no input crashes or poisons a source). The exception text may quote
         # the value, so only its type is named.
-        bad.append(Quarantined(location, line, "a value of an unexpected type or size "
-                                               f"({type(exc).__name__})", None))
-        return False
+        return [], (None, f"a value of an unexpected type or size ({type(exc).__name__})")
     if row is None:
-        return False
+        return [], None
     problem = row_problem(row)
     if problem is not None:
+        return [], (problem[0], problem[1])
+    return [row], None
+
+
+def _row(to_row: ToRow, rec: Any, location: str, line: int, source_id: str,
+         rows: list, bad: list) -> bool:
+    """Append the record's row (with source id and line); False when it gave none."""
+    got, problem = _record_rows(to_row, rec)
+    if problem is not None:
         bad.append(Quarantined(location, line, problem[1], problem[0]))
-        return False
-    row["source_id"] = source_id
-    row["line"] = line
-    rows.append(row)
-    return True
+    for row in got:
+        row["source_id"] = source_id
+        row["line"] = line
+        rows.append(row)
+    return bool(got)
+
+
+def _line_guard(raw: bytes, max_line_bytes: int) -> str | None:
+    if max_line_bytes == MAX_LINE_BYTES:
+        return line_guard(raw)  # the shared bound of every JSONL reader
+    if raw == LONG_LINE or len(raw) > max_line_bytes:
+        return f"line longer than {max_line_bytes:,} bytes ({max_line_bytes >> 20} MiB)"
+    return TOO_DEEP if json_too_deep(raw) else None
+
+
+def ingest_record_lines(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
+                        kind: str, line_rows: Callable[[bytes], LineRows],
+                        skip_line: Callable[[bytes], bool] | None = None,
+                        note: Callable[[Any], str | None] | None = None,
+                        max_line_bytes: int = MAX_LINE_BYTES,
+                        keep_problems: int = 100) -> TailResult:
+    """Tail a file of JSON lines from its checkpoint (``ingest/jsonl_driver.py``): each line's
+    rows through the usage-log writer, one transaction per batch.
+
+    Args:
+        con: read-write, migrated connection, not inside a transaction.
+        kind: ``ingest_sources.kind``.
+        line_rows: raw line (no newline, byte-order mark dropped) -> ``(rows, problem)``: the
+            line's rows (zero or more, ``source_id`` and ``line`` are set here) and its
+            quarantine ``(field, reason)`` or None; the line's rows are kept beside a problem.
+            Raises :class:`BadLine` for a line refused whole.
+        skip_line: a line it is true of is counted as skipped (not a record of this source).
+        note: the driver's summary note (``counts -> str | None``).
+        max_line_bytes: longest line (default the shared 1 MiB bound); a longer one, or one
+            nested too deep, is quarantined before ``line_rows`` sees it.
+
+    A line without rows and without a problem counts as skipped, as blank lines do.
+
+    Returns:
+        The driver's :class:`~prefixscope.ingest.jsonl_driver.TailResult`.
+
+    Raises:
+        SourceUnavailable: the file cannot be read.
+    """
+    location = str(path)
+    source_id = source_id_for(kind, location)
+
+    def parse(data: bytes, first_line: int) -> ParsedChunk:
+        rows: list[dict[str, Any]] = []
+        bad: list[Quarantined] = []
+        skipped = 0
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        for i, raw in enumerate(lines):
+            no = first_line + i
+            if not raw.strip() or (skip_line is not None and skip_line(raw)):
+                skipped += 1
+                continue
+            if no == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+            guard = _line_guard(raw, max_line_bytes)  # over-long or nested too deep
+            if guard is not None:
+                bad.append(Quarantined(location, no, guard, None))
+                continue
+            try:
+                got, problem = line_rows(raw)
+            except BadLine as exc:
+                bad.append(Quarantined(location, no, exc.reason, exc.field))
+                continue
+            for row in got:
+                row["source_id"] = source_id
+                row["line"] = no
+            rows.extend(got)
+            if problem is not None:
+                bad.append(Quarantined(location, no, problem[1], problem[0]))
+            elif not got:
+                skipped += 1
+        return ParsedChunk(rows, len(rows), bad, skipped)
+
+    return ingest_jsonl_tail(con, location, kind=kind, parse_chunk=parse,
+                             insert=insert_dict_rows, batch_bytes=16 << 20, note=note,
+                             keep_problems=keep_problems, max_line_bytes=max_line_bytes)
 
 
 def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
@@ -133,37 +217,15 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
     form = _kind_of_file(location)
     source_id = source_id_for(kind, location)
     if form == "jsonl":
-        def parse(data: bytes, first_line: int) -> ParsedChunk:
-            rows: list[dict[str, Any]] = []
-            bad: list[Quarantined] = []
-            skipped = 0
-            lines = data.split(b"\n")
-            if lines and lines[-1] == b"":
-                lines.pop()
-            for i, raw in enumerate(lines):
-                no = first_line + i
-                if not raw.strip():
-                    skipped += 1
-                    continue
-                if no == 1 and raw.startswith(_BOM):
-                    raw = raw[len(_BOM):]
-                guard = line_guard(raw)  # over-long or nested too deep: the shared bounds
-                if guard is not None:
-                    bad.append(Quarantined(location, no, guard, None))
-                    continue
-                try:
-                    rec = json.loads(raw)
-                except ValueError as exc:
-                    bad.append(Quarantined(location, no, invalid_json_reason(exc), None))
-                    continue
-                if not _row(to_row, rec, location, no, source_id, rows, bad) and \
-                        (not bad or bad[-1].line != no):
-                    skipped += 1
-            return ParsedChunk(rows, len(rows), bad, skipped)
+        def line_rows(raw: bytes) -> LineRows:
+            try:
+                rec = json.loads(raw)
+            except ValueError as exc:
+                raise BadLine(None, invalid_json_reason(exc)) from None
+            return _record_rows(to_row, rec)
 
-        return ingest_jsonl_tail(con, location, kind=kind, parse_chunk=parse,
-                                 insert=insert_dict_rows, batch_bytes=16 << 20,
-                                 keep_problems=keep_problems)
+        return ingest_record_lines(con, location, kind=kind, line_rows=line_rows,
+                                   keep_problems=keep_problems)
     return _whole_file(con, location, form, kind, source_id, to_row, keep_problems)
 
 
