@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -89,7 +90,25 @@ def print_request_files(res, *, as_json: bool) -> None:
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
+    print_quarantined(problems)
+
+
+def print_quarantined(problems: Sequence[Any]) -> None:
+    """Print the first :data:`MAX_PROBLEMS_SHOWN` quarantined lines on stderr, each as
+    ``quarantined file:line: field: reason`` (:func:`prefixscope.core.errors.problem_text`),
+    then how many more there are (every one is in the quarantine table). ``problems``:
+    quarantine dicts (``location``, ``line``, ``field``, ``reason``, as
+    ``prefixscope.ingest.files.quarantined_dicts`` gives them) or objects with those
+    attributes (``prefixscope.ingest.bookkeeping.Quarantined``)."""
+    from prefixscope.core.errors import problem_text
+
     for q in problems[:MAX_PROBLEMS_SHOWN]:
-        what = f"{q['field']}: {q['reason']}" if q.get("field") else q["reason"]
-        err.print(f"quarantined {q['location']}:{q['line']}: {what}", markup=False,
-                  highlight=False)
+        get = q.get if isinstance(q, dict) else lambda k, q=q: getattr(q, k, None)
+        line = get("line")
+        err.print("quarantined " + problem_text(get("location"), None if line is None
+                                                else int(line), get("reason"), get("field")),
+                  markup=False, highlight=False)
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        err.print(f"... and {len(problems) - MAX_PROBLEMS_SHOWN:,} more quarantined lines: the "
+                  "quarantine table has every one (the dashboard's Data sources page lists "
+                  "them)", markup=False, highlight=False)

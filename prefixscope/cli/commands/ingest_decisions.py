@@ -8,12 +8,9 @@ from typing import Annotated
 import typer
 
 from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, err, out,
-                                     print_json)
+                                     print_json, print_quarantined)
 from prefixscope.core.formatting import count_noun
-from prefixscope.core.errors import NothingIngested, problem_text
-
-#: At most this many quarantined lines are printed (all are in the quarantine table).
-_MAX_PROBLEMS_SHOWN = 20
+from prefixscope.core.errors import NothingIngested
 
 
 def _nothing_new_note(source: str) -> str:
@@ -69,14 +66,7 @@ def decisions_cmd(
                           and not s.rows_quarantined else None)
         if note:
             out.print(f"  note: {note}", markup=False, highlight=False)
-    for q in problems[:_MAX_PROBLEMS_SHOWN]:
-        field = q["field"]
-        err.print("quarantined " + problem_text(q["location"], int(q["line"]), q["reason"],
-                                                field), markup=False, highlight=False)
-    if len(problems) > _MAX_PROBLEMS_SHOWN:
-        err.print(f"... and {len(problems) - _MAX_PROBLEMS_SHOWN:,} more: the Data sources page "
-                  "of the dashboard lists every quarantined line", markup=False,
-                  highlight=False)
+    print_quarantined(problems)
 
 
 def register(groups: dict[str, typer.Typer]) -> None:

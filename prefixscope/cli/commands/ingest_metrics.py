@@ -10,12 +10,10 @@ from typing import Annotated
 import typer
 
 from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, err, out,
-                                     print_json)
+                                     print_json, print_quarantined)
 from prefixscope.core.formatting import count_noun
 from prefixscope.core.errors import NothingIngested, UsageError
 from prefixscope.core.times import parse_duration, parse_time
-
-_MAX_PROBLEMS_SHOWN = 20
 
 
 @contextmanager
@@ -40,13 +38,7 @@ def _print_outcome(outcome, *, quiet: bool) -> None:
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
-    for q in outcome.problems[:_MAX_PROBLEMS_SHOWN]:
-        where = f"{q.location}:{q.line}"
-        what = f"{q.field}: {q.reason}" if q.field else q.reason
-        err.print(f"quarantined {where}: {what}", markup=False, highlight=False)
-    if len(outcome.problems) > _MAX_PROBLEMS_SHOWN:
-        err.print(f"... and {len(outcome.problems) - _MAX_PROBLEMS_SHOWN:,} more quarantined lines "
-                  "(see the quarantine table)", markup=False, highlight=False)
+    print_quarantined(outcome.problems)
 
 
 def _outcome_json(outcome) -> dict:
