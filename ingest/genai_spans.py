@@ -32,7 +32,11 @@ Other fields: time = span start (Unix s), ``latency_ms`` = end - start, ``ttft_m
 ``gen_ai.server.time_to_first_token`` / ``gen_ai.response.time_to_first_token`` (seconds),
 model = ``gen_ai.request.model`` (else ``gen_ai.response.model``, ``llm.model_name``), instance =
 ``server.address[:server.port]`` (else the caller's default, else the resource's
-``service.name``), endpoint from ``gen_ai.operation.name``, provider from
+``service.name``; at most 256 characters like every instance, else the span is quarantined; an
+instance that contains the span's own tenant id, a per-tenant endpoint such as
+``acme-corp.openai.azure.com``, is stored only as ``hmac:<digest>`` of the whole instance, or
+dropped with flag ``instance-dropped-tenant`` without a key: docs/cache-identity.md, labels
+never hold raw tenant ids), endpoint from ``gen_ai.operation.name``, provider from
 ``gen_ai.provider.name`` / ``gen_ai.system`` / ``llm.provider`` / ``llm.system``.
 """
 
@@ -266,6 +270,13 @@ def normalise_span(span, resource: Mapping[str, Any], *, run_id: str = "",
             flags.append("tenant-dropped-no-key")
         else:
             digest, scope = tenant_digester(raw_tenant), "TENANT"
+        if inst and raw_tenant.casefold() in inst.casefold():
+            # a per-tenant endpoint names the tenant: never stored raw (module docstring)
+            if tenant_digester is None:
+                inst = None
+                flags.append("instance-dropped-tenant")
+            else:
+                inst = "hmac:" + tenant_digester(inst)
     endpoint = _ENDPOINTS.get(op, op) if isinstance(op, str) else None
     return {
         "run_id": run_id, "request_id": rid, "ts_unix_s": start_s,

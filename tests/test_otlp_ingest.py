@@ -359,6 +359,38 @@ def test_tenant_ids_only_as_hmac_digests(tmp_path):
         assert b"acme-corp" not in (tmp_path / name).read_bytes()
 
 
+def test_server_address_follows_the_instance_rules(tmp_path):
+    """server.address as the instance: over 256 characters the span is quarantined (as every
+    instance); one that names the span's tenant (a per-tenant endpoint) is kept only as an
+    HMAC digest with a key and dropped without one; any other address is kept as sent."""
+    from prefixscope.ingest.privacy import digest_tenant
+
+    key = b"k" * 32
+    usage = {"gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 1}
+
+    def instance(attrs, opts=SpanOptions(), name="i.jsonl"):
+        r, _ = _one(tmp_path, {**usage, **attrs}, opts, name=name)
+        with store_db.reader(str(tmp_path / (name + ".duckdb"))) as con:
+            return r, con.execute("SELECT instance, flags FROM requests").fetchall()
+
+    _, plain = instance({"server.address": "vllm-a.internal", "server.port": 8000,
+                         "enduser.id": "acme-corp"}, name="plain.jsonl")
+    assert plain == [("vllm-a.internal:8000", "tenant-dropped-no-key")]
+    r, long = instance({"server.address": "h" * 300}, name="long.jsonl")
+    assert long == [] and r.summary.rows_quarantined == 1
+    assert [(p.field, p.reason) for p in r.problems] == [
+        ("resourceSpans[0].scopeSpans[0].spans[0].instance", "longer than 256 characters")]
+    tenant = {"server.address": "ACME-corp.openai.azure.com", "server.port": 443,
+              "enduser.id": "acme-corp"}
+    _, no_key = instance(tenant, name="nokey.jsonl")
+    assert no_key == [(None, "tenant-dropped-no-key,instance-dropped-tenant")]
+    _, keyed = instance(tenant, SpanOptions(tenant_digester=lambda t: digest_tenant(t, key)),
+                        name="key.jsonl")
+    assert keyed == [("hmac:" + digest_tenant("ACME-corp.openai.azure.com:443", key), None)]
+    for name in ("nokey.jsonl.duckdb", "key.jsonl.duckdb"):
+        assert b"acme-corp" not in (tmp_path / name).read_bytes().lower()
+
+
 def test_an_export_line_above_the_jsonl_bound_is_read_whole(tmp_path):
     """A collector batch is one line of several MiB: above the 1 MiB JSONL bound, below the
     64 MiB export bound; read across read-buffer boundaries."""

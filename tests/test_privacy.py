@@ -5,7 +5,8 @@ any metric label of a written exposition, or any analytics output file.
 Paths exercised (all that exist without a live server): ``ingest metrics`` (an exposition whose
 labels carry a tenant id), ``ingest requests`` (usage lines with OpenAI ``user``, ``metadata``,
 request messages and response text), ``ingest decisions`` (a gateway that logged raw ids),
-``ingest kv-events`` (a naive ``cache_salt`` equal to a tenant id), ``replay sim --ingest`` (a
+``ingest kv-events`` (a naive ``cache_salt`` equal to a tenant id), ``ingest otlp`` (spans from
+a per-tenant endpoint: ``server.address`` names the tenant), ``replay sim --ingest`` (a
 chat trace with ``user`` fields and prompt text) and ``replay gateway`` (the bundled
 multi-tenant trace: raw tenant and principal ids in every request). Not exercised: ``ingest
 prometheus`` and ``replay live``/``ingest live-run`` (they need a running server; their rows go
@@ -175,6 +176,24 @@ def world(tmp_path_factory):
             {"role": "user", "content": f"{SNIPPETS[4]} {TEXTS['q:82:1']}"}]}})
         for i in range(4)) + "\n")
 
+    # OTLP spans from a per-tenant endpoint: server.address names the tenant (issue 16); with a
+    # key and without one
+    for i, name in enumerate(("spans.jsonl", "spans-keyed.jsonl")):
+        attrs = {"gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 5,
+                 "gen_ai.usage.cache_read.input_tokens": 64, "gen_ai.request.model": "m",
+                 "server.address": "globex.openai.azure.com", "server.port": 443,
+                 "enduser.id": "globex"}
+        (inputs / name).write_text(json.dumps({"resourceSpans": [{
+            "resource": {"attributes": [{"key": "service.name",
+                                         "value": {"stringValue": "chat-app"}}]},
+            "scopeSpans": [{"scope": {"name": "t"}, "spans": [{
+                "traceId": f"5b8efff798038103d269b633813fc60{i}", "spanId": "eee19b7ec3c1b174",
+                "name": "chat", "kind": 3, "startTimeUnixNano": "1795960100000000000",
+                "endTimeUnixNano": "1795960101000000000", "attributes": [
+                    {"key": k, "value": {"intValue": str(v)} if isinstance(v, int)
+                     else {"stringValue": v}} for k, v in attrs.items()]}]}]}]}) + "\n",
+            encoding="utf-8")
+
     captured: list[str] = []
     root_logger = logging.getLogger()
     old_level = root_logger.level
@@ -196,6 +215,9 @@ def world(tmp_path_factory):
             ("requests", ["ingest", "requests", inputs / "usage.jsonl"]),
             ("decisions", ["ingest", "decisions", inputs / "decisions.jsonl"]),
             ("kv", ["ingest", "kv-events", inputs / "kv.jsonl"]),
+            ("otlp", ["ingest", "otlp", inputs / "spans.jsonl"]),
+            ("otlp keyed", ["ingest", "otlp", inputs / "spans-keyed.jsonl", "--hmac-key-file",
+                            key]),
             ("sim", ["replay", "sim", inputs / "chat.jsonl", "--format", "chat", "--ingest",
                      "--out", outputs / "sim", "--run-id", "sim-privacy"]),
             ("gateway", ["replay", "gateway", MT / "trace.jsonl", "--hmac-key-file", key,
@@ -234,7 +256,8 @@ def test_every_path_ran(world):
         assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] >= 6
     # every source kind the world pushed through was stored (counts: the bundled inputs; metrics
     # include the num_requests_running/waiting gauges the Overview serving panels read)
-    assert n == {"kv-events-file": 20, "metrics-file": 1271, "requests": 314, "decisions": 316}, n
+    assert n == {"kv-events-file": 20, "metrics-file": 1271, "requests": 314, "decisions": 316,
+                 "otlp-file": 2}, n
     with store_db.reader(world["db"]) as con:  # the keyed cache_config_info: a digest only
         [labels] = con.execute("SELECT labels FROM metric_samples WHERE metric = "
                                "'vllm:cache_config_info' AND labels LIKE '%tenant%'").fetchone()
