@@ -44,6 +44,7 @@ from prefixscope.ingest.usage_read import (
 from prefixscope.ingest.usage_shapes import MS_THRESHOLD, UsageRecord, normalise_usage
 from prefixscope.core.bounds import check_regular
 from prefixscope.core.errors import SourceUnavailable
+from prefixscope.store.db import no_progress_bar
 
 __all__ = [
     "BATCH_ROWS", "INSERT_ROWS", "KIND", "MS_THRESHOLD", "PARALLEL_MIN_BYTES", "PROBLEMS_RETURNED",
@@ -156,7 +157,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     read = added = n_quarantined = skipped = 0
     problems: list[Quarantined] = []
     insert = _Inserter()
-    con.execute("SET enable_progress_bar = false")  # never draw on the caller's terminal
+    no_progress_bar(con)  # never draw on the caller's terminal
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes only cost time
     try:

@@ -184,6 +184,12 @@ def checkpoint(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CHECKPOINT")
 
 
+def no_progress_bar(con: duckdb.DuckDBPyConnection) -> None:
+    """Turn DuckDB's progress bar off on ``con`` (``SET enable_progress_bar = false``): a long
+    statement of an ingester must never draw on the caller's terminal or log."""
+    con.execute("SET enable_progress_bar = false")
+
+
 def memory() -> duckdb.DuckDBPyConnection:
     """A migrated in-memory database (tests and one-off analyses)."""
     con = duckdb.connect(":memory:")
