@@ -129,3 +129,15 @@ def test_story_fix_replay_recovers_the_hit_rate(demo_db):
     diag = next(s for s in report.steps if s.startswith("diagnose chatlog-gpu-a1-2026-11-29.jsonl"))
     # prefixscope diagnose names the release's line: a timestamp on line 1 of the system prompt
     assert "#1 level 1 timestamp message 0 (system), line 1" in diag
+
+
+@pytest.mark.parametrize("window_s,by", [(3600.0, ("model",)), (900.0, ("instance",)),
+                                         (86400.0, ())])
+def test_ttft_histogram_sums_the_stored_increases(demo_db, window_s, by):
+    """The Overview's TTFT-from-histogram panel on the demo week equals the per-query rule it
+    replaced (tests/test_serving_histogram.py)."""
+    from tests.test_serving_histogram import STORY_END as SERVING_END
+    from tests.test_serving_histogram import check_demo
+
+    assert SERVING_END == STORY_END
+    check_demo(demo_db[0], window_s=window_s, by=by)

@@ -275,7 +275,8 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
                    models: Sequence[str] | None,
                    instances: Sequence[str] | None,
                    run_ids: Sequence[str] | None = None,
-                   stored: bool = True, rollup: bool = False) -> tuple[str, list[Any]]:
+                   stored: bool = True, rollup: bool = False,
+                   le: bool = False) -> tuple[str, list[Any]]:
     """SQL defining CTE ``inc``: rows of increases with columns metric, instance, model,
     engine, ts_unix_s (the later sample's time, or a rollup bucket's start), prev_ts_unix_s
     (earliest earlier sample), last_ts_unix_s (latest later sample), legacy, increase,
@@ -287,15 +288,23 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
     model and instance are constant over a series, and ``end_s`` only drops later samples,
     so neither changes a sample's predecessor: both give identical rows. ``rollup`` (with
     ``stored``): whole 5-minute buckets of the range from ``counter_rollup_5m``, the part
-    buckets at either end from the samples (the caller's windows must be whole buckets)."""
+    buckets at either end from the samples (the caller's windows must be whole buckets).
+    ``le``: one more column ``le``, the histogram bucket's upper bound label (text, ``+Inf``
+    last; NULL for a sample without one), for a histogram's ``_bucket`` series (no rollup:
+    the rollup has no labels)."""
+    if le and rollup:
+        raise InvalidArgument("the counter rollup has no le label: rollup=False with le")
     where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
     start_clause = ""
     start_params: list[Any] = []
     if start_s is not None:
         start_clause = " AND ts_unix_s >= ?"
         start_params = [float(start_s)]
+    le_col = ", json_extract_string(labels, '$.le') AS le" if le else ""
+    le_sel = ", le" if le else ""
     raw_cols = ("metric, instance, model, engine, ts_unix_s, prev_ts_unix_s, "
-                "ts_unix_s AS last_ts_unix_s, legacy, increase, CAST(is_reset AS BIGINT) AS resets")
+                "ts_unix_s AS last_ts_unix_s, legacy, increase, CAST(is_reset AS BIGINT) AS resets"
+                + le_col)
     if stored and rollup:
         lo = None if start_s is None else math.ceil(start_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
         hi = None if end_s is None else math.floor(end_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
@@ -340,7 +349,7 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
             WHERE list_contains(?::VARCHAR[], metric){where}
         ),
         steps AS (
-            SELECT metric, instance, model, engine, ts_unix_s, value, legacy,
+            SELECT metric, instance, model, engine, ts_unix_s, value, legacy{le_col},
                    lag(value) OVER w AS prev_value,
                    lag(ts_unix_s) OVER w AS prev_ts_unix_s
             FROM base
@@ -348,7 +357,7 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
         ),
         inc AS (
             SELECT metric, instance, model, engine, ts_unix_s, prev_ts_unix_s,
-                   ts_unix_s AS last_ts_unix_s, legacy,
+                   ts_unix_s AS last_ts_unix_s, legacy{le_sel},
                    CASE WHEN value < prev_value THEN value ELSE value - prev_value END AS increase,
                    CAST(value < prev_value AS BIGINT) AS resets
             FROM steps
@@ -555,7 +564,10 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
 
     Args:
         metric: canonical sample name, e.g. ``vllm:num_preemptions_total`` (a histogram's
-            ``_count``/``_sum`` works too).
+            ``_count``/``_sum`` works too; its ``_bucket`` with ``le`` in ``by``).
+        by: grouping columns among ``model``, ``instance``, ``engine`` and ``le`` (a histogram
+            bucket's upper bound label as text, e.g. ``0.01`` or ``+Inf``: the bucket
+            increases ``histogram_quantile`` needs; the 5-minute rollup is not used then).
 
     Returns:
         DataFrame ``window_start_s, window_end_s, <by>, increase`` (the counter's unit, DOUBLE),
@@ -563,12 +575,17 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
     """
     if window_s <= 0:
         raise InvalidArgument("window_s must be > 0")
-    cols = _by_columns(by)
+    le = "le" in by
+    _by_columns([c for c in by if c != "le"])
+    cols = list(by)
+    if le and cols.count("le") > 1:
+        raise InvalidArgument(f"repeated grouping column in {cols}")
+    use_stored = _use_stored(con, stored)
     cte, params = _increases_cte((metric,), start_s=start_s, end_s=end_s, models=models,
-                                 instances=instances, run_ids=run_ids,
-                                 stored=_use_stored(con, stored),
-                                 rollup=_use_rollup(con, _use_stored(con, stored), rollup,
-                                                    window_s, origin_s))
+                                 instances=instances, run_ids=run_ids, stored=use_stored,
+                                 rollup=not le and _use_rollup(con, use_stored, rollup,
+                                                               window_s, origin_s),
+                                 le=le)
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)

@@ -7,8 +7,10 @@ What a vLLM Grafana board shows next to the prefix cache, per window (``docs/met
 2. **Counter increase per window** (``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``):
    ``prefixscope.store.queries.metrics.counter_increase_by_window`` (the store's increase rule).
 3. **TTFT from vLLM's histogram** (``vllm:time_to_first_token_seconds``): bucket increases per
-   window summed over series, then Prometheus' ``histogram_quantile`` (linear interpolation
-   inside the bucket; the ``+Inf`` bucket reports the highest finite bound).
+   window summed over series by ``le`` (the stored per-sample increases,
+   ``counter_increase_by_window`` grouped by ``le``), then Prometheus' ``histogram_quantile``
+   (linear interpolation inside the bucket; the ``+Inf`` bucket reports the highest finite
+   bound).
 4. **TTFT from the usage log** (``requests.ttft_ms``): ``quantile_cont`` per window, split into
    *hit* (``cached_tokens > 0``) and *miss* (``cached_tokens = 0``), the Requests page's rule
    (``request_latency_quantiles``); requests without ``ttft_ms`` or ``cached_tokens`` are left
@@ -27,7 +29,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
-from prefixscope.store.queries.metrics import _by_columns, _filters
+from prefixscope.store.queries.metrics import _by_columns, _filters, counter_increase_by_window
 from prefixscope.store.sqlhelpers import window_start_sql
 
 GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -114,34 +116,11 @@ def ttft_histogram_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     """
     _window(window_s)
     cols = _by_columns(by)
-    where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
-    start_clause, start_params = "", []
-    if start_s is not None:
-        start_clause, start_params = " AND ts_unix_s >= ?", [float(start_s)]
-    ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
-    group = "".join(f", {c}" for c in cols)
-    rows = con.execute(f"""
-        WITH base AS (
-            SELECT run_id, labels, instance, model, engine, ts_unix_s, value,
-                   json_extract_string(labels, '$.le') AS le
-            FROM metric_samples
-            WHERE metric = ?{where}
-        ),
-        steps AS (
-            -- rules 1-2 of store.queries.metrics on each bucket series (le kept as a column)
-            SELECT *, lag(value) OVER (PARTITION BY run_id, labels, instance
-                                               ORDER BY ts_unix_s) AS prev
-            FROM base
-        ),
-        inc AS (
-            SELECT {ws} AS window_start_s{group}, le,
-                   sum(CASE WHEN value < prev THEN value ELSE value - prev END) AS increase
-            FROM steps WHERE prev IS NOT NULL{start_clause}
-            GROUP BY ALL
-        )
-        SELECT window_start_s{group}, le, increase FROM inc
-        ORDER BY window_start_s{group}
-    """, [TTFT_FAMILY + "_bucket", *params, *wp, *start_params]).fetchall()
+    inc = counter_increase_by_window(
+        con, metric=TTFT_FAMILY + "_bucket", start_s=start_s, end_s=end_s, window_s=window_s,
+        by=(*cols, "le"), models=models, instances=instances, run_ids=run_ids)
+    inc = inc.astype(object).where(inc.notna(), None)  # a missing model stays None (a key)
+    rows = inc[["window_start_s", *cols, "le", "increase"]].itertuples(index=False, name=None)
     out: dict[tuple, list[tuple[float, float]]] = {}
     for row in rows:
         key = tuple(row[:1 + len(cols)])
