@@ -26,6 +26,7 @@ the first sample of each process in the range is the baseline and its tokens are
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 import math
 import time
 from datetime import datetime, timezone
@@ -283,13 +284,23 @@ def read_query_range_file(path: str) -> list[dict]:
 
 
 def ingest_query_range_file(con, path: str, *, instance_label: str = "instance",
-                            label_key: bytes | None | str = CONFIGURED_KEY):
-    """Store a saved Prometheus range response (raw samples) on a read-write connection.
+                            label_key: bytes | None | str = CONFIGURED_KEY,
+                            step_s: float | None = None):
+    """Store a saved Prometheus range response on a read-write connection.
 
     The recorded-file form of :func:`ingest_prometheus_range`: the same series rules
     (:func:`samples_from_series`, created-zero samples from ``_created`` series), one
     transaction; running it again adds nothing. Series without the instance label get the
     file name stem as instance.
+
+    Args:
+        con: a read-write DuckDB connection.
+        path: the saved response body (JSON).
+        instance_label: the label that names the vLLM instance.
+        label_key: HMAC key for labels outside the allowed set (default: the configured one).
+        step_s: the ``step`` of the saved ``/api/v1/query_range`` answer, seconds (created-zero
+            placement on the step grid, as :func:`samples_from_series`), or None for raw
+            samples (a range-vector ``/api/v1/query`` answer).
 
     Returns:
         The :class:`~ingest.bookkeeping.IngestSummary`.
@@ -298,10 +309,61 @@ def ingest_query_range_file(con, path: str, *, instance_label: str = "instance",
         SourceUnavailable, ParseError: from :func:`read_query_range_file`. ConfigError: a
         configured HMAC key cannot be read.
     """
+    return _save_query_range(con, _read_query_range(path, instance_label=instance_label,
+                                                    label_key=label_key, step_s=step_s)).summary
+
+
+def _read_query_range(path: str, *, instance_label: str, label_key, step_s: float | None):
     from pathlib import Path
 
     key = configured_label_key() if label_key == CONFIGURED_KEY else label_key
     result = read_query_range_file(path)
-    read = samples_from_series(result, location=str(path), default_instance=Path(path).stem,
-                               instance_label=instance_label, label_key=key)
-    return save_samples(con, read, kind=KIND)
+    return samples_from_series(result, location=str(path), default_instance=Path(path).stem,
+                               instance_label=instance_label, step_s=step_s, label_key=key)
+
+
+def _save_query_range(con, read) -> ScrapeOutcome:
+    return ScrapeOutcome(save_samples(con, read, kind=KIND), read.problems)
+
+
+def ingest_query_range_files(db_path: str, paths: Sequence[str], *,
+                             instance_label: str = "instance", step_s: float | None = None,
+                             label_key: bytes | None | str = CONFIGURED_KEY,
+                             ) -> tuple[list[ScrapeOutcome], list[str]]:
+    """``prefixscope ingest query-range FILE...``: every saved Prometheus range response of
+    ``paths`` through :func:`ingest_query_range_file`'s rules, each in its own short write
+    transaction (as ``ingest metrics`` stores each saved scrape).
+
+    Args:
+        db_path: the DuckDB file (created and migrated when absent).
+        paths: saved ``/api/v1/query_range`` (or range-vector ``/api/v1/query``) bodies.
+        instance_label, step_s, label_key: as :func:`ingest_query_range_file`.
+
+    Returns:
+        ``(outcomes, errors)``: one :class:`ScrapeOutcome` per readable file in the given order
+        (its quarantined series in ``problems``), and one ``file: reason`` message per file that
+        could not be read or is not a successful matrix answer.
+
+    Raises:
+        NothingIngested: no file gave a single kept sample (the message lists each reason).
+        ConfigError: a configured HMAC key cannot be read (before any file is read).
+    """
+    from prefixscope.core.errors import ParseError
+    from prefixscope.ingest.exposition import nothing_error
+    from prefixscope.store import db as store_db
+
+    key = configured_label_key() if label_key == CONFIGURED_KEY else label_key
+    outcomes: list[ScrapeOutcome] = []
+    errors: list[str] = []
+    for path in paths:
+        try:
+            read = _read_query_range(path, instance_label=instance_label, label_key=key,
+                                     step_s=step_s)
+        except (SourceUnavailable, ParseError) as exc:
+            errors.append(str(exc))
+            continue
+        with store_db.writer(db_path) as con:
+            outcomes.append(_save_query_range(con, read))
+    if not any(o.summary.rows_read > 0 for o in outcomes):
+        raise nothing_error(outcomes, errors)
+    return outcomes, errors

@@ -161,3 +161,67 @@ def test_step_samples_place_the_restart_zero_after_the_old_process_steps(con):
     assert tot["query_tokens"] == 30993 + 11652
     raw = samples_from_series(result, location="p", default_instance="p:9090")
     assert sorted(s.ts_unix_s for s in raw.samples if s.created_zero) == [50.0, 101.5]
+
+
+@needs_prometheus
+def test_ingest_query_range_cli_stores_a_saved_answer_as_the_live_pull(tmp_path, cli):
+    """``prefixscope ingest query-range``: the answer of a REAL Prometheus's
+    ``/api/v1/query_range`` (step 1 s), saved to a file, stores the same counter totals as
+    pulling the range live with ``ingest prometheus --step``; again adds nothing; a refused
+    label is quarantined and printed; a broken file beside it is named and skipped; only broken
+    files exit 4."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    created0 = time.time() - 30.0
+    states = [render("metrics_kvevents.txt", created_unix_s=created0),
+              render("metrics_kvevents_after_evict.txt", created_unix_s=created0)]
+    t_start = time.time() - 2.0
+    with ExpositionServer(states[:1]) as srv, PrometheusServer([srv.hostport]) as prom:
+        for text in states:
+            srv.set_text(text)
+            prom.wait_for(f'{Q}{{instance="{srv.hostport}"}}', counter_value(text, Q))
+            prom.wait_for(f'{H}{{instance="{srv.hostport}"}}', counter_value(text, H))
+            time.sleep(1.5)
+        t_end = time.time() + 1.0
+        time.sleep(1.2)
+        query = urllib.parse.urlencode({"query": series_selector(), "start": f"{t_start:.3f}",
+                                        "end": f"{t_end:.3f}", "step": "1s"})
+        with urllib.request.urlopen(f"{prom.url}/api/v1/query_range?{query}", timeout=10) as r:
+            answer = json.loads(r.read())
+        live_db = tmp_path / "live.duckdb"
+        code, _, err = cli(["ingest", "prometheus", prom.url, "--start", str(t_start),
+                            "--end", str(t_end), "--step", "1s", "--db", live_db])
+        assert code == 0, err
+    assert answer["status"] == "success" and answer["data"]["resultType"] == "matrix"
+    # one series more, with a label no allowlist knows and no HMAC key to digest it: quarantined
+    odd = json.loads(json.dumps(next(r for r in answer["data"]["result"]
+                                     if r["metric"]["__name__"] == Q)))
+    odd["metric"]["customer"] = "acme"
+    answer["data"]["result"].append(odd)
+    saved = tmp_path / "range.json"
+    saved.write_text(json.dumps(answer))
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"status": "error", "error": "bad query"}')
+
+    db = tmp_path / "saved.duckdb"
+    code, out, err = cli(["ingest", "query-range", saved, broken, "--step", "1s", "--json",
+                          "--db", db])
+    assert code == 0, err
+    rows = json.loads(out)
+    assert len(rows) == 1 and rows[0]["source"] == str(saved) and rows[0]["kind"] == "prometheus"
+    assert rows[0]["rows_added"] > 0 and rows[0]["rows_quarantined"] == 1
+    assert [q["field"] for q in rows[0]["quarantined"]] == [Q]  # field: the metric name only
+    assert "acme" not in out and "acme" not in err  # quarantine never echoes values
+    assert f"quarantined {saved}:0: {Q}:" in err
+    assert f"error: {broken}: $.status: not a successful Prometheus API response" in err
+    expected = [(srv.hostport, 14272, 30993)]  # both scrapes: docs of test_dashboard_pages
+    for d in (db, live_db):
+        assert [(r["instance"], r["hit_tokens"], r["query_tokens"]) for r in _totals(str(d))] \
+            == expected, d
+
+    code, out, _ = cli(["ingest", "query-range", saved, "--step", "1s", "--db", db])
+    assert code == 0 and "0 samples added" in out  # the same file again adds nothing
+    code, _, err = cli(["ingest", "query-range", broken, tmp_path / "absent.json", "--db", db])
+    assert code == 4 and "nothing could be read" in err and "absent.json" in err

@@ -1,4 +1,5 @@
-"""``prefixscope ingest metrics | prometheus | kv-events``: counters, Prometheus ranges, KV events."""
+"""``prefixscope ingest metrics | prometheus | query-range | kv-events``: counters, Prometheus
+ranges (live or saved), KV events."""
 
 from __future__ import annotations
 
@@ -148,6 +149,40 @@ def prometheus_cmd(
         print_json([_outcome_json(outcome)])
 
 
+def query_range_cmd(
+    files: Annotated[list[str], typer.Argument(
+        help="Saved Prometheus /api/v1/query_range answers (JSON), e.g. curl "
+             "'http://prom:9090/api/v1/query_range?query=...&start=...&end=...&step=15s' > FILE.")],
+    step: Annotated[str | None, typer.Option(
+        "--step", help="The step the answers were queried with (e.g. 15s): places restart "
+        "zeros on the step grid. Leave out for raw samples (a range-vector /api/v1/query).")] = None,
+    instance_label: Annotated[str, typer.Option(
+        "--instance-label", help="Label that names the vLLM instance (series without it take "
+        "the file name stem).")] = "instance",
+    db: DbOption = DB_DEFAULT,
+    as_json: JsonOption = False,
+) -> None:
+    """Store vLLM counters from saved Prometheus query_range answers (no server needed).
+
+    The recorded-file form of `ingest prometheus`: the same series and labels rules, one
+    transaction per file; series with refused labels are quarantined (file:line), good ones
+    kept; ingesting the same file again adds nothing.
+
+    Example: prefixscope ingest query-range prom-export.json --step 15s
+    """
+    from prefixscope.ingest.prometheus_api import ingest_query_range_files
+
+    outcomes, errors = ingest_query_range_files(
+        db, files, instance_label=instance_label,
+        step_s=parse_duration(step) if step is not None else None)
+    for e in errors:
+        err.print(f"error: {e}", markup=False, highlight=False)
+    for o in outcomes:
+        _print_outcome(o, quiet=as_json)
+    if as_json:
+        print_json([_outcome_json(o) for o in outcomes])
+
+
 def kv_events_cmd(
     files: Annotated[list[str] | None, typer.Argument(
         help="Decoded KV-event captures (JSONL, one ZMQ message per line).")] = None,
@@ -204,9 +239,11 @@ def kv_events_cmd(
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
-    """Add ``ingest metrics``, ``ingest prometheus`` and ``ingest kv-events``."""
+    """Add ``ingest metrics``, ``ingest prometheus``, ``ingest query-range`` and
+    ``ingest kv-events``."""
     groups["ingest"].command("metrics")(metrics_cmd)
     groups["ingest"].command("prometheus")(prometheus_cmd)
+    groups["ingest"].command("query-range")(query_range_cmd)
     groups["ingest"].command("kv-events")(kv_events_cmd)
 
 
