@@ -1,9 +1,25 @@
-"""Download buttons for the dashboard's tables: the table as shown, as CSV or Parquet.
+"""The dashboard's tables, drawn in one place: :func:`show_table` (human column names, one
+cell format, status as coloured text, the caption, and the table as shown as CSV or Parquet).
 
-Every page calls :func:`download_button` under an ``st.dataframe``. The frame is the page's
-already-aggregated table (at most a page of rows: per model, per window, per bucket), so
-nothing per request leaves the store that the page did not already show; whole tables are
-exported with ``prefixscope export`` (DuckDB ``COPY``).
+Every page draws its tables with :func:`show_table`; the rules live in :func:`table_frame`
+(pure, unit-tested):
+
+1. Column names are for people: a store column (``prompt_tokens``, ``run_id``) reads as
+   :data:`COLUMN_NAMES` says (``Prompt tokens``, ``Run``), any other name gets its ``_`` turned
+   into spaces and its first letter capitalised (``hit rate`` -> ``Hit rate``). Never snake case.
+2. Cells: counts (integer columns, and float columns holding whole numbers) with thousands
+   separators, lists joined with ``, `` (:func:`prefixscope.core.formatting.fmt_int`); other numbers with separators and
+   two decimals; times as ``YYYY-MM-DD HH:MM:SS UTC``; booleans ``yes`` / ``no``; a missing
+   value (None, NaN, NaT, or the text ``None`` / ``nan``) as an em dash, never as 0 or "None".
+   Percents arrive formatted by the page with :func:`prefixscope.core.formatting.fmt_pct`
+   (the one percent format).
+3. A ``Status`` column (OK / ALERT / NO DATA / STALE / INCONSISTENT; sent / failed) is text in
+   its colour (:data:`STATUS_CSS`): emoji need fonts a server may lack.
+
+The CSV and Parquet buttons export the frame exactly as shown (same headers, same cells). The
+frame is the page's already-aggregated table (at most a page of rows: per model, per window,
+per bucket), so nothing per request leaves the store that the page did not already show; whole
+tables are exported with ``prefixscope export`` (DuckDB ``COPY``).
 """
 
 from __future__ import annotations
@@ -11,7 +27,119 @@ from __future__ import annotations
 import io
 import re
 
+import numpy as np
 import pandas as pd
+
+from prefixscope.core.formatting import MISSING, fmt_int, fmt_time
+
+#: Store column -> the name a table shows (rule 1 of the module docstring). Names not listed
+#: get the generic rule (:func:`human_column`).
+COLUMN_NAMES: dict[str, str] = {
+    "run_id": "Run", "request_id": "Request id", "ts_unix_s": "Time", "time": "Time",
+    "model": "Model", "instance": "Instance", "scope": "Scope",
+    "namespace_digest": "Namespace digest", "decision": "Decision",
+    "first_mismatch": "First mismatch", "reasons": "Reasons",
+    "candidate_request_id": "Candidate request id", "candidate_scope": "Candidate scope",
+    "candidate_namespace_digest": "Candidate namespace digest",
+    "candidate_cached_tokens": "Candidate cached tokens",
+    "accepted_cached_tokens": "Accepted cached tokens", "prompt_tokens": "Prompt tokens",
+    "cached_tokens": "Cached tokens", "requests": "Requests", "rejects": "Rejected",
+    "reject_fraction": "Rejected share", "top_reason": "Top reason",
+    "lost_candidate_tokens": "Candidate tokens refused", "event": "Event",
+    "new_value": "New value", "ttft_ms": "TTFT (ms)", "latency_ms": "Latency (ms)",
+    "hit_rate": "Hit rate",
+}
+
+#: Status word -> CSS colour of its text (the email's colours; GitHub's palette).
+STATUS_CSS: dict[str, str] = {
+    "OK": "#1a7f37", "ALERT": "#cf222e", "NO DATA": "#57606a", "STALE": "#9a6700",
+    "INCONSISTENT": "#cf222e", "sent": "#1a7f37", "failed": "#cf222e",
+}
+#: Columns whose cells are status words, coloured by :data:`STATUS_CSS`.
+STATUS_COLUMNS = ("Status", "Report status")
+_ACRONYMS = {"ttft": "TTFT", "itl": "ITL", "kv": "KV", "gpu": "GPU", "id": "id", "url": "URL",
+             "ms": "ms"}
+
+
+def human_column(name: object) -> str:
+    """The name a table shows for column ``name``: :data:`COLUMN_NAMES`, else ``_`` as spaces,
+    known acronyms upper-cased (``ttft`` -> ``TTFT``) and the first letter capitalised:
+    ``'reported prompt tokens' -> 'Reported prompt tokens'``, ``'p90_ms' -> 'P90 ms'``."""
+    text = str(name)
+    if text in COLUMN_NAMES:
+        return COLUMN_NAMES[text]
+    words = [_ACRONYMS.get(w.lower(), w) for w in text.replace("_", " ").split()]
+    out = " ".join(words)
+    return out[:1].upper() + out[1:] if out else out
+
+
+def _is_missing(v: object) -> bool:
+    if v is None or v is pd.NaT or v is pd.NA:
+        return True
+    if isinstance(v, float) and v != v:
+        return True
+    return isinstance(v, str) and v.strip().lower() in ("none", "nan", "nat", "null", "<na>")
+
+
+def _cell(v: object) -> object:
+    """One object-column cell as shown: text as given, missing as an em dash, numbers and
+    times by rule 2."""
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return ", ".join(str(_cell(x)) for x in v) if len(v) else MISSING
+    if _is_missing(v):
+        return MISSING
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, pd.Timestamp):
+        return v.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if isinstance(v, (int, np.integer)):
+        return fmt_int(v)
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return fmt_int(v) if v.is_integer() else f"{v:,.2f}"
+    return v if isinstance(v, str) else str(v)
+
+
+def table_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as a table shows it and its download exports it (rules 1 and 2 of the module
+    docstring): human column names, every cell text (counts with thousands separators, missing
+    values as ``—``). Pure; the input is not changed.
+
+    Raises:
+        ValueError: two columns end up with one name (the page named them twice).
+    """
+    out = pd.DataFrame(index=df.index)
+    for col in df.columns:
+        s = df[col]
+        if pd.api.types.is_bool_dtype(s):
+            shown = s.map(_cell)
+        elif pd.api.types.is_integer_dtype(s):
+            shown = s.map(lambda v: MISSING if _is_missing(v) else fmt_int(v))
+        elif pd.api.types.is_float_dtype(s):
+            whole = bool(s.dropna().map(float.is_integer).all())
+            shown = s.map(lambda v: MISSING if _is_missing(v) else
+                          (fmt_int(v) if whole else f"{float(v):,.2f}"))
+        elif pd.api.types.is_datetime64_any_dtype(s):
+            shown = s.map(lambda v: MISSING if _is_missing(v) else
+                          pd.Timestamp(v).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        else:
+            shown = s.astype("object").map(_cell)
+        name = human_column(col)
+        if name in out.columns:
+            raise ValueError(f"two columns named {name!r} in one table")
+        out[name] = shown.astype("object")
+    return out.reset_index(drop=True)
+
+
+def status_style(value: object) -> str:
+    """The CSS of a status cell: its colour (:data:`STATUS_CSS`) in bold; '' for other text."""
+    colour = STATUS_CSS.get(str(value))
+    return f"color: {colour}; font-weight: bold" if colour else ""
+
+
+def utc_column(ts_unix_s: pd.Series) -> pd.Series:
+    """Unix seconds as the table's time text (``2026-11-28 10:00:05 UTC``; ``—`` when missing)."""
+    return ts_unix_s.map(lambda t: fmt_time(t, seconds=True))
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
@@ -49,12 +177,29 @@ def download_button(df: pd.DataFrame, name: str, *, label: str = "CSV") -> None:
                        icon=":material/download:")
 
 
-def show_table(name: str, data, **kwargs):
-    """``st.dataframe(data, **kwargs)`` with :func:`download_button` under it (file stem
-    ``name``, also the buttons' key: unique per page); returns what ``st.dataframe`` returns."""
+def show_table(name: str, data, *, caption: str | None = None, **kwargs):
+    """Draw a table the one way every page does: :func:`table_frame` of ``data`` (human
+    column names, text cells, ``—`` for missing values), ``Status`` columns as coloured text,
+    ``caption`` under it, then :func:`download_button` (file stem ``name``, also the buttons'
+    key: unique per page) exporting the frame as shown.
+
+    Args:
+        name: the download file stem, e.g. ``requests-per-window``.
+        data: a DataFrame (or anything ``pd.DataFrame`` takes), columns in display order.
+        caption: text under the table (Markdown), or None.
+        **kwargs: passed to ``st.dataframe`` (``hide_index`` defaults to True).
+
+    Returns:
+        What ``st.dataframe`` returns.
+    """
     import streamlit as st
 
-    shown = st.dataframe(data, **kwargs)
-    frame = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
+    frame = table_frame(data if isinstance(data, pd.DataFrame) else pd.DataFrame(data))
+    kwargs.setdefault("hide_index", True)
+    status = [c for c in STATUS_COLUMNS if c in frame.columns]
+    shown = st.dataframe(frame.style.map(status_style, subset=status) if status else frame,
+                         **kwargs)
+    if caption:
+        st.caption(caption)
     download_button(frame, name)
     return shown

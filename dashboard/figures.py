@@ -6,6 +6,11 @@ expects (the columns the matching ``prefixscope.store.queries`` function returns
 queries (formulas in ``docs/metrics.md``) and are only drawn. Times are Unix seconds in, UTC on
 the axes; fractions in [0, 1] are drawn on percent axes.
 
+Every time chart places a window the same way (:func:`window_x`): its points, and the middle of
+its bars, at the window's middle (start + half the window, UTC), so the hit rate, the token
+rate and the serving panels of one window line up under a shared x-axis; the hover names the
+window's start (``docs/metrics.md#window-placement``).
+
 An empty frame gives an empty figure with a "no data" note (pages normally show their own empty
 state before calling these).
 """
@@ -48,6 +53,29 @@ def _time_range(starts_s: pd.Series, window_s: float | None) -> list | None:
     return [pd.Timestamp(lo, unit="s").to_pydatetime(), pd.Timestamp(hi, unit="s").to_pydatetime()]
 
 
+def window_x(starts_s: pd.Series, window_s: float | None) -> pd.Series:
+    """THE x of a window on every time chart: its middle, ``start + window_s / 2``, as naive
+    UTC datetimes (``window_s`` None or 0: the start itself). Points sit there; bars are drawn
+    centred on it (:data:`BAR_FILL` of the window wide), so every chart of one window shares
+    its x values.
+
+    Args:
+        starts_s: window starts, Unix seconds (``window_start_s`` of the store's queries).
+        window_s: the window length, seconds.
+    """
+    half = 0.5 * float(window_s) if window_s else 0.0
+    return utc_times(starts_s.astype("float64") + half)
+
+
+def window_from(starts_s: pd.Series) -> list[str]:
+    """The hover text of a window: its start, ``2026-11-28 10:00`` (UTC)."""
+    return utc_times(starts_s).dt.strftime("%Y-%m-%d %H:%M").tolist()
+
+
+#: The share of its window a bar (or a group of bars) covers, centred on :func:`window_x`.
+BAR_FILL = 0.9
+
+
 def series_label(df: pd.DataFrame, by: Sequence[str]) -> pd.Series:
     """One text label per row joining the ``by`` columns: ``'tiny-llama / server-a'``.
 
@@ -61,6 +89,11 @@ def series_label(df: pd.DataFrame, by: Sequence[str]) -> pd.Series:
     for p in parts[1:]:
         label = label + " / " + p
     return label
+
+
+def _bar_width_ms(window_s: float) -> float:
+    """A window's bar width on a date axis (milliseconds): :data:`BAR_FILL` of the window."""
+    return float(window_s) * 1000.0 * BAR_FILL
 
 
 def _colour_map(labels: Sequence[str]) -> dict[str, str]:
@@ -105,11 +138,9 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
         d = with_gaps(d, window_s=window_s, keys=[c for c in by if c in d.columns])
         d = d.sort_values("window_start_s")
     d["series"] = series_label(d, by)
-    # A point stands for its whole window: drawn at the window's middle (bars of the tokens
-    # figure fill the same window).
-    mid_s = d["window_start_s"].astype("float64") + (0.5 * float(window_s) if window_s else 0.0)
-    d["t"] = utc_times(mid_s)
-    d["from"] = utc_times(d["window_start_s"]).dt.strftime("%Y-%m-%d %H:%M")
+    # A point stands for its whole window: drawn at the window's middle (window_x)
+    d["t"] = window_x(d["window_start_s"], window_s)
+    d["from"] = window_from(d["window_start_s"])
     colours = _colour_map(d["series"].tolist())
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
@@ -158,29 +189,30 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
         title: figure title.
 
     Returns:
-        Bars drawn inside their window (from its start, UTC), y = tokens; query tokens light,
-        hit tokens green, side by side.
+        Bars drawn inside their window, the pair centred on its middle (:func:`window_x`, UTC),
+        y = tokens; query tokens light, hit tokens green, side by side.
     """
     if df.empty:
         return _empty(title)
     d = df.sort_values("window_start_s").copy()
     d["series"] = series_label(d, by)
-    d["t"] = utc_times(d["window_start_s"])
+    d["t"] = window_x(d["window_start_s"], window_s)
+    d["from"] = window_from(d["window_start_s"])
     labels = sorted(d["series"].unique().tolist())
     n = len(labels)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=labels,
                         vertical_spacing=min(0.12, 0.3 / max(n, 1)))
-    width_ms = float(window_s) * 1000.0 * 0.45  # two bars side by side inside their window
+    width_ms = float(window_s) * 1000.0 * BAR_FILL / 2  # two bars side by side in their window
     for i, label in enumerate(labels, start=1):
         g = d[d["series"] == label]
-        common = dict(x=g["t"], width=width_ms, showlegend=(i == 1))
+        common = dict(x=g["t"], width=width_ms, showlegend=(i == 1), customdata=g["from"])
         fig.add_trace(go.Bar(
             y=g["query_tokens"].astype("float64"), name="query tokens", marker_color=QUERY_COLOUR,
-            offset=0.05 * float(window_s) * 1000.0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} query tokens"
+            offset=-width_ms, hovertemplate="window from %{customdata} UTC<br>%{y:,.0f} query tokens"
             f"<extra>{label}</extra>", **common), row=i, col=1)
         fig.add_trace(go.Bar(
             y=g["hit_tokens"].astype("float64"), name="hit tokens", marker_color=HIT_COLOUR,
-            offset=0.5 * float(window_s) * 1000.0, hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>%{y:,.0f} hit tokens"
+            offset=0.0, hovertemplate="window from %{customdata} UTC<br>%{y:,.0f} hit tokens"
             f"<extra>{label}</extra>", **common), row=i, col=1)
         fig.update_yaxes(title_text="tokens", tickformat=",.0f", rangemode="tozero", row=i, col=1)
     fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="overlay",
@@ -251,17 +283,16 @@ def request_hit_rate_over_time(bands: pd.DataFrame, windows: pd.DataFrame | None
         return _empty(title, "no request with a time and cached tokens in this range")
     fig = go.Figure()
     labels: list[str] = []
-    half = 0.5 * float(window_s) if window_s else 0.0
     b = w = None
     if have_band:
         b = bands.sort_values("window_start_s").copy()
         b["series"] = series_label(b, [color])
-        b["t"] = utc_times(b["window_start_s"].astype("float64") + half)
+        b["t"] = window_x(b["window_start_s"], window_s)
         labels += b["series"].tolist()
     if have_win:
         w = windows.sort_values("window_start_s").copy()
         w["series"] = series_label(w, [color])
-        w["t"] = utc_times(w["window_start_s"].astype("float64") + half)
+        w["t"] = window_x(w["window_start_s"], window_s)
         labels += w["series"].tolist()
     colours = _colour_map(labels)
     name = f"per {fmt_window(window_s)} window" if window_s else "per window"
@@ -430,20 +461,22 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
         title: figure title.
 
     Returns:
-        Bars, x = window start (UTC), y = amount saved, one colour per model and currency.
+        Bars centred on their window's middle (:func:`window_x`, UTC), y = amount saved, one
+        colour per model and currency.
     """
     d = df[df["saved"].notna()].copy() if not df.empty else df
     if d.empty:
         return _empty(title, "no priced requests in this range")
     d["series"] = d["model"].astype(str) + " (" + d["currency"].map(currency_prefix) + ")"
-    d["t"] = utc_times(d["window_start_s"])
+    d["t"] = window_x(d["window_start_s"], window_s)
+    d["from"] = window_from(d["window_start_s"])
     colours = _colour_map(d["series"].tolist())
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
         fig.add_trace(go.Bar(x=g["t"], y=g["saved"].astype("float64"), name=str(label),
-                             marker_color=colours[label], width=float(window_s) * 1000.0 * 0.9,
-                             offset=0.05 * float(window_s) * 1000.0,
-                             hovertemplate="%{x|%Y-%m-%d %H:%M} UTC<br>saved %{y:~r}"
+                             marker_color=colours[label], width=_bar_width_ms(window_s),
+                             customdata=g["from"],
+                             hovertemplate="window from %{customdata} UTC<br>saved %{y:~r}"
                                            f"<extra>{label}</extra>"))
     fig.update_layout(title=title + f" per {fmt_window(window_s)} window", barmode="stack",
                       **_LAYOUT)
@@ -470,13 +503,15 @@ def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: fl
     fig = go.Figure()
     for name, g in df.sort_values("window_start_s").groupby(series, sort=True):
         fig.add_trace(go.Scatter(
-            x=utc_times(g["window_start_s"]), y=g["hit_rate"], mode="lines+markers", name=str(name),
-            line=dict(color=(colours or {}).get(str(name))),
-            customdata=g[["cached_tokens", "reported_prompt_tokens"]].to_numpy(),
-            hovertemplate="%{y:.1%} (%{customdata[0]:,} of %{customdata[1]:,} tokens)"
+            x=window_x(g["window_start_s"], window_s), y=g["hit_rate"], mode="lines+markers",
+            name=str(name), line=dict(color=(colours or {}).get(str(name))),
+            customdata=list(zip(g["cached_tokens"], g["reported_prompt_tokens"],
+                                window_from(g["window_start_s"]))),
+            hovertemplate="window from %{customdata[2]} UTC<br>%{y:.1%} "
+                          "(%{customdata[0]:,} of %{customdata[1]:,} tokens)"
                           "<extra>%{fullData.name}</extra>"))
     fig.update_layout(title=f"{title} per {fmt_window(window_s)}", yaxis=dict(
-        title="hit rate", tickformat=".0%", range=[0, 1.02]), xaxis_title="window start (UTC)",
+        title="hit rate", tickformat=".0%", range=[0, 1.02]), xaxis_title="time (UTC)",
         margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
     return fig
 
@@ -492,11 +527,14 @@ def scope_saved_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
     fig = go.Figure()
     for scope in [s for s in SCOPE_ORDER if s in set(df["scope"])]:
         g = df[df["scope"] == scope].sort_values("window_start_s")
-        fig.add_trace(go.Bar(x=utc_times(g["window_start_s"]), y=g["saved_prefill_tokens"], name=scope,
+        fig.add_trace(go.Bar(x=window_x(g["window_start_s"], window_s),
+                             y=g["saved_prefill_tokens"], name=scope,
+                             width=_bar_width_ms(window_s), customdata=window_from(g["window_start_s"]),
                              marker_color=SCOPE_COLOURS[scope],
-                             hovertemplate="%{y:,} tokens<extra>%{fullData.name}</extra>"))
+                             hovertemplate="window from %{customdata} UTC<br>%{y:,} tokens"
+                                           "<extra>%{fullData.name}</extra>"))
     fig.update_layout(barmode="stack", title=f"Saved prefill tokens per {fmt_window(window_s)}",
-                      yaxis_title="tokens", xaxis_title="window start (UTC)",
+                      yaxis_title="tokens", xaxis_title="time (UTC)",
                       margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
     return fig
 
@@ -512,12 +550,15 @@ def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
     """
     fig = go.Figure()
     for reason, g in df.sort_values("window_start_s").groupby("reason", sort=True):
-        fig.add_trace(go.Bar(x=utc_times(g["window_start_s"]), y=g["rejects"], name=str(reason),
-                             customdata=g[["lost_candidate_tokens"]].to_numpy(),
-                             hovertemplate="%{y} rejects, %{customdata[0]:,} candidate tokens"
+        fig.add_trace(go.Bar(x=window_x(g["window_start_s"], window_s), y=g["rejects"],
+                             name=str(reason), width=_bar_width_ms(window_s),
+                             customdata=list(zip(g["lost_candidate_tokens"],
+                                                 window_from(g["window_start_s"]))),
+                             hovertemplate="window from %{customdata[1]} UTC<br>%{y:,} rejects, "
+                                           "%{customdata[0]:,} candidate tokens"
                                            "<extra>%{fullData.name}</extra>"))
     fig.update_layout(barmode="stack", title=f"Rejections by reason per {fmt_window(window_s)}",
-                      yaxis_title="requests", xaxis_title="window start (UTC)",
+                      yaxis_title="requests", xaxis_title="time (UTC)",
                       margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
     return fig
 
@@ -530,14 +571,19 @@ def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
             ``version_mismatch_requests``, ``other_reject_requests``.
     """
     fig = go.Figure()
-    x = utc_times(df["window_start_s"])
-    for col, name, colour in (("ordinary_miss_requests", "ordinary miss (no candidate)", "#9ecae1"),
-                              ("version_mismatch_requests", "version-mismatch miss", "#ff7f0e"),
-                              ("other_reject_requests", "other rejection", "#d62728")):
-        fig.add_trace(go.Bar(x=x, y=df[col], name=name, marker_color=colour))
-    fig.update_layout(barmode="group",
+    x = window_x(df["window_start_s"], window_s)
+    width = _bar_width_ms(window_s) / 3  # three bars side by side, centred on the middle
+    for k, (col, name, colour) in enumerate((
+            ("ordinary_miss_requests", "ordinary miss (no candidate)", "#9ecae1"),
+            ("version_mismatch_requests", "version-mismatch miss", "#ff7f0e"),
+            ("other_reject_requests", "other rejection", "#d62728"))):
+        fig.add_trace(go.Bar(x=x, y=df[col], name=name, marker_color=colour, width=width,
+                             offset=(k - 1.5) * width, customdata=window_from(df["window_start_s"]),
+                             hovertemplate="window from %{customdata} UTC<br>%{y:,} requests"
+                                           f"<extra>{name}</extra>"))
+    fig.update_layout(barmode="overlay",
                       title=f"Version-mismatch misses beside ordinary misses per {fmt_window(window_s)}",
-                      yaxis_title="requests", xaxis_title="window start (UTC)",
+                      yaxis_title="requests", xaxis_title="time (UTC)",
                       margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
     return fig
 
@@ -680,7 +726,8 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
     d = with_gaps(df.sort_values("window_start_s"), window_s=window_s, keys=list(by))
     d = d.sort_values("window_start_s")
     d["group"] = series_label(d, by)
-    d["t"] = utc_times(d["window_start_s"].astype("float64") + 0.5 * float(window_s))
+    d["t"] = window_x(d["window_start_s"], window_s)
+    d["from"] = window_from(d["window_start_s"])
     labels = sorted(d["group"].dropna().unique().tolist())
     colours = _colour_map(labels)
     dashes = ("solid", "dot", "dash", "dashdot")
@@ -694,7 +741,9 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
             fig.add_trace(go.Scatter(
                 x=g["t"], y=g[col].astype("float64"), mode="lines", name=full, connectgaps=False,
                 line=dict(color=colours[label], width=2, dash=dashes[k % len(dashes)]),
-                hovertemplate=f"%{{x|%Y-%m-%d %H:%M}} UTC<br>%{{y:{hover_format}}}<extra>{full}</extra>"))
+                customdata=g["from"],
+                hovertemplate=f"window from %{{customdata}} UTC<br>%{{y:{hover_format}}}"
+                              f"<extra>{full}</extra>"))
     fig.update_layout(title=title + suffix, height=360, **_LAYOUT)
     if log_y:
         fig.update_yaxes(title=y_title, type="log", tickformat=tickformat)

@@ -63,16 +63,16 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     assert m["ALERT lines"] == "1" and m["Stale sources"] == "1"
     report = at.dataframe[0].value
     assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" \
-        in report["report line"].tolist()
-    assert "STALE" in report["status"].tolist()
+        in report["Report line"].tolist()
+    assert "STALE" in report["Status"].tolist()
     warnings = texts(at, "warning")
     assert any("STALE: no scrape from `vllm-b:8000` (qwen-small)" in w for w in warnings)
     assert any("1 send(s) failed" in w and "team@example.com: connection refused" in w
                for w in warnings)
     sends = at.dataframe[-1].value
-    assert sorted(sends["status"].tolist()) == ["failed", "sent"]
-    assert set(sends["recipients"]) == {"oncall@example.com", "team@example.com"}
-    assert all(s.startswith("[prefixscope] ALERT tiny-llama 12% hit rate") for s in sends["subject"])
+    assert sorted(sends["Status"].tolist()) == ["failed", "sent"]
+    assert set(sends["Recipients"]) == {"oncall@example.com", "team@example.com"}
+    assert all(s.startswith("[prefixscope] ALERT tiny-llama 12% hit rate") for s in sends["Subject"])
 
 
 def test_alerts_page_on_a_day_without_data(alerts_db):

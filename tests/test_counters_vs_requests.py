@@ -88,4 +88,4 @@ def test_dashboard_pages_show_both(gateway_db, monkeypatch, page, figure):
     infos = " ".join(ds.texts(at, "info"))
     assert f"Two figures for this traffic: {NOTE}." in infos
     if figure is not None:  # the whole-range table beside the note
-        assert at.dataframe[0].value["hit rate"].tolist() == [figure]
+        assert at.dataframe[0].value["Hit rate"].tolist() == [figure]

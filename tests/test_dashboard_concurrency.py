@@ -34,7 +34,7 @@ def _live_query_tokens(db: str, instance: str) -> int:
 
     at = ds.run_app(db, "views/overview.py", setup=pick)
     ds.assert_clean(at)
-    return int(at.dataframe[0].value["query tokens"].iloc[0].replace(",", ""))
+    return int(at.dataframe[0].value["Query tokens"].iloc[0].replace(",", ""))
 
 
 def test_pages_render_while_a_writer_ingests(tmp_path, monkeypatch):

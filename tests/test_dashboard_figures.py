@@ -163,7 +163,7 @@ def test_every_figure_function_documents_its_columns():
     import inspect
 
     for name, fn in inspect.getmembers(figures, inspect.isfunction):
-        if name.startswith("_") or fn.__module__ != figures.__name__ or name == "series_label":
+        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from"):
             continue
         doc = inspect.getdoc(fn) or ""
         assert "df:" in doc or "requests:" in doc or "bands:" in doc, f"figures.{name} does not document its DataFrame"
@@ -235,12 +235,16 @@ def test_rejection_figures():
     fig = figures.rejection_reasons_figure(reasons, window_s=300)
     assert [t.name for t in fig.data] == ["model", "scope"]
     assert list(fig.data[0].y) == [3, 2]
-    assert str(fig.data[0].x[0]).startswith("2026-11-28T10:00:00")  # naive UTC
+    assert str(fig.data[0].x[0]).startswith("2026-11-28T10:02:30")  # naive UTC, window middle
     misses = pd.DataFrame({"window_start_s": [T0], "ordinary_miss_requests": [5],
                            "version_mismatch_requests": [2], "other_reject_requests": [1]})
     fig = figures.miss_breakdown_figure(misses, window_s=300)
     assert [list(t.y) for t in fig.data] == [[5], [2], [1]]
-    assert fig.layout.barmode == "group"
+    # side by side inside the window, the three centred on its middle (as every time chart)
+    assert fig.layout.barmode == "overlay"
+    w = 300 * 1000 * figures.BAR_FILL / 3
+    assert [t.offset for t in fig.data] == [-1.5 * w, -0.5 * w, 0.5 * w]
+    assert all(str(t.x[0]).startswith("2026-11-28T10:02:30") for t in fig.data)
 
 
 def test_replay_run_figures():

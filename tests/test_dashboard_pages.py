@@ -90,14 +90,14 @@ def test_overview_on_real_data(real_db, use_db):
     assert len(tables) == 2  # whole range per model, cache configuration
     totals = tables[0].value
     assert totals.to_dict("records") == [{
-        "model": ds.MODEL, "hit rate": "50.2%", "status": "OK", "hit tokens": "21,408",
-        "query tokens": "42,645", "first sample": "2026-11-29 14:01 UTC",
-        "last sample": "2026-11-29 14:06 UTC", "legacy names": "no"}]
-    config = tables[1].value.set_index("instance")
+        "Model": ds.MODEL, "Hit rate": "50.2%", "Status": "OK", "Hit tokens": "21,408",
+        "Query tokens": "42,645", "First sample": "2026-11-29 14:01 UTC",
+        "Last sample": "2026-11-29 14:06 UTC", "Legacy names": "no"}]
+    config = tables[1].value.set_index("Instance")
     assert config.loc[ds.BS32, "GPU blocks"] == "16,384"
     assert config.loc[ds.KVEVENTS, "GPU blocks"] == "160"
-    assert set(config["block size (tokens)"]) == {"32"}
-    assert set(config["hash algorithm"]) == {"sha256"}
+    assert set(config["Block size (tokens)"]) == {"32"}
+    assert set(config["Hash algorithm"]) == {"sha256"}
     assert not ds.texts(at, "warning")  # no restart in these captures
 
 
@@ -160,12 +160,12 @@ def test_requests_on_real_data(real_db, use_db):
     assert sum(counts) == 31 and counts[0] == 15  # 15 misses in [0%, 5%), 16 hits above 90%
     assert sum(counts[18:]) == 16
     per_window = at.dataframe[0].value
-    assert per_window[["cached tokens", "reported prompt tokens", "hit rate", "coverage"]].to_dict(
-        "records") == [{"cached tokens": "7,136", "reported prompt tokens": "11,652",
-                        "hit rate": "61.2%", "coverage": "100.0%"}]
+    assert per_window[["Cached tokens", "Reported prompt tokens", "Hit rate", "Coverage"]].to_dict(
+        "records") == [{"Cached tokens": "7,136", "Reported prompt tokens": "11,652",
+                        "Hit rate": "61.2%", "Coverage": "100.0%"}]
     rows = at.dataframe[1].value
     assert len(rows) == 31
-    assert set(rows["run"]) == {"production"}
+    assert set(rows["Run"]) == {"production"}
 
 
 def test_savings_on_real_data(real_db, use_db):
@@ -184,10 +184,10 @@ def test_savings_on_real_data(real_db, use_db):
     assert kpis["Models (shadow price)"] == "1"
     table = at.dataframe[0].value
     assert table.to_dict("records") == [{
-        "model": ds.MODEL, "price": "shadow", "prompt tokens": "11,652 tokens",
-        "cached tokens": "7,136 tokens", "cache-write tokens": "1,504 tokens",
-        "completion tokens": "126 tokens", "without cache": "$0.000593",
-        "with cache": "$0.000236", "saved": "$0.000357", "saved share": "60.2%"}]
+        "Model": ds.MODEL, "Price": "shadow", "Prompt tokens": "11,652",
+        "Cached tokens": "7,136", "Cache-write tokens": "1,504",
+        "Completion tokens": "126", "Without cache": "$0.000593",
+        "With cache": "$0.000236", "Saved": "$0.000357", "Saved share": "60.2%"}]
     assert any(c.startswith("Price sources — tiny-llama-random: shadow price: ")
                for c in ds.texts(at, "caption"))
     assert not ds.texts(at, "warning")  # every model has a price
@@ -199,7 +199,7 @@ def test_data_sources_on_real_data(real_db, use_db):
     kpis = ds.metrics(at)
     assert kpis["Quarantined lines"] == "0"
     assert int(kpis["Sources"]) >= 4  # 3 exposition files + the probe usage file (+ prices)
-    locations = " ".join(at.dataframe[0].value["location"])
+    locations = " ".join(at.dataframe[0].value["Location"])
     for name in ("metrics_bs32.txt", "metrics_kvevents.txt", "metrics_kvevents_after_evict.txt",
                  "probe_bs32.requests.jsonl"):
         assert name in locations

@@ -38,9 +38,9 @@ def test_breakers_page_ranks_the_stored_breakers(diag_db, use_db):
     assert m["Requests"] == "124"
     table = at.dataframe[0].value
     top = table.iloc[0].to_dict()
-    assert (top["rank"], top["level"], top["kind"], top["where"]) == (
-        1, 1, "timestamp", "message 0 (system), line 5")
-    assert top["requests"] == "17" and top["fix"] == "move_lines"
+    assert (top["Rank"], top["Level"], top["Kind"], top["Where"]) == (
+        "1", "1", "timestamp", "message 0 (system), line 5")
+    assert top["Requests"] == "17" and top["Fix"] == "move_lines"
     assert "Lost tokens per breaker (light: upper bound, not measured)" in ds.charts(at)
     page = " ".join(ds.texts(at, "markdown") + ds.texts(at, "caption") + ds.texts(at, "info"))
     assert "Current date" not in page and "2024-08" not in page

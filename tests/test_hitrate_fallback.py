@@ -53,4 +53,4 @@ def test_overview_shows_the_per_request_figure_with_its_source(usage_only_db, mo
     md = " ".join(ds.texts(at, "markdown"))
     assert "7,136 of 11,652" in md
     totals = at.dataframe[0].value.to_dict("records")
-    assert totals[0]["hit tokens"] == "7,136" and totals[0]["query tokens"] == "11,652"
+    assert totals[0]["Hit tokens"] == "7,136" and totals[0]["Query tokens"] == "11,652"

@@ -46,7 +46,7 @@ def test_replay_page_shows_runs_side_by_side(replay_db, monkeypatch):
     assert_clean(at)
     table = at.dataframe[0].value
     assert len(table) == 3
-    assert set(table["layout"]) >= {"as recorded", "date-in-first-user"}
+    assert set(table["Layout"]) >= {"as recorded", "date-in-first-user"}
     assert any("shadow price" in t for t in texts(at, "info"))
     assert chart_count(at) >= 3  # hit rate bars, cost bars, hit rate over run time
     assert at.selectbox[0].value == "tiny-llama-random"  # the shadow-priced entry by default

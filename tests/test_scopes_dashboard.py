@@ -96,8 +96,8 @@ def test_scopes_page_on_the_demo(demo_db, use_db):
         assert f"{scope} saved prefill tokens" in m
     assert ds.chart_count(at) == 3
     table = at.dataframe[0].value
-    assert set(table["scope"]) == {"PUBLIC", "TENANT", "PRINCIPAL"}
-    assert all(len(x) == 16 for x in table["namespace digest"])
+    assert set(table["Scope"]) == {"PUBLIC", "TENANT", "PRINCIPAL"}
+    assert all(len(x) == 16 for x in table["Namespace digest"])
     assert len(table) == 5  # public + 3 tenants + 1 principal (alice)
 
 
@@ -120,9 +120,9 @@ def test_rejections_page_on_the_demo(demo_db, use_db):
                    "cache_epoch", "authorization_epoch", "toolset_digest"):
         assert reason in spec
     top = at.dataframe[0].value
-    assert len(top) > 0 and all(len(x) == 16 for x in top["namespace_digest"])
+    assert len(top) > 0 and all(len(x) == 16 for x in top["Namespace digest"])
     events = at.dataframe[1].value
-    assert "tokenizer_upgrade" in set(events["event"])
+    assert "tokenizer_upgrade" in set(events["Event"])
 
 
 def test_invariants_page_reads_zero_on_the_demo(demo_db, use_db):
@@ -144,9 +144,9 @@ def test_invariants_page_turns_red_with_drill_down(bad_db, use_db):
     assert html[2].endswith(">1</div>")  # r3: old cache epoch
     assert len(at.error) == 3
     rows = at.dataframe[0].value
-    assert set(rows["request_id"]) == {"r1", "r5"}
+    assert set(rows["Request id"]) == {"r1", "r5"}
     at.selectbox(key="invariants_pick").set_value("old_generation_use").run()
-    assert set(at.dataframe[0].value["request_id"]) == {"r3"}
+    assert set(at.dataframe[0].value["Request id"]) == {"r3"}
 
 
 @pytest.mark.parametrize("page", PAGES)

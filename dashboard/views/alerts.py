@@ -17,24 +17,18 @@ import streamlit as st
 
 from prefixscope.dashboard import alerts_data as dashboard_data
 from prefixscope.dashboard import data
-from prefixscope.core.formatting import fmt_pct, fmt_time
-from prefixscope.dashboard.downloads import download_button, show_table
+from prefixscope.core.formatting import fmt_pct, fmt_pp, fmt_time
+from prefixscope.dashboard.downloads import show_table
 
-#: Status colours (text, never emoji: a server may lack the fonts); the email's colours.
+#: Status colours of the badges (text, never emoji: a server may lack the fonts); the table's
+#: status cells take the email's colours (``prefixscope.dashboard.downloads.STATUS_CSS``).
 STATUS_COLOUR = {"OK": "green", "ALERT": "red", "NO DATA": "gray", "STALE": "orange",
                  "INCONSISTENT": "red"}
-_CSS_COLOUR = {"OK": "#1a7f37", "ALERT": "#cf222e", "NO DATA": "#57606a", "STALE": "#9a6700",
-               "INCONSISTENT": "#cf222e"}
 
 
 def status_badge(status: str) -> str:
     """The status as a coloured Markdown badge (text, no emoji)."""
     return f":{STATUS_COLOUR.get(status, 'gray')}-badge[{status}]"
-
-
-def _status_style(value: object) -> str:
-    colour = _CSS_COLOUR.get(str(value))
-    return f"color: {colour}; font-weight: bold" if colour else ""
 
 
 def _default_tz() -> str:
@@ -46,17 +40,9 @@ def _default_tz() -> str:
         return "UTC"
 
 
-def _pp(change: float | None) -> str:
-    return "" if change is None or change != change else f"{change * 100:+.0f} pp"
-
-
 def _rate(fig: dict | None) -> str:
-    """A line's hit rate as the report line prints it (whole percent, rounded down:
-    ``prefixscope.core.report.percent``), so the table never reads 42% beside a line's 41%."""
-    from prefixscope.core.report import percent
-
-    rate = None if not fig else fig.get("hit_rate")
-    return "—" if rate is None or rate != rate else f"{percent(rate)}%"
+    """A line's hit rate in the one percent format of the dashboard (:func:`fmt_pct`)."""
+    return fmt_pct(None if not fig else fig.get("hit_rate"))
 
 
 db = data.db_path()
@@ -97,22 +83,21 @@ with data.guard(db):
                 "with cached_tokens. Pick another day, or ingest data.", icon=":material/info:")
     else:
         table = pd.DataFrame({
-            "model": [ln["model"] for ln in lines],
-            "scope": [ln["scope"] or "all" for ln in lines],
-            "instance": [ln.get("instance") or "all" for ln in lines],
-            "status": [ln["status"] for ln in lines],
-            "report line": [ln["text"] for ln in lines],
-            "hit rate": [_rate(ln["figures"]) for ln in lines],
-            "previous day": [_rate(ln["prev_day"]) for ln in lines],
-            "change": [_pp(ln["change_prev_day"]) for ln in lines],
-            "week before": [_rate(ln["prev_week"]) for ln in lines],
-            "change vs week": [_pp(ln["change_prev_week"]) for ln in lines],
-            "threshold": [fmt_pct(ln["threshold"], digits=0) for ln in lines],
-            "source": [{"metrics": "vLLM counters", "requests": "per-request usage"}.get(
-                ln["figures"]["source"], "none") for ln in lines],
+            "Model": [ln["model"] for ln in lines],
+            "Scope": [ln["scope"] or "all" for ln in lines],
+            "Instance": [ln.get("instance") or "all" for ln in lines],
+            "Status": [ln["status"] for ln in lines],
+            "Report line": [ln["text"] for ln in lines],
+            "Hit rate": [_rate(ln["figures"]) for ln in lines],
+            "Previous day": [_rate(ln["prev_day"]) for ln in lines],
+            "Change": [fmt_pp(ln["change_prev_day"]) for ln in lines],
+            "Week before": [_rate(ln["prev_week"]) for ln in lines],
+            "Change vs week": [fmt_pp(ln["change_prev_week"]) for ln in lines],
+            "Threshold": [fmt_pct(ln["threshold"]) for ln in lines],
+            "Source": [{"metrics": "vLLM counters", "requests": "per-request usage"}.get(
+                ln["figures"]["source"], "no data") for ln in lines],
         })
-        st.dataframe(table.style.map(_status_style, subset=["status"]), hide_index=True)
-        download_button(table, "alerts-1")
+        show_table("alerts-1", table)
         with st.expander("The email, as it is sent", expanded=True):
             # st.html sanitizes; every value in the email body is already HTML-escaped
             st.html(dashboard_data.daily_email_html(db, day_iso=day.isoformat(), tz=tz))
@@ -124,13 +109,13 @@ with data.guard(db):
     if fell:
         st.subheader("Fell most since the previous day")
         show_table("alerts-2", pd.DataFrame({
-            "model": [c["model"] for c in fell],
-            "namespace": [c["tenant_digest"] or "" for c in fell],
-            "previous day": [_rate({"hit_rate": c["prev_hit_rate"]}) for c in fell],
-            "this day": [_rate({"hit_rate": c["hit_rate"]}) for c in fell],
-            "change": [_pp(c["change"]) for c in fell],
-            "prompt tokens": [f"{c['prompt_tokens']:,}" for c in fell],
-        }), hide_index=True)
+            "Model": [c["model"] for c in fell],
+            "Namespace digest": [c["tenant_digest"] or "all" for c in fell],
+            "Previous day": [fmt_pct(c["prev_hit_rate"]) for c in fell],
+            "This day": [fmt_pct(c["hit_rate"]) for c in fell],
+            "Change": [fmt_pp(c["change"]) for c in fell],
+            "Prompt tokens": [c["prompt_tokens"] for c in fell],
+        }))
 
     st.subheader("Emails sent")
     only_day = st.checkbox("Only this day", value=False, key="alerts_only_day")
@@ -148,15 +133,15 @@ with data.guard(db):
                            zip(failed["day"], failed["recipients"], failed["error"])),
                        icon=":material/mail_lock:")
         show_table("alerts-3", pd.DataFrame({
-            "recorded": sends["created_unix_s"].map(fmt_time),
-            "day": sends["day"],
-            "tz": sends["tz"],
-            "status": sends["status"],
-            "report status": sends["report_status"],
-            "recipients": sends["recipients"],
-            "subject": sends["subject"],
-            "attempts": sends["attempts"],
-            "resend": sends["resend"],
-            "message id": sends["message_id"].fillna(""),
-            "error": sends["error"].fillna(""),
-        }), hide_index=True)
+            "Recorded": sends["created_unix_s"].map(fmt_time),
+            "Day": sends["day"],
+            "Time zone": sends["tz"],
+            "Status": sends["status"],
+            "Report status": sends["report_status"],
+            "Recipients": sends["recipients"],
+            "Subject": sends["subject"],
+            "Attempts": sends["attempts"],
+            "Resend": sends["resend"],
+            "Message id": sends["message_id"],
+            "Error": sends["error"],
+        }))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from prefixscope.core.formatting import breaker_position, fmt_pct, fmt_time, fmt_tokens
+from prefixscope.core.formatting import breaker_position, fmt_int, fmt_pct, fmt_time, fmt_tokens
 from prefixscope.dashboard import data, figures
 from prefixscope.dashboard.downloads import show_table
 
@@ -42,7 +42,7 @@ with data.guard(db):
     cols = st.columns(4)
     cols[0].metric("Hit rate as recorded", fmt_pct(d["hit_rate"]), border=True)
     cols[1].metric("With the suggested layout",
-                   "—" if pd.isna(d["what_if_hit_rate"]) else fmt_pct(d["what_if_hit_rate"]),
+                   fmt_pct(d["what_if_hit_rate"]),
                    help="The suggested layout replayed through the exact model", border=True)
     missed = int(d["prompt_tokens"] - d["cached_tokens"])
     cols[2].metric("Missed prompt tokens", f"{missed:,}", border=True,
@@ -58,18 +58,17 @@ with data.guard(db):
                    icon=":material/check_circle:")
         st.stop()
     show_table("breakers-1", pd.DataFrame({
-        "rank": b["rank"], "level": b["level"], "kind": b["kind"],
-        "where": [breaker_position(r) for _, r in b.iterrows()],
-        "requests": b["requests"].map(lambda v: f"{int(v):,}"),
-        "values": b["distinct_values"].map(lambda v: f"{int(v):,}"),
-        "lost tokens": [fmt_tokens(int(v)) + ("" if m else " (at most)")
+        "Rank": b["rank"], "Level": b["level"], "Kind": b["kind"],
+        "Where": [breaker_position(r) for _, r in b.iterrows()],
+        "Requests": b["requests"],
+        "Distinct values": b["distinct_values"],
+        "Lost tokens": [fmt_int(v) + ("" if m else " (at most)")
                         for v, m in zip(b["lost_tokens"], b["lost_tokens_measured"])],
-        "share of missed": b["share"].map(fmt_pct),
-        "fix": [t if f and isinstance(t, str) else "not by layout"
+        "Share of missed": b["share"].map(fmt_pct),
+        "Fix": [t if f and isinstance(t, str) else "not by layout"
                 for t, f in zip(b["transform_types"], b["fixable"])],
-        "hit rate if this span matched": b["what_if_hit_rate"].map(
-            lambda v: "—" if pd.isna(v) else fmt_pct(v)),
-    }), hide_index=True, key="breakers_table")
+        "Hit rate if this span matched": b["what_if_hit_rate"].map(fmt_pct),
+    }), key="breakers_table")
     st.plotly_chart(figures.breakers_lost_figure(b), key="breakers_lost")
     top = b.iloc[0]
     st.info(f"Top breaker: {top['kind']} at {breaker_position(top)}. `prefixscope diagnose TRACE` prints "

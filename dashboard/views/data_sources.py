@@ -41,27 +41,29 @@ with data.guard(db):
 
     st.subheader("Sources")
     show_table("data-sources-1", pd.DataFrame({
-        "kind": sources["kind"],
-        "location": sources["location"],
-        "rows added": sources["rows_added"].map(fmt_int),
-        "lines read": sources["checkpoint_line"].map(fmt_int),
-        "first ingest": sources["first_ingest_unix_s"].map(fmt_time),
-        "last ingest": sources["last_ingest_unix_s"].map(fmt_time),
-        "note": sources["note"].fillna(""),
-    }), hide_index=True)
+        "Kind": sources["kind"],
+        "Location": sources["location"],
+        "Rows added": sources["rows_added"],
+        "Lines read": sources["checkpoint_line"],
+        "First ingest": sources["first_ingest_unix_s"].map(fmt_time),
+        "Last ingest": sources["last_ingest_unix_s"].map(fmt_time),
+        "Note": sources["note"],
+    }))
 
     st.subheader("Quarantine")
     if quarantine.empty:
         st.caption("No line was quarantined.")
     else:
         show_table("data-sources-2", pd.DataFrame({
-            "where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
-            "field": quarantine["field"].fillna(""),
-            "reason": quarantine["reason"],
-            "when": quarantine["at_unix_s"].map(fmt_time),
-        }), hide_index=True)
+            "Where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
+            "Field": quarantine["field"],
+            "Reason": quarantine["reason"],
+            "When": quarantine["at_unix_s"].map(fmt_time),
+        }), caption="Newest 1,000 quarantined lines: where, which field and why; never the "
+                    "value itself.")
 
     st.subheader("Tables")
     counts = data.table_row_counts(db)
-    show_table("data-sources-3", pd.DataFrame({"table": list(counts), "rows": [fmt_int(v) for v in counts.values()]}),
-                 hide_index=True, height=35 * (len(counts) + 1) + 3)
+    show_table("data-sources-3", pd.DataFrame({"Table": list(counts), "Rows": list(counts.values())}),
+               height=35 * (len(counts) + 1) + 3,
+               caption="Rows per table of the store (`prefixscope db info` prints the same).")

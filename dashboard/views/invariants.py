@@ -13,7 +13,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, filters
 from prefixscope.core.formatting import fmt_int
-from prefixscope.dashboard.downloads import show_table
+from prefixscope.dashboard.downloads import show_table, utc_column
 
 TITLES = {
     "cross_scope_acceptance": "Cross-scope acceptance",
@@ -75,7 +75,9 @@ with data.guard(db):
                         key="invariants_pick")
     rows = data.query(db, "scopes", "invariant_violations", invariant=pick, **common)
     if isinstance(rows, pd.DataFrame) and not rows.empty:
-        show_table("invariants-1", rows.assign(time=pd.to_datetime(rows["ts_unix_s"], unit="s")),
-                     hide_index=True, key="invariants_rows")
+        shown = rows.assign(time=utc_column(rows["ts_unix_s"]))
+        show_table("invariants-1", shown[["time", *[c for c in rows.columns
+                                                     if c != "ts_unix_s"]]],
+                   key="invariants_rows")
     else:
         st.caption(f"No request violates {TITLES[pick].lower()}.")

@@ -114,7 +114,7 @@ with data.guard(db):
                 value=fmt_pct(row["hit_rate"]),
                 help=(f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} query tokens "
                       f"from cache over the selected range ({f.describe()}). "
-                      f"OK at {threshold:.0%} or more. The window radio does not change it."),
+                      f"OK at {fmt_pct(threshold)} or more. The window radio does not change it."),
                 border=True,
             )
             st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold)} "
@@ -200,17 +200,17 @@ with data.guard(db):
     st.subheader("Whole range per model")
     if not totals.empty:
         show_table("overview-1", pd.DataFrame({
-            "model": totals["model"],
-            "hit rate": totals["hit_rate"].map(fmt_pct),
-            "status": [report.hit_status(_tokens(h), _tokens(q), data.alert_threshold(m))
+            "Model": totals["model"],
+            "Hit rate": totals["hit_rate"].map(fmt_pct),
+            "Status": [report.hit_status(_tokens(h), _tokens(q), data.alert_threshold(m))
                        for h, q, m in zip(totals["hit_tokens"], totals["query_tokens"],
                                           totals["model"])],
-            "hit tokens": totals["hit_tokens"].map(fmt_int),
-            "query tokens": totals["query_tokens"].map(fmt_int),
-            "first sample": totals["first_ts_unix_s"].map(fmt_time),
-            "last sample": totals["last_ts_unix_s"].map(fmt_time),
-            "legacy names": totals["legacy"].map(lambda v: "yes" if bool(v) else "no"),
-        }), hide_index=True)
+            "Hit tokens": totals["hit_tokens"],
+            "Query tokens": totals["query_tokens"],
+            "First sample": totals["first_ts_unix_s"].map(fmt_time),
+            "Last sample": totals["last_ts_unix_s"].map(fmt_time),
+            "Legacy names": totals["legacy"].fillna(False).astype(bool),
+        }))
 
     st.subheader("Cache configuration")
     config = data.cache_config(db, instances=f.instances, run_ids=f.run_ids)
@@ -220,14 +220,14 @@ with data.guard(db):
         st.caption("No `vllm:cache_config_info` sample for these instances.")
     else:
         show_table("overview-2", pd.DataFrame({
-            "instance": config["instance"],
-            "model": config["model"],
-            "engine": config["engine"],
-            "block size (tokens)": config["block_size"].map(fmt_int),
-            "GPU blocks": config["num_gpu_blocks"].map(fmt_int),
-            "hash algorithm": config["hash_algo"],
-            "prefix caching": config["enable_prefix_caching"],
-            "as of": config["ts_unix_s"].map(fmt_time),
-        }), hide_index=True)
+            "Instance": config["instance"],
+            "Model": config["model"],
+            "Engine": config["engine"],
+            "Block size (tokens)": config["block_size"],
+            "GPU blocks": config["num_gpu_blocks"],
+            "Hash algorithm": config["hash_algo"],
+            "Prefix caching": config["enable_prefix_caching"],
+            "As of": config["ts_unix_s"].map(fmt_time),
+        }))
     st.caption(f"Window: {fmt_window(window_s)}. Formulas: docs/metrics.md (hit rate per window, "
                "restarts). Status threshold from `[alerts] hit_rate_threshold`.")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_tokens, utc_times
-from prefixscope.dashboard.downloads import show_table
+from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_tokens
+from prefixscope.dashboard.downloads import show_table, utc_column
 
 EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-tenant trace with "
          "`prefixscope replay gateway data/multitenant/trace.jsonl` or ingest gateway logs with "
@@ -53,12 +53,13 @@ with data.guard(db):
     st.plotly_chart(figures.miss_breakdown_figure(misses, window_s=window_s), key="rejections_misses")
     st.subheader("Top namespaces by rejections")
     top = data.query(db, "scopes", "top_rejected_namespaces", limit=10, **common)
-    show_table("rejections-1", top, hide_index=True, key="rejections_top",
-                 column_config={"reject_fraction": st.column_config.NumberColumn(format="percent")})
+    show_table("rejections-1", top[["namespace_digest", "scope", "requests", "rejects"]].assign(
+        reject_fraction=top["reject_fraction"].map(fmt_pct), top_reason=top["top_reason"],
+        lost_candidate_tokens=top["lost_candidate_tokens"]), key="rejections_top")
     events = data.query(db, "scopes", "gateway_events", **common)
     if not events.empty:
         st.subheader("Version events")
-        shown = events.assign(time=utc_times(events["ts_unix_s"]))[
+        shown = events.assign(time=utc_column(events["ts_unix_s"]))[
             ["time", "event", "namespace_digest", "new_value", "run_id"]]
-        show_table("rejections-2", shown, hide_index=True, key="rejections_events")
+        show_table("rejections-2", shown, key="rejections_events")
     st.caption("Reason classes: " + "; ".join(f"{k}: {v}" for k, v in CLASS_HELP.items()) + ".")

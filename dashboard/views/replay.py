@@ -116,19 +116,19 @@ with data.guard(db):
                 + (": " + "; ".join(srcs) if srcs else "") + ".", icon=":material/price_change:")
 
     show_table("replay-1", pd.DataFrame({
-        "run": sel["label"],
-        "kind": sel["kind"],
-        "cache": [describe_cache(p) for p in params],
-        "layout": [layout_of(p) for p in params],
-        "requests": sel["requests"].map(lambda v: f"{int(v):,}"),
-        "prompt tokens": sel["prompt_tokens"].map(fmt_tokens),
-        "tokens saved": sel["cached_tokens"].map(fmt_tokens),
-        "hit rate": sel["hit_rate"].map(fmt_pct),
-        "cost without cache": [fmt_money(v, c) for v, c in zip(sel["cost_without_cache"], sel["currency"])],
-        "cost with cache": [fmt_money(v, c) for v, c in zip(sel["cost_with_cache"], sel["currency"])],
-        "saved": [fmt_money(v, c) for v, c in zip(sel["saved"], sel["currency"])],
-        "run id": sel["run_id"],
-    }), hide_index=True)
+        "Run": sel["label"],
+        "Kind": sel["kind"],
+        "Cache": [describe_cache(p) or "—" for p in params],
+        "Layout": [layout_of(p) or "—" for p in params],
+        "Requests": sel["requests"],
+        "Prompt tokens": sel["prompt_tokens"],
+        "Tokens saved": sel["cached_tokens"],
+        "Hit rate": sel["hit_rate"].map(fmt_pct),
+        "Cost without cache": [fmt_money(v, c) for v, c in zip(sel["cost_without_cache"], sel["currency"])],
+        "Cost with cache": [fmt_money(v, c) for v, c in zip(sel["cost_with_cache"], sel["currency"])],
+        "Saved": [fmt_money(v, c) for v, c in zip(sel["saved"], sel["currency"])],
+        "Run id": sel["run_id"],
+    }))
     unpriced = sel[sel["cost_without_cache"].isna()]
     if not unpriced.empty:
         st.caption("No price for the model of: " + ", ".join(unpriced["label"])

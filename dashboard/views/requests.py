@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_tokens
+from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_window
 from prefixscope.dashboard.downloads import show_table
 
 PAGE_ROWS = 500
@@ -97,15 +97,17 @@ with data.guard(db):
         st.caption("No window in this range.")
     else:
         show_table("requests-1", pd.DataFrame({
-            "window start": windows["window_start_s"].map(fmt_time),
-            "model": windows["model"],
-            "requests": windows["requests"].map(fmt_int),
-            "reported": windows["reported_requests"].map(fmt_int),
-            "cached tokens": windows["cached_tokens"].map(fmt_int),
-            "reported prompt tokens": windows["reported_prompt_tokens"].map(fmt_int),
-            "hit rate": windows["hit_rate"].map(fmt_pct),
-            "coverage": windows["coverage"].map(fmt_pct),
-        }), hide_index=True)
+            "Window start": windows["window_start_s"].map(fmt_time),
+            "Model": windows["model"],
+            "Requests": windows["requests"],
+            "Reported": windows["reported_requests"],
+            "Cached tokens": windows["cached_tokens"],
+            "Reported prompt tokens": windows["reported_prompt_tokens"],
+            "Hit rate": windows["hit_rate"].map(fmt_pct),
+            "Coverage": windows["coverage"].map(fmt_pct),
+        }), caption=f"One row per {fmt_window(window_s)} window and model; hit rate = Σ cached "
+                    "÷ Σ prompt tokens of the requests that reported cached tokens, coverage = "
+                    "the share of requests that did.")
 
     st.subheader("Requests")
     n = counts["reported_requests"]
@@ -120,20 +122,18 @@ with data.guard(db):
         shown = data.newest_requests(db, start_s=f.start_s, end_s=f.end_s, limit=PAGE_ROWS,
                                      offset=(page - 1) * PAGE_ROWS, models=f.models,
                                      instances=f.instances, run_ids=f.run_ids)
+        first = (page - 1) * PAGE_ROWS + 1
         show_table("requests-2", pd.DataFrame({
-            "time": shown["ts_unix_s"].map(lambda t: fmt_time(t, seconds=True)),
-            "model": shown["model"],
-            "instance": shown["instance"],
-            "endpoint": shown["endpoint"],
-            "prompt": shown["prompt_tokens"].map(fmt_tokens),
-            "cached": shown["cached_tokens"].map(fmt_tokens),
-            "hit rate": shown["hit_rate"].map(fmt_pct),
+            "Time": shown["ts_unix_s"].map(lambda t: fmt_time(t, seconds=True)),
+            "Model": shown["model"],
+            "Instance": shown["instance"],
+            "Endpoint": shown["endpoint"],
+            "Prompt tokens": shown["prompt_tokens"],
+            "Cached tokens": shown["cached_tokens"],
+            "Hit rate": shown["hit_rate"].map(fmt_pct),
             "TTFT (ms)": shown["ttft_ms"].map(fmt_ms),
-            "latency (ms)": shown["latency_ms"].map(fmt_ms),
-            "run": shown["run_id"].map(filters.run_label),
-            "request id": shown["request_id"],
-        }), hide_index=True)
-        if pages > 1:
-            first = (page - 1) * PAGE_ROWS + 1
-            st.caption(f"Requests {first:,} to {first + len(shown) - 1:,} of {n:,}, "
-                       "newest first.")
+            "Latency (ms)": shown["latency_ms"].map(fmt_ms),
+            "Run": shown["run_id"].map(filters.run_label),
+            "Request id": shown["request_id"],
+        }), caption=(f"Requests {first:,} to {first + len(shown) - 1:,} of {n:,}, newest first."
+                     if pages > 1 else f"{n:,} requests, newest first."))

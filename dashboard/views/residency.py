@@ -14,9 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from prefixscope.core.formatting import fmt_int
+from prefixscope.core.formatting import MISSING, fmt_int
 from prefixscope.dashboard import data, filters
-from prefixscope.dashboard.downloads import download_button
+from prefixscope.dashboard.downloads import show_table
 from prefixscope.store.queries.residency import RESIDENCY_METRICS, histogram_quantile
 
 TITLES = {
@@ -31,9 +31,9 @@ EMPTY = ("No KV residency data in this range. Start vLLM with `--kv-cache-metric
 
 
 def fmt_s(x) -> str:
-    """Seconds for a person: ``850 ms``, ``12.3 s``, ``4.2 min``, ``1.5 h``; ``–`` for none."""
+    """Seconds for a person: ``850 ms``, ``12.3 s``, ``4.2 min``, ``1.5 h``; ``—`` for none."""
     if x is None or pd.isna(x):
-        return "–"
+        return MISSING
     x = float(x)
     if x < 1:
         return f"{x * 1000:,.0f} ms"
@@ -81,29 +81,27 @@ with data.guard(db):
     for metric in RESIDENCY_METRICS:
         g = hist[hist["metric"] == metric]
         total = float(g["total"].iloc[0]) if not g.empty and pd.notna(g["total"].iloc[0]) else 0
-        rows.append({"measure": TITLES[metric], "source": metric,
-                     "blocks": fmt_int(total),
-                     "mean": fmt_s(g["sum_s"].iloc[0] / total) if total else "–",
-                     "p50": fmt_s(histogram_quantile(g, 0.5)),
-                     "p90": fmt_s(histogram_quantile(g, 0.9))})
-    rows.append({"measure": "Lifetime of evicted blocks", "source": "KV events (stored → removed)",
-                 "blocks": fmt_int(events["evicted"]), "mean": fmt_s(events["mean_s"]),
-                 "p50": fmt_s(events["p50_s"]), "p90": fmt_s(events["p90_s"])})
+        rows.append({"Measure": TITLES[metric], "Source": metric,
+                     "Blocks": fmt_int(total),
+                     "Mean": fmt_s(g["sum_s"].iloc[0] / total) if total else MISSING,
+                     "Median": fmt_s(histogram_quantile(g, 0.5)),
+                     "90th percentile": fmt_s(histogram_quantile(g, 0.9))})
+    rows.append({"Measure": "Lifetime of evicted blocks", "Source": "KV events (stored → removed)",
+                 "Blocks": fmt_int(events["evicted"]), "Mean": fmt_s(events["mean_s"]),
+                 "Median": fmt_s(events["p50_s"]), "90th percentile": fmt_s(events["p90_s"])})
     lifetime = rows[0]
     c1, c2, c3 = st.columns(3)
-    c1.metric("Median block lifetime", lifetime["p50"] if have_hist else rows[-1]["p50"],
+    c1.metric("Median block lifetime", lifetime["Median"] if have_hist else rows[-1]["Median"],
               border=True, help="Half of the evicted blocks lived shorter than this.")
-    c2.metric("Median idle before eviction", rows[1]["p50"], border=True,
+    c2.metric("Median idle before eviction", rows[1]["Median"], border=True,
               help="How long an evicted block had gone unused: a hit needs a request within "
                    "this time.")
-    c3.metric("Median gap between reuses", rows[2]["p50"], border=True,
+    c3.metric("Median gap between reuses", rows[2]["Median"], border=True,
               help="Time between two hits on one block (vLLM keeps the most recent accesses).")
-    table = pd.DataFrame(rows)
-    st.dataframe(table, hide_index=True)
-    download_button(table, "residency-summary")
-    st.caption("Histogram quantiles are interpolated inside vLLM's buckets (as Prometheus "
+    show_table("residency-summary", pd.DataFrame(rows), caption=(
+               "Histogram quantiles are interpolated inside vLLM's buckets (as Prometheus "
                "histogram_quantile); the KV-event figures are exact over the paired events. "
-               "vLLM samples the histograms (`--kv-cache-metrics-sample`, default 1% of blocks).")
+               "vLLM samples the histograms (`--kv-cache-metrics-sample`, default 1% of blocks)."))
 
     series = {}
     g = hist[hist["metric"] == "vllm:kv_block_lifetime_seconds"]

@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
+from prefixscope.core.formatting import fmt_money, fmt_pct
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
@@ -77,18 +77,17 @@ with data.guard(db):
     st.subheader("Per model")
     if not priced.empty:
         show_table("savings-1", pd.DataFrame({
-            "model": priced["model"],
-            "price": ["shadow" if bool(x) else "list" for x in priced["shadow"]],
-            "prompt tokens": priced["prompt_tokens"].map(fmt_tokens),
-            "cached tokens": priced["cached_tokens"].map(fmt_tokens),
-            "cache-write tokens": priced["cache_write_tokens"].map(fmt_tokens),
-            "completion tokens": priced["completion_tokens"].map(fmt_tokens),
-            "without cache": [fmt_money(v, c) for v, c in zip(priced["cost_without_cache"], priced["currency"])],
-            "with cache": [fmt_money(v, c) for v, c in zip(priced["cost_with_cache"], priced["currency"])],
-            "saved": [fmt_money(v, c) for v, c in zip(priced["saved"], priced["currency"])],
-            "saved share": priced["saved_fraction"].map(fmt_pct),
-        }), hide_index=True)
-        st.caption("Price sources — " + "; ".join(
+            "Model": priced["model"],
+            "Price": ["shadow" if bool(x) else "list" for x in priced["shadow"]],
+            "Prompt tokens": priced["prompt_tokens"],
+            "Cached tokens": priced["cached_tokens"],
+            "Cache-write tokens": priced["cache_write_tokens"],
+            "Completion tokens": priced["completion_tokens"],
+            "Without cache": [fmt_money(v, c) for v, c in zip(priced["cost_without_cache"], priced["currency"])],
+            "With cache": [fmt_money(v, c) for v, c in zip(priced["cost_with_cache"], priced["currency"])],
+            "Saved": [fmt_money(v, c) for v, c in zip(priced["saved"], priced["currency"])],
+            "Saved share": priced["saved_fraction"].map(fmt_pct),
+        }), caption="Price sources — " + "; ".join(
             f"{m}: {price_label(sh, src)}" for m, sh, src in
             zip(priced["model"], priced["shadow"], priced["price_source"])))
         notes = priced[priced["note"].notna()] if "note" in priced.columns else priced.iloc[0:0]

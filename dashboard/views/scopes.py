@@ -71,16 +71,16 @@ with data.guard(db):
                                 title=f"Hit rate by namespace digest (top {len(top)} by volume)",
                                 window_s=window_s), key="scopes_ns_rate")
     st.subheader("By namespace digest")
-    st.caption("A namespace digest is the first 16 hex characters of HMAC-SHA256 of the tenant "
-               "(or principal) id under the server's key: never the id itself.")
     show_table("scopes-1", pd.DataFrame({
-        "scope": ns_totals["scope"],
-        "namespace digest": ns_totals["namespace_digest"],
-        "requests": ns_totals["requests"].map(fmt_int),
-        "prompt tokens": ns_totals["prompt_tokens"].map(fmt_int),
-        "cached tokens": ns_totals["cached_tokens"].map(fmt_int),
-        "hit rate": ns_totals["hit_rate"].map(fmt_pct),
-        "accepted": ns_totals["accepts"].map(fmt_int),
-        "rejected": ns_totals["rejects"].map(fmt_int),
-        "no candidate": ns_totals["misses"].map(fmt_int),
-    }), hide_index=True, key="scopes_ns_table")
+        "Scope": ns_totals["scope"],
+        "Namespace digest": ns_totals["namespace_digest"],
+        "Requests": ns_totals["requests"],
+        "Prompt tokens": ns_totals["prompt_tokens"],
+        "Cached tokens": ns_totals["cached_tokens"],
+        "Hit rate": ns_totals["hit_rate"].map(fmt_pct),
+        "Accepted": ns_totals["accepts"],
+        "Rejected": ns_totals["rejects"],
+        "No candidate": ns_totals["misses"],
+    }), key="scopes_ns_table",
+        caption="A namespace digest is the first 16 hex characters of HMAC-SHA256 of the tenant "
+                "(or principal) id under the server's key: never the id itself.")

@@ -43,11 +43,22 @@ def _number(value: object) -> float | None:
 
 
 def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
-    """A fraction in [0, 1] as a percent: ``0.944 -> '94.4%'``; None/NaN -> ``'—'``."""
+    """A fraction in [0, 1] as a percent, THE percent format of every page and table: one
+    decimal, rounded as Python's ``{:.1%}`` (the CLI's tables, the notes and Plotly's hovers
+    round the same way): ``0.944 -> '94.4%'``, ``0 -> '0.0%'``; None/NaN -> ``'—'``."""
     if _missing(fraction):
         return MISSING
     x = _number(fraction)
     return str(fraction) if x is None else f"{x * 100:.{digits}f}%"
+
+
+def fmt_pp(change: float | None, *, digits: int = 1) -> str:
+    """A change of two fractions in percentage points, signed, one decimal as :func:`fmt_pct`:
+    ``0.0123 -> '+1.2 pp'``, ``-0.05 -> '-5.0 pp'``; None/NaN -> ``'—'``."""
+    if _missing(change):
+        return MISSING
+    x = _number(change)
+    return str(change) if x is None else f"{x * 100:+.{digits}f} pp"
 
 
 def fmt_int(value: float | None) -> str:
