@@ -78,9 +78,13 @@ def parse_day(text: str) -> date:
         UsageError: not a date in that form.
     """
     try:
-        return date.fromisoformat(text.strip())
+        day = date.fromisoformat(text.strip())
     except ValueError as exc:
         raise UsageError(f"--date: cannot read {text!r}: use YYYY-MM-DD") from exc
+    if not date(1970, 1, 2) <= day <= date(2099, 12, 30):  # the stored times' bound, a day inside
+        raise UsageError(f"--date {day.isoformat()}: use a day from 1970-01-02 to 2099-12-30 "
+                         "(stored times lie in 1970-2100)")
+    return day
 
 
 @dataclass(frozen=True, slots=True)

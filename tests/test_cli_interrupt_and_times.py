@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIXSCOPE = [str(Path(sys.executable).with_name("prefixscope"))]
@@ -123,3 +124,20 @@ def test_ctrl_c_stops_a_scrape_loop_with_one_line(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("interrupted (Ctrl-C):")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["hitrate", "--window", "99999999d"], "duration '99999999d' is longer than 100 years (36500d)"),
+    (["hitrate", "--start", "1e300"], "time '1e300' is outside 1970-01-01 to 2100-01-01 UTC"),
+    (["hitrate", "--start", "-100000000d"], "time '-100000000d' is outside 1970-01-01 to 2100-01-01 UTC"),
+    (["report", "--end", "3000-01-01"], "time '3000-01-01' is outside 1970-01-01 to 2100-01-01 UTC"),
+    (["report", "--start", "nan"], "time 'nan' is outside 1970-01-01 to 2100-01-01 UTC"),
+    (["report", "daily", "--dry-run", "--date", "9999-12-31"],
+     "--date 9999-12-31: use a day from 1970-01-02 to 2099-12-30"),
+    (["report", "daily", "--dry-run", "--date", "0001-01-01"],
+     "--date 0001-01-01: use a day from 1970-01-02 to 2099-12-30"),
+])
+def test_times_and_days_outside_the_stored_bound_are_usage_errors(cli, db_path, args, words):
+    """Were tracebacks (year 275760 is out of range; date value out of range)."""
+    code, _, err = cli([*args, "--db", db_path])
+    assert code == 2 and words in err and "Traceback" not in err

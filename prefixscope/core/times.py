@@ -11,6 +11,7 @@ import re
 import time
 from datetime import datetime, timezone
 
+from prefixscope.core.bounds import time_ok
 from prefixscope.core.errors import UsageError
 
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
@@ -26,10 +27,12 @@ def parse_time(text: str, *, now_unix_s: float | None = None) -> float:
         now_unix_s: the reference for ``now`` and offsets; defaults to the wall clock.
 
     Returns:
-        Seconds since the Unix epoch, UTC.
+        Seconds since the Unix epoch, UTC, within the stored times' bound (1970-01-01 to
+        2100-01-01, ``prefixscope.core.bounds``).
 
     Raises:
-        UsageError: the text is none of the accepted forms.
+        UsageError: the text is none of the accepted forms, or a time outside that bound
+            (``1e300``, ``-100000000d``, year 3000: no report could print it).
     """
     now = time.time() if now_unix_s is None else now_unix_s
     t = text.strip()
@@ -37,9 +40,9 @@ def parse_time(text: str, *, now_unix_s: float | None = None) -> float:
         return now
     m = _REL.match(t)
     if m:
-        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+        return _bounded(now - float(m.group(1)) * _UNIT_S[m.group(2)], text)
     try:
-        return float(t)
+        return _bounded(float(t), text)
     except ValueError:
         pass
     try:
@@ -51,20 +54,33 @@ def parse_time(text: str, *, now_unix_s: float | None = None) -> float:
         ) from exc
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+    return _bounded(dt.timestamp(), text)
+
+
+def _bounded(ts: float, text: str) -> float:
+    if not time_ok(ts):
+        raise UsageError(f"time {text!r} is outside 1970-01-01 to 2100-01-01 UTC")
+    return ts
+
+
+#: Longest duration accepted (a window, a lookback): 100 years, in seconds.
+MAX_DURATION_S = 36_500 * 86_400.0
 
 
 def parse_duration(text: str) -> float:
     """Parse a duration such as ``5m``, ``1h``, ``1d``, ``90s`` or ``300`` into seconds.
 
     Raises:
-        UsageError: not a positive duration.
+        UsageError: not a positive duration, or longer than :data:`MAX_DURATION_S` (100 years).
     """
     t = text.strip()
     m = re.match(r"^(\d+(?:\.\d+)?)([smhd]?)$", t)
     if not m or float(m.group(1)) <= 0:
         raise UsageError(f"cannot read duration {text!r}: use e.g. 300, 90s, 5m, 1h or 1d")
-    return float(m.group(1)) * _UNIT_S.get(m.group(2) or "s", 1.0)
+    seconds = float(m.group(1)) * _UNIT_S.get(m.group(2) or "s", 1.0)
+    if not seconds <= MAX_DURATION_S:  # also inf from 1e400-like digits
+        raise UsageError(f"duration {text!r} is longer than 100 years (36500d)")
+    return seconds
 
 
 def format_time(ts_unix_s: float) -> str:
