@@ -44,6 +44,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import duckdb
 import pandas as pd
 
+from prefixscope.core.bounds import escape_control
 from prefixscope.core import report as rules
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import UsageError
@@ -66,8 +67,9 @@ def resolve_tz(name: str, *, key: str = "--tz") -> ZoneInfo:
     """
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise UsageError(f"{key}: unknown time zone {name!r}: use an IANA name such as "
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a name too long
+        shown = escape_control(name if len(name) <= 64 else name[:64] + "...")
+        raise UsageError(f"{key}: unknown time zone '{shown}': use an IANA name such as "
                          "UTC or Europe/Berlin") from exc
 
 

@@ -135,6 +135,8 @@ def test_dry_run_without_recipients_renders_the_report(cli, daily_db, tmp_path):
 @pytest.mark.parametrize(("args", "message"), [
     (["--date", "28/11/2026"], "error: --date: cannot read '28/11/2026': use YYYY-MM-DD"),
     (["--tz", "Mars/Base"], "error: --tz: unknown time zone 'Mars/Base'"),
+    (["--tz", "x" * 10_000], "error: --tz: unknown time zone '" + "x" * 64 + "...'"),  # was OSError
+    (["--tz", "\x1b[31mRed"], "error: --tz: unknown time zone '\\x1b[31mRed'"),
 ])
 def test_bad_arguments_exit_2(cli, daily_db, tmp_path, args, message):
     cfg = _config(tmp_path, free_port())
