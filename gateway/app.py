@@ -522,18 +522,27 @@ class Gateway:
                       info: ModelInfo) -> str:
         """Steps 3-5 (identity, lookup, acceptance, permit); returns the ``cache_salt`` to send.
         Raises whatever the store raises (the caller fails closed)."""
-        gen = await self.store.generation()
         tools = prompt.tools
         dig = prefix_digests(prompt.messages, tools, prompt.boundaries)
         t_digest = dig.toolset
         scope = call.auth.scope
-        if self.cfg.mode == "public" and not gen.public_stopped:
+        if self.cfg.mode == "public":  # PUBLIC unless the snapshot says public is stopped
             scope = resolve_scope(call.auth.scope, list(dig.message), t_digest or None,
                                   self.inventory)
+        ns = self._public_ns if scope == PUBLIC else call.ns
+        # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
+        # adapter upgrade finds the old object and reports the version field (replay rule)
+        key_fn = self.faults.lookup_key or lookup_key
+        keys = [key_fn(ns, f"{info.model}|{m}") for m in dig.messages_only]
+        # generation, authorization epoch and registry entries in one store round trip
+        gen, current, found = await self.store.snapshot(ns, keys)
+        if scope == PUBLIC and gen.public_stopped:
+            scope, ns = call.auth.scope, call.ns
+            keys = [key_fn(ns, f"{info.model}|{m}") for m in dig.messages_only]
+            current = await self.store.auth_epoch(ns)
+            found = await self.store.lookup(keys)
         if scope == PUBLIC:
-            call.scope, call.ns = PUBLIC, self._public_ns
-        ns = call.ns
-        current = await self.store.auth_epoch(ns)
+            call.scope, call.ns = PUBLIC, ns
         ctx_epoch = current if call.auth.epoch is None else call.auth.epoch
         bundle = info.prompt_bundle_digest
         if body.get("chat_template") is not None:
@@ -545,10 +554,6 @@ class Gateway:
                     authorization_epoch=ctx_epoch, cache_epoch=gen.cache_epoch)
         expected = [CacheIdentity(content_digest=d, **base) for d in dig.content]
         full = CacheIdentity(content_digest=dig.full, **base)
-        # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
-        # adapter upgrade finds the old object and reports the version field (replay rule)
-        key_fn = self.faults.lookup_key or lookup_key
-        keys = [key_fn(ns, f"{info.model}|{m}") for m in dig.messages_only]
         cand, cand_k = None, None
         if presented:
             cand = await self.store.by_handle(presented)
@@ -557,7 +562,6 @@ class Gateway:
                                if expected[i].content_digest == cand.identity.content_digest),
                               len(expected) - 1 if expected else None)
         if cand is None and keys:
-            found = await self.store.lookup(keys)
             for i in range(len(found) - 1, -1, -1):
                 if found[i] is not None:
                     cand, cand_k = found[i], i
@@ -806,12 +810,6 @@ class Gateway:
             return
         call.finished = True
         self.in_flight -= 1
-        if call.permit:
-            call.permit = False
-            try:
-                await self.store.release_permit()
-            except STORE_ERRORS:  # the records below must still be written
-                self.metrics.upstream_errors.labels("store").inc()
         norm = None
         if call.usage is not None:
             try:
@@ -826,13 +824,19 @@ class Gateway:
             else:
                 call.tokens_task.cancel()
         ok = call.error is None and call.status == 200 and norm is not None
+        items = []
         if ok and call.register:
             blocks = call.blocks or b""
+            items = [(k, StoredObject(o.identity, prompt_tokens or 0, o.request_id, o.handle,
+                                      blocks)) for k, o in call.register]
+        release, call.permit = call.permit, False
+        if release or items:
+            # the permit released and the entries registered in one store round trip; a
+            # failing store: the records below are still written, a lost entry is a later
+            # miss, never a hit
             try:
-                await self.store.put([(k, StoredObject(o.identity, prompt_tokens or 0,
-                                                       o.request_id, o.handle, blocks))
-                                      for k, o in call.register])
-            except STORE_ERRORS:  # a lost entry is a later miss, never a hit
+                await self.store.finish(release, items)
+            except STORE_ERRORS:
                 self.metrics.upstream_errors.labels("store").inc()
         self._write_records(call, prompt_tokens, cached, norm is not None)
 

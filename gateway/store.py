@@ -85,6 +85,9 @@ class AcceptanceStore(Protocol):
     async def auth_epoch(self, namespace: str) -> int: ...
     async def lookup(self, keys: list[bytes]) -> list[StoredObject | None]: ...
     async def by_handle(self, handle: str) -> StoredObject | None: ...
+    async def snapshot(self, namespace: str, keys: list[bytes]
+                       ) -> tuple[Generation, int, list[StoredObject | None]]: ...
+    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]]) -> None: ...
     async def put(self, items: list[tuple[bytes, StoredObject]]) -> None: ...
     async def acquire_permit(self, namespace: str, epoch: int) -> bool: ...
     async def release_permit(self) -> None: ...
@@ -157,6 +160,19 @@ class MemoryStore:
     async def by_handle(self, handle: str) -> StoredObject | None:
         k = self.handles.get(handle)
         return None if k is None else self.registry.get(k)
+
+    async def snapshot(self, namespace: str, keys: list[bytes]
+                       ) -> tuple[Generation, int, list[StoredObject | None]]:
+        """:meth:`generation`, :meth:`auth_epoch` and :meth:`lookup` at once."""
+        return (Generation(self.cache_epoch, self.public_stopped, self.bypass),
+                self.gate.current(namespace), [self.registry.get(k) for k in keys])
+
+    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]]) -> None:
+        """:meth:`release_permit` (when ``release``) and :meth:`put` at once."""
+        if release:
+            await self.release_permit()
+        if items:
+            await self.put(items)
 
     async def put(self, items: list[tuple[bytes, StoredObject]]) -> None:
         with self._lock:
@@ -312,6 +328,37 @@ class RedisStore:
             return []
         vals = await self.r.mget([self.p + "reg:" + k.hex() for k in keys])
         return [None if v is None else StoredObject.from_json(v) for v in vals]
+
+    async def snapshot(self, namespace: str, keys: list[bytes]
+                       ) -> tuple[Generation, int, list[StoredObject | None]]:
+        """:meth:`generation`, :meth:`auth_epoch` and :meth:`lookup` in one round trip (a
+        pipeline; reads only: the permit script stays the linearisation point)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.mget(self.p + "cache_epoch", self.p + "public_stopped", self.p + "bypass")
+        pipe.hget(self.p + "auth_epochs", namespace)
+        if keys:
+            pipe.mget([self.p + "reg:" + k.hex() for k in keys])
+        res = await pipe.execute()
+        ce, ps, bp = res[0]
+        found = [None if v is None else StoredObject.from_json(v) for v in res[2]] if keys else []
+        return (Generation(int(ce) if ce else INITIAL_EPOCH, ps == b"1", bp == b"1"),
+                int(res[1]) if res[1] else INITIAL_EPOCH, found)
+
+    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]]) -> None:
+        """:meth:`release_permit` (when ``release``) and :meth:`put` in one round trip."""
+        if not release:
+            await self.put(items)
+            return
+        if not items:
+            await self.release_permit()
+            return
+        pipe = self.r.pipeline(transaction=False)
+        pipe.decr(self.p + "permits")
+        keys = [self.p + "reg:" + k.hex() for k, _ in items]
+        args = [o.to_json() for _, o in items] + [o.handle for _, o in items] + [
+            self.p + "handle:", self.entry_ttl_s]
+        await self._put(keys=keys, args=args, client=pipe)  # queued on the pipeline
+        await pipe.execute()
 
     async def by_handle(self, handle: str) -> StoredObject | None:
         k = await self.r.get(self.p + "handle:" + handle)
