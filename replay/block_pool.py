@@ -43,6 +43,35 @@ _TAIL = -1  # sentinel index: always the last slot
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
+#: Largest map built up front (a table of 2**20 slots, 21 MB); larger pools grow theirs as used.
+MAX_PRESIZED_KEYS = 1 << 18
+
+
+def presized_map(num_keys: int) -> dict:
+    """An empty dict that takes ``num_keys`` insertions without growing its table.
+
+    CPython grows a dict by rebuilding its table (to the power of two >= 3x its keys) when the
+    table's insertion slots (2/3 of its slots) run out, and a new table is new memory, faulted
+    in page by page. The block map of a 200,000-block pool goes through 17 tables during its
+    first 350,000 insertions, which costs more than the insertions. This builds the table that
+    growth ends in, before the clock as vLLM builds its blocks: it inserts placeholder keys up
+    to the growth that leaves at least ``num_keys`` free insertion slots, then deletes them
+    (deletions never shrink a table). At most :data:`MAX_PRESIZED_KEYS` keys are provided for.
+    Only speed depends on CPython's growth rule (3.6-3.13); the dict is empty either way.
+    """
+    num_keys = min(num_keys, MAX_PRESIZED_KEYS)
+    size, inserted = 8, 0  # PyDict_MINSIZE, keys inserted when that table was built
+    while size * 2 // 3 - inserted < num_keys:
+        inserted = size * 2 // 3 + 1  # the insertion that finds no free slot
+        new = 8
+        while new < 3 * (inserted - 1):  # GROWTH_RATE: 3x the keys held
+            new *= 2
+        size = new
+    d = dict.fromkeys(range(inserted))
+    _consume(map(d.pop, range(inserted)))
+    return d
+
+
 class FreeBlockQueue:
     """Doubly linked list of free block ids with O(1) removal (vLLM ``FreeKVCacheBlockQueue``).
 
@@ -56,8 +85,11 @@ class FreeBlockQueue:
         """Start with blocks ``0 .. num_blocks-1`` queued in id order."""
         n = num_blocks
         # Slots 0..n-1 are blocks; slot n is HEAD, slot n+1 is TAIL.
-        self._next = [*range(1, n + 1), 0 if n else _TAIL, _TAIL]
-        self._prev = [*range(-1, n - 1), _HEAD, n - 1 if n else _HEAD]
+        # One int object per block id, shared by both lists (and, through them, by the block
+        # map): half the memory the id objects' reference counts touch at large capacities.
+        ids = list(range(n + 1))
+        self._next = [*ids[1:], 0 if n else _TAIL, _TAIL]
+        self._prev = [*([-1, *ids[:n - 1]] if n else ()), _HEAD, ids[n - 1] if n else _HEAD]
         if n:
             self._next[n - 1] = _TAIL
             self._prev[0] = _HEAD
@@ -181,7 +213,8 @@ class BlockPool:
         # Invariant 1: block 0 is taken as the null block, like vLLM's constructor does.
         null = self.free_queue.popleft()
         assert null == 0
-        self._first: dict[Hashable, int] = {}
+        # The block map never holds more keys than usable blocks: its table is built now.
+        self._first: dict[Hashable, int] = {} if self._unbounded else presized_map(n - 1)
         self._dups: dict[Hashable, list[int]] = {}
         self.num_evicted_blocks = 0
         self.num_cached_blocks_total = 0
@@ -510,10 +543,11 @@ class BlockPool:
                             del first[old]
             else:  # each old key maps to its block alone
                 _consume(map(first.pop, olds, _repeat(None)))
-        got = list(map(first.setdefault, new_keys, keyed))
-        if got != keyed:  # keys already cached elsewhere: duplicates (invariant 4)
-            for b, key, g in zip(keyed, new_keys, got):
-                if g != b:
+        size = len(first)
+        _consume(map(first.setdefault, new_keys, keyed))
+        if len(first) - size != nk:  # keys already cached elsewhere: duplicates (invariant 4)
+            for b, key in zip(keyed, new_keys):
+                if first[key] != b:
                     dups.setdefault(key, []).append(b)
         self.num_evicted_blocks += evicted
         self.num_cached_blocks_total += nk
@@ -527,7 +561,7 @@ class BlockPool:
             in_use = self.free_queue.num_free_blocks != self.num_gpu_blocks - 1
         if in_use:
             return False
-        self._first = {}
+        self._first = {} if self._unbounded else presized_map(self.num_gpu_blocks - 1)
         self._dups = {}
         self.block_hash = [None] * len(self.block_hash)
         return True
