@@ -52,12 +52,14 @@ def presized_map(num_keys: int) -> dict:
 
     CPython grows a dict by rebuilding its table (to the power of two >= 3x its keys) when the
     table's insertion slots (2/3 of its slots) run out, and a new table is new memory, faulted
-    in page by page: a block map of 200,000 blocks is rebuilt 16 times on its way there. This
-    builds that table before the clock, as vLLM builds its blocks: it inserts placeholder keys
-    up to the growth that reaches a table of ``num_keys`` insertion slots, then deletes them
-    (deletions never shrink a table). Later rebuilds, as keys are evicted and inserted, are
-    CPython's as before. At most :data:`MAX_PRESIZED_KEYS` keys are provided for. Only speed
-    depends on CPython's growth rule (the same in 3.6-3.13); the dict is empty either way.
+    in page by page: a block map of 200,000 blocks goes through 15 smaller tables on its way to
+    its 2**19 slots. This builds that table before the clock, as vLLM builds its blocks: it
+    inserts placeholder keys up to the growth that reaches a table of ``num_keys`` insertion
+    slots, then deletes them (deletions never shrink a table). The placeholders use about half
+    of those slots, so the first rebuild (same size, dropping their deleted slots) comes after
+    about ``num_keys / 2`` insertions; later rebuilds are CPython's as before. At most
+    :data:`MAX_PRESIZED_KEYS` keys are provided for. Only speed depends on CPython's growth rule
+    (the same in 3.6-3.13); the dict is empty either way.
     """
     num_keys = min(num_keys, MAX_PRESIZED_KEYS)
     size, inserted = 8, 0  # PyDict_MINSIZE, keys inserted when that table was built
