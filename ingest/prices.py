@@ -22,8 +22,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from prefixscope.core.documents import DocumentError, parse_toml, read_document
-from prefixscope.core.errors import ConfigError, SourceUnavailable
+from prefixscope.core.documents import load_toml_file
+from prefixscope.core.errors import ConfigError
 
 
 class PriceEntry(BaseModel):
@@ -144,14 +144,7 @@ def read_price_file(path: str | os.PathLike[str], *,
             code, or a name given twice (the message names the file and the key).
     """
     p = Path(path)
-    try:
-        data = parse_toml(read_document(p), parse_float=Decimal)
-    except DocumentError as exc:
-        if exc.missing:
-            raise SourceUnavailable(f"{p}: price file not found") from None
-        if exc.unreadable:
-            raise SourceUnavailable(f"{p}: cannot read: {exc}") from None
-        raise ConfigError(f"{p}: {exc}") from None
+    data = load_toml_file(p, what="price file", parse_float=Decimal)
     try:
         parsed = PriceFile.model_validate(data)
     except ValidationError as exc:

@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from prefixscope.core.documents import DocumentError, parse_toml, parse_yaml, read_document
-from prefixscope.core.errors import ConfigError, SourceUnavailable
+from prefixscope.core.documents import load_toml_file, parse_toml, parse_yaml
+from prefixscope.core.errors import ConfigError
 
 
 #: Message selectors of layout v2 (``in:`` / ``from:``): a role group, one message by role and
@@ -437,15 +437,8 @@ def load_layout(path: str | os.PathLike[str]) -> Layout:
     p = Path(path)
     if p.suffix.lower() not in (".toml", ".yaml", ".yml"):
         raise ConfigError(f"{p}: layout files are .yaml, .yml or .toml")
-    try:
-        text = read_document(p)
-        data = parse_toml(text) if p.suffix.lower() == ".toml" else parse_yaml(text)
-    except DocumentError as exc:
-        if exc.missing:
-            raise SourceUnavailable(f"layout file {p} not found") from None
-        if exc.unreadable:
-            raise SourceUnavailable(f"{p}: cannot read: {exc}") from None
-        raise ConfigError(f"{p}: {exc}") from None
+    data = load_toml_file(p, what="layout file",
+                          parse=parse_toml if p.suffix.lower() == ".toml" else parse_yaml)
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a layout file holds a mapping with name and transforms")
     try:

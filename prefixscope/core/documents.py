@@ -175,15 +175,17 @@ def load_json_file(path: str | os.PathLike[str], *, what: str = "file") -> Any:
         raise ParseError(str(path), exc.line, str(exc)) from None
 
 
-def load_toml_file(path: str | os.PathLike[str], *, what: str = "file", **kwargs: Any) -> dict:
-    """Read and parse one TOML document (``kwargs`` go to :func:`parse_toml`).
+def load_toml_file(path: str | os.PathLike[str], *, what: str = "file", parse=None,
+                   **kwargs: Any) -> Any:
+    """Read and parse one TOML document (``kwargs`` go to :func:`parse_toml`), or with ``parse``
+    (e.g. :func:`parse_yaml`) another configuration format, with the same errors.
 
     Raises:
-        SourceUnavailable: missing, not a regular file, unreadable (exit 3).
+        SourceUnavailable: missing (``no such <what>``), not a regular file, unreadable (exit 3).
         ConfigError: too large, not UTF-8, not TOML, too deep (``file: reason``, exit 2).
     """
     try:
-        return parse_toml(read_document(path), **kwargs)
+        return (parse or parse_toml)(read_document(path), **kwargs)
     except DocumentError as exc:
         if exc.unreadable:
             raise _source_error(path, exc, what) from None
