@@ -4,7 +4,9 @@ Builds two generated deployments through the real schema with DuckDB SQL
 (``tests/scale_support.build_deployment``; 30 days, 10 instances, 4 models):
 
 - ``small``: 1,000 requests, hourly counter samples (36,000 samples);
-- ``big``: 10,000,000 requests, 15 s scrapes (8.64 M samples).
+- ``big``: 10,000,000 requests, 15 s scrapes (8.64 M samples);
+
+both with a gateway decision for every 5th request (production run).
 
 Then, in one run:
 
@@ -49,6 +51,7 @@ def panel_queries():
     from prefixscope.store.queries import metrics as qm
     from prefixscope.store.queries import requests as qr
     from prefixscope.store.queries import savings as qs
+    from prefixscope.store.queries import scopes as qg
 
     run = {"run_ids": [""]}
     rng = {"start_s": None, "end_s": None}
@@ -77,6 +80,22 @@ def panel_queries():
         ("savings", "savings_by_window",
          lambda c: qs.savings_by_window(c, window_s=86400, **rng, **run)),
         ("data sources", "table_row_counts", lambda c: qi.table_row_counts(c)),
+        ("scopes", "hit_rate_by_scope_totals(scope)",
+         lambda c: qg.hit_rate_by_scope_totals(c, by=("scope",), **rng, **run)),
+        ("scopes", "hit_rate_by_scope_window(scope, 15m)",
+         lambda c: qg.hit_rate_by_scope_window(c, window_s=900, by=("scope",), **rng, **run)),
+        ("scopes", "hit_rate_by_scope_window(scope, namespace, 15m)",
+         lambda c: qg.hit_rate_by_scope_window(c, window_s=900, by=("scope", "namespace_digest"),
+                                               **rng, **run)),
+        ("rejections", "miss_breakdown_by_window(15m)",
+         lambda c: qg.miss_breakdown_by_window(c, window_s=900, **rng, **run)),
+        ("rejections", "rejections_by_reason_window(15m)",
+         lambda c: qg.rejections_by_reason_window(c, window_s=900, **rng, **run)),
+        ("rejections", "top_rejected_namespaces",
+         lambda c: qg.top_rejected_namespaces(c, limit=10, **rng, **run)),
+        ("invariants", "invariant_counts", lambda c: qg.invariant_counts(c, **rng, **run)),
+        ("invariants", "invariant_violations(cross_scope)",
+         lambda c: qg.invariant_violations(c, invariant="cross_scope_acceptance", **rng, **run)),
     ]
 
 
@@ -239,7 +258,7 @@ def main() -> int:
             t = time.perf_counter()
             rows = build_deployment(path, requests=n, scrape_s=scrape)
             print(f"built {name}: {rows['requests']:,} requests, {rows['metric_samples']:,} "
-                  f"samples in {time.perf_counter() - t:.1f} s "
+                  f"samples, {rows['gateway_decisions']:,} gateway decisions in {time.perf_counter() - t:.1f} s "
                   f"({path.stat().st_size / 1e6:,.0f} MB)")
             dbs[name] = str(path)
 

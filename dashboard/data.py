@@ -148,6 +148,14 @@ def query(db: str, module: str, name: str, **kwargs):
 # --- filters -------------------------------------------------------------------------------
 
 
+def latency_quantile_error() -> float:
+    """The relative error bound of the latency quantiles the Requests page shows (a fraction:
+    ``prefixscope.store.queries.requests.LATENCY_QUANTILE_ERROR``, sqrt(1.02) - 1)."""
+    from prefixscope.store.queries.requests import LATENCY_QUANTILE_ERROR
+
+    return float(LATENCY_QUANTILE_ERROR)
+
+
 @_cached
 def filter_values(db: str) -> dict:
     """Choices for the sidebar: union of the metric and request stores.

@@ -12,7 +12,8 @@ Reserved numbers, one owner each, so that parallel work never collides:
 20-29 hostile input (issue 12; none used yet), 30-39 diagnose (issue 13: diagnoses and breakers),
 40-49 first contact (issue 14: alert_sends.claimed_by),
 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency),
-70-79 production scale (issue 17: stored counter increases, rollups, retention). Columns documented in
+70-79 production scale (issue 17: 70 stored counter increases, 71-72 rollups, 73 retention and
+archive, 75 scope rollup, 76 series heads with model and engine, 77 latency histogram rollup). Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -22,6 +23,8 @@ Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; N
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from prefixscope.store import scope_sql
 
 
 class Migration(NamedTuple):
@@ -349,6 +352,70 @@ _COUNTER_ROLLUP = (
     """,
 )
 
+_SCOPE_ROLLUP = (
+    # 5-minute aggregates of gateway_decisions FULL OUTER JOIN requests (the rows of the
+    # Scopes, Rejections and Invariants pages), by run, model, scope, namespace digest,
+    # decision and first mismatch; maintained by the ingest transactions that write
+    # decisions (store/queries/decisions.py) and requests (store/queries/requests.py), in
+    # either order of arrival. SQL and columns: store/scope_sql.py.
+    scope_sql.ROLLUP_DDL,
+    scope_sql.ROLLUP_FILL_SQL,
+)
+
+_SERIES_HEAD_LABELS = (
+    # The model_name and engine labels of each series' newest sample, so that cache_config
+    # reads the heads instead of every sample (maintained by insert_metric_samples).
+    "ALTER TABLE metric_series_head ADD COLUMN model VARCHAR",
+    "ALTER TABLE metric_series_head ADD COLUMN engine VARCHAR",
+    """
+    UPDATE metric_series_head AS h SET model = m.model, engine = m.engine
+    FROM metric_samples m
+    WHERE m.run_id = h.run_id AND m.metric = h.metric AND m.labels = h.labels
+      AND m.instance = h.instance AND m.ts_unix_s = h.ts_unix_s
+    """,
+)
+
+#: Latency histogram bins: bin k holds values in [LATENCY_BIN_RATIO ** k, LATENCY_BIN_RATIO **
+#: (k + 1)) ms (values <= 0 in bin NULL); 1.02 bounds a quantile's relative error by
+#: sqrt(1.02) - 1 < 1% (docs/metrics.md "Latency quantiles").
+LATENCY_BIN_RATIO = 1.02
+LATENCY_BIN_SQL = ("CAST(floor(ln(CASE WHEN {v} > 0 THEN {v} END) / ln(1.02)) AS INTEGER)")
+#: ``latency_rollup_1d`` rows of the requests matched by ``{where}`` (on ``requests``).
+LATENCY_ROLLUP_SELECT_SQL = " UNION ALL ".join(
+    f"SELECT floor(ts_unix_s / 86400.0) * 86400.0 AS bucket_start_s, run_id, model, instance, "
+    f"'{col}' AS measure, cached_tokens > 0 AS hit, "
+    f"{LATENCY_BIN_SQL.format(v=col)} AS bin, count(*) AS requests, sum({col}) AS sum_ms, "
+    f"min({col}) AS min_ms, max({col}) AS max_ms "
+    f"FROM requests WHERE cached_tokens IS NOT NULL AND {col} IS NOT NULL AND ({{where}}) "
+    f"GROUP BY ALL" for col in ("ttft_ms", "latency_ms"))
+LATENCY_ROLLUP_COLUMNS = ("bucket_start_s, run_id, model, instance, measure, hit, bin, requests, "
+                          "sum_ms, min_ms, max_ms")
+
+_LATENCY_ROLLUP = (
+    # Per UTC day, run, model, instance, measure (ttft_ms or latency_ms), outcome (hit =
+    # cached_tokens > 0) and log-spaced bin: the count, sum, min and max of the reporting
+    # requests' values. The Requests page's latency quantiles of a month read it instead of
+    # every request (store/queries/requests.py request_latency_quantiles); maintained by
+    # insert_request_rows. Bucket NULL = requests without a time.
+    """
+    CREATE TABLE latency_rollup_1d (
+        bucket_start_s  DOUBLE,            -- floor(ts_unix_s / 86400) * 86400 (UTC day)
+        run_id          VARCHAR NOT NULL,
+        model           VARCHAR,
+        instance        VARCHAR,
+        measure         VARCHAR NOT NULL,  -- ttft_ms or latency_ms
+        hit             BOOLEAN NOT NULL,  -- cached_tokens > 0 (else cached_tokens = 0)
+        bin             INTEGER,           -- floor(ln(ms) / ln(1.02)); NULL for ms <= 0
+        requests        BIGINT NOT NULL,
+        sum_ms          DOUBLE NOT NULL,
+        min_ms          DOUBLE NOT NULL,
+        max_ms          DOUBLE NOT NULL
+    )
+    """,
+    f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
+    + LATENCY_ROLLUP_SELECT_SQL.format(where="TRUE"),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
     Migration(6, "alerts: daily report sends", (
@@ -595,4 +662,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(70, "counter increases stored at ingest", _COUNTER_INCREASES),
     Migration(71, "per-minute request rollup", _REQUEST_ROLLUP),
     Migration(72, "5-minute counter rollup", _COUNTER_ROLLUP),
+    Migration(75, "5-minute scope and decision rollup", _SCOPE_ROLLUP),
+    Migration(76, "series heads carry model and engine", _SERIES_HEAD_LABELS),
+    Migration(77, "daily latency histogram rollup", _LATENCY_ROLLUP),
 )

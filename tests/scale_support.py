@@ -14,7 +14,9 @@ requests take a minute or two instead of hours through the JSON ingester. The sh
   ``vllm:external_prefix_cache_hits_total`` (counters that restart, i.e. drop to a small value,
   every ``restart_every`` scrapes, at a different phase per instance),
   ``vllm:num_preemptions_total`` and the gauge ``vllm:kv_cache_usage_perc``: five series per
-  instance, so 15 s scrapes over 30 days on 10 instances are 8.64 M samples.
+  instance, so 15 s scrapes over 30 days on 10 instances are 8.64 M samples;
+- a gateway decision for every 5th request (``gateway_decisions``, production run), so the
+  Scopes, Rejections and Invariants pages have a month of decisions to show.
 
 Deterministic: every value is a hash of the row number.
 """
@@ -31,16 +33,20 @@ MODEL_NAMES = ("llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "mistral-7b-instr
 
 def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: float,
                      days: float = 30.0, instances: int = 10, models: int = 4,
-                     restart_every: int = 40_000) -> dict[str, int]:
+                     restart_every: int = 40_000, decisions: bool = True,
+                     decision_every: int = 5) -> dict[str, int]:
     """Create ``path`` (must not exist) with the generated deployment.
 
     Args:
         requests: rows of ``requests``.
         scrape_s: seconds between counter scrapes (15 s, or 3600 for hourly samples).
         restart_every: scrapes between two restarts of an instance's counters.
+        decisions: also write ``gateway_decisions`` for every ``decision_every``-th request
+            (a gateway in front of production: 3 scopes, 6 namespaces, 70% accept, 10%
+            reject, 20% no candidate).
 
     Returns:
-        ``{"requests": n, "metric_samples": n}`` rows written.
+        ``{"requests": n, "metric_samples": n, "gateway_decisions": n}`` rows written.
     """
     from prefixscope.store import db as store_db
     from prefixscope.store.schema import REQUEST_KEY_SQL
@@ -132,13 +138,52 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
             FROM _scrapes
         """, [names, len(names), names, len(names), start + scrape_s, float(scrape_s)])
         con.execute("DROP TABLE _scrapes")
+        if decisions:
+            # a cache gateway in front of the production traffic: a decision for every
+            # ``decision_every``-th request, at its time, in 3 scopes and 6 namespaces;
+            # candidates carry the request's identity (no invariant is violated)
+            con.execute(f"""
+                INSERT INTO gateway_decisions (run_id, request_id, source_id, line, ts_unix_s,
+                    instance, model, scope, namespace_digest, decision, first_mismatch, reasons,
+                    candidate_cached_tokens, accepted_cached_tokens, salt_applied, model_digest,
+                    candidate_request_id, candidate_scope, candidate_namespace_digest,
+                    candidate_model_digest)
+                WITH d AS (
+                    SELECT *, hash(line + 77) AS h,
+                           (['PUBLIC', 'TENANT', 'PRINCIPAL'])[1 + CAST(line % 3 AS BIGINT)] AS sc,
+                           lpad(to_hex(hash(line % 6)), 16, '0') AS ns
+                    FROM requests WHERE line % ? = 0
+                ), e AS (
+                    SELECT *, CASE WHEN h % 10 < 7 THEN 'accept' WHEN h % 10 < 8 THEN 'reject'
+                                   ELSE 'miss' END AS dec FROM d
+                )
+                SELECT run_id, request_id, 'generated-gateway', line, ts_unix_s, instance, model,
+                       sc, ns, dec,
+                       CASE WHEN dec = 'reject' THEN (['tokenizer_digest', 'cache_epoch',
+                            'namespace'])[1 + CAST((h >> 8) % 3 AS BIGINT)] END,
+                       CASE WHEN dec = 'reject' THEN (['tokenizer_digest', 'cache_epoch',
+                            'namespace'])[1 + CAST((h >> 8) % 3 AS BIGINT)] ELSE '' END,
+                       CASE WHEN dec = 'miss' THEN 0 ELSE coalesce(cached_tokens, 0) END,
+                       CASE WHEN dec = 'accept' THEN coalesce(cached_tokens, 0) ELSE 0 END,
+                       TRUE, 'md-' || model,
+                       CASE WHEN dec <> 'miss' THEN 'prev-' || request_id END,
+                       CASE WHEN dec <> 'miss' THEN sc END, CASE WHEN dec <> 'miss' THEN ns END,
+                       CASE WHEN dec <> 'miss' THEN 'md-' || model END
+                FROM e
+            """, [int(decision_every)])
         from prefixscope.store.queries.metrics import recompute_increases
 
         recompute_increases(con)  # rows written with SQL: their increases, as ingest stores them
         from prefixscope.store.queries.requests import rebuild_request_rollup
 
-        rebuild_request_rollup(con)  # and the rollup the ingest transactions maintain
+        rebuild_request_rollup(con)  # and the rollups the ingest transactions maintain
+        from prefixscope.store.queries import scope_rollup
+        from prefixscope.store.queries.requests import rebuild_latency_rollup
+
+        rebuild_latency_rollup(con)
+        scope_rollup.rebuild(con)
         n_req = con.execute("SELECT count(*) FROM requests").fetchone()[0]
         n_ms = con.execute("SELECT count(*) FROM metric_samples").fetchone()[0]
+        n_d = con.execute("SELECT count(*) FROM gateway_decisions").fetchone()[0]
         store_db.checkpoint(con)
-    return {"requests": int(n_req), "metric_samples": int(n_ms)}
+    return {"requests": int(n_req), "metric_samples": int(n_ms), "gateway_decisions": int(n_d)}

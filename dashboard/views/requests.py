@@ -19,6 +19,7 @@ from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_
 from prefixscope.dashboard.downloads import show_table
 
 PAGE_ROWS = 500
+LATENCY_ERROR_PCT = f"{data.latency_quantile_error():.1%}"
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
          "usage.jsonl`, or widen the time range.")
 COVERAGE_HINT = ("start vLLM with `--enable-prompt-tokens-details` so that every response's usage "
@@ -91,6 +92,9 @@ with data.guard(db):
                                              if column == "ttft_ms" else
                                              "Total latency, hit vs miss")),
             key=f"requests_{column.removesuffix('_ms')}")
+        st.caption("Quantiles from a histogram in log-spaced bins: each within "
+                   f"{LATENCY_ERROR_PCT} of the exact value; count, min and max exact "
+                   "(docs/metrics.md \"Latency quantiles\").")
 
     st.subheader("Per window")
     if windows.empty:

@@ -38,14 +38,16 @@ EVENT_COLUMNS: tuple[str, ...] = (
 def decision_log_row_count(con: duckdb.DuckDBPyConnection) -> int:
     """Rows in ``gateway_decisions`` plus rows in ``gateway_events``."""
     return int(con.execute("SELECT (SELECT count(*) FROM gateway_decisions) + "
-                           "(SELECT count(*) FROM gateway_events)").fetchone()[0])
+                           "(SELECT count(*) FROM gateway_events)").fetchall()[0][0])
 
 
 def insert_decision_rows(con: duckdb.DuckDBPyConnection, decisions: Sequence[Sequence[object]],
                          events: Sequence[Sequence[object]]) -> int:
     """Insert decision rows (tuples in :data:`DECISION_COLUMNS` order) and event rows (tuples
-    in :data:`EVENT_COLUMNS` order); rows whose key exists are skipped. Runs inside the
-    caller's transaction.
+    in :data:`EVENT_COLUMNS` order); rows whose key exists are skipped. The scope rollup
+    (``scope_rollup_5m``) of the minutes the decisions touch is recomputed in the same
+    transaction (:func:`prefixscope.store.queries.scope_rollup.refresh_for_decisions`). Runs
+    inside the caller's transaction.
 
     Returns:
         Rows added (decisions + events).
@@ -57,4 +59,20 @@ def insert_decision_rows(con: duckdb.DuckDBPyConnection, decisions: Sequence[Seq
                                  ("gateway_events", EVENT_COLUMNS, events)):
         if rows:
             insert_rows_bulk(con, table, columns, rows)
+    if decisions:
+        import pyarrow as pa
+
+        from prefixscope.store.queries import scope_rollup
+
+        i_run, i_req, i_ts = (DECISION_COLUMNS.index(c)
+                              for c in ("run_id", "request_id", "ts_unix_s"))
+        _prefixscope_decision_keys = pa.table({  # noqa: F841 - read by DuckDB's replacement scan
+            "run_id": pa.array([r[i_run] for r in decisions], pa.string()),
+            "request_id": pa.array([r[i_req] for r in decisions], pa.string()),
+            "ts_unix_s": pa.array([None if r[i_ts] is None else float(r[i_ts])
+                                   for r in decisions], pa.float64())})
+        con.execute("CREATE OR REPLACE TEMP TABLE _ps_decision_keys AS "
+                    "SELECT * FROM _prefixscope_decision_keys")
+        scope_rollup.refresh_for_decisions(con, "_ps_decision_keys")
+        con.execute("DROP TABLE _ps_decision_keys").fetchall()
     return decision_log_row_count(con) - before

@@ -164,11 +164,16 @@ def insert_metric_samples(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple],
         if lo is not None:
             _refresh_counter_rollup(con, run_id, float(lo), float(hi))
         con.execute("""
-            INSERT INTO metric_series_head
-            SELECT ?, metric, labels, instance, max(ts_unix_s), arg_max(value, ts_unix_s)
+            INSERT INTO metric_series_head (run_id, metric, labels, instance, ts_unix_s, value,
+                                            model, engine)
+            SELECT ?, metric, labels, instance, max(ts_unix_s), arg_max(value, ts_unix_s),
+                   arg_max(model, ts_unix_s), arg_max(engine, ts_unix_s)
             FROM _ps_batch GROUP BY metric, labels, instance
             ON CONFLICT DO UPDATE SET
                 value = CASE WHEN excluded.ts_unix_s > ts_unix_s THEN excluded.value ELSE value END,
+                model = CASE WHEN excluded.ts_unix_s > ts_unix_s THEN excluded.model ELSE model END,
+                engine = CASE WHEN excluded.ts_unix_s > ts_unix_s THEN excluded.engine
+                              ELSE engine END,
                 ts_unix_s = greatest(ts_unix_s, excluded.ts_unix_s)
         """, [run_id])
         con.execute("DROP TABLE _ps_batch")
@@ -198,7 +203,13 @@ def recompute_increases(con: duckdb.DuckDBPyConnection) -> int:
 
     n = con.execute(_COUNTER_INCREASES[4]).fetchone()[0]
     con.execute("DELETE FROM metric_series_head")
-    con.execute(_COUNTER_INCREASES[6])
+    con.execute("""
+        INSERT INTO metric_series_head (run_id, metric, labels, instance, ts_unix_s, value,
+                                        model, engine)
+        SELECT run_id, metric, labels, instance, max(ts_unix_s), arg_max(value, ts_unix_s),
+               arg_max(model, ts_unix_s), arg_max(engine, ts_unix_s)
+        FROM metric_samples GROUP BY run_id, metric, labels, instance
+    """)
     rebuild_counter_rollup(con)
     return int(n)
 
@@ -626,7 +637,10 @@ def cache_config(con: duckdb.DuckDBPyConnection, *,
     """The latest ``vllm:cache_config_info`` labels per instance and engine.
 
     ``model`` is the latest ``model_name`` seen on any sample of that instance and engine
-    (cache_config_info itself has no model label).
+    (cache_config_info itself has no model label). Reads the newest sample of each series
+    (``metric_series_head``, migrations 70 and 76, maintained by
+    :func:`insert_metric_samples`), not every sample: the newest sample of an instance and
+    engine is the newest of its series.
 
     Returns:
         DataFrame ``instance, model, engine, block_size`` (tokens per block),
@@ -640,12 +654,12 @@ def cache_config(con: duckdb.DuckDBPyConnection, *,
             SELECT instance, engine, labels, ts_unix_s,
                    row_number() OVER (PARTITION BY instance, engine
                                       ORDER BY ts_unix_s DESC, labels) AS rn
-            FROM metric_samples
+            FROM metric_series_head
             WHERE metric = ?{where}
         ),
         models AS (
             SELECT instance, engine, arg_max(model, ts_unix_s) AS model
-            FROM metric_samples
+            FROM metric_series_head
             WHERE model IS NOT NULL{where}
             GROUP BY instance, engine
         )

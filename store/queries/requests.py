@@ -25,7 +25,9 @@ import pyarrow as pa
 
 from prefixscope.core.errors import InvalidArgument
 from prefixscope.core.report import format_report_line
-from prefixscope.store.schema import REQUEST_KEY_SQL
+from prefixscope.store.queries import scope_rollup
+from prefixscope.store.schema import (LATENCY_BIN_RATIO, LATENCY_ROLLUP_COLUMNS,
+                                      LATENCY_ROLLUP_SELECT_SQL, REQUEST_KEY_SQL)
 
 #: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
 GROUPABLE = ("model", "instance", "run_id", "endpoint", "usage_shape", "scope", "tenant_digest")
@@ -128,6 +130,52 @@ def _refresh_rollup(con: duckdb.DuckDBPyConnection, batch: str) -> None:
                     + ROLLUP_SELECT_SQL.format(where="ts_unix_s IS NULL"))
 
 
+def _refresh_latency_rollup(con: duckdb.DuckDBPyConnection, batch: str, *, all_new: bool
+                            ) -> None:
+    """Maintain ``latency_rollup_1d`` (migration 77) for the batch ``batch`` just inserted:
+    when every row of it was added (``all_new``), its bins are added to the stored ones of the
+    same days (counts and sums add, min/max combine: any order of arrival gives the same
+    table); else the days it touches are recomputed from ``requests`` (exact for repeats and
+    rows stored already)."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _ps_lat_days AS SELECT DISTINCT "
+                f"floor(ts_unix_s / 86400.0) * 86400.0 AS b FROM {batch}")
+    in_days = ("(bucket_start_s IN (SELECT b FROM _ps_lat_days) OR (bucket_start_s IS NULL AND "
+               "EXISTS (SELECT 1 FROM _ps_lat_days WHERE b IS NULL)))")
+    if all_new:
+        fresh = LATENCY_ROLLUP_SELECT_SQL.replace("FROM requests", f"FROM {batch}").format(
+            where="TRUE")
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _ps_lat AS
+            SELECT bucket_start_s, run_id, model, instance, measure, hit, bin,
+                   sum(requests) AS requests, sum(sum_ms) AS sum_ms, min(min_ms) AS min_ms,
+                   max(max_ms) AS max_ms
+            FROM ({fresh} UNION ALL
+                  SELECT {LATENCY_ROLLUP_COLUMNS} FROM latency_rollup_1d WHERE {in_days})
+            GROUP BY ALL
+        """)
+        con.execute(f"DELETE FROM latency_rollup_1d WHERE {in_days}")
+        con.execute(f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
+                    f"SELECT {LATENCY_ROLLUP_COLUMNS} FROM _ps_lat")
+        con.execute("DROP TABLE _ps_lat")
+    else:
+        con.execute(f"DELETE FROM latency_rollup_1d WHERE {in_days}")
+        con.execute(f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
+                    + LATENCY_ROLLUP_SELECT_SQL.format(
+                        where=f"floor(ts_unix_s / 86400.0) * 86400.0 IN (SELECT b FROM "
+                              f"_ps_lat_days) OR (ts_unix_s IS NULL AND EXISTS (SELECT 1 FROM "
+                              f"_ps_lat_days WHERE b IS NULL))"))
+    con.execute("DROP TABLE _ps_lat_days").fetchall()
+
+
+def rebuild_latency_rollup(con: duckdb.DuckDBPyConnection) -> int:
+    """Rebuild ``latency_rollup_1d`` from every stored request (after rows were written with
+    SQL). Runs in the caller's transaction. Returns the rollup rows written."""
+    con.execute("DELETE FROM latency_rollup_1d")
+    row = con.execute(f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
+                      + LATENCY_ROLLUP_SELECT_SQL.format(where="TRUE")).fetchone()
+    return int(row[0]) if row else 0
+
+
 def rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
     """True when ``request_rollup_1m`` counts every stored request (it is maintained by the
     ingest transactions; rows written with SQL make it stale until
@@ -197,7 +245,10 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
     """Insert an Arrow batch of request rows; rows whose (run_id, request_id) is stored are
     skipped (also repeats inside the batch: the first is kept). The per-minute rollup
     (``request_rollup_1m``) of the minutes the batch touches is recomputed in the same
-    transaction. The pair is checked through
+    transaction, as are the scope rollup's minutes (``scope_rollup_5m``,
+    :mod:`prefixscope.store.queries.scope_rollup`); the daily latency histogram
+    (``latency_rollup_1d``) gains the batch's counts when every row was new, else its days
+    are recomputed. The pair is checked through
     ``request_key`` (:data:`prefixscope.store.schema.REQUEST_KEY_SQL`, computed here).
 
     Args:
@@ -214,6 +265,9 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
             f"INSERT INTO requests ({columns}, request_key) "
             f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name} ON CONFLICT DO NOTHING").fetchone()
         _refresh_rollup(con, name)
+        added = int(row[0]) if row else 0
+        _refresh_latency_rollup(con, name, all_new=added == batch.num_rows)
+        scope_rollup.refresh_for_requests(con, name)
     finally:
         con.unregister(name)
     return int(row[0]) if row else 0
@@ -221,8 +275,8 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
 
 def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
     """Insert an Arrow batch of request rows that are all expected to be new (plain INSERT,
-    about twice as fast as :func:`insert_request_rows` on DuckDB 1.x-2.x), and recompute the
-    rollup of the minutes it touches.
+    about twice as fast as :func:`insert_request_rows` on DuckDB 1.x-2.x), and maintain the
+    rollups (per-minute requests, daily latency histogram, per-minute scopes).
 
     Returns:
         Rows added (= the batch's rows).
@@ -239,6 +293,8 @@ def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, col
         f"INSERT INTO requests ({columns}, request_key) "
         f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name}").fetchone()
     _refresh_rollup(con, name)
+    _refresh_latency_rollup(con, name, all_new=True)
+    scope_rollup.refresh_for_requests(con, name)
     con.unregister(name)
     return int(row[0]) if row else 0
 
@@ -439,17 +495,94 @@ def request_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = No
 LATENCY_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
+#: Relative error bound of the quantiles :func:`request_latency_quantiles` returns by default:
+#: sqrt(1.02) - 1 (bins of ``latency_rollup_1d`` span a factor 1.02).
+LATENCY_QUANTILE_ERROR = math.sqrt(LATENCY_BIN_RATIO) - 1.0
+
+
+def latency_rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """True when ``latency_rollup_1d`` counts every reporting request with a time to first
+    token and with a latency (checked against the current per-minute rollup's ``with_ttft``
+    and ``with_latency``): the quantiles then read it."""
+    if not rollup_current(con):
+        return False
+    try:
+        row = con.execute("""
+            SELECT (SELECT coalesce(sum(with_ttft), 0) FROM request_rollup_1m),
+                   (SELECT coalesce(sum(with_latency), 0) FROM request_rollup_1m),
+                   coalesce(sum(requests) FILTER (WHERE measure = 'ttft_ms'), 0),
+                   coalesce(sum(requests) FILTER (WHERE measure = 'latency_ms'), 0)
+            FROM latency_rollup_1d""").fetchone()
+    except duckdb.CatalogException:
+        return False
+    return int(row[0]) == int(row[2]) and int(row[1]) == int(row[3])
+
+
+def _latency_bins(con: duckdb.DuckDBPyConnection, column: str, start_s: float | None,
+                  end_s: float | None, models, instances, run_ids,
+                  rollup: bool | None) -> tuple[str, list]:
+    """A subquery of histogram rows (``hit, bin, requests, sum_ms, min_ms, max_ms``) of the
+    reporting requests in the range: ``latency_rollup_1d`` rows for the whole UTC days inside
+    it and the requests of the part days binned on the fly; or every request binned on the fly
+    (``rollup`` False, or None and not :func:`latency_rollup_current`). Both give the same
+    bins."""
+    raw = LATENCY_ROLLUP_SELECT_SQL.split(" UNION ALL ")[0 if column == "ttft_ms" else 1]
+    use = latency_rollup_current(con) if rollup is None else bool(rollup)
+    day = 86400.0
+    lo = None if start_s is None else math.ceil(float(start_s) / day) * day
+    hi = None if end_s is None else math.floor(float(end_s) / day) * day
+    if lo is not None and hi is not None and lo > hi:
+        use = False
+    if not use:
+        where, params = _where(start_s, end_s, models, instances, run_ids)
+        return f"({raw.format(where=where)})", params
+    gwhere, params = _where(None, None, models, instances, run_ids)
+    mid = [gwhere, "measure = ?"]
+    params = [*params, column]
+    if lo is not None:
+        mid.append("bucket_start_s >= ?")
+        params.append(lo)
+    if hi is not None:
+        mid.append("bucket_start_s < ?")
+        params.append(hi)
+    cols = "hit, bin, requests, sum_ms, min_ms, max_ms"
+    parts = [f"SELECT {cols} FROM latency_rollup_1d WHERE {' AND '.join(mid)}"]
+    if start_s is not None and lo > float(start_s):
+        where, p = _where(start_s, None, models, instances, run_ids)
+        parts.append(f"SELECT {cols} FROM ({raw.format(where=f'{where} AND ts_unix_s < ?')})")
+        params += [*p, lo]
+    if end_s is not None and hi < float(end_s):
+        where, p = _where(start_s, end_s, models, instances, run_ids)
+        parts.append(f"SELECT {cols} FROM ({raw.format(where=f'{where} AND ts_unix_s >= ?')})")
+        params += [*p, hi]
+    return "(" + " UNION ALL ".join(parts) + ")", params
+
+
 def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "ttft_ms",
                               start_s: float | None = None, end_s: float | None = None,
                               models: Sequence[str] | None = None,
                               instances: Sequence[str] | None = None,
-                              run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+                              run_ids: Sequence[str] | None = None, exact: bool = False,
+                              rollup: bool | None = None) -> pd.DataFrame:
     """Latency of reporting requests that hit the prefix cache (cached_tokens > 0) and of
     those that missed (cached_tokens = 0), as quantiles: the box plot's statistics computed in
-    DuckDB (exact ``quantile_cont``, linear interpolation), never the rows.
+    DuckDB, never the rows.
+
+    By default the quantiles come from a histogram in log-spaced bins (factor
+    :data:`~prefixscope.store.schema.LATENCY_BIN_RATIO` = 1.02; the daily rollup
+    ``latency_rollup_1d`` for whole UTC days, the part days binned on the fly): each is
+    ``quantile_cont``'s linear interpolation between the two order statistics around it, each
+    order statistic replaced by its bin's geometric middle (clamped to the bin's smallest and
+    largest value), so it is within a relative :data:`LATENCY_QUANTILE_ERROR` (< 1%) of the
+    exact ``quantile_cont`` of the same requests (values > 0 ms; a value <= 0 is represented
+    by the middle of the smallest and largest such value). ``requests``, ``min_ms`` and
+    ``max_ms`` are exact, ``mean_ms`` exact up to floating-point rounding. ``exact`` = the
+    exact ``quantile_cont`` over the requests (reads every row).
 
     Args:
         column: ``ttft_ms`` or ``latency_ms`` (milliseconds; requests without it left out).
+        rollup: histogram from the rollup (None: when :func:`latency_rollup_current`) or
+            binned from ``requests`` (False); the same numbers.
 
     Returns:
         Columns ``outcome`` (``hit``, ``miss``), ``requests``, ``min_ms``, ``p05_ms``,
@@ -461,20 +594,53 @@ def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "
     """
     if column not in ("ttft_ms", "latency_ms"):
         raise InvalidArgument(f"column must be ttft_ms or latency_ms, got {column!r}")
-    where, params = _where(start_s, end_s, models, instances, run_ids)
-    qs = ", ".join(str(q) for q in LATENCY_QUANTILES)
     names = ", ".join(f"q[{i + 1}] AS p{round(q * 100):02d}_ms"
                       for i, q in enumerate(LATENCY_QUANTILES))
+    if exact:
+        where, params = _where(start_s, end_s, models, instances, run_ids)
+        qs = ", ".join(str(q) for q in LATENCY_QUANTILES)
+        return con.execute(f"""
+            WITH a AS (
+                SELECT CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome,
+                       count(*) AS requests, min({column}) AS min_ms, max({column}) AS max_ms,
+                       avg({column}) AS mean_ms, quantile_cont({column}, [{qs}]) AS q
+                FROM requests
+                WHERE cached_tokens IS NOT NULL AND {column} IS NOT NULL AND {where}
+                GROUP BY 1
+            )
+            SELECT outcome, requests, min_ms, {names}, max_ms, mean_ms FROM a ORDER BY outcome
+        """, params).df()
+    bins, params = _latency_bins(con, column, start_s, end_s, models, instances, run_ids, rollup)
+    qlist = "[" + ", ".join(repr(float(q)) for q in LATENCY_QUANTILES) + "]"
     return con.execute(f"""
-        WITH a AS (
-            SELECT CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome,
-                   count(*) AS requests, min({column}) AS min_ms, max({column}) AS max_ms,
-                   avg({column}) AS mean_ms, quantile_cont({column}, [{qs}]) AS q
-            FROM requests
-            WHERE cached_tokens IS NOT NULL AND {column} IS NOT NULL AND {where}
-            GROUP BY 1
+        WITH h AS (
+            SELECT hit, coalesce(bin, -2147483648) AS k, sum(requests) AS n, sum(sum_ms) AS s,
+                   min(min_ms) AS lo, max(max_ms) AS hi, bool_and(bin IS NULL) AS nonpos
+            FROM {bins} b GROUP BY hit, coalesce(bin, -2147483648)
+        ), c AS (
+            SELECT hit, k, n, sum(n) OVER (PARTITION BY hit ORDER BY k) AS cum,
+                   CASE WHEN nonpos THEN (lo + hi) / 2
+                        ELSE least(greatest(pow({LATENCY_BIN_RATIO}, k + 0.5), lo), hi) END AS rep
+            FROM h
+        ), g AS (
+            SELECT hit, sum(n) AS total, min(lo) AS min_ms, max(hi) AS max_ms,
+                   sum(s) / sum(n) AS mean_ms
+            FROM h GROUP BY hit
+        ), qs AS (
+            SELECT g.*, qi, (total - 1) * ({qlist})[qi] AS pos
+            FROM g, range(1, {len(LATENCY_QUANTILES) + 1}) t(qi)
+        ), v AS (
+            SELECT qs.hit, qs.qi, any_value(qs.pos) AS pos,
+                   arg_min(c.rep, c.k) FILTER (WHERE c.cum > floor(qs.pos)) AS a,
+                   arg_min(c.rep, c.k) FILTER (WHERE c.cum > ceil(qs.pos)) AS b
+            FROM qs JOIN c ON c.hit = qs.hit GROUP BY qs.hit, qs.qi
+        ), q AS (
+            SELECT hit, list(a + (b - a) * (pos - floor(pos)) ORDER BY qi) AS q FROM v
+            GROUP BY hit
         )
-        SELECT outcome, requests, min_ms, {names}, max_ms, mean_ms FROM a ORDER BY outcome
+        SELECT CASE WHEN g.hit THEN 'hit' ELSE 'miss' END AS outcome,
+               CAST(g.total AS BIGINT) AS requests, g.min_ms, {names}, g.max_ms, g.mean_ms
+        FROM g JOIN q USING (hit) ORDER BY outcome
     """, params).df()
 
 

@@ -31,6 +31,7 @@ window_start_s + window_s)`` aligned to ``origin_s + k * window_s``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,37 +40,16 @@ import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
-from prefixscope.core.identity import GENERATION_FIELDS, SCOPE_FIELDS, VERSION_FIELDS
+from prefixscope.store import scope_sql
+from prefixscope.store.queries import scope_rollup
+from prefixscope.store.scope_sql import (COLLISION_REASONS, CROSS_SCOPE_REASONS,  # noqa: F401
+                                         GENERATION_REASONS, INVARIANTS, VERSION_REASONS)
+from prefixscope.store.scope_sql import VERSION_COLUMNS as _VERSION_COLUMNS
 from prefixscope.store.sqlhelpers import window_start_sql
 
-CROSS_SCOPE_REASONS = [*SCOPE_FIELDS, "salt"]
-VERSION_REASONS = [*VERSION_FIELDS]
-GENERATION_REASONS = [*GENERATION_FIELDS]
-COLLISION_REASONS = ["content_digest"]
-#: Short digest columns compared for wrong-version acceptance (expected vs candidate_*).
-_VERSION_COLUMNS = ("content_digest", "model_digest", "tokenizer_digest", "runtime_digest",
-                    "adapter_digest", "prompt_bundle_digest", "toolset_digest", "policy_revision")
-INVARIANTS = ("cross_scope_acceptance", "wrong_version_acceptance", "old_generation_use")
 GROUPABLE = ("scope", "namespace_digest", "model", "instance", "run_id")
 
-_JOINED = """
-    SELECT COALESCE(d.run_id, r.run_id) AS run_id,
-           COALESCE(d.request_id, r.request_id) AS request_id,
-           COALESCE(r.ts_unix_s, d.ts_unix_s) AS ts_unix_s,
-           COALESCE(d.model, r.model) AS model,
-           COALESCE(d.instance, r.instance) AS instance,
-           COALESCE(d.scope, r.scope, 'UNSCOPED') AS scope,
-           COALESCE(d.namespace_digest, r.tenant_digest) AS namespace_digest,
-           d.decision, d.first_mismatch, d.reasons,
-           d.candidate_cached_tokens, d.accepted_cached_tokens, d.candidate_request_id,
-           r.prompt_tokens, r.cached_tokens,
-           d.request_id IS NOT NULL AS has_decision, r.request_id IS NOT NULL AS has_usage,
-           d.* EXCLUDE (run_id, request_id, ts_unix_s, model, instance, scope, namespace_digest,
-                        decision, first_mismatch, reasons, candidate_cached_tokens,
-                        accepted_cached_tokens, candidate_request_id, source_id, line)
-    FROM gateway_decisions d
-    FULL OUTER JOIN requests r ON d.run_id = r.run_id AND d.request_id = r.request_id
-"""
+_JOINED = scope_sql.JOINED_SQL
 
 _CLASS = """CASE
     WHEN decision <> 'reject' THEN NULL
@@ -104,6 +84,19 @@ def _base(where: str) -> str:
     return f"SELECT * FROM ({_JOINED}) j WHERE ts_unix_s IS NOT NULL AND {where}"
 
 
+def _base_decided(where: str) -> str:
+    """As :func:`_base` for the rows with a decision only (decisions LEFT JOIN usage: the same
+    rows, without joining every usage row)."""
+    rows = scope_sql.ROWS_SQL.format(
+        source=f"gateway_decisions d LEFT JOIN requests r ON {scope_sql.ON_KEY}")
+    return f"SELECT * FROM ({rows}) j WHERE ts_unix_s IS NOT NULL AND {where}"
+
+
+_NO_ROWS = scope_sql.ROWS_SQL.format(
+    source="(SELECT * FROM gateway_decisions LIMIT 0) d LEFT JOIN (SELECT * FROM requests "
+           f"LIMIT 0) r ON {scope_sql.ON_KEY}")
+
+
 def _by(by: Sequence[str]) -> list[str]:
     cols = list(by)
     bad = [c for c in cols if c not in GROUPABLE]
@@ -131,6 +124,74 @@ _RATE = """, cached_tokens AS saved_prefill_tokens,
          THEN cached_tokens::DOUBLE / reported_prompt_tokens END AS hit_rate"""
 
 
+# --- the 5-minute rollup (migration 75, ``scope_rollup_5m``) ------------------------------
+
+_ROLLUP_COLS = ", ".join(scope_sql.ROLLUP_COLUMNS)
+#: The measures of :data:`_AGG` summed over rollup-shaped rows.
+_FAGG = """
+    CAST(COALESCE(sum(requests), 0) AS BIGINT) AS requests,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision IS NOT NULL), 0) AS BIGINT)
+        AS decided_requests,
+    CAST(COALESCE(sum(reported_requests), 0) AS BIGINT) AS reported_requests,
+    COALESCE(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
+    COALESCE(sum(reported_prompt_tokens), 0)::BIGINT AS reported_prompt_tokens,
+    COALESCE(sum(cached_tokens), 0)::BIGINT AS cached_tokens,
+    COALESCE(sum(accepted_cached_tokens), 0)::BIGINT AS accepted_cached_tokens,
+    COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS candidate_cached_tokens,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'accept'), 0) AS BIGINT) AS accepts,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'reject'), 0) AS BIGINT) AS rejects,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'miss'), 0) AS BIGINT) AS misses
+"""
+
+
+def _facts(con: duckdb.DuckDBPyConnection, *, rollup: bool | None, start_s: float | None,
+           end_s: float | None, window_s: float | None = None, origin_s: float = 0.0,
+           by: Sequence[str] = (), **dims: Sequence[str] | None) -> tuple[str, list[Any]] | None:
+    """A subquery of rollup-shaped rows (``bucket_start_s`` and the measures of
+    :data:`prefixscope.store.scope_sql.ROLLUP_COLUMNS`, timed rows only) for the range and
+    filters: ``scope_rollup_5m`` rows for the whole 5-minute buckets inside ``[start_s,
+    end_s)`` and rows aggregated from the join for the part buckets at either end; summed, they
+    give the numbers of the join. None when the rollup cannot serve the call (``rollup``
+    False; None and the rollup not :func:`~prefixscope.store.queries.scope_rollup.current`;
+    windows not whole buckets; a range inside one bucket; an instance filter or grouping:
+    the rollup has no instance): the caller then reads the join."""
+    if rollup is False or dims.get("instances") is not None or "instance" in by:
+        return None
+    if window_s is not None and (float(window_s) % scope_sql.ROLLUP_S
+                                 or float(origin_s) % scope_sql.ROLLUP_S):
+        return None
+    step = scope_sql.ROLLUP_S
+    lo = None if start_s is None else math.ceil(float(start_s) / step) * step
+    hi = None if end_s is None else math.floor(float(end_s) / step) * step
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    if rollup is None and not scope_rollup.current(con):
+        return None
+    gwhere, gparams = _filters(start_s=None, end_s=None, **dims)
+    mid, params = [gwhere, "bucket_start_s IS NOT NULL"], list(gparams)
+    if lo is not None:
+        mid.append("bucket_start_s >= ?")
+        params.append(lo)
+    if hi is not None:
+        mid.append("bucket_start_s < ?")
+        params.append(hi)
+    parts = [f"SELECT {_ROLLUP_COLS} FROM scope_rollup_5m WHERE {' AND '.join(mid)}"]
+    if start_s is not None and lo > float(start_s):
+        where, p = _filters(start_s=start_s, end_s=None, **dims)
+        parts.append(scope_sql.ROLLUP_SELECT_SQL.format(
+            rows=_JOINED, where=f"ts_unix_s IS NOT NULL AND {where} AND "
+                                f"{scope_sql.BUCKET_SQL} < ?"))
+        params += [*p, lo]
+    if end_s is not None and hi < float(end_s):
+        where, p = _filters(start_s=start_s, end_s=end_s, **dims)
+        parts.append(scope_sql.ROLLUP_SELECT_SQL.format(
+            rows=_JOINED, where=f"ts_unix_s IS NOT NULL AND {where} AND "
+                                f"{scope_sql.BUCKET_SQL} >= ?"))
+        params += [*p, hi]
+    return "(" + " UNION ALL ".join(parts) + ")", params
+
+
+
 def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                              end_s: float | None = None, window_s: float = 3600,
                              by: Sequence[str] = ("scope",),
@@ -139,12 +200,15 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                              instances: Sequence[str] | None = None,
                              scopes: Sequence[str] | None = None,
                              namespaces: Sequence[str] | None = None,
-                             origin_s: float = 0.0) -> pd.DataFrame:
+                             origin_s: float = 0.0, rollup: bool | None = None) -> pd.DataFrame:
     """Hit rate and saved prefill tokens by scope (and/or namespace digest) per time window.
 
     Args:
         by: grouping columns from :data:`GROUPABLE` (``scope``, ``namespace_digest``, ...).
         window_s: window length in seconds (> 0).
+        rollup: read the 5-minute rollup (``scope_rollup_5m``; None = when it is current,
+            ``window_s`` and ``origin_s`` are whole 5 minutes and no instance is filtered or
+            grouped by; False = the join itself). Both give the same numbers.
 
     Returns:
         Columns ``window_start_s, window_end_s, <by...>, requests, decided_requests,
@@ -159,9 +223,24 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     if not window_s or window_s <= 0:
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
     cols = _by(by)
-    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
-                             instances=instances, scopes=scopes, namespaces=namespaces)
+    dims = dict(run_ids=run_ids, models=models, instances=instances, scopes=scopes,
+                namespaces=namespaces)
     sel = "".join(f", {c}" for c in cols)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, window_s=window_s,
+                   origin_s=origin_s, by=cols, **dims)
+    if facts is not None:
+        fsql, fparams = facts
+        window_start, window_params = window_start_sql("bucket_start_s", window_s=window_s,
+                                                       origin_s=origin_s)
+        sql = f"""
+            WITH w AS (SELECT {window_start} AS window_start_s, * FROM {fsql}),
+                 a AS (SELECT window_start_s{sel}, {_FAGG} FROM w GROUP BY ALL)
+            SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
+                   * EXCLUDE (window_start_s{sel}){_RATE}
+            FROM a ORDER BY window_start_s{sel}
+        """
+        return con.execute(sql, [*window_params, *fparams, float(window_s)]).df()
+    where, params = _filters(start_s=start_s, end_s=end_s, **dims)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
     sql = f"""
@@ -182,13 +261,23 @@ def hit_rate_by_scope_totals(con: duckdb.DuckDBPyConnection, *, start_s: float |
                              models: Sequence[str] | None = None,
                              instances: Sequence[str] | None = None,
                              scopes: Sequence[str] | None = None,
-                             namespaces: Sequence[str] | None = None) -> pd.DataFrame:
+                             namespaces: Sequence[str] | None = None,
+                             rollup: bool | None = None) -> pd.DataFrame:
     """As :func:`hit_rate_by_scope_window` over the whole range: one row per group, largest
     ``prompt_tokens`` first."""
     cols = _by(by)
-    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
-                             instances=instances, scopes=scopes, namespaces=namespaces)
+    dims = dict(run_ids=run_ids, models=models, instances=instances, scopes=scopes,
+                namespaces=namespaces)
     sel = ", ".join(cols)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, by=cols, **dims)
+    if facts is not None:
+        fsql, fparams = facts
+        sql = f"""
+            WITH a AS (SELECT {sel}, {_FAGG} FROM {fsql} GROUP BY ALL)
+            SELECT *{_RATE} FROM a ORDER BY prompt_tokens DESC, {sel}
+        """
+        return con.execute(sql, fparams).df()
+    where, params = _filters(start_s=start_s, end_s=end_s, **dims)
     sql = f"""
         WITH a AS (SELECT {sel}, {_AGG} FROM ({_base(where)}) GROUP BY ALL)
         SELECT *{_RATE} FROM a ORDER BY prompt_tokens DESC, {sel}
@@ -201,8 +290,10 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
                                 run_ids: Sequence[str] | None = None,
                                 scopes: Sequence[str] | None = None,
                                 namespaces: Sequence[str] | None = None,
-                                origin_s: float = 0.0) -> pd.DataFrame:
-    """Rejected candidates per window and first mismatching field.
+                                origin_s: float = 0.0, rollup: bool | None = None
+                                ) -> pd.DataFrame:
+    """Rejected candidates per window and first mismatching field (``rollup`` as in
+    :func:`hit_rate_by_scope_window`).
 
     Returns:
         Columns ``window_start_s, window_end_s, reason`` (first mismatching field),
@@ -211,6 +302,23 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
     """
     if not window_s or window_s <= 0:
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, window_s=window_s,
+                   origin_s=origin_s, run_ids=run_ids, scopes=scopes, namespaces=namespaces)
+    if facts is not None:
+        fsql, fparams = facts
+        window_start, window_params = window_start_sql("bucket_start_s", window_s=window_s,
+                                                       origin_s=origin_s)
+        sql = f"""
+            WITH w AS (SELECT {window_start} AS window_start_s, *,
+                              {scope_sql.CLASS_SQL} AS reason_class
+                       FROM {fsql} WHERE decision = 'reject')
+            SELECT window_start_s, window_start_s + ? AS window_end_s,
+                   first_mismatch AS reason, reason_class,
+                   CAST(sum(requests) AS BIGINT) AS rejects,
+                   COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS lost_candidate_tokens
+            FROM w GROUP BY ALL ORDER BY window_start_s, reason
+        """
+        return con.execute(sql, [*window_params, *fparams, float(window_s)]).df()
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
                              namespaces=namespaces)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
@@ -233,8 +341,9 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                              run_ids: Sequence[str] | None = None,
                              scopes: Sequence[str] | None = None,
                              namespaces: Sequence[str] | None = None,
-                             origin_s: float = 0.0) -> pd.DataFrame:
-    """Version-mismatch misses beside ordinary misses, per window.
+                             origin_s: float = 0.0, rollup: bool | None = None) -> pd.DataFrame:
+    """Version-mismatch misses beside ordinary misses, per window (``rollup`` as in
+    :func:`hit_rate_by_scope_window`).
 
     Returns:
         Columns ``window_start_s, window_end_s``, ``ordinary_miss_requests`` (decision ``miss``:
@@ -246,6 +355,33 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     """
     if not window_s or window_s <= 0:
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, window_s=window_s,
+                   origin_s=origin_s, run_ids=run_ids, scopes=scopes, namespaces=namespaces)
+    if facts is not None:
+        fsql, fparams = facts
+        window_start, window_params = window_start_sql("bucket_start_s", window_s=window_s,
+                                                       origin_s=origin_s)
+        n = "CAST(COALESCE(sum(requests) FILTER (WHERE {}), 0) AS BIGINT)"
+        t = "COALESCE(sum({}) FILTER (WHERE {}), 0)::BIGINT"
+        sql = f"""
+            WITH w AS (SELECT {window_start} AS window_start_s, *,
+                              {scope_sql.CLASS_SQL} AS reason_class FROM {fsql})
+            SELECT window_start_s, window_start_s + ? AS window_end_s,
+                   {n.format("decision = 'miss'")} AS ordinary_miss_requests,
+                   {t.format("miss_tokens", "decision IS DISTINCT FROM 'reject'")}
+                       AS ordinary_miss_tokens,
+                   {n.format("reason_class = 'version'")} AS version_mismatch_requests,
+                   {t.format("candidate_cached_tokens", "reason_class = 'version'")}
+                       AS version_mismatch_tokens,
+                   {n.format("decision = 'reject' AND reason_class <> 'version'")}
+                       AS other_reject_requests,
+                   {t.format("candidate_cached_tokens",
+                             "decision = 'reject' AND reason_class <> 'version'")}
+                       AS other_reject_tokens,
+                   {n.format("decision = 'accept'")} AS accepts
+            FROM w GROUP BY ALL ORDER BY window_start_s
+        """
+        return con.execute(sql, [*window_params, *fparams, float(window_s)]).df()
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
                              namespaces=namespaces)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
@@ -276,28 +412,41 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
 
 def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                             end_s: float | None = None, run_ids: Sequence[str] | None = None,
-                            limit: int = 10) -> pd.DataFrame:
-    """Namespaces with the most rejected candidates.
+                            limit: int = 10, rollup: bool | None = None) -> pd.DataFrame:
+    """Namespaces with the most rejected candidates (``rollup`` as in
+    :func:`hit_rate_by_scope_window`).
 
     Returns:
         Columns ``namespace_digest, scope, requests, rejects, reject_fraction`` (rejects /
-        decided requests), ``top_reason`` (most frequent first mismatch),
-        ``lost_candidate_tokens``. Most rejects first, at most ``limit`` rows.
+        decided requests), ``top_reason`` (most frequent first mismatch of the rejects; of two
+        as frequent, the first in alphabetical order), ``lost_candidate_tokens``. Most rejects
+        first (then by namespace digest and scope), at most ``limit`` rows.
     """
-    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    if facts is not None:
+        fsql, params = facts
+        groups = f"""SELECT namespace_digest, scope, decision, first_mismatch,
+                            sum(requests) AS n, sum(candidate_cached_tokens) AS c
+                     FROM {fsql} WHERE namespace_digest IS NOT NULL GROUP BY ALL"""
+    else:
+        where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+        groups = f"""SELECT namespace_digest, scope, decision, first_mismatch, count(*) AS n,
+                            sum(candidate_cached_tokens) AS c
+                     FROM ({_base(where)}) WHERE namespace_digest IS NOT NULL GROUP BY ALL"""
+    rej = "decision = 'reject'"
     sql = f"""
-        WITH b AS ({_base(where)})
-        SELECT namespace_digest, scope, count(*) AS requests,
-               count(*) FILTER (WHERE decision = 'reject') AS rejects,
-               count(*) FILTER (WHERE decision = 'reject')::DOUBLE
-                   / NULLIF(count(*) FILTER (WHERE has_decision), 0) AS reject_fraction,
-               mode(first_mismatch) FILTER (WHERE decision = 'reject') AS top_reason,
-               COALESCE(sum(candidate_cached_tokens) FILTER (WHERE decision = 'reject'),
-                        0)::BIGINT AS lost_candidate_tokens
-        FROM b WHERE namespace_digest IS NOT NULL
+        WITH g AS ({groups})
+        SELECT namespace_digest, scope, CAST(sum(n) AS BIGINT) AS requests,
+               CAST(COALESCE(sum(n) FILTER (WHERE {rej}), 0) AS BIGINT) AS rejects,
+               CAST(sum(n) FILTER (WHERE {rej}) AS DOUBLE)
+                   / NULLIF(sum(n) FILTER (WHERE decision IS NOT NULL), 0) AS reject_fraction,
+               first(first_mismatch ORDER BY n DESC, first_mismatch)
+                   FILTER (WHERE {rej} AND first_mismatch IS NOT NULL) AS top_reason,
+               COALESCE(sum(c) FILTER (WHERE {rej}), 0)::BIGINT AS lost_candidate_tokens
+        FROM g
         GROUP BY namespace_digest, scope
-        HAVING count(*) FILTER (WHERE decision = 'reject') > 0
-        ORDER BY rejects DESC, namespace_digest LIMIT ?
+        HAVING sum(n) FILTER (WHERE {rej}) > 0
+        ORDER BY rejects DESC, namespace_digest, scope LIMIT ?
     """
     return con.execute(sql, [*params, int(limit)]).df()
 
@@ -327,8 +476,10 @@ def _invariant_predicates() -> dict[str, tuple[str, list[Any]]]:
 
 def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                      end_s: float | None = None,
-                     run_ids: Sequence[str] | None = None) -> dict[str, int]:
-    """The three numbers that must be 0, plus context.
+                     run_ids: Sequence[str] | None = None,
+                     rollup: bool | None = None) -> dict[str, int]:
+    """The three numbers that must be 0, plus context (``rollup`` as in
+    :func:`hit_rate_by_scope_window`).
 
     Returns:
         ``{"cross_scope_acceptance", "wrong_version_acceptance", "old_generation_use"}``
@@ -336,6 +487,15 @@ def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
         (requests with a decision) and ``"unverifiable_accepts"`` (accepts logged without a
         candidate identity).
     """
+    names = [*INVARIANTS, "decided_requests", "unverifiable_accepts"]
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    if facts is not None:
+        fsql, fparams = facts
+        row = con.execute(f"""
+            SELECT {', '.join(f'sum({n})' for n in INVARIANTS)},
+                   sum(requests) FILTER (WHERE decision IS NOT NULL), sum(unverifiable_accepts)
+            FROM {fsql}""", fparams).fetchone()
+        return {n: int(v or 0) for n, v in zip(names, row)}
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
     preds = _invariant_predicates()
     sel = []
@@ -352,14 +512,17 @@ def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
         FROM ({_base(where)})
     """
     row = con.execute(sql, [*p, *params]).fetchone()
-    names = [*INVARIANTS, "decided_requests", "unverifiable_accepts"]
     return {n: int(v or 0) for n, v in zip(names, row)}
 
 
 def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
                          start_s: float | None = None, end_s: float | None = None,
-                         run_ids: Sequence[str] | None = None, limit: int = 1000) -> pd.DataFrame:
-    """The requests behind one invariant count (drill-down), newest first.
+                         run_ids: Sequence[str] | None = None, limit: int = 1000,
+                         rollup: bool | None = None) -> pd.DataFrame:
+    """The requests behind one invariant count (drill-down), newest first. Reads the decisions
+    with their usage rows (a violation always has a decision); when the rollup is current
+    (``rollup`` as in :func:`hit_rate_by_scope_window`) and counts no violation in the range,
+    no row is read at all.
 
     Returns:
         Columns ``run_id, request_id, ts_unix_s, scope, namespace_digest, decision,
@@ -375,11 +538,17 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
         raise InvalidArgument(f"unknown invariant {invariant!r}: choose from {list(INVARIANTS)}")
     pred, pp = preds[invariant]
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    if facts is not None:
+        fsql, fparams = facts
+        if not con.execute(f"SELECT coalesce(sum({invariant}), 0) FROM {fsql}",
+                           fparams).fetchone()[0]:
+            where, params = "FALSE", []  # no violation: no row to read
     sql = f"""
         SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
                reasons, candidate_request_id, candidate_scope, candidate_namespace_digest,
                candidate_cached_tokens, accepted_cached_tokens, prompt_tokens, cached_tokens
-        FROM ({_base(where)}) WHERE {pred}
+        FROM ({_base_decided(where) if where != "FALSE" else _NO_ROWS}) WHERE {pred}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *pp, int(limit)]).df()
@@ -410,7 +579,7 @@ def decision_rows(con: duckdb.DuckDBPyConnection, *, start_s: float | None = Non
         SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
                reasons, candidate_cached_tokens, accepted_cached_tokens, prompt_tokens,
                cached_tokens, candidate_request_id
-        FROM ({_base(where)}) WHERE has_decision{extra}
+        FROM ({_base_decided(where)}) WHERE has_decision{extra}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *p, int(limit)]).df()

@@ -1,0 +1,269 @@
+"""The per-minute scope rollup (issue 17, migration 75) and the daily latency histogram
+(migration 77): maintained by the transactions that write decisions and requests, in either
+order of arrival (decisions before their requests and after, late and out-of-order rows,
+repeats), they give exactly the numbers of the raw join (Scopes, Rejections, Invariants) and
+of on-the-fly binning (latency quantiles, within the stated error of exact quantiles); a run
+with decisions but no requests and one with requests but no decisions included; a database
+made before the migrations gets them in place."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from prefixscope.ingest.usage import save_usage_rows
+from prefixscope.store import db as store_db
+from prefixscope.store.queries import requests as qr
+from prefixscope.store.queries import scope_rollup
+from prefixscope.store.queries import scopes as q
+from prefixscope.store.queries.decisions import DECISION_COLUMNS, insert_decision_rows
+from prefixscope.store.schema import MIGRATIONS
+
+T0 = 1_795_000_020.0  # a whole minute (29,916,667 min)
+REASONS = [None, "scope", "namespace", "salt", "model_digest", "policy_revision",
+           "authorization_epoch", "content_digest"]
+RUNS = ["", "run-both", "run-decisions-only", "run-usage-only"]
+
+
+def _usage(run_id, rid, ts, *, model, instance, scope, tenant, prompt, cached, ttft=None,
+           latency=None):
+    # requests column order of prefixscope.ingest.usage_read._COLUMNS
+    return (run_id, rid, "test", 1, ts, False, model, instance, "chat", "openai", prompt, cached,
+            None, None, 7, ttft, latency, scope, tenant, None)
+
+
+def _decision(run_id, rid, ts, *, model, instance, scope, ns, decision, reason, cand, same):
+    row = dict.fromkeys(DECISION_COLUMNS)
+    row.update(run_id=run_id, request_id=rid, source_id="test", line=1, ts_unix_s=ts,
+               instance=instance, model=model, scope=scope, namespace_digest=ns,
+               decision=decision, first_mismatch=reason if decision == "reject" else None,
+               reasons=(reason or "") if decision == "reject" else "",
+               candidate_cached_tokens=cand if decision != "miss" else 0,
+               accepted_cached_tokens=cand if decision == "accept" else 0,
+               model_digest="m1", content_digest="c1", policy_revision=1,
+               authorization_epoch=1, cache_epoch=1)
+    if decision != "miss":
+        # the candidate's identity: the same as the request's, or one field different
+        row.update(candidate_request_id="prev", candidate_scope=scope,
+                   candidate_namespace_digest=ns, candidate_model_digest="m1",
+                   candidate_content_digest="c1", candidate_policy_revision=1,
+                   candidate_authorization_epoch=1, candidate_cache_epoch=1)
+        if same == "scope":
+            row["candidate_scope"] = "PUBLIC" if scope != "PUBLIC" else "TENANT"
+        elif same == "model":
+            row["candidate_model_digest"] = "m2"
+        elif same == "epoch":
+            row["candidate_cache_epoch"] = 0
+        elif same == "unverifiable":
+            row.update(candidate_scope=None, candidate_namespace_digest=None)
+    return tuple(row[c] for c in DECISION_COLUMNS)
+
+
+_key = st.fixed_dictionaries({
+    "run": st.sampled_from(RUNS),
+    "usage_ts": st.one_of(st.none(), st.floats(-200, 7400)),
+    "decision_ts": st.floats(-200, 7400),
+    "model": st.sampled_from(["m1", "m2", None]),
+    "instance": st.sampled_from(["a", "b"]),
+    "scope": st.sampled_from([None, "PUBLIC", "TENANT"]),
+    "tenant": st.sampled_from([None, "ns1", "ns2"]),
+    "prompt": st.one_of(st.none(), st.integers(0, 5000)),
+    "cached": st.one_of(st.none(), st.integers(0, 5000)),
+    "decision": st.sampled_from(["accept", "reject", "miss"]),
+    "reason": st.sampled_from(REASONS),
+    "cand": st.integers(0, 3000),
+    "same": st.sampled_from(["yes", "yes", "scope", "model", "epoch", "unverifiable"]),
+    "ttft": st.one_of(st.none(), st.floats(0.01, 5000)),
+    "latency": st.one_of(st.none(), st.floats(0.01, 1e6)),
+})
+
+
+def _rows(keys):
+    usage, decisions = [], []
+    for i, k in enumerate(keys):
+        rid = f"r{i}"
+        if k["run"] != "run-decisions-only":
+            usage.append(_usage(k["run"], rid, None if k["usage_ts"] is None
+                                else T0 + k["usage_ts"], model=k["model"],
+                                instance=k["instance"], scope=k["scope"], tenant=k["tenant"],
+                                prompt=k["prompt"], cached=k["cached"], ttft=k["ttft"],
+                                latency=k["latency"]))
+        if k["run"] != "run-usage-only" and (k["run"] != "" or i % 3):
+            decisions.append(_decision(
+                k["run"], rid, T0 + k["decision_ts"], model=None if i % 4 == 0 else k["model"],
+                instance=k["instance"], scope=k["scope"] or "TENANT", ns=k["tenant"] or "ns0",
+                decision=k["decision"], reason=k["reason"], cand=k["cand"], same=k["same"]))
+    return usage, decisions
+
+
+def _frames_equal(a, b):
+    if isinstance(a, dict):
+        assert a == b
+    else:
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True),
+                                      check_dtype=False)
+
+
+def _same(con, **kw):
+    runs = kw.pop("run_ids", None)
+    calls = [
+        lambda r: q.hit_rate_by_scope_window(con, window_s=300, by=("scope",), run_ids=runs,
+                                             rollup=r, **kw),
+        lambda r: q.hit_rate_by_scope_window(con, window_s=900, by=("scope", "namespace_digest"),
+                                             rollup=r, **kw),
+        lambda r: q.hit_rate_by_scope_window(con, window_s=3600, by=("run_id", "model"),
+                                             origin_s=600, models=["m1"], rollup=r, **kw),
+        lambda r: q.hit_rate_by_scope_window(con, window_s=60, by=("scope",), instances=["a"],
+                                             rollup=r, **kw),  # served by the join
+        lambda r: q.hit_rate_by_scope_totals(con, by=("scope",), run_ids=runs, rollup=r, **kw),
+        lambda r: q.hit_rate_by_scope_totals(con, by=("scope", "namespace_digest", "instance"),
+                                             namespaces=["ns1", "ns0"], rollup=r, **kw),
+        lambda r: q.rejections_by_reason_window(con, window_s=900, run_ids=runs, rollup=r, **kw),
+        lambda r: q.miss_breakdown_by_window(con, window_s=900, run_ids=runs, rollup=r, **kw),
+        lambda r: q.miss_breakdown_by_window(con, window_s=300, scopes=["TENANT"], rollup=r,
+                                             **kw),
+        lambda r: q.top_rejected_namespaces(con, run_ids=runs, rollup=r, **kw),
+        lambda r: q.invariant_counts(con, run_ids=runs, rollup=r, **kw),
+        *(lambda r, n=n: q.invariant_violations(con, invariant=n, run_ids=runs, rollup=r, **kw)
+          for n in q.INVARIANTS),
+    ]
+    for call in calls:
+        _frames_equal(call(True), call(False))
+
+
+def _write(con, batches):
+    for kind, rows in batches:
+        if kind == "usage":
+            save_usage_rows(con, rows)
+        else:
+            insert_decision_rows(con, rows, [])
+
+
+@settings(max_examples=20, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(keys=st.lists(_key, min_size=0, max_size=30), data=st.data())
+def test_scope_rollup_gives_the_numbers_of_the_join(keys, data):
+    usage, decisions = _rows(keys)
+    # batches of either kind in a random order: decisions before their requests and after,
+    # a batch repeating rows stored already
+    batches = []
+    for kind, rows in (("usage", usage), ("decisions", decisions)):
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(rows)), max_size=3), label=kind))
+        bounds = [0, *cuts, len(rows)]
+        batches += [(kind, rows[lo:hi]) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    batches = data.draw(st.permutations(batches), label="arrival order")
+    if batches and data.draw(st.booleans(), label="repeat a batch"):
+        batches.append(batches[0])
+    con = store_db.memory()
+    try:
+        _write(con, batches)
+        assert scope_rollup.current(con)
+        stored = con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall()
+        scope_rollup.rebuild(con)
+        assert con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall() == stored
+        start = T0 + data.draw(st.floats(-300, 7500), label="start")
+        length = data.draw(st.sampled_from([0.5, 30.0, 60.0, 61.5, 600.0, 9000.0]), label="len")
+        _same(con)
+        _same(con, start_s=start, end_s=start + length)
+        _same(con, end_s=start, run_ids=["run-decisions-only", "run-usage-only"])
+        _same(con, start_s=T0 - 120, end_s=T0 + 7080, run_ids=["run-both"])  # whole buckets
+        _same(con, start_s=0.0, end_s=60.0)  # a range with no data
+        # the latency histogram: the same bins from the rollup and from the rows, within the
+        # stated bound of the exact quantiles
+        assert qr.latency_rollup_current(con)
+        for column in ("ttft_ms", "latency_ms"):
+            for kw in ({}, {"start_s": start, "end_s": start + length * 20}):
+                _latency_close(con, column, **kw)
+    finally:
+        con.close()
+
+
+def _latency_close(con, column, **kw):
+    a = qr.request_latency_quantiles(con, column=column, rollup=True, **kw)
+    b = qr.request_latency_quantiles(con, column=column, rollup=False, **kw)
+    exact = qr.request_latency_quantiles(con, column=column, exact=True, **kw)
+    pd.testing.assert_frame_equal(a.drop(columns="mean_ms"), b.drop(columns="mean_ms"),
+                                  check_dtype=False)
+    assert a[["outcome", "requests", "min_ms", "max_ms"]].values.tolist() == \
+        exact[["outcome", "requests", "min_ms", "max_ms"]].values.tolist()
+    assert a["mean_ms"].tolist() == pytest.approx(exact["mean_ms"].tolist(), rel=1e-9)
+    bound = qr.LATENCY_QUANTILE_ERROR + 1e-9
+    for col in ("p05_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms"):
+        for est, true in zip(a[col], exact[col]):
+            assert abs(est - true) <= bound * true, (col, est, true)
+
+
+def test_decisions_before_and_after_their_requests(con):
+    """The decision of a request arrives first (its row sits in the decision's minute), then
+    the request (the row moves to the request's minute); and the other way round."""
+    u = _usage("", "x", T0 + 200, model="m1", instance="a", scope="TENANT", tenant="ns1",
+               prompt=100, cached=40)
+    d = _decision("", "x", T0 + 10, model="m1", instance="a", scope="TENANT", ns="ns1",
+                  decision="accept", reason=None, cand=40, same="yes")
+    insert_decision_rows(con, [d], [])
+    w = q.hit_rate_by_scope_window(con, window_s=300)
+    assert w[["window_start_s", "requests", "decided_requests", "reported_requests"]
+             ].values.tolist() == [[T0 - 120, 1, 1, 0]]
+    save_usage_rows(con, [u])
+    w = q.hit_rate_by_scope_window(con, window_s=60)
+    assert w[["window_start_s", "requests", "decided_requests", "hit_rate"]].values.tolist() \
+        == [[T0 + 180, 1, 1, 0.4]]
+    w = q.hit_rate_by_scope_window(con, window_s=300)
+    assert w[["window_start_s", "requests", "decided_requests", "hit_rate"]].values.tolist() \
+        == [[T0 + 180, 1, 1, 0.4]]
+    _same(con)
+    u2 = _usage("", "y", T0 + 400, model="m1", instance="a", scope=None, tenant=None,
+                prompt=10, cached=10)
+    save_usage_rows(con, [u2])
+    insert_decision_rows(con, [_decision("", "y", T0 + 900, model=None, instance="a",
+                                         scope="PUBLIC", ns="ns9", decision="reject",
+                                         reason="salt", cand=10, same="yes")], [])
+    assert q.invariant_counts(con)["cross_scope_acceptance"] == 1  # rejected, KV used anyway
+    assert q.invariant_violations(con, invariant="cross_scope_acceptance")[
+        "request_id"].tolist() == ["y"]
+    assert q.top_rejected_namespaces(con)[["namespace_digest", "top_reason"]].values.tolist() \
+        == [["ns9", "salt"]]
+    _same(con)
+
+
+@pytest.fixture
+def db_at_72(db_path, monkeypatch):
+    monkeypatch.setattr(store_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m.number <= 72))
+    con = store_db.connect(db_path)
+    try:
+        store_db.migrate(con)
+        keys = [dict(run=RUNS[i % 4], usage_ts=None if i % 7 == 0 else 37.0 * i,
+                     decision_ts=11.0 * i, model="m1", instance="a", scope="TENANT",
+                     tenant=f"ns{i % 3}", prompt=100, cached=i % 3 * 10,
+                     decision=["accept", "reject", "miss"][i % 3], reason=REASONS[i % 8],
+                     cand=50, same=["yes", "scope"][i % 2], ttft=10.0 + i, latency=100.0 + i)
+                for i in range(40)]
+        usage, decisions = _rows(keys)
+        from prefixscope.ingest.usage_read import _COLUMN_LIST, rows_to_arrow
+        from prefixscope.store.sqlhelpers import insert_rows_bulk
+
+        # as the code before migrations 75-77 wrote them: no scope or latency rollup
+        con.register("b", rows_to_arrow(usage))
+        con.execute(f"INSERT INTO requests ({_COLUMN_LIST}, request_key) "
+                    f"SELECT {_COLUMN_LIST}, {qr.REQUEST_KEY_SQL} FROM b")
+        qr.rebuild_request_rollup(con)
+        insert_rows_bulk(con, "gateway_decisions", DECISION_COLUMNS, decisions)
+    finally:
+        con.close()
+    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
+    return db_path
+
+
+def test_migrations_build_the_rollups_of_stored_rows(db_at_72):
+    con = store_db.connect(db_at_72)
+    try:
+        assert {75, 76, 77} <= set(store_db.migrate(con))
+        assert scope_rollup.current(con)
+        assert qr.latency_rollup_current(con)
+        assert q.invariant_counts(con)["decided_requests"] == 26  # 40 keys: 10 usage-only, 4 without
+        _same(con)
+        _latency_close(con, "ttft_ms")
+    finally:
+        con.close()
