@@ -43,7 +43,7 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
         restart_every: scrapes between two restarts of an instance's counters.
         decisions: also write ``gateway_decisions`` for every ``decision_every``-th request
             (a gateway in front of production: 3 scopes, 6 namespaces, 70% accept, 10%
-            reject, 20% no candidate).
+            reject when the request had no cache hit, the rest no candidate).
 
     Returns:
         ``{"requests": n, "metric_samples": n, "gateway_decisions": n}`` rows written.
@@ -141,7 +141,8 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
         if decisions:
             # a cache gateway in front of the production traffic: a decision for every
             # ``decision_every``-th request, at its time, in 3 scopes and 6 namespaces;
-            # candidates carry the request's identity (no invariant is violated)
+            # candidates carry the request's identity and a rejected request shows no cached
+            # tokens (no invariant is violated)
             con.execute(f"""
                 INSERT INTO gateway_decisions (run_id, request_id, source_id, line, ts_unix_s,
                     instance, model, scope, namespace_digest, decision, first_mismatch, reasons,
@@ -154,7 +155,9 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
                            lpad(to_hex(hash(line % 6)), 16, '0') AS ns
                     FROM requests WHERE line % ? = 0
                 ), e AS (
-                    SELECT *, CASE WHEN h % 10 < 7 THEN 'accept' WHEN h % 10 < 8 THEN 'reject'
+                    SELECT *, CASE WHEN h % 10 < 7 THEN 'accept'
+                                   WHEN h % 10 < 8 AND coalesce(cached_tokens, 0) = 0
+                                       THEN 'reject'
                                    ELSE 'miss' END AS dec FROM d
                 )
                 SELECT run_id, request_id, 'generated-gateway', line, ts_unix_s, instance, model,

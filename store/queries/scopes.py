@@ -539,16 +539,36 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
     pred, pp = preds[invariant]
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
     facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    cols = """run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
+              reasons, candidate_request_id, candidate_scope, candidate_namespace_digest,
+              candidate_cached_tokens, accepted_cached_tokens, prompt_tokens, cached_tokens"""
     if facts is not None:
         fsql, fparams = facts
-        if not con.execute(f"SELECT coalesce(sum({invariant}), 0) FROM {fsql}",
-                           fparams).fetchone()[0]:
-            where, params = "FALSE", []  # no violation: no row to read
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ps_violating AS SELECT DISTINCT "
+                    f"bucket_start_s AS b FROM {fsql} WHERE {invariant} > 0", fparams).fetchall()
+        try:
+            if not con.execute("SELECT count(*) FROM _ps_violating").fetchall()[0][0]:
+                return con.execute(f"SELECT {cols} FROM ({_NO_ROWS})").df()  # no row to read
+            # only the 5-minute buckets with a violation: their usage rows with a decision,
+            # and their decisions without a timed usage row
+            in_v = f"{scope_sql.BUCKET_SQL} IN (SELECT b FROM _ps_violating)"
+            rows = " UNION ALL ".join((
+                scope_sql.ROWS_SQL.format(
+                    source=f"gateway_decisions d JOIN (SELECT * FROM requests WHERE {in_v}) r "
+                           f"ON {scope_sql.ON_KEY}"),
+                scope_sql.ROWS_SQL.format(
+                    source=f"(SELECT * FROM gateway_decisions WHERE {in_v}) d LEFT JOIN "
+                           f"requests r ON {scope_sql.ON_KEY} WHERE r.ts_unix_s IS NULL")))
+            return con.execute(f"""
+                SELECT {cols} FROM ({rows}) j
+                WHERE ts_unix_s IS NOT NULL AND {where} AND ({pred})
+                ORDER BY ts_unix_s DESC, request_id LIMIT ?
+            """, [*params, *pp, int(limit)]).df()
+        finally:
+            con.execute("DROP TABLE IF EXISTS _ps_violating").fetchall()
     sql = f"""
-        SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
-               reasons, candidate_request_id, candidate_scope, candidate_namespace_digest,
-               candidate_cached_tokens, accepted_cached_tokens, prompt_tokens, cached_tokens
-        FROM ({_base_decided(where) if where != "FALSE" else _NO_ROWS}) WHERE {pred}
+        SELECT {cols}
+        FROM ({_base_decided(where)}) WHERE {pred}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *pp, int(limit)]).df()
