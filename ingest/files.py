@@ -4,8 +4,10 @@ decisions``, ``ingest kv-events FILE...`` and ``ingest otlp FILE...``.
 Rules (docs/ingest.md): every path given is tried; a path that cannot be read (missing, a
 folder where files are wanted, a folder without ``*.jsonl``, unreadable) or a file whose new
 lines were all quarantined is an error message and the other paths are still read; each file
-is ingested in its own short write session (its batches commit with their checkpoint, so an
-interrupted run resumes). Whether *nothing* was read (exit code 4) is the caller's to word.
+is ingested through one :func:`prefixscope.store.db.batch_writer`: the database file is open
+only while a batch (rows, quarantine entries and checkpoint, one transaction) is written and
+closed between batches, so other processes read and write in between; an interrupted run
+resumes from the last committed checkpoint. Whether *nothing* was read (exit code 4) is the caller's to word.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def expand_paths(paths: Sequence[str], *, folders: bool) -> tuple[list[str], lis
 
 def ingest_files(db_path: str, paths: Sequence[str], ingest_one: IngestOne, *,
                  folders: bool = False) -> FilesResult:
-    """Ingest every file of ``paths`` with ``ingest_one``, each in its own writer session.
+    """Ingest every file of ``paths`` with ``ingest_one``, each through its own batch writer
+    (:func:`prefixscope.store.db.batch_writer`: the file is released between batches).
 
     Args:
         db_path: the DuckDB file (created and migrated when new).
@@ -91,7 +94,7 @@ def ingest_files(db_path: str, paths: Sequence[str], ingest_one: IngestOne, *,
     files, errors = expand_paths(paths, folders=folders)
     result = FilesResult(errors=errors)
     for f in files:
-        with store_db.writer(db_path) as con:
+        with store_db.batch_writer(db_path) as con:
             try:
                 summary, problems = ingest_one(con, f)
             except NothingIngested as exc:

@@ -31,8 +31,10 @@ Contract of :func:`ingest_jsonl_tail` (the rules of ``ingest/bookkeeping.py``):
    commits one empty batch (the source's last-ingest time and the run record). On any error
    the batch is rolled back: its rows and its checkpoint stay as they were; earlier batches
    of the same call stay committed (each with its own checkpoint); the error propagates.
-5. The connection is the caller's (``prefixscope.store.db.writer``: one short unit of work, then close);
-   the driver opens no connection and must not be called inside a transaction. Its SQL
+5. The connection is the caller's (``prefixscope.store.db.batch_writer``, or ``writer``: one
+   short unit of work, then close); the driver opens no connection and must not be called
+   inside a transaction. A batch writer is released after the checkpoint is read and after
+   each commit, so the database file is held only while a batch is written. Its SQL
    (transaction, source row, quarantine, run record) is in ``store/queries/ingest.py``.
 6. Returns a :class:`TailResult`; ``summary.rows_read`` counts good rows, ``rows_added`` new
    rows, ``rows_duplicate`` = read - added, ``rows_quarantined`` lines set aside; run status
@@ -81,6 +83,7 @@ from prefixscope.core.bounds import (
     open_regular,
 )
 from prefixscope.core.errors import SourceUnavailable
+from prefixscope.store.db import release_between_batches
 from prefixscope.store.queries.ingest import ingest_transaction
 
 R = TypeVar("R")
@@ -238,7 +241,9 @@ def commit_batch(con: duckdb.DuckDBPyConnection, *, insert: Inserter, rows: Any,
     ``checkpoint`` and ``source_note``; None keeps the stored ones) and, when ``run_summary`` is
     given, the ``ingest_runs`` record built by ``run_summary(rows added by this batch)``.
 
-    Also used for sources without a file (a ZMQ flush: ``checkpoint=None``).
+    Also used for sources without a file (a ZMQ flush: ``checkpoint=None``). After the commit a
+    :class:`~prefixscope.store.db.BatchConnection` is released (the database file closed until
+    the next batch opens it), so other processes get in between batches.
 
     Returns:
         Rows added by this batch.
@@ -260,6 +265,7 @@ def commit_batch(con: duckdb.DuckDBPyConnection, *, insert: Inserter, rows: Any,
                     record_run(con, source_id=source_id, kind=kind, started_unix_s=started,
                                summary=s, status=run_status(s.rows_read, s.rows_quarantined),
                                ingest_run_id=ingest_run_id)
+            release_between_batches(con)  # a batch writer lets other processes in now
             return added
         except RetryBatch:
             if attempt == 2:
@@ -418,6 +424,7 @@ def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[st
             start = resume_from(con, source_id, fh)
         except OSError as exc:
             raise _unreadable(location, exc) from exc
+        release_between_batches(con)  # not held while the first batch is read and parsed
         ends: deque[tuple[int, int]] = deque()
         chunks = _chunks(fh, location, start, batch_bytes, accept_tail, ends, max_line_bytes)
         mapper = map_chunks or (lambda f, cs: (f(d, n) for d, n in cs))

@@ -49,6 +49,7 @@ from prefixscope.ingest.jsonl_driver import (
     ingest_jsonl_tail,
 )
 from prefixscope.ingest.usage_rows import insert_dict_rows, row_problem
+from prefixscope.store.db import release_between_batches
 
 ToRow = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 #: A line's (or record's) rows and its quarantine ``(field, reason)``, or None.
@@ -214,6 +215,7 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
         check_regular(location)  # a FIFO or a device is refused before it is opened
     except OSError as exc:
         raise SourceUnavailable(f"cannot read {location}: {exc}") from None
+    release_between_batches(con)  # a batch writer: not held while the file is read
     form = _kind_of_file(location)
     source_id = source_id_for(kind, location)
     if form == "jsonl":

@@ -36,7 +36,6 @@ from prefixscope.ingest.usage_read import (
     READ_BYTES,
     REGION_BYTES,
     UsageBatch,
-    _merged,
     fetch_usage,
     fetch_usage_parallel,
     rows_to_arrow,
@@ -44,7 +43,7 @@ from prefixscope.ingest.usage_read import (
 from prefixscope.ingest.usage_shapes import MS_THRESHOLD, UsageRecord, normalise_usage
 from prefixscope.core.bounds import check_regular
 from prefixscope.core.errors import SourceUnavailable
-from prefixscope.store.db import no_progress_bar
+from prefixscope.store.db import BatchConnection, no_progress_bar, release_between_batches
 
 __all__ = [
     "BATCH_ROWS", "INSERT_ROWS", "KIND", "MS_THRESHOLD", "PARALLEL_MIN_BYTES", "PROBLEMS_RETURNED",
@@ -123,7 +122,9 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     checkpoint make a second run add nothing.
 
     Args:
-        con: a read-write, migrated connection, not inside a transaction.
+        con: a read-write, migrated connection, not inside a transaction; a
+            :class:`~prefixscope.store.db.BatchConnection` is released between batches (the
+            file is held only while a batch is written).
         path: the JSONL file.
         run_id: for lines without ``run_id`` (default ``''``, production traffic).
         instance: for lines without ``instance``.
@@ -134,8 +135,11 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
             parse costs about 1.7 times the CPU of the insert, so on 2 CPUs two parser
             processes sharing with the insert beat one parser alone. With workers, the file is
             cut into regions of about :data:`REGION_BYTES` of complete lines, parsed while
-            earlier ones are inserted; consecutive regions are merged into transactions of at
-            least :data:`INSERT_ROWS` rows, committed in file order.
+            earlier ones are inserted; consecutive regions are merged into transactions of up
+            to :data:`INSERT_ROWS` rows, committed in file order. Either way the transactions
+            are paced (:func:`_paced`): when one held the file longer than
+            :data:`TARGET_HOLD_S`, the next ones take fewer rows (at least
+            :data:`MIN_TX_ROWS`).
 
     Returns:
         (:class:`IngestSummary`, the first :data:`PROBLEMS_RETURNED` lines quarantined by this
@@ -158,6 +162,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     problems: list[Quarantined] = []
     insert = _Inserter()
     no_progress_bar(con)  # never draw on the caller's terminal
+    release_between_batches(con)  # a batch writer: not held while the first batch is parsed
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small acyclic objects: collection passes only cost time
     try:
@@ -166,8 +171,10 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
         if workers is None:
             big = os.path.getsize(path) - start.offset >= PARALLEL_MIN_BYTES
             workers = max(1, min(os.cpu_count() or 1, 4)) if big else 0
-        batches = iter(_merged(fetch_usage_parallel(path, workers=workers, **kwargs), INSERT_ROWS)
-                       if workers > 0 else fetch_usage(path, batch_rows=batch_rows, **kwargs))
+        pacer = _Pacer(INSERT_ROWS if workers > 0 else batch_rows)
+        batches = iter(_paced(fetch_usage_parallel(path, workers=workers, **kwargs)
+                              if workers > 0 else fetch_usage(path, batch_rows=batch_rows,
+                                                              **kwargs), pacer))
         cur = next(batches, None)
         if cur is None:  # nothing new: the run is still recorded (checkpoint kept as stored)
             cur = UsageBatch(rows_to_arrow([]), [], 0, None)
@@ -185,17 +192,79 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
             if nxt is None:
                 run_summary = summary_of = _summary(location, start, read, added, n_quarantined,
                                                     skipped)
+            t_commit = time.monotonic()
             n = commit_batch(
                 con, insert=insert, rows=cur.rows, quarantined=cur.quarantined,
                 source_id=source_id, kind=KIND, location=location,
                 ingest_run_id=ingest_run_id, checkpoint=cp, run_summary=run_summary,
                 started_unix_s=started)
+            # the time the file was held (a batch writer's open..release; else the commit)
+            held = con.last_hold_s if isinstance(con, BatchConnection) else \
+                time.monotonic() - t_commit
+            pacer.update(cur.rows.num_rows + len(cur.quarantined), held)
             added += n
             cur = nxt
     finally:
         if gc_was_enabled:
             gc.enable()
     return summary_of(n), problems  # the last batch's n
+
+
+#: Target time one write transaction holds the database file, seconds: batches shrink (down
+#: to :data:`MIN_TX_ROWS`) when their insert took longer, and grow back up to the batch size
+#: when it took less (docs/ingest.md#bounds).
+TARGET_HOLD_S = 1.0
+#: Fewest rows (plus quarantined lines) per transaction when pacing shrinks them.
+MIN_TX_ROWS = 5_000
+
+
+class _Pacer:
+    """How many rows (good rows plus quarantined lines) the next transaction takes: the rate
+    of the last transaction times :data:`TARGET_HOLD_S`, within [:data:`MIN_TX_ROWS`,
+    ``max_rows``]. Starts at ``max_rows``."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max(1, max_rows)
+        self.want = self.max_rows
+
+    def update(self, cost: int, held_s: float) -> None:
+        if cost <= 0:
+            return
+        rate = cost / max(held_s, 1e-3)
+        self.want = int(min(self.max_rows, max(min(MIN_TX_ROWS, self.max_rows),
+                                               rate * TARGET_HOLD_S)))
+
+
+def _paced(batches, pacer: _Pacer):
+    """Parsed batches regrouped into transactions of about ``pacer.want`` rows plus quarantined
+    lines: consecutive batches are merged up to it; a batch with more rows is split, its first
+    parts committed without a checkpoint (the stored one stays: a crash re-reads them, and the
+    primary key drops what was stored), its last part carrying its checkpoint and quarantine
+    entries. Checkpoints advance in file order; memory stays at the parsed batches held."""
+    tables: list[pa.Table] = []
+    quarantined: list[Quarantined] = []
+    skipped = 0
+    checkpoint = None
+    n = 0
+    for b in batches:
+        tables.append(b.rows)
+        quarantined.extend(b.quarantined)
+        skipped += b.skipped
+        checkpoint = b.checkpoint if b.checkpoint is not None else checkpoint
+        n += b.rows.num_rows
+        if n + len(quarantined) + skipped < pacer.want:  # lines, for the per-process batches
+            continue
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        while table.num_rows - pacer.want >= MIN_TX_ROWS:  # split off whole transactions
+            w = max(1, pacer.want)
+            yield UsageBatch(table.slice(0, w), [], 0, None)
+            table = table.slice(w)
+        yield UsageBatch(table, quarantined, skipped, checkpoint)
+        tables, quarantined, skipped, checkpoint, n = [], [], 0, None, 0
+    if tables or quarantined or checkpoint is not None:
+        table = pa.concat_tables(tables) if len(tables) > 1 else (tables[0] if tables else
+                                                                   rows_to_arrow([]))
+        yield UsageBatch(table, quarantined, skipped, checkpoint)
 
 
 def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_quarantined: int,

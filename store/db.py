@@ -3,12 +3,20 @@
 DuckDB lets one process write a database file, or several processes read it, never both at
 once. prefixscope therefore never holds a connection open between units of work:
 
-1. Writers (ingesters) open the file read-write for one batch inside :func:`writer`, commit, and
-   close; a long-running scraper does this once per scrape.
+1. Writers open the file read-write for one unit of work inside :func:`writer`, commit, and
+   close; a long-running scraper does this once per scrape. A file ingester holds a
+   :func:`batch_writer`: the file is opened for a batch (rows, quarantine entries and the
+   checkpoint in one transaction) and closed after its commit, so other processes get in
+   between batches however long the file.
 2. Readers (dashboard, reports) open it read-only inside :func:`reader` for one set of queries
    and close it; the dashboard caches the results (TTL) rather than the connection.
 3. Both retry a lock conflict with backoff (10 ms doubling to 0.5 s) for ``lock_timeout_s``
    (default 30 s), then raise :class:`~prefixscope.core.errors.StoreLocked`.
+4. Fairness: a process that found the file locked holds a shared ``flock`` on
+   ``<file>.waiting`` until it gets in; a writer about to open the file first waits (at most
+   :data:`YIELD_MAX_S`) until no one holds that, so a writer committing batch after batch
+   cannot starve the readers and scrapers that wait for it (their retries would otherwise
+   rarely fall into the milliseconds between two batches).
 
 See ``docs/architecture.md#concurrency``.
 """
@@ -16,6 +24,7 @@ See ``docs/architecture.md#concurrency``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import time
@@ -28,6 +37,8 @@ from prefixscope.core.errors import SchemaMismatch, SourceUnavailable, StoreLock
 from prefixscope.store.schema import MIGRATIONS
 
 DEFAULT_LOCK_TIMEOUT_S = 30.0
+#: Longest a writer waits, before opening the file, for the processes already waiting for it.
+YIELD_MAX_S = 2.0
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -61,18 +72,72 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False,
             Path(p).parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + lock_timeout_s
     delay = 0.01
-    while True:
-        try:
-            return duckdb.connect(p, read_only=read_only)
-        except duckdb.IOException as exc:
-            if not _is_lock_error(exc):
-                raise SourceUnavailable(f"cannot open database {p}: {exc}") from exc
-            if time.monotonic() >= deadline:
-                raise StoreLocked(
-                    f"database {p} stayed locked by another process for {lock_timeout_s:.0f} s"
-                ) from exc
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 0.5)
+    waiting: int | None = None  # our shared flock on <file>.waiting while we wait
+    try:
+        if not read_only and p != ":memory:":
+            _yield_to_waiters(p, min(YIELD_MAX_S, lock_timeout_s))
+        while True:
+            try:
+                return duckdb.connect(p, read_only=read_only)
+            except duckdb.IOException as exc:
+                if not _is_lock_error(exc):
+                    raise SourceUnavailable(f"cannot open database {p}: {exc}") from exc
+                if time.monotonic() >= deadline:
+                    raise StoreLocked(
+                        f"database {p} stayed locked by another process for "
+                        f"{lock_timeout_s:.0f} s") from exc
+                if waiting is None:
+                    waiting = _enter_waiting(p)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+    finally:
+        if waiting is not None and waiting >= 0:
+            os.close(waiting)  # releases the flock
+
+
+def _waiting_path(p: str) -> str:
+    return p + ".waiting"
+
+
+def _enter_waiting(p: str) -> int:
+    """Take a shared flock on ``<file>.waiting`` (created if missing): "someone waits for the
+    file". Returns the descriptor, or -1 when the folder is not writable (no fairness then)."""
+    try:
+        fd = os.open(_waiting_path(p), os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _yield_to_waiters(p: str, max_s: float) -> None:
+    """Before a writer opens the file: wait up to ``max_s`` while another process holds a
+    shared flock on ``<file>.waiting`` (it found the file locked and retries; it takes the file
+    within its next backoff step and then drops the flock). No such file: return at once."""
+    try:
+        fd = os.open(_waiting_path(p), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        end = time.monotonic() + max_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    return
+                time.sleep(0.005)
+                continue
+            except OSError:
+                return
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return
+    finally:
+        os.close(fd)
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
@@ -139,6 +204,99 @@ def writer(path: str | os.PathLike[str], *,
         yield con
     finally:
         con.close()
+
+
+class BatchConnection:
+    """A read-write connection that holds the database file only while a batch is written.
+
+    Every attribute is the open connection's (``execute``, ``register``, ...); the first use
+    after :meth:`release` opens the file again (:func:`connect`, retrying a lock for
+    ``lock_timeout_s``). :func:`prefixscope.ingest.jsonl_driver.commit_batch` calls
+    :meth:`release` after each batch's commit, so between two batches (while the next one is
+    read and parsed) other processes can open the file. Connection settings given in
+    ``settings`` are applied at every open. For ``:memory:`` :meth:`release` does nothing (closing
+    would drop the database).
+
+    Attributes:
+        opens: how many times the file was opened. longest_hold_s, last_hold_s: the longest
+            and the last time the file was held open at once, seconds (open to release).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+                 settings: tuple[str, ...] = ("SET enable_progress_bar = false",)):
+        self._path = str(path)
+        self._lock_timeout_s = lock_timeout_s
+        self._settings = settings
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._opened_at = 0.0
+        self.opens = 0
+        self.longest_hold_s = 0.0
+        self.last_hold_s = 0.0
+
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The open connection (opening the file when released)."""
+        if self._con is None:
+            con = connect(self._path, read_only=False, lock_timeout_s=self._lock_timeout_s)
+            try:
+                if self.opens == 0:
+                    migrate(con)
+                for stmt in self._settings:
+                    con.execute(stmt)
+            except BaseException:
+                con.close()
+                raise
+            self._con = con
+            self._opened_at = time.monotonic()
+            self.opens += 1
+        return self._con
+
+    def __getattr__(self, name: str):
+        return getattr(self.connection(), name)
+
+    def release(self) -> None:
+        """Close the file (after a commit: never inside a transaction) so that other processes
+        can open it; the next use opens it again."""
+        if self._con is None or self._path == ":memory:":
+            return
+        try:
+            self._con.close()
+        finally:
+            self._con = None
+            self.last_hold_s = time.monotonic() - self._opened_at
+            self.longest_hold_s = max(self.longest_hold_s, self.last_hold_s)
+
+    def close(self) -> None:
+        """Close for good (also for ``:memory:``)."""
+        if self._con is not None:
+            con, self._con = self._con, None
+            con.close()
+            self.longest_hold_s = max(self.longest_hold_s, time.monotonic() - self._opened_at)
+
+
+@contextlib.contextmanager
+def batch_writer(path: str | os.PathLike[str], *,
+                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[BatchConnection]:
+    """A :class:`BatchConnection` for ingesting files: opened (and migrated) now, released
+    after each batch's commit, closed on exit.
+
+    Raises:
+        StoreLocked, SchemaMismatch, SourceUnavailable: at the first open or any reopen (see
+            :func:`connect`, :func:`migrate`).
+    """
+    con = BatchConnection(path, lock_timeout_s=lock_timeout_s)
+    con.connection()
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def release_between_batches(con: object) -> None:
+    """Let other processes at the file after a committed batch: releases a
+    :class:`BatchConnection`, does nothing to a plain connection (whose owner closes it)."""
+    if isinstance(con, BatchConnection):
+        con.release()
 
 
 @contextlib.contextmanager
