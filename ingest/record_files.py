@@ -11,8 +11,11 @@ module reads the file in the form the tool exports:
   (API responses, UI exports). Read whole, one transaction, ``line`` = the record's 1-based
   position; read again, primary keys add nothing.
 - **CSV with a header row** (``.csv``: ``psql \\copy ... TO ... CSV HEADER`` of a table):
-  read whole with the stdlib ``csv`` module, columns by name; JSON-typed columns arrive as
-  JSON text and are decoded by the reader. ``line`` = the record's 1-based position.
+  streamed with the stdlib ``csv`` module in bounded reads (8 MiB of whole lines at a time, a
+  physical line of more than 16 MiB skipped unread, a cell of more than 1 MiB refused), columns
+  by name, committed per 20,000 records; JSON-typed columns arrive as JSON text and are
+  decoded by the reader. ``line`` = the record's 1-based position; no checkpoint (a second run
+  reads the file again and the primary keys add nothing).
 
 Rows go through :func:`prefixscope.ingest.usage_rows.insert_dict_rows`, the usage-log writer.
 """
@@ -24,7 +27,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import duckdb
@@ -42,6 +45,8 @@ from prefixscope.ingest.jsonl_driver import (
     _BOM,
     LONG_LINE,
     BadLine,
+    bounded_line_runs,
+    open_source_file,
     line_guard,
     ParsedChunk,
     TailResult,
@@ -228,12 +233,21 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
 
         return ingest_record_lines(con, location, kind=kind, line_rows=line_rows,
                                    keep_problems=keep_problems)
+    if form == "csv":
+        return _csv_file(con, location, kind, source_id, to_row, keep_problems)
     return _whole_file(con, location, form, kind, source_id, to_row, keep_problems)
 
 
-#: Largest JSON document or CSV file read whole (JSON lines have no such bound: batches).
+#: Largest JSON document read whole (JSON lines and CSV have no such bound: batches).
 MAX_DOCUMENT_BYTES = 256 << 20
 _CSV_FIELD_MAX = 1 << 20  # the line bound of every JSONL source (docs/ingest.md#bounds)
+#: Longest physical CSV line read (a longer one is skipped without being held whole).
+CSV_MAX_LINE_BYTES = 16 << 20
+CSV_LINE_TOO_LONG = f"CSV line longer than {CSV_MAX_LINE_BYTES:,} bytes (16 MiB)"
+CSV_FIELD_TOO_LONG = "CSV field longer than 1,048,576 bytes (1 MiB)"
+#: Records (or quarantined records) per CSV transaction, and bytes read at a time.
+CSV_BATCH_RECORDS = 20_000
+_CSV_READ_BYTES = 8 << 20
 
 
 class _CsvBad:
@@ -243,28 +257,131 @@ class _CsvBad:
         self.reason = reason
 
 
-def _csv_records(text: str, location: str) -> list[Any]:
-    """CSV text with a header row -> one dict per record, or a :class:`_CsvBad` for a record
-    the stdlib reader refuses (its message is not kept: it may quote the field)."""
-    old = csv.field_size_limit()
+def _csv_stream(fh, location: str) -> Iterator[Any]:
+    """CSV with a header row, read in bounded steps -> one dict per record (as
+    ``csv.DictReader`` gives it: extra cells under ``None``, missing ones None), or a
+    :class:`_CsvBad` for a record the stdlib reader refuses (its message is not kept: it may
+    quote the field) or a physical line longer than :data:`CSV_MAX_LINE_BYTES` (skipped, never
+    held). Blank lines are not records. Memory: one read step plus one record."""
+    runs = bounded_line_runs(fh, _CSV_READ_BYTES, location, CSV_MAX_LINE_BYTES)
+    long_lines = [0]  # over-long lines seen by the reader and not yet reported
+
+    def lines() -> Iterator[str]:
+        first = True
+        for data, _real in runs:
+            if first:
+                first = False
+                if data.startswith(_BOM):
+                    data = data[len(_BOM):]
+            if data.startswith(LONG_LINE + b"\n"):
+                long_lines[0] += 1
+                yield "\n"  # an empty line where it was: its record is reported
+                data = data[len(LONG_LINE) + 1:]
+            yield from io.StringIO(data.decode("utf-8", errors="replace"), newline="")
+        if runs.tail:  # a last line without newline (an export is complete when read)
+            yield runs.tail.decode("utf-8", errors="replace")
+
+    reader = csv.reader(lines())
+    fieldnames: list[str] | None = None
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            if fieldnames is None:
+                raise SourceUnavailable(f"{location}: the CSV header row cannot be split into "
+                                        "fields") from None
+            big = "field larger" in str(exc)
+            yield _CsvBad(CSV_FIELD_TOO_LONG if big else "CSV record cannot be split into fields")
+            continue
+        if long_lines[0]:
+            long_lines[0] = 0
+            if fieldnames is None:
+                raise SourceUnavailable(f"{location}: the CSV header row is a {CSV_LINE_TOO_LONG}")
+            yield _CsvBad(CSV_LINE_TOO_LONG)  # the record it was in (or stood for) is cut
+            continue
+        if not row:
+            continue  # a blank line
+        if fieldnames is None:
+            fieldnames = row
+            continue
+        rec: dict[Any, Any] = dict(zip(fieldnames, row))
+        if len(row) > len(fieldnames):
+            rec[None] = row[len(fieldnames):]
+        elif len(row) < len(fieldnames):
+            for key in fieldnames[len(row):]:
+                rec[key] = None
+        yield rec
+
+
+def _csv_file(con, location: str, kind: str, source_id: str, to_row: ToRow,
+              keep_problems: int) -> TailResult:
+    """A CSV export read in batches of :data:`CSV_BATCH_RECORDS` records, each committed in one
+    transaction with its quarantine entries (``line`` = the record's 1-based position); no
+    checkpoint: a second run (or a run after a crash) reads the file again and the primary
+    keys add nothing twice."""
+    started = time.time()
+    fh = open_source_file(location)  # refuses binary files too
+    run_id = new_ingest_run_id()
+    read = added = n_bad = batches = 0
+    count = {"position": 0, "skipped": 0}
+    problems: list[Quarantined] = []
+
+    def parsed(records: Iterator[Any]) -> Iterator[tuple[list, list]]:
+        """(rows, quarantined) per batch; the last one may be empty (it records the run)."""
+        rows: list[dict[str, Any]] = []
+        bad: list[Quarantined] = []
+        for rec in records:
+            count["position"] += 1
+            no = count["position"]
+            if not _row(to_row, rec, location, no, source_id, rows, bad) and \
+                    (not bad or bad[-1].line != no):
+                count["skipped"] += 1
+            if len(rows) + len(bad) >= CSV_BATCH_RECORDS:
+                yield rows, bad
+                rows, bad = [], []
+        yield rows, bad
+
+    old_limit = csv.field_size_limit()
     csv.field_size_limit(_CSV_FIELD_MAX)
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        out: list[Any] = []
-        while True:
-            try:
-                rec = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as exc:
-                big = "field larger" in str(exc)
-                out.append(_CsvBad("CSV field longer than 1,048,576 bytes (1 MiB)" if big
-                                   else "CSV record cannot be split into fields"))
-                continue
-            out.append(rec)
-        return out
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            it = parsed(_csv_stream(fh, location))
+            cur = next(it)
+            while cur is not None:
+                rows, bad = cur
+                nxt = next(it, None)  # one ahead: the last batch carries the run record
+                read += len(rows)
+                n_bad += len(bad)
+                room = keep_problems - len(problems)
+                if room > 0:
+                    problems.extend(bad[:room])
+                summary = None
+                if nxt is None:
+                    note = None if read or n_bad else "no request records in the file"
+                    summary = _csv_summary(location, kind, read, added, n_bad, note)
+                n = commit_batch(con, insert=insert_dict_rows, rows=rows, quarantined=bad,
+                                 source_id=source_id, kind=kind, location=location,
+                                 ingest_run_id=run_id, checkpoint=None, run_summary=summary,
+                                 started_unix_s=started)
+                added += n
+                batches += 1
+                cur = nxt
     finally:
-        csv.field_size_limit(old)
+        csv.field_size_limit(old_limit)
+    return TailResult(summary(n), problems, Checkpoint(0, 0, None),
+                      Checkpoint(size, count["position"], None), count["skipped"], batches,
+                      run_id)
+
+
+def _csv_summary(location: str, kind: str, read: int, added_before: int, n_bad: int,
+                 note: str | None) -> Callable[[int], IngestSummary]:
+    def summary(n: int) -> IngestSummary:
+        added = added_before + n
+        return IngestSummary(location, kind, read, added, read - added, n_bad, note)
+    return summary
 
 
 def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row: ToRow,
@@ -276,7 +393,7 @@ def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row
         raise SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}") from exc
     if size > MAX_DOCUMENT_BYTES:  # read whole and decoded whole: 173 MB took 3.6 GB
         raise SourceUnavailable(
-            f"{location}: a {'CSV file' if form == 'csv' else 'JSON document'} larger than "
+            f"{location}: a JSON document larger than "
             "256 MiB is not read whole; give it as JSON lines (one record a line, read in "
             "batches), e.g. jq -c '.data[]?, .[]?' FILE > FILE.jsonl")
     try:
@@ -284,20 +401,16 @@ def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row
             data = fh.read()
     except OSError as exc:
         raise SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}") from exc
-    if form == "csv":
-        text = data.decode("utf-8-sig", errors="replace")
-        records: list[Any] = _csv_records(text, location)
-    else:
-        try:
-            doc = json.loads(data)
-        except ValueError as exc:
-            raise SourceUnavailable(f"{location}: {invalid_json_reason(exc)}") from None
-        except RecursionError:
-            raise SourceUnavailable(f"{location}: {TOO_DEEP}") from None
-        records = doc.get("data", []) if isinstance(doc, dict) else doc
-        if not isinstance(records, list):
-            raise SourceUnavailable(f"{location}: expected an array of records or "
-                                    "{\"data\": [...]}")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise SourceUnavailable(f"{location}: {invalid_json_reason(exc)}") from None
+    except RecursionError:
+        raise SourceUnavailable(f"{location}: {TOO_DEEP}") from None
+    records = doc.get("data", []) if isinstance(doc, dict) else doc
+    if not isinstance(records, list):
+        raise SourceUnavailable(f"{location}: expected an array of records or "
+                                "{\"data\": [...]}")
     rows: list[dict[str, Any]] = []
     bad: list[Quarantined] = []
     skipped = 0

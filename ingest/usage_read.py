@@ -30,6 +30,7 @@ from prefixscope.ingest.jsonl_driver import (
     open_source_file,
 )
 from prefixscope.ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
+from prefixscope.core.bounds import LINE_TOO_LONG, MAX_LINE_BYTES
 from prefixscope.core.errors import SourceUnavailable
 
 #: Rows per transaction (and per Arrow batch) when parsing in this process.
@@ -338,7 +339,10 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
     complete lines each, while the caller inserts earlier ones; batches are still yielded in
     file order, so checkpoints advance in order. Up to ``ahead`` regions (default the larger of
     :data:`AHEAD_REGIONS` and ``2 * workers``) are parsed ahead of the consumer, each held as
-    an Arrow table of about 8 MB per 45,000 rows until consumed.
+    an Arrow table of about 8 MB per 45,000 rows until consumed. A line longer than
+    :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` that does not fit in a region is never read:
+    its end is found by scanning the memory map in bounded steps and the line is quarantined
+    (``line longer than ...``); an unfinished last line longer than the bound is left unread.
 
     Raises:
         SourceUnavailable: the file cannot be opened.
@@ -362,7 +366,8 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
         def drain(limit: int) -> Iterator[UsageBatch]:
             while len(inflight) > limit:
                 fut, cp = inflight.popleft()
-                table, quarantined, skipped = fut.result()
+                table, quarantined, skipped = fut.result() if fut is not None else \
+                    (rows_to_arrow([]), [Quarantined(location, cp.line, LINE_TOO_LONG, None)], 0)
                 yield UsageBatch(table, quarantined, skipped, cp)
 
         # Region boundaries from a memory map: the parser processes read the bytes themselves,
@@ -371,10 +376,17 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
               _NoMap()) as mm:
             while offset < size:
                 cut = mm.rfind(b"\n", offset, min(offset + region_bytes, size))
-                if cut < 0:  # one line longer than a region: up to its end
-                    cut = mm.find(b"\n", offset + region_bytes)
-                    if cut < 0:
-                        break
+                if cut < 0:  # the region holds no line end: a line of more than a region?
+                    cut = mm.find(b"\n", offset, min(offset + MAX_LINE_BYTES + 1, size))
+                if cut < 0:  # a line longer than the bound: skipped, never read whole
+                    end = _find_newline(mm, offset + MAX_LINE_BYTES + 1, size)
+                    if end < 0:
+                        break  # no newline to the end: an unfinished line, left for later
+                    offset = end + 1
+                    line_no += 1
+                    inflight.append((None, Checkpoint(offset, line_no, None)))
+                    yield from drain(ahead)
+                    continue
                 n = int(np.count_nonzero(
                     np.frombuffer(mm, np.uint8, cut + 1 - offset, offset) == _NEWLINE))
                 _release(mm, offset, cut + 1)
@@ -383,7 +395,8 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
                 line_no += n
                 inflight.append((fut, Checkpoint(offset, line_no, None)))
                 yield from drain(ahead)
-            pending = mm[offset:size] if offset < size else b""
+            # an unfinished last line is read only when short enough to be a record
+            pending = mm[offset:size] if 0 < size - offset <= MAX_LINE_BYTES else b""
         yield from drain(0)
     if pending and _complete_tail(pending):
         rows, quarantined, skipped = _parse_lines_arrow([pending], line_no, ctx)
@@ -392,6 +405,23 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
 
 
 _NEWLINE = ord("\n")
+#: Bytes scanned at a time for the end of an over-long line (pages dropped after each step).
+_SCAN_BYTES = 8 << 20
+
+
+def _find_newline(mm: mmap.mmap, start: int, size: int) -> int:
+    """The offset of the first newline at or after ``start``, or -1: scanned in steps of
+    :data:`_SCAN_BYTES`, each step's pages dropped from this process, so a line of any length
+    (or a file of zeros) is skipped in bounded memory."""
+    pos = start
+    while pos < size:
+        end = min(pos + _SCAN_BYTES, size)
+        nl = mm.find(b"\n", pos, end)
+        _release(mm, pos, end)
+        if nl >= 0:
+            return nl
+        pos = end
+    return -1
 
 
 def _release(mm: mmap.mmap, start: int, end: int) -> None:
