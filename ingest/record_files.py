@@ -277,7 +277,12 @@ def _csv_stream(fh, location: str) -> Iterator[Any]:
                 long_lines[0] += 1
                 yield "\n"  # an empty line where it was: its record is reported
                 data = data[len(LONG_LINE) + 1:]
-            yield from io.StringIO(data.decode("utf-8", errors="replace"), newline="")
+            for line in io.StringIO(data.decode("utf-8", errors="replace"), newline=""):
+                if len(line) > CSV_MAX_LINE_BYTES:  # ended within the read: held, not kept
+                    long_lines[0] += 1
+                    yield "\n"
+                else:
+                    yield line
         if runs.tail:  # a last line without newline (an export is complete when read)
             yield runs.tail.decode("utf-8", errors="replace")
 
