@@ -236,14 +236,16 @@ def commit_batch(con: duckdb.DuckDBPyConnection, *, insert: Inserter, rows: Any,
                  ingest_run_id: str, checkpoint: Checkpoint | None = None,
                  source_note: str | None = None,
                  run_summary: Callable[[int], IngestSummary] | None = None,
-                 started_unix_s: float | None = None) -> int:
+                 started_unix_s: float | None = None,
+                 released: list[bool] | None = None) -> int:
     """Store one batch in one transaction: rows, quarantine entries, the source row (rows added,
     ``checkpoint`` and ``source_note``; None keeps the stored ones) and, when ``run_summary`` is
     given, the ``ingest_runs`` record built by ``run_summary(rows added by this batch)``.
 
     Also used for sources without a file (a ZMQ flush: ``checkpoint=None``). After the commit a
-    :class:`~prefixscope.store.db.BatchConnection` is released (the database file closed until
-    the next batch opens it), so other processes get in between batches.
+    :class:`~prefixscope.store.db.BatchConnection` is released when another process waits for
+    the database file (closed until the next batch opens it), so it gets in between batches;
+    ``released`` (if given) gets True or False appended for that.
 
     Returns:
         Rows added by this batch.
@@ -265,7 +267,10 @@ def commit_batch(con: duckdb.DuckDBPyConnection, *, insert: Inserter, rows: Any,
                     record_run(con, source_id=source_id, kind=kind, started_unix_s=started,
                                summary=s, status=run_status(s.rows_read, s.rows_quarantined),
                                ingest_run_id=ingest_run_id)
-            release_between_batches(con)  # a batch writer lets other processes in now
+            # a batch writer lets a process waiting for the file in now
+            con_released = release_between_batches(con, only_if_waited=True)
+            if released is not None:
+                released.append(con_released)
             return added
         except RetryBatch:
             if attempt == 2:

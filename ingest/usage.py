@@ -193,15 +193,17 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
                 run_summary = summary_of = _summary(location, start, read, added, n_quarantined,
                                                     skipped)
             t_commit = time.monotonic()
+            waited = con.wait_s if isinstance(con, BatchConnection) else 0.0
+            released: list[bool] = []
             n = commit_batch(
                 con, insert=insert, rows=cur.rows, quarantined=cur.quarantined,
                 source_id=source_id, kind=KIND, location=location,
                 ingest_run_id=ingest_run_id, checkpoint=cp, run_summary=run_summary,
-                started_unix_s=started)
-            # the time the file was held (a batch writer's open..release; else the commit)
-            held = con.last_hold_s if isinstance(con, BatchConnection) else \
-                time.monotonic() - t_commit
-            pacer.update(cur.rows.num_rows + len(cur.quarantined), held)
+                started_unix_s=started, released=released)
+            # the time the transaction took, without waiting for the lock
+            held = time.monotonic() - t_commit - \
+                ((con.wait_s - waited) if isinstance(con, BatchConnection) else 0.0)
+            pacer.update(cur.rows.num_rows + len(cur.quarantined), held, any(released))
             added += n
             cur = nxt
     finally:
@@ -210,13 +212,13 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     return summary_of(n), problems  # the last batch's n
 
 
-#: Target time one write transaction holds the database file, seconds: batches shrink (down
-#: to :data:`MIN_TX_ROWS`) when their insert took longer, and grow back up to the batch size
-#: when it took less (docs/ingest.md#bounds).
+#: Target time one write transaction holds the database file while other processes wait for
+#: it, seconds: batches shrink (down to :data:`MIN_TX_ROWS`) when their insert took longer, and
+#: grow back up to the batch size when no one waits (docs/ingest.md#bounds).
 TARGET_HOLD_S = 1.0
-#: Fewest rows (plus quarantined lines) per transaction when pacing shrinks them: each
-#: transaction also pays a checkpoint when the file is closed (0.1 s to seconds on a loaded
-#: machine, growing with the table), so smaller ones would cost more lock time than they save.
+#: Fewest rows (plus quarantined lines) per transaction when pacing shrinks them: each release
+#: also pays a checkpoint when the file is closed (0.1 s to seconds on a loaded machine,
+#: growing with the table), so smaller ones would cost more lock time than they save.
 MIN_TX_ROWS = 20_000
 
 
@@ -225,17 +227,23 @@ FIRST_TX_ROWS = 50_000
 
 
 class _Pacer:
-    """How many rows (good rows plus quarantined lines) the next transaction takes: the rate
-    of the last transaction times :data:`TARGET_HOLD_S`, within [:data:`MIN_TX_ROWS`,
-    ``max_rows``]. Starts at :data:`FIRST_TX_ROWS` (at most ``max_rows``): on a loaded machine
-    a first transaction of 200,000 rows held the file for 8 to 40 s."""
+    """How many rows (good rows plus quarantined lines) the next transaction takes. While other
+    processes wait for the file (the last commit released it to them): the rate of the last
+    transaction times :data:`TARGET_HOLD_S`, within [:data:`MIN_TX_ROWS`, ``max_rows``], so
+    they wait about that long; while no one waits: twice the last size, up to ``max_rows``
+    (large transactions insert fastest). Starts at :data:`FIRST_TX_ROWS` (at most
+    ``max_rows``): on a loaded machine a first transaction of 200,000 rows held the file for
+    8 to 40 s."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max(1, max_rows)
         self.want = min(self.max_rows, FIRST_TX_ROWS)
 
-    def update(self, cost: int, held_s: float) -> None:
+    def update(self, cost: int, held_s: float, contended: bool) -> None:
         if cost <= 0:
+            return
+        if not contended:
+            self.want = min(self.max_rows, max(self.want, cost) * 2)
             return
         rate = cost / max(held_s, 1e-3)
         self.want = int(min(self.max_rows, max(min(MIN_TX_ROWS, self.max_rows),
@@ -262,7 +270,7 @@ def _paced(batches, pacer: _Pacer):
         if n + len(quarantined) + skipped < pacer.want:  # lines, for the per-process batches
             continue
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        while table.num_rows - pacer.want >= MIN_TX_ROWS:  # split off whole transactions
+        while table.num_rows >= 2 * max(pacer.want, MIN_TX_ROWS):  # split off transactions
             w = max(1, pacer.want)
             yield UsageBatch(table.slice(0, w), [], 0, None)
             table = table.slice(w)

@@ -5,9 +5,10 @@ once. prefixscope therefore never holds a connection open between units of work:
 
 1. Writers open the file read-write for one unit of work inside :func:`writer`, commit, and
    close; a long-running scraper does this once per scrape. A file ingester holds a
-   :func:`batch_writer`: the file is opened for a batch (rows, quarantine entries and the
-   checkpoint in one transaction) and closed after its commit, so other processes get in
-   between batches however long the file.
+   :func:`batch_writer`: each batch (rows, quarantine entries and the checkpoint) is one
+   transaction, and after its commit the file is closed whenever another process waits for it
+   (and opened again for the next batch), so other processes get in between batches however
+   long the file.
 2. Readers (dashboard, reports) open it read-only inside :func:`reader` for one set of queries
    and close it; the dashboard caches the results (TTL) rather than the connection.
 3. Both retry a lock conflict with backoff (10 ms doubling to 0.5 s) for ``lock_timeout_s``
@@ -211,15 +212,18 @@ class BatchConnection:
 
     Every attribute is the open connection's (``execute``, ``register``, ...); the first use
     after :meth:`release` opens the file again (:func:`connect`, retrying a lock for
-    ``lock_timeout_s``). :func:`prefixscope.ingest.jsonl_driver.commit_batch` calls
-    :meth:`release` after each batch's commit, so between two batches (while the next one is
-    read and parsed) other processes can open the file. Connection settings given in
+    ``lock_timeout_s``). :func:`prefixscope.ingest.jsonl_driver.commit_batch` releases it after
+    a batch's commit whenever another process waits for the file (:func:`someone_waits`), so
+    that process gets in before the next batch; with no one waiting the file stays open (a
+    reopen costs a checkpoint of what the batch wrote: closing after every batch halved the
+    usage ingest's speed). Connection settings given in
     ``settings`` are applied at every open. For ``:memory:`` :meth:`release` does nothing (closing
     would drop the database).
 
     Attributes:
-        opens: how many times the file was opened. longest_hold_s, last_hold_s: the longest
-            and the last time the file was held open at once, seconds (open to release).
+        opens, releases: how many times the file was opened and released. longest_hold_s,
+            last_hold_s: the longest and the last time the file was held open at once, seconds
+            (open to release). wait_s: total seconds spent waiting to open it.
     """
 
     def __init__(self, path: str | os.PathLike[str], *,
@@ -233,11 +237,15 @@ class BatchConnection:
         self.opens = 0
         self.longest_hold_s = 0.0
         self.last_hold_s = 0.0
+        self.wait_s = 0.0
+        self.releases = 0
 
     def connection(self) -> duckdb.DuckDBPyConnection:
         """The open connection (opening the file when released)."""
         if self._con is None:
+            t = time.monotonic()
             con = connect(self._path, read_only=False, lock_timeout_s=self._lock_timeout_s)
+            self.wait_s += time.monotonic() - t
             try:
                 if self.opens == 0:
                     migrate(con)
@@ -251,6 +259,14 @@ class BatchConnection:
             self.opens += 1
         return self._con
 
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def is_open(self) -> bool:
+        return self._con is not None
+
     def __getattr__(self, name: str):
         return getattr(self.connection(), name)
 
@@ -263,6 +279,7 @@ class BatchConnection:
             self._con.close()
         finally:
             self._con = None
+            self.releases += 1
             self.last_hold_s = time.monotonic() - self._opened_at
             self.longest_hold_s = max(self.longest_hold_s, self.last_hold_s)
 
@@ -292,11 +309,42 @@ def batch_writer(path: str | os.PathLike[str], *,
         con.close()
 
 
-def release_between_batches(con: object) -> None:
+def release_between_batches(con: object, *, only_if_waited: bool = False) -> bool:
     """Let other processes at the file after a committed batch: releases a
-    :class:`BatchConnection`, does nothing to a plain connection (whose owner closes it)."""
-    if isinstance(con, BatchConnection):
-        con.release()
+    :class:`BatchConnection` (with ``only_if_waited``: only when another process waits for the
+    file, :func:`someone_waits`; else it stays open and the next batch pays no reopen and no
+    checkpoint); does nothing to a plain connection (whose owner closes it).
+
+    Returns:
+        True when the file was released.
+    """
+    if not isinstance(con, BatchConnection) or not con.is_open:
+        return False
+    if only_if_waited and not someone_waits(con.path):
+        return False
+    con.release()
+    return con.path != ":memory:"
+
+
+def someone_waits(path: str | os.PathLike[str]) -> bool:
+    """True while another process holds a shared flock on ``<file>.waiting``: it found the
+    database locked and is retrying (:func:`connect`)."""
+    p = str(path)
+    if p == ":memory:":
+        return False
+    try:
+        fd = os.open(_waiting_path(p), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also drops the exclusive lock when it was taken
+    return False
 
 
 @contextlib.contextmanager
