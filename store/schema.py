@@ -416,6 +416,28 @@ _LATENCY_ROLLUP = (
     + LATENCY_ROLLUP_SELECT_SQL.format(where="TRUE"),
 )
 
+_ARCHIVE = (
+    # One row per (table, UTC day, generation) that `prefixscope archive` wrote as Parquet and
+    # deleted from the table, in the same transaction as the delete (store/queries/archive.py,
+    # docs/retention.md): the queries read exactly these files for the days they cover. A day
+    # archived again (rows that arrived late) gets the next generation; a crashed run leaves
+    # no row here and its files are rewritten under the same names by the next run.
+    """
+    CREATE TABLE archive_parts (
+        tbl              VARCHAR NOT NULL,   -- requests, metric_samples
+        day              DATE NOT NULL,      -- UTC day of ts_unix_s
+        gen              INTEGER NOT NULL,   -- 0, then 1, 2, ... for rows archived later
+        location         VARCHAR NOT NULL,   -- archive root (folder or s3://...), no credentials
+        rows             BIGINT NOT NULL,    -- rows written, verified by reading the files back
+        rollup_rows      BIGINT NOT NULL,    -- of which counted by the table's rollup
+        files            VARCHAR[] NOT NULL, -- the Parquet files written
+        archived_unix_s  DOUBLE NOT NULL,
+        rollup_dropped   BOOLEAN NOT NULL DEFAULT FALSE,  -- the day's rollup rows were deleted
+        PRIMARY KEY (tbl, day, gen)
+    )
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _CORE),
     Migration(6, "alerts: daily report sends", (
@@ -662,6 +684,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(70, "counter increases stored at ingest", _COUNTER_INCREASES),
     Migration(71, "per-minute request rollup", _REQUEST_ROLLUP),
     Migration(72, "5-minute counter rollup", _COUNTER_ROLLUP),
+    Migration(73, "archived days of requests and metric samples", _ARCHIVE),
     Migration(75, "5-minute scope and decision rollup", _SCOPE_ROLLUP),
     Migration(76, "series heads carry model and engine", _SERIES_HEAD_LABELS),
     Migration(77, "daily latency histogram rollup", _LATENCY_ROLLUP),

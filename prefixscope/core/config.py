@@ -6,7 +6,7 @@ values that name one (``PREFIXSCOPE_DB``, ``PREFIXSCOPE_HMAC_KEY_FILE``, ``PREFI
 ``PREFIXSCOPE_SMTP_PASSWORD``...). Secrets are never read from the repository.
 
 Sections (see ``docs/config.md``): ``[store]``, ``[pricing]``, ``[alerts]``, ``[identity]``,
-``[dashboard]``.
+``[dashboard]``, ``[retention]``.
 """
 
 from __future__ import annotations
@@ -95,6 +95,37 @@ class DashboardConfig(_Section):
     public_url: str | None = None
 
 
+class RetentionConfig(_Section):
+    """``[retention]``: how long raw rows and rollups stay in the DuckDB file, and where
+    ``prefixscope archive`` writes the raw rows it removes (``docs/retention.md``).
+
+    ``raw_days``: production ``requests`` and ``metric_samples`` older than this many whole
+    UTC days are archived, then deleted (never deleted without an archive). ``rollup_days``
+    (at least ``raw_days``): rollup rows older than this are deleted. ``archive``: a local
+    folder, or ``s3://``, ``gs://``, ``r2://`` or ``https://`` (read and written through
+    DuckDB's ``httpfs`` extension); None = no archive, nothing raw is deleted. The ``s3_*``
+    keys configure the DuckDB secret for object storage (key id and secret only from the
+    environment: ``PREFIXSCOPE_S3_KEY_ID`` / ``PREFIXSCOPE_S3_SECRET``, else DuckDB's
+    ``credential_chain``). ``extension_directory``: where DuckDB looks for (and installs)
+    ``httpfs``, for machines without network access to DuckDB's extension repository.
+    """
+
+    raw_days: int = Field(14, ge=1)
+    rollup_days: int = Field(400, ge=1)
+    archive: str | None = None
+    s3_region: str | None = None
+    s3_endpoint: str | None = None
+    s3_url_style: str | None = Field(None, pattern="^(vhost|path)$")
+    s3_use_ssl: bool = True
+    extension_directory: str | None = None
+
+    def model_post_init(self, __context) -> None:  # noqa: D401 - pydantic hook
+        if self.rollup_days < self.raw_days:
+            raise ValueError(
+                f"rollup_days ({self.rollup_days}) must be at least raw_days ({self.raw_days}):"
+                " the rollups answer the ranges the raw rows no longer hold")
+
+
 class Settings(_Section):
     """All settings. Build with :func:`load_settings`."""
 
@@ -103,6 +134,7 @@ class Settings(_Section):
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
 
 def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:

@@ -33,6 +33,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.queries import archive
 from prefixscope.store.sqlhelpers import window_start_sql
 
 QUERIES_METRIC = "vllm:prefix_cache_queries_total"
@@ -253,8 +254,16 @@ def rebuild_counter_rollup(con: duckdb.DuckDBPyConnection) -> int:
     :func:`recompute_increases`). Runs in the caller's transaction. Returns rows written."""
     con.execute("DELETE FROM counter_rollup_5m")
     row = con.execute(f"INSERT INTO counter_rollup_5m ({_CROLLUP_COLUMNS}) "
-                      + COUNTER_ROLLUP_SELECT_SQL.format(where="TRUE")).fetchone()
+                      + _counter_rollup_select(archive.relation(con, "metric_samples"), "TRUE")
+                      ).fetchone()
+    archive.trim_rollup(con, "metric_samples")
     return int(row[0]) if row else 0
+
+
+def _counter_rollup_select(rel: str, where: str) -> str:
+    """:data:`COUNTER_ROLLUP_SELECT_SQL` over ``rel`` (:func:`archive.relation`)."""
+    return COUNTER_ROLLUP_SELECT_SQL.replace(" FROM metric_samples WHERE ",
+                                             f" FROM {rel} WHERE ").format(where=where)
 
 
 def _refresh_counter_rollup(con: duckdb.DuckDBPyConnection, run_id: str, lo: float,
@@ -266,20 +275,22 @@ def _refresh_counter_rollup(con: duckdb.DuckDBPyConnection, run_id: str, lo: flo
     con.execute("DELETE FROM counter_rollup_5m WHERE run_id = ? AND bucket_start_s >= ? "
                 "AND bucket_start_s < ?", [run_id, b_lo, b_hi])
     con.execute(f"INSERT INTO counter_rollup_5m ({_CROLLUP_COLUMNS}) "
-                + COUNTER_ROLLUP_SELECT_SQL.format(
-                    where="run_id = ? AND ts_unix_s >= ? AND ts_unix_s < ?"),
+                + _counter_rollup_select(
+                    archive.relation(con, "metric_samples", b_lo, b_hi),
+                    "run_id = ? AND ts_unix_s >= ? AND ts_unix_s < ?"),
                 [run_id, b_lo, b_hi])
+    archive.trim_rollup(con, "metric_samples")
 
 
 def counter_rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
     """True when ``counter_rollup_5m`` counts every stored increase (it is maintained by
-    :func:`insert_metric_samples`): the counter queries then read it for whole buckets."""
+    :func:`insert_metric_samples`): the counter queries then read it for whole buckets.
+    Archived samples whose rollup is kept count as stored (:func:`archive.rollup_balance`)."""
     try:
-        n, r = con.execute("SELECT (SELECT count(*) FROM metric_samples WHERE has_prev), "
-                           "(SELECT coalesce(sum(samples), 0) FROM counter_rollup_5m)").fetchone()
+        n, r = archive.rollup_balance(con, "metric_samples")
     except duckdb.CatalogException:
         return False
-    return int(n) == int(r)
+    return n == r
 
 
 def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: float | None,
@@ -287,7 +298,8 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
                    instances: Sequence[str] | None,
                    run_ids: Sequence[str] | None = None,
                    stored: bool = True, rollup: bool = False,
-                   le: bool = False) -> tuple[str, list[Any]]:
+                   le: bool = False,
+                   con: duckdb.DuckDBPyConnection | None = None) -> tuple[str, list[Any]]:
     """SQL defining CTE ``inc``: rows of increases with columns metric, instance, model,
     engine, ts_unix_s (the later sample's time, or a rollup bucket's start), prev_ts_unix_s
     (earliest earlier sample), last_ts_unix_s (latest later sample), legacy, increase,
@@ -302,9 +314,16 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
     buckets at either end from the samples (the caller's windows must be whole buckets).
     ``le``: one more column ``le``, the histogram bucket's upper bound label (text, ``+Inf``
     last; NULL for a sample without one), for a histogram's ``_bucket`` series (no rollup:
-    the rollup has no labels)."""
+    the rollup has no labels). ``con`` (the store's connection): samples are read through
+    :func:`archive.relation` (the table and the archived days' Parquet files the range
+    reaches), and before the rollup's floor (:func:`archive.rollup_floor`) from the samples;
+    None reads ``metric_samples``."""
     if le and rollup:
         raise InvalidArgument("the counter rollup has no le label: rollup=False with le")
+    def rel(lo_s: float | None, hi_s: float | None) -> str:
+        return "metric_samples" if con is None else archive.relation(con, "metric_samples",
+                                                                     lo_s, hi_s)
+
     where, params = _filters(models=models, instances=instances, end_s=end_s, run_ids=run_ids)
     start_clause = ""
     start_params: list[Any] = []
@@ -319,7 +338,11 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
     if stored and rollup:
         lo = None if start_s is None else math.ceil(start_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
         hi = None if end_s is None else math.floor(end_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
-        if lo is None or hi is None or lo <= hi:
+        floor_s = None if con is None else archive.rollup_floor(con, "metric_samples")
+        whole_before_floor = floor_s is not None and hi is not None and hi <= floor_s
+        if floor_s is not None and not whole_before_floor and (lo is None or lo < floor_s):
+            lo = floor_s
+        if not whole_before_floor and (lo is None or hi is None or lo <= hi):
             gwhere, gparams = _filters(models=models, instances=instances, end_s=None,
                                        run_ids=run_ids)
             mid = f"list_contains(?::VARCHAR[], metric){gwhere}"
@@ -334,13 +357,18 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
                      f"first_ts_unix_s AS prev_ts_unix_s, last_ts_unix_s, legacy, increase, "
                      f"resets FROM counter_rollup_5m WHERE {mid}"]
             all_params = mid_params
-            if start_s is not None and lo > start_s:
-                parts.append(f"SELECT {raw_cols} FROM metric_samples WHERE has_prev AND "
+            if lo is not None and start_s is None:
+                parts.append(f"SELECT {raw_cols} FROM {rel(None, lo)} WHERE has_prev AND "
+                             f"list_contains(?::VARCHAR[], metric){gwhere} "
+                             f"AND {_CBUCKET_SQL} < ?")
+                all_params += [list(metrics), *gparams, lo]
+            elif start_s is not None and lo > start_s:
+                parts.append(f"SELECT {raw_cols} FROM {rel(start_s, lo)} WHERE has_prev AND "
                              f"list_contains(?::VARCHAR[], metric){gwhere} AND ts_unix_s >= ? "
                              f"AND {_CBUCKET_SQL} < ?")
                 all_params += [list(metrics), *gparams, float(start_s), lo]
             if end_s is not None and hi < end_s:
-                parts.append(f"SELECT {raw_cols} FROM metric_samples WHERE has_prev AND "
+                parts.append(f"SELECT {raw_cols} FROM {rel(hi, end_s)} WHERE has_prev AND "
                              f"list_contains(?::VARCHAR[], metric){where}{start_clause} "
                              f"AND {_CBUCKET_SQL} >= ?")
                 all_params += [list(metrics), *params, *start_params, hi]
@@ -349,14 +377,14 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
         sql = f"""
         inc AS (
             SELECT {raw_cols}
-            FROM metric_samples
+            FROM {rel(start_s, end_s)}
             WHERE list_contains(?::VARCHAR[], metric){where}{start_clause} AND has_prev
         )"""
         return sql, [list(metrics), *params, *start_params]
     sql = f"""
         base AS (
             SELECT run_id, metric, labels, instance, model, engine, ts_unix_s, value, legacy
-            FROM metric_samples
+            FROM {rel(None, end_s)}
             WHERE list_contains(?::VARCHAR[], metric){where}
         ),
         steps AS (
@@ -474,7 +502,8 @@ def hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC, EXTERNAL_HITS_METRIC),
                                  start_s=start_s, end_s=end_s, models=models, instances=instances,
                                  run_ids=run_ids, stored=use,
-                                 rollup=_use_rollup(con, use, rollup, window_s, origin_s))
+                                 rollup=_use_rollup(con, use, rollup, window_s, origin_s),
+                                 con=con)
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
@@ -534,7 +563,7 @@ def hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
     use = _use_stored(con, stored)
     cte, params = _increases_cte((QUERIES_METRIC, HITS_METRIC), start_s=start_s, end_s=end_s,
                                  models=models, instances=instances, run_ids=run_ids,
-                                 stored=use, rollup=_use_rollup(con, use, rollup))
+                                 stored=use, rollup=_use_rollup(con, use, rollup), con=con)
     sel = ", ".join(cols)
     group = f"GROUP BY {sel}" if cols else ""
     lead = f"{sel}, " if cols else ""
@@ -596,7 +625,7 @@ def counter_increase_by_window(con: duckdb.DuckDBPyConnection, *, metric: str,
                                  instances=instances, run_ids=run_ids, stored=use_stored,
                                  rollup=not le and _use_rollup(con, use_stored, rollup,
                                                                window_s, origin_s),
-                                 le=le)
+                                 le=le, con=con)
     sel = "".join(f", {c}" for c in cols)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
@@ -701,6 +730,7 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     lo, hi = con.execute(
         "SELECT min(ts_unix_s), max(ts_unix_s) FROM metric_samples WHERE NOT created_zero"
     ).fetchone()
+    lo = archive.with_archived_start(con, "metric_samples", lo)
     return {"models": models, "instances": instances, "run_ids": run_ids,
             "production_instances": production,
             "min_ts_unix_s": None if lo is None else float(lo),

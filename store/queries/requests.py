@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from prefixscope.core.errors import InvalidArgument
 from prefixscope.core.report import format_report_line
+from prefixscope.store.queries import archive
 from prefixscope.store.queries import scope_rollup
 from prefixscope.store.schema import (LATENCY_BIN_RATIO, LATENCY_ROLLUP_COLUMNS,
                                       LATENCY_ROLLUP_SELECT_SQL, REQUEST_KEY_SQL)
@@ -92,6 +93,12 @@ ROLLUP_SELECT_SQL = (f"SELECT {_BUCKET_SQL} AS bucket_start_s, run_id, model, in
                      f"{_FACT_AGG} FROM requests WHERE {{where}} GROUP BY ALL")
 
 
+def _rollup_select(rel: str, where: str) -> str:
+    """:data:`ROLLUP_SELECT_SQL` over the relation ``rel`` (:func:`archive.relation`)."""
+    return ROLLUP_SELECT_SQL.replace(" FROM requests WHERE ", f" FROM {rel} WHERE ").format(
+        where=where)
+
+
 def rebuild_request_rollup(con: duckdb.DuckDBPyConnection) -> int:
     """Rebuild ``request_rollup_1m`` from every stored request (after rows were written with
     SQL rather than through :func:`insert_request_rows`). Runs in the caller's transaction.
@@ -101,7 +108,8 @@ def rebuild_request_rollup(con: duckdb.DuckDBPyConnection) -> int:
     """
     con.execute("DELETE FROM request_rollup_1m")
     row = con.execute(f"INSERT INTO request_rollup_1m ({_FACT_COLUMNS}) "
-                      + ROLLUP_SELECT_SQL.format(where="TRUE")).fetchone()
+                      + _rollup_select(archive.relation(con, "requests"), "TRUE")).fetchone()
+    archive.trim_rollup(con, "requests")
     return int(row[0]) if row else 0
 
 
@@ -121,9 +129,11 @@ def _refresh_rollup(con: duckdb.DuckDBPyConnection, batch: str) -> None:
                     [lo, hi])
         where = (f"ts_unix_s >= ? AND ts_unix_s < ? AND {_BUCKET_SQL} IN "
                  "(SELECT b FROM _ps_buckets)")
+        rel = archive.relation(con, "requests", lo, hi + ROLLUP_S)
         con.execute(f"INSERT INTO request_rollup_1m ({_FACT_COLUMNS}) "
-                    + ROLLUP_SELECT_SQL.format(where=where), [lo, hi + ROLLUP_S])
+                    + _rollup_select(rel, where), [lo, hi + ROLLUP_S])
         con.execute("DROP TABLE _ps_buckets")
+        archive.trim_rollup(con, "requests")
     if untimed:
         con.execute("DELETE FROM request_rollup_1m WHERE bucket_start_s IS NULL")
         con.execute(f"INSERT INTO request_rollup_1m ({_FACT_COLUMNS}) "
@@ -179,13 +189,13 @@ def rebuild_latency_rollup(con: duckdb.DuckDBPyConnection) -> int:
 def rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
     """True when ``request_rollup_1m`` counts every stored request (it is maintained by the
     ingest transactions; rows written with SQL make it stale until
-    :func:`rebuild_request_rollup`): the queries then read it, else ``requests``."""
+    :func:`rebuild_request_rollup`): the queries then read it, else ``requests``. Archived
+    requests whose rollup is kept count as stored (:func:`archive.rollup_balance`)."""
     try:
-        n, r = con.execute("SELECT (SELECT count(*) FROM requests), "
-                           "(SELECT coalesce(sum(requests), 0) FROM request_rollup_1m)").fetchone()
+        n, r = archive.rollup_balance(con, "requests")
     except duckdb.CatalogException:
         return False
-    return int(n) == int(r)
+    return n == r
 
 
 def _aligned(x: float | None) -> bool:
@@ -199,35 +209,48 @@ def _facts(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float |
     range and filters: per-minute rollup rows for the whole minutes inside ``[start_s,
     end_s)``, and rows aggregated from ``requests`` for the part minutes at either end; or
     everything aggregated from ``requests`` (``rollup`` False, or None and the rollup not
-    :func:`rollup_current`). Summed, both give the same numbers."""
+    :func:`rollup_current`). Summed, both give the same numbers. Raw rows are read through
+    :func:`archive.relation` (the table and, for archived days, their Parquet files), and
+    before the rollup's floor (:func:`archive.rollup_floor`, rollups past ``[retention]
+    rollup_days``) the range is aggregated from them."""
     use = rollup_current(con) if rollup is None else bool(rollup)
     lo = None if start_s is None else math.ceil(float(start_s) / ROLLUP_S) * ROLLUP_S
     hi = None if end_s is None else math.floor(float(end_s) / ROLLUP_S) * ROLLUP_S
+    floor_s = archive.rollup_floor(con, "requests") if use else None
+    if floor_s is not None:
+        if hi is not None and hi <= floor_s:
+            use = False  # the whole range lies before the rollup's floor
+        elif lo is None or lo < floor_s:
+            lo = floor_s
     if use and lo is not None and hi is not None and lo > hi:
         use = False  # the range lies inside one minute
     if not use:
         where, params = _where(start_s, end_s, models, instances, run_ids)
-        return f"({ROLLUP_SELECT_SQL.format(where=where)})", params
+        rel = archive.relation(con, "requests", start_s, end_s)
+        return f"({_rollup_select(rel, where)})", params
     gwhere, gparams = _where(None, None, models, instances, run_ids)
     parts: list[str] = []
     params: list = []
     mid = [gwhere]
     mid_params = list(gparams)
     if lo is not None:
-        mid.append("bucket_start_s >= ?")
+        mid.append("(bucket_start_s >= ? OR bucket_start_s IS NULL)" if start_s is None
+                   else "bucket_start_s >= ?")
         mid_params.append(lo)
     if hi is not None:
         mid.append("bucket_start_s < ?")
         mid_params.append(hi)
     parts.append(f"SELECT {_FACT_COLUMNS} FROM request_rollup_1m WHERE {' AND '.join(mid)}")
     params += mid_params
-    if start_s is not None and lo > float(start_s):
+    if lo is not None and (start_s is None or lo > float(start_s)):
         where, p = _where(start_s, None, models, instances, run_ids)
-        parts.append(ROLLUP_SELECT_SQL.format(where=f"{where} AND {_BUCKET_SQL} < ?"))
+        rel = archive.relation(con, "requests", start_s, lo)
+        parts.append(_rollup_select(rel, f"{where} AND {_BUCKET_SQL} < ?"))
         params += [*p, lo]
     if end_s is not None and hi < float(end_s):
         where, p = _where(start_s, end_s, models, instances, run_ids)
-        parts.append(ROLLUP_SELECT_SQL.format(where=f"{where} AND {_BUCKET_SQL} >= ?"))
+        rel = archive.relation(con, "requests", hi, end_s)
+        parts.append(_rollup_select(rel, f"{where} AND {_BUCKET_SQL} >= ?"))
         params += [*p, hi]
     return "(" + " UNION ALL ".join(parts) + ")", params
 
@@ -360,12 +383,13 @@ def request_hit_rate_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float
              float(window_s)]
         return con.execute(sql, p).df()
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    rel = archive.relation(con, "requests", start_s, end_s)
     sel = "".join(f", {c}" for c in cols)
     sql = f"""
         WITH w AS (
             SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s{sel},
                    prompt_tokens, cached_tokens
-            FROM requests WHERE ts_unix_s IS NOT NULL AND {where}
+            FROM {rel} WHERE ts_unix_s IS NOT NULL AND {where}
         ), a AS (
             SELECT window_start_s{sel}, {_AGG} FROM w GROUP BY ALL
         )
@@ -411,6 +435,7 @@ def request_hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | 
             FROM a WHERE requests > 0 {order}
         """, fparams).df()
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    rel = archive.relation(con, "requests", start_s, end_s)
     sel = "".join(f"{c}, " for c in cols)
     group = f"GROUP BY {', '.join(cols)}" if cols else ""
     order = f"ORDER BY {', '.join(c + ' NULLS LAST' for c in cols)}" if cols else ""
@@ -418,7 +443,7 @@ def request_hit_rate_totals(con: duckdb.DuckDBPyConnection, *, start_s: float | 
         WITH a AS (
             SELECT {sel}{_AGG}, min(ts_unix_s) AS first_ts_unix_s,
                    max(ts_unix_s) AS last_ts_unix_s
-            FROM requests WHERE {where} {group}
+            FROM {rel} WHERE {where} {group}
         )
         SELECT {sel}requests, reported_requests, prompt_tokens, reported_prompt_tokens,
                cached_tokens, {_RATES}, first_ts_unix_s, last_ts_unix_s
@@ -458,11 +483,12 @@ def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
     if int(offset) < 0:
         raise InvalidArgument(f"offset must be >= 0, got {offset}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    rel = archive.relation(con, "requests", start_s, end_s)
     return con.execute(f"""
         SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
                cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
                ttft_ms, latency_ms, scope, tenant_digest
-        FROM requests WHERE cached_tokens IS NOT NULL AND {where}
+        FROM {rel} WHERE cached_tokens IS NOT NULL AND {where}
         ORDER BY ts_unix_s DESC NULLS LAST, run_id, request_id
         LIMIT ? OFFSET ?
     """, [*params, int(limit), int(offset)]).df()
@@ -670,6 +696,7 @@ def request_hit_rate_bands(con: duckdb.DuckDBPyConnection, *, start_s: float | N
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
     cols = _by_columns(by)
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    rel = archive.relation(con, "requests", start_s, end_s)
     sel = "".join(f", {c}" for c in cols)
     qs = ", ".join(str(q) for q in BAND_QUANTILES)
     names = ", ".join(f"q[{i + 1}] AS p{round(q * 100):02d}" for i, q in enumerate(BAND_QUANTILES))
@@ -677,7 +704,7 @@ def request_hit_rate_bands(con: duckdb.DuckDBPyConnection, *, start_s: float | N
         WITH w AS (
             SELECT ? + floor((ts_unix_s - ?) / ?) * ? AS window_start_s{sel},
                    CAST(cached_tokens AS DOUBLE) / prompt_tokens AS rate
-            FROM requests
+            FROM {rel}
             WHERE ts_unix_s IS NOT NULL AND cached_tokens IS NOT NULL AND prompt_tokens > 0
               AND {where}
         ), a AS (
@@ -711,11 +738,12 @@ def request_hit_rate_histogram(con: duckdb.DuckDBPyConnection, *, bins: int = 20
     if bins < 1:
         raise InvalidArgument(f"bins must be at least 1, got {bins}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
+    rel = archive.relation(con, "requests", start_s, end_s)
     return con.execute(f"""
         WITH r AS (
             SELECT least(CAST(floor(CAST(cached_tokens AS DOUBLE) / prompt_tokens * ?) AS BIGINT),
                          ? - 1) AS b
-            FROM requests
+            FROM {rel}
             WHERE cached_tokens IS NOT NULL AND prompt_tokens > 0 AND {where}
         ), g AS (SELECT range AS b FROM range(?))
         SELECT g.b / ? AS bin_start, (g.b + 1) / ? AS bin_end, count(r.b) AS requests
@@ -766,6 +794,7 @@ def request_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
             f"SELECT DISTINCT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY 1").fetchall()]
 
     lo, hi = con.execute(f"SELECT min({lo_col}), max({hi_col}) FROM {table}").fetchone()
+    lo = archive.with_archived_start(con, "requests", lo)
     production = [r[0] for r in con.execute(
         f"SELECT DISTINCT instance FROM {table} WHERE run_id = '' AND instance IS NOT NULL "
         "ORDER BY 1").fetchall()]
@@ -782,9 +811,10 @@ def request_flag_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None
         Columns ``flag, requests``; most frequent first.
     """
     where, params = _where(start_s, end_s, None, None, None)
+    rel = archive.relation(con, "requests", start_s, end_s)
     return con.execute(f"""
         SELECT flag, count(*) AS requests
-        FROM (SELECT unnest(string_split(flags, ',')) AS flag FROM requests
+        FROM (SELECT unnest(string_split(flags, ',')) AS flag FROM {rel}
               WHERE flags IS NOT NULL AND {where})
         GROUP BY flag ORDER BY requests DESC, flag
     """, params).df()
