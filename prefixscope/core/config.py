@@ -107,7 +107,9 @@ class RetentionConfig(_Section):
     keys configure the DuckDB secret for object storage (key id and secret only from the
     environment: ``PREFIXSCOPE_S3_KEY_ID`` / ``PREFIXSCOPE_S3_SECRET``, else DuckDB's
     ``credential_chain``). ``extension_directory``: where DuckDB looks for (and installs)
-    ``httpfs``, for machines without network access to DuckDB's extension repository.
+    ``httpfs``; ``extension_repository``: a local folder or URL mirroring DuckDB's
+    extension repository (``INSTALL httpfs FROM ...``), for machines without network access
+    to DuckDB's own.
     """
 
     raw_days: int = Field(14, ge=1)
@@ -118,6 +120,7 @@ class RetentionConfig(_Section):
     s3_url_style: str | None = Field(None, pattern="^(vhost|path)$")
     s3_use_ssl: bool = True
     extension_directory: str | None = None
+    extension_repository: str | None = None
 
     def model_post_init(self, __context) -> None:  # noqa: D401 - pydantic hook
         if self.rollup_days < self.raw_days:

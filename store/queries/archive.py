@@ -219,6 +219,7 @@ class RemoteOptions:
     url_style: str | None = None
     use_ssl: bool = True
     extension_directory: str | None = None
+    extension_repository: str | None = None
     key_id: str | None = None
     secret: str | None = None
 
@@ -231,6 +232,7 @@ def remote_options_from_env(**config: object) -> RemoteOptions:
         url_style=config.get("s3_url_style") or None,  # type: ignore[arg-type]
         use_ssl=bool(config.get("s3_use_ssl", True)),
         extension_directory=config.get("extension_directory") or None,  # type: ignore[arg-type]
+        extension_repository=config.get("extension_repository") or None,  # type: ignore[arg-type]
         key_id=os.environ.get("PREFIXSCOPE_S3_KEY_ID"),
         secret=os.environ.get("PREFIXSCOPE_S3_SECRET"))
 
@@ -285,7 +287,8 @@ def ensure_remote(con: duckdb.DuckDBPyConnection, location: str,
         r = load_settings().retention
         opts = remote_options_from_env(s3_region=r.s3_region, s3_endpoint=r.s3_endpoint,
                                        s3_url_style=r.s3_url_style, s3_use_ssl=r.s3_use_ssl,
-                                       extension_directory=r.extension_directory)
+                                       extension_directory=r.extension_directory,
+                                       extension_repository=r.extension_repository)
     version = duckdb.__version__
     try:
         if opts.extension_directory:
@@ -293,7 +296,8 @@ def ensure_remote(con: duckdb.DuckDBPyConnection, location: str,
         try:
             con.execute("LOAD httpfs")
         except duckdb.Error:
-            con.execute("INSTALL httpfs")
+            con.execute("INSTALL httpfs" + (f" FROM {_lit(opts.extension_repository)}"
+                                            if opts.extension_repository else ""))
             con.execute("LOAD httpfs")
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -302,7 +306,8 @@ def ensure_remote(con: duckdb.DuckDBPyConnection, location: str,
             f"could not be installed ({first}). Without network access to DuckDB's extension "
             f"repository, copy httpfs.duckdb_extension for DuckDB v{version} into "
             "[retention] extension_directory (or ~/.duckdb/extensions/v" + version
-            + "/<platform>/), or archive to a local folder") from None
+            + "/<platform>/), point [retention] extension_repository at a mirror, or archive "
+            "to a local folder") from None
     sql = secret_sql(location, opts)
     try:
         if sql:
