@@ -655,7 +655,8 @@ def gauge_series(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: float 
         where += " AND ts_unix_s >= ?"
         params.append(float(start_s))
     return con.execute(
-        "SELECT ts_unix_s, model, instance, engine, value FROM metric_samples "
+        "SELECT ts_unix_s, model, instance, engine, value FROM "
+        f"{archive.relation(con, 'metric_samples', start_s, end_s)} "
         f"WHERE metric = ? AND NOT created_zero{where} "
         "ORDER BY ts_unix_s, instance, engine", [metric, *params]).df()
 

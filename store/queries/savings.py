@@ -25,6 +25,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.queries import archive
 from prefixscope.store.sqlhelpers import window_start_sql
 from prefixscope.store.queries.requests import (  # noqa: F401  (re-exported: the report is about both)
     ReportLine,
@@ -319,7 +320,8 @@ def savings_by_model(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
     """
     where, params = _where(start_s, end_s, models, instances, run_ids)
     return con.execute(f"""
-        WITH m AS ({_priced_sql("model", where)})
+        WITH m AS ({_priced_sql("model", where, extra_from=archive.relation(
+            con, "requests", start_s, end_s))})
         SELECT model, currency, shadow, price_source, requests, reported_requests,
                prompt_tokens, cached_tokens, cache_write_tokens, cache_write_1h_tokens,
                completion_tokens, cost_without_cache, cost_with_cache, saved,
@@ -387,7 +389,8 @@ def savings_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
     inner = _priced_sql("window_start_s, model", "ts_unix_s IS NOT NULL AND " + where,
-                        extra_select=f", {window_start} AS window_start_s")
+                        extra_select=f", {window_start} AS window_start_s",
+                        extra_from=archive.relation(con, "requests", start_s, end_s))
     return con.execute(f"""
         WITH m AS ({inner})
         SELECT window_start_s, window_start_s + ? AS window_end_s, model, currency, shadow,

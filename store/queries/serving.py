@@ -29,6 +29,7 @@ import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
+from prefixscope.store.queries import archive
 from prefixscope.store.queries.metrics import _by_columns, _filters, counter_increase_by_window
 from prefixscope.store.sqlhelpers import window_start_sql
 
@@ -67,7 +68,7 @@ def gauge_by_window(con: duckdb.DuckDBPyConnection, *, metric: str, start_s: flo
     return con.execute(f"""
         WITH per_sample AS (
             SELECT {ws} AS window_start_s{group}, ts_unix_s, sum(value) AS value
-            FROM metric_samples
+            FROM {archive.relation(con, "metric_samples", start_s, end_s)}
             WHERE metric = ? AND NOT created_zero{where}
             GROUP BY ALL
         )
@@ -173,7 +174,8 @@ def ttft_by_hit_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
         WITH win AS (
             SELECT {ws} AS window_start_s, ttft_ms,
                    CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome
-            FROM requests WHERE {' AND '.join(clauses)}
+            FROM {archive.relation(con, 'requests', start_s, end_s)}
+            WHERE {' AND '.join(clauses)}
         )
         SELECT window_start_s, window_start_s + ? AS window_end_s, outcome,
                count(*) AS requests,
