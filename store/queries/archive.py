@@ -43,6 +43,10 @@ ARCHIVED: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "requests": ("ts_unix_s", ("request_key",), "request_rollup_1m", "TRUE"),
     "metric_samples": ("ts_unix_s", (), "counter_rollup_5m", "has_prev"),
 }
+#: Further rollups whose production buckets are dropped with a table's main rollup (they are
+#: checked against it: ``latency_rollup_1d`` against ``request_rollup_1m``'s with_ttft and
+#: with_latency). ``scope_rollup_5m`` is kept whole (it counts archived requests).
+DROPPED_WITH: dict[str, tuple[str, ...]] = {"requests": ("latency_rollup_1d",)}
 #: URL schemes read and written through DuckDB's httpfs extension.
 REMOTE_SCHEMES = ("s3://", "s3a://", "s3n://", "gs://", "gcs://", "r2://", "http://", "https://")
 
@@ -193,14 +197,25 @@ def rollup_balance(con: duckdb.DuckDBPyConnection, table: str) -> tuple[int, int
     return int(n) + int(archived), int(r)
 
 
+def archived_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    """Rows of ``table`` in the archive (every generation), 0 before migration 73."""
+    _check_table(table)
+    try:
+        return int(con.execute("SELECT coalesce(sum(rows), 0) FROM archive_parts WHERE tbl = ?",
+                               [table]).fetchall()[0][0])
+    except duckdb.CatalogException:
+        return 0
+
+
 def trim_rollup(con: duckdb.DuckDBPyConnection, table: str) -> None:
     """Delete production rollup rows before :func:`rollup_floor` that an ingest recomputed
     (rows arriving late for a day whose rollup was already dropped): the rollup never holds
     buckets before its floor."""
     floor = rollup_floor(con, table)
     if floor is not None:
-        con.execute(f"DELETE FROM {ARCHIVED[table][2]} WHERE run_id = '' AND bucket_start_s < ?",
-                    [floor]).fetchall()
+        for rollup in (ARCHIVED[table][2], *DROPPED_WITH.get(table, ())):
+            con.execute(f"DELETE FROM {rollup} WHERE run_id = '' AND bucket_start_s < ?",
+                        [floor]).fetchall()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,6 +508,9 @@ def drop_rollups(con: duckdb.DuckDBPyConnection, before_s: float) -> dict[str, i
         try:
             n = con.execute(f"DELETE FROM {rollup} WHERE run_id = '' AND bucket_start_s < ?",
                             [cutoff]).fetchall()[0][0]
+            for extra in DROPPED_WITH.get(table, ()):
+                con.execute(f"DELETE FROM {extra} WHERE run_id = '' AND bucket_start_s < ?",
+                            [cutoff]).fetchall()
             con.execute("UPDATE archive_parts SET rollup_dropped = TRUE WHERE tbl = ? AND "
                         "epoch(day::TIMESTAMP) + 86400 <= ? AND NOT rollup_dropped",
                         [table, cutoff]).fetchall()

@@ -168,21 +168,28 @@ def _refresh_latency_rollup(con: duckdb.DuckDBPyConnection, batch: str, *, all_n
                     f"SELECT {LATENCY_ROLLUP_COLUMNS} FROM _ps_lat")
         con.execute("DROP TABLE _ps_lat")
     else:
+        lo, hi = con.execute("SELECT min(b), max(b) FROM _ps_lat_days").fetchall()[0]
+        rel = ("requests" if lo is None  # untimed rows only: never archived
+               else archive.relation(con, "requests", lo, hi + 86400.0))
         con.execute(f"DELETE FROM latency_rollup_1d WHERE {in_days}")
         con.execute(f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
-                    + LATENCY_ROLLUP_SELECT_SQL.format(
+                    + LATENCY_ROLLUP_SELECT_SQL.replace("FROM requests", f"FROM {rel}").format(
                         where=f"floor(ts_unix_s / 86400.0) * 86400.0 IN (SELECT b FROM "
                               f"_ps_lat_days) OR (ts_unix_s IS NULL AND EXISTS (SELECT 1 FROM "
                               f"_ps_lat_days WHERE b IS NULL))"))
     con.execute("DROP TABLE _ps_lat_days").fetchall()
+    archive.trim_rollup(con, "requests")
 
 
 def rebuild_latency_rollup(con: duckdb.DuckDBPyConnection) -> int:
     """Rebuild ``latency_rollup_1d`` from every stored request (after rows were written with
     SQL). Runs in the caller's transaction. Returns the rollup rows written."""
     con.execute("DELETE FROM latency_rollup_1d")
+    rel = archive.relation(con, "requests")
     row = con.execute(f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
-                      + LATENCY_ROLLUP_SELECT_SQL.format(where="TRUE")).fetchone()
+                      + LATENCY_ROLLUP_SELECT_SQL.replace("FROM requests", f"FROM {rel}").format(
+                          where="TRUE")).fetchone()
+    archive.trim_rollup(con, "requests")
     return int(row[0]) if row else 0
 
 
@@ -557,11 +564,15 @@ def _latency_bins(con: duckdb.DuckDBPyConnection, column: str, start_s: float | 
     day = 86400.0
     lo = None if start_s is None else math.ceil(float(start_s) / day) * day
     hi = None if end_s is None else math.floor(float(end_s) / day) * day
+    floor_s = archive.rollup_floor(con, "requests") if use else None
+    if floor_s is not None and (lo is None or lo < floor_s):
+        use = False  # the range reaches before the rollups kept (docs/retention.md)
     if lo is not None and hi is not None and lo > hi:
         use = False
     if not use:
         where, params = _where(start_s, end_s, models, instances, run_ids)
-        return f"({raw.format(where=where)})", params
+        rel = archive.relation(con, "requests", start_s, end_s)
+        return f"({raw.replace('FROM requests', f'FROM {rel}').format(where=where)})", params
     gwhere, params = _where(None, None, models, instances, run_ids)
     mid = [gwhere, "measure = ?"]
     params = [*params, column]
@@ -575,11 +586,13 @@ def _latency_bins(con: duckdb.DuckDBPyConnection, column: str, start_s: float | 
     parts = [f"SELECT {cols} FROM latency_rollup_1d WHERE {' AND '.join(mid)}"]
     if start_s is not None and lo > float(start_s):
         where, p = _where(start_s, None, models, instances, run_ids)
-        parts.append(f"SELECT {cols} FROM ({raw.format(where=f'{where} AND ts_unix_s < ?')})")
+        r0 = raw.replace("FROM requests", f"FROM {archive.relation(con, 'requests', start_s, lo)}")
+        parts.append(f"SELECT {cols} FROM ({r0.format(where=f'{where} AND ts_unix_s < ?')})")
         params += [*p, lo]
     if end_s is not None and hi < float(end_s):
         where, p = _where(start_s, end_s, models, instances, run_ids)
-        parts.append(f"SELECT {cols} FROM ({raw.format(where=f'{where} AND ts_unix_s >= ?')})")
+        r1 = raw.replace("FROM requests", f"FROM {archive.relation(con, 'requests', hi, end_s)}")
+        parts.append(f"SELECT {cols} FROM ({r1.format(where=f'{where} AND ts_unix_s >= ?')})")
         params += [*p, hi]
     return "(" + " UNION ALL ".join(parts) + ")", params
 
@@ -630,7 +643,7 @@ def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "
                 SELECT CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome,
                        count(*) AS requests, min({column}) AS min_ms, max({column}) AS max_ms,
                        avg({column}) AS mean_ms, quantile_cont({column}, [{qs}]) AS q
-                FROM requests
+                FROM {archive.relation(con, "requests", start_s, end_s)}
                 WHERE cached_tokens IS NOT NULL AND {column} IS NOT NULL AND {where}
                 GROUP BY 1
             )

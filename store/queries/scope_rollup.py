@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import duckdb
 
+from prefixscope.store.queries import archive
 from prefixscope.store.scope_sql import (BUCKET_SQL, ON_KEY, ROLLUP_COLUMNS, ROLLUP_S,
                                          ROLLUP_SELECT_SQL, ROWS_SQL)
 
@@ -119,4 +120,5 @@ def current(con: duckdb.DuckDBPyConnection) -> bool:
             FROM scope_rollup_5m""").fetchone()
     except duckdb.CatalogException:
         return False
-    return int(n_r) == int(u) and int(n_d) == int(d)
+    n_r = int(n_r) + archive.archived_rows(con, "requests")  # archived: still counted here
+    return n_r == int(u) and int(n_d) == int(d)
