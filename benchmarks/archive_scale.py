@@ -45,7 +45,7 @@ QUERIES = {
     "hit_rate_totals, counters (rollup)": lambda c, s: mq.hit_rate_totals(c, start_s=s),
     "request_hit_rate_bands 1h (raw)": lambda c, s: rq.request_hit_rate_bands(
         c, start_s=s, window_s=3600, by=("model",)),
-    "request_latency_quantiles (raw)": lambda c, s: rq.request_latency_quantiles(c, start_s=s),
+    "request_latency_quantiles (rollup)": lambda c, s: rq.request_latency_quantiles(c, start_s=s),
     "newest_requests page 1 (raw)": lambda c, s: rq.newest_requests(c, start_s=s, limit=500),
 }
 
