@@ -264,7 +264,14 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
     return tuple(picked)
 
 
-def pick_decision_runs(db: str, *, key: str, empty: str) -> tuple[str, ...]:
+#: What Scopes, Rejections and Invariants say when no gateway decision is stored in the range.
+NO_DECISIONS = ("No data in this range — no gateway decisions stored. Put `prefixscope gateway` in "
+                "front of vLLM (it writes the decision log; docs/gateway.md) and ingest it with "
+                "`prefixscope ingest decisions FILE`, replay a multi-tenant trace with "
+                "`prefixscope replay gateway data/multitenant/trace.jsonl`, or widen the time range.")
+
+
+def pick_decision_runs(db: str, *, key: str, empty: str = NO_DECISIONS) -> tuple[str, ...]:
     """The run picker of the pages over gateway decisions (Scopes, Rejections, Invariants):
     every run that has decisions, newest first; stops the page with ``empty`` when there is
     none, or with a hint when the user cleared the picker.

@@ -31,9 +31,7 @@ HELP = {
 }
 OK_COLOUR = "#2ca02c"
 BAD_COLOUR = "#d62728"
-EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-tenant trace with "
-         "`prefixscope replay gateway data/multitenant/trace.jsonl` or ingest gateway logs with "
-         "`prefixscope ingest decisions FILE`.")
+EMPTY = filters.NO_DECISIONS
 
 
 def big_number(value: int) -> str:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_tokens
+from prefixscope.core.formatting import fmt_int, fmt_pct
 from prefixscope.dashboard.downloads import show_table, utc_column
 
-EMPTY = ("No data in this range — no gateway decisions stored. Replay a multi-tenant trace with "
-         "`prefixscope replay gateway data/multitenant/trace.jsonl` or ingest gateway logs with "
-         "`prefixscope ingest decisions FILE`.")
+EMPTY = filters.NO_DECISIONS
 CLASS_HELP = {"cross_scope": "scope, namespace or salt", "version":
               "model, tokenizer, runtime, adapter, prompt bundle, toolset, policy revision",
               "generation": "authorization or cache epoch", "collision": "content digest"}
@@ -25,7 +23,7 @@ db = data.db_path()
 f = filters.current()
 st.title("Rejections")
 st.caption("A rejection is a candidate hit whose identity did not match (any field): it is served "
-           f"as a miss. Each picked run is shown whole.")
+           "as a miss. Each picked run is shown whole.")
 
 with data.guard(db):
     picked = filters.pick_decision_runs(db, key="rejections_runs", empty=EMPTY)
@@ -46,9 +44,11 @@ with data.guard(db):
               border=True, help=CLASS_HELP["version"])
     c3.metric("Ordinary misses", fmt_int(misses["ordinary_miss_requests"].sum()), border=True,
               help="Requests for which no candidate object existed.")
-    c4.metric("Candidate tokens refused",
-              fmt_tokens(reasons["lost_candidate_tokens"].sum() if not reasons.empty else 0),
-              border=True, help="Σ candidate_cached_tokens of the rejected requests.")
+    c4.metric("Candidate tokens refused",  # a plain count: "185,760 tokens" was cut at 1400 px
+              fmt_int(reasons["lost_candidate_tokens"].sum() if not reasons.empty else 0),
+              border=True, help="Prompt tokens: Σ candidate_cached_tokens of the rejected "
+              "requests (an upper bound unless the gateway tokenizes: candidate_tokens_basis "
+              "exact, docs/gateway.md).")
     st.plotly_chart(figures.rejection_reasons_figure(reasons, window_s=window_s), key="rejections_reasons")
     st.plotly_chart(figures.miss_breakdown_figure(misses, window_s=window_s), key="rejections_misses")
     st.subheader("Top namespaces by rejections")

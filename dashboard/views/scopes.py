@@ -15,9 +15,7 @@ from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_tokens
 from prefixscope.dashboard.downloads import show_table
 
-EMPTY = ("No data in this range — replay a multi-tenant trace with `prefixscope replay gateway "
-         "data/multitenant/trace.jsonl`, ingest gateway logs with `prefixscope ingest decisions "
-         "FILE`, or widen the time range.")
+EMPTY = filters.NO_DECISIONS
 TOP_NAMESPACES = 10
 
 
@@ -25,7 +23,7 @@ db = data.db_path()
 f = filters.current()
 st.title("Scopes")
 st.caption("Hit rate = Σ cached_tokens ÷ Σ prompt_tokens (requests that reported cached tokens); "
-           f"saved prefill tokens = Σ cached_tokens; by cache scope and namespace digest. "
+           "saved prefill tokens = Σ cached_tokens; by cache scope and namespace digest. "
            "Each picked run is shown whole.")
 
 with data.guard(db):
