@@ -107,7 +107,7 @@ def main() -> None:
     if st.sidebar.button("Refresh now", icon=":material/refresh:",
                          help=f"Results are cached for {data.CACHE_TTL_S:g} s."):
         data.clear_cache()
-    live = st.sidebar.toggle("Live", value=True, key="live_refresh",
+    live = st.sidebar.toggle("Live", value=data.LIVE_DEFAULT, key="live_refresh",
                              help=f"Re-run the page every {data.CACHE_TTL_S:g} s (the cache "
                                   "TTL) to show new data; your selections stay.")
     st.sidebar.caption(f"Results refresh every {data.CACHE_TTL_S:g} s"

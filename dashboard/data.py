@@ -48,9 +48,19 @@ def _settings_ttl() -> float:
         return 15.0
 
 
+def _settings_live() -> bool:
+    try:
+        return bool(load_settings().dashboard.live)
+    except ConfigError:
+        return True
+
+
 CACHE_TTL_S: float = _settings_ttl()
 """Seconds a query result is reused at most (``[dashboard] cache_ttl_s``, read at import; a
 module attribute read at every call, so it can be set)."""
+
+LIVE_DEFAULT: bool = _settings_live()
+"""Whether the sidebar's **Live** toggle starts on (``[dashboard] live``, read at import)."""
 
 clock = time.time
 """The clock of the cache periods (seconds); replaced by tests to expire results at once."""

@@ -240,3 +240,20 @@ def test_a_range_without_data_shows_the_empty_state(real_db, use_db, page):
     assert any("No data in this range" in t for t in ds.texts(at, "info"))
     assert ds.chart_count(at) == 0
 
+
+
+def test_live_toggle_starts_as_configured(real_db, use_db, tmp_path, monkeypatch):
+    """``[dashboard] live = false`` starts the sidebar's Live toggle off (default on)."""
+    from prefixscope.dashboard import data
+    from tests.dashboard_support import run_app
+
+    assert run_app(use_db(real_db)).toggle(key="live_refresh").value is True
+    cfg = tmp_path / "prefixscope.toml"
+    cfg.write_text("[dashboard]\nlive = false\n", encoding="utf-8")
+    monkeypatch.setenv("PREFIXSCOPE_CONFIG", str(cfg))
+    assert data._settings_live() is False
+    monkeypatch.setattr(data, "LIVE_DEFAULT", data._settings_live())  # read at import
+    at = run_app(real_db)
+    assert not at.exception
+    assert at.toggle(key="live_refresh").value is False
+    assert any("live is off" in c.value for c in at.sidebar.caption)

@@ -88,10 +88,14 @@ class IdentityConfig(_Section):
 
 class DashboardConfig(_Section):
     """``[dashboard]``: refresh interval of cached query results (seconds; the pages also
-    re-run on their own at this interval) and ``public_url``, the URL users open the served
-    dashboard at (the daily email links there; default ``[alerts] dashboard_url``)."""
+    re-run on their own at this interval while **Live** is on), ``live``: whether the sidebar's
+    **Live** toggle starts on (default true; false for a dashboard on a large database whose
+    pages take longer than the interval, or for measuring it) and ``public_url``, the URL users
+    open the served dashboard at (the daily email links there; default
+    ``[alerts] dashboard_url``)."""
 
     cache_ttl_s: float = 15.0
+    live: bool = True
     public_url: str | None = None
 
 
