@@ -34,6 +34,7 @@ from pathlib import Path
 
 import duckdb
 
+from prefixscope.core.bounds import not_regular_reason
 from prefixscope.core.errors import SchemaMismatch, SourceUnavailable, StoreLocked
 from prefixscope.store.schema import MIGRATIONS
 
@@ -60,11 +61,20 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False,
         An open connection. The caller closes it (prefer :func:`reader` / :func:`writer`).
 
     Raises:
-        SourceUnavailable: ``read_only`` and the file does not exist.
+        SourceUnavailable: ``read_only`` and the file does not exist; the path exists and is
+            not a regular file (a FIFO, a device, a folder: DuckDB would block on a FIFO).
         StoreLocked: still locked after ``lock_timeout_s``.
     """
     p = str(path)
     if p != ":memory:":
+        # DuckDB would block forever opening a FIFO (reader or writer): refuse any path that
+        # exists and is not a regular file before DuckDB sees it.
+        try:
+            why = not_regular_reason(os.stat(p).st_mode)
+        except OSError:
+            why = None
+        if why is not None:
+            raise SourceUnavailable(f"cannot open database {p}: {why}")
         if read_only and not Path(p).exists():
             raise SourceUnavailable(
                 f"no database at {p}: ingest something first (prefixscope ingest ...) or run make demo"

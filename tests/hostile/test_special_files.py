@@ -141,3 +141,25 @@ def test_an_over_long_line_between_good_lines_is_quarantined_without_being_held(
     code, out, err, good, problems = target.run(f, tmp_path)
     assert code == 0, err
     assert (good, problems) == (2 * target.rows_per_record, [(2, None, LINE_TOO_LONG)])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+@pytest.mark.parametrize("args", [["hitrate"], ["db", "info"], ["ingest", "prices", "data/prices.toml"]],
+                         ids=["reader", "db-info", "writer"])
+def test_db_that_is_not_a_regular_file_is_refused(kind, args, tmp_path):
+    """``--db`` naming a FIFO blocked DuckDB's open forever (reader and writer alike); a device
+    or a folder got DuckDB's own wording. Each is refused before DuckDB sees it, exit 3."""
+    if kind == "fifo":
+        db = tmp_path / "pipe.duckdb"
+        os.mkfifo(db)
+    elif kind == "folder":
+        db = tmp_path / "folder.duckdb"
+        db.mkdir()
+    else:
+        db = Path("/dev/zero")
+    repo = Path(__file__).resolve().parents[2]
+    argv = [str(repo / a) if a.startswith("data/") else a for a in args]
+    code, _, err = run_cli([*argv, "--db", str(db)])
+    what = {"fifo": "a FIFO (named pipe)", "dev-zero": "a character device", "folder": "a folder"}[kind]
+    assert code == 3, err
+    assert f"error: cannot open database {db}: not a regular file: it is {what}" in err
