@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from prefixscope.dashboard.filters import Filters
 
 PROBE = "vllm-cpu-0.32/probe_bs32.requests.jsonl"
@@ -92,3 +94,20 @@ def test_ingest_decisions_goes_on_after_a_file_whose_lines_were_all_quarantined(
     code, out, err = cli(["ingest", "decisions", bad, "--db", tmp_path / "other.duckdb"])
     assert code == 4
     assert "no decision could be read" in err
+
+
+@pytest.mark.parametrize("args", [
+    ["replay", "sim", "--format", "chat", "--capacity-blocks", "99999999999999999999"],
+    ["replay", "sim", "--format", "chat", "--capacity-blocks", "4000001"],
+    ["replay", "compare", "--format", "chat", "--capacity-blocks", "20",
+     "--capacity-blocks-b", "99999999999999999999"],
+    ["diagnose", "--capacity-blocks", "99999999999999999999"],
+], ids=["sim-huge", "sim-over", "compare-b-huge", "diagnose-huge"])
+def test_capacity_blocks_past_the_bound_is_a_usage_error(cli, data_dir, args):
+    """``--capacity-blocks 99999999999999999999`` was an OverflowError traceback and 10**9 a
+    MemoryError (the pool allocates its per-block lists up front): past 4,000,000 it is refused."""
+    trace = data_dir / "captures/aider/chat-requests.jsonl"
+    code, _, err = cli([*args, trace])
+    assert code == 2
+    assert "less than or equal to 4000000" in err
+    assert "Traceback" not in err

@@ -38,8 +38,11 @@ OutputTokensOption = Annotated[str, typer.Option(
 ConcurrencyOption = Annotated[int | None, typer.Option(
     "--concurrency", min=1,
     help="Step-based scheduler with this max_num_seqs (default: sequential, exact).")]
+#: Largest --capacity-blocks: the pool allocates its per-block lists up front (a few hundred MB
+#: here); 4 M blocks of 16 tokens is 64 M tokens of KV cache, more than one vLLM engine holds.
+MAX_CAPACITY_BLOCKS = 4_000_000
 CapacityBlocksOption = Annotated[int | None, typer.Option(
-    "--capacity-blocks", min=2,
+    "--capacity-blocks", min=2, max=MAX_CAPACITY_BLOCKS,
     help="vLLM num_gpu_blocks, null block included (default: unbounded).")]
 MaxModelLenOption = Annotated[int | None, typer.Option(
     "--max-model-len", min=1, help="Reject prompts reaching this many tokens.")]

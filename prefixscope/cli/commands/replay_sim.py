@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
-from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocksOption,
+from prefixscope.cli.options import (MAX_CAPACITY_BLOCKS, AlgoOption, BlockSizeOption,
+                                     CapacityBlocksOption,
                                      ConcurrencyOption, FormatOption, HashIdBlockSizeOption,
                                      IngestOption, LayoutOption, LimitOption, MaxModelLenOption,
                                      OutputTokensOption, PricesOption, SeedOption, StrictOption,
@@ -214,9 +215,11 @@ def compare_cmd(
     layout_b: Annotated[Path | None, typer.Option(
         "--layout-b", help="Layout of run B (default: as recorded).")] = None,
     capacity_blocks: Annotated[int | None, typer.Option(
-        "--capacity-blocks", min=2, help="num_gpu_blocks of run A (default unbounded).")] = None,
+        "--capacity-blocks", min=2, max=MAX_CAPACITY_BLOCKS,
+        help="num_gpu_blocks of run A (default unbounded).")] = None,
     capacity_blocks_b: Annotated[int | None, typer.Option(
-        "--capacity-blocks-b", min=2, help="num_gpu_blocks of run B (default: as A).")] = None,
+        "--capacity-blocks-b", min=2, max=MAX_CAPACITY_BLOCKS,
+        help="num_gpu_blocks of run B (default: as A).")] = None,
     fmt: FormatOption = "auto",
     block_size: BlockSizeOption = 16,
     algo: AlgoOption = "sha256",
