@@ -30,7 +30,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from prefixscope.core.formatting import MISSING, fmt_int, fmt_time
+from prefixscope.core.formatting import MISSING, csv_safe_frame, fmt_int, fmt_time
 
 #: Store column -> the name a table shows (rule 1 of the module docstring). Names not listed
 #: get the generic rule (:func:`human_column`).
@@ -143,8 +143,10 @@ def utc_column(ts_unix_s: pd.Series) -> pd.Series:
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:
-    """The frame as UTF-8 CSV with a header row, without the index."""
-    return df.to_csv(index=False).encode("utf-8")
+    """The frame as UTF-8 CSV with a header row, without the index; a text cell a spreadsheet
+    would run as a formula (``= + - @``, tab, CR first) gets a leading apostrophe
+    (:func:`prefixscope.core.formatting.csv_safe_frame`, the OWASP CSV-injection rule)."""
+    return csv_safe_frame(df).to_csv(index=False).encode("utf-8")
 
 
 def parquet_bytes(df: pd.DataFrame) -> bytes:

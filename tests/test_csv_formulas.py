@@ -60,3 +60,17 @@ def test_export_csv_neutralises_formulas_parquet_keeps_values(cli, tmp_path):
     got = duckdb.connect().execute(
         f"SELECT request_id FROM read_parquet('{tmp_path}/pq/requests/**/*.parquet')").fetchall()
     assert sorted(r for (r,) in got) == sorted(HOSTILE + ["plain", "-42"])
+
+
+def test_dashboard_downloads_neutralise_formulas():
+    """The dashboard's CSV download (the table as shown) follows the same rule as export."""
+    import pandas as pd
+
+    from prefixscope.dashboard.downloads import csv_bytes
+
+    df = pd.DataFrame({"Model": ["=HYPERLINK(\"http://x\")", "+1+1", "@SUM(A1)", "tiny"],
+                       "Requests": ["1,234", "-1,234.50", "0", "5"]})
+    lines = csv_bytes(df).decode("utf-8").splitlines()
+    assert lines[0] == "Model,Requests"
+    assert lines[1].startswith("\"'=HYPERLINK(") and lines[2] == "'+1+1,\"-1,234.50\""
+    assert lines[3] == "'@SUM(A1),0" and lines[4] == "tiny,5"
