@@ -111,3 +111,23 @@ def test_capacity_blocks_past_the_bound_is_a_usage_error(cli, data_dir, args):
     assert code == 2
     assert "less than or equal to 4000000" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file", "fifo"])
+def test_export_into_something_that_is_not_a_folder_is_a_usage_error(cli, db_path, data_dir,
+                                                                       tmp_path, kind):
+    """``export --out`` naming a file, a path under a file or a FIFO was a FileExistsError /
+    NotADirectoryError traceback."""
+    import os
+
+    assert cli(["ingest", "requests", data_dir / PROBE, "--db", db_path])[0] == 0
+    f = tmp_path / "a-file"
+    if kind == "fifo":
+        os.mkfifo(f)
+    else:
+        f.write_text("x")
+    out = f / "sub" if kind == "under-a-file" else f
+    code, _, err = cli(["export", "requests", "--db", db_path, "--out", out])
+    assert code == 2, err
+    assert f"error: cannot export into {out}: " in err
+    assert "Traceback" not in err

@@ -118,7 +118,8 @@ def export_table(con: duckdb.DuckDBPyConnection, name: str, out_dir: str | os.Pa
 
     Raises:
         InvalidArgument: unknown table or format, a filter the table does not have, or the
-            output exists without ``overwrite``.
+            output exists without ``overwrite``, or ``out_dir`` is not a folder that can be
+            written into.
     """
     if name not in EXPORTS:
         raise InvalidArgument(f"unknown export {name!r}: choose from {', '.join(EXPORTS)}")
@@ -151,7 +152,12 @@ def export_table(con: duckdb.DuckDBPyConnection, name: str, out_dir: str | os.Pa
                                 run_ids=run_ids if run_ids is not None else [""])
         con.register("_prefixscope_export_hitrate", df)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise InvalidArgument(f"cannot export into {out}: it exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot export into {out}: {exc.strerror or exc}") from None
     target = out / (name if by_day else f"{name}.{fmt}")
     if target.exists():
         if not overwrite:
@@ -171,7 +177,11 @@ def export_table(con: duckdb.DuckDBPyConnection, name: str, out_dir: str | os.Pa
         options.append("PARTITION_BY (day)")
     try:
         n = con.execute(f"SELECT count(*) FROM ({select})", params).fetchone()[0]
-        con.execute(f"COPY ({select}) TO {_quote(str(target))} ({', '.join(options)})", params)
+        try:
+            con.execute(f"COPY ({select}) TO {_quote(str(target))} ({', '.join(options)})",
+                        params)
+        except duckdb.IOException as exc:  # a folder we may not write into (/sys, read-only)
+            raise InvalidArgument(f"cannot export into {out}: {exc}") from None
     finally:
         if name == "hitrate":
             con.unregister("_prefixscope_export_hitrate")
