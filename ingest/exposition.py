@@ -271,9 +271,16 @@ def is_url(source: str) -> bool:
 
 
 def instance_for_url(url: str) -> str:
-    """``host:port`` of a URL (port 80/443 by scheme when absent), as Prometheus' ``instance``."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    """``host:port`` of a URL (port 80/443 by scheme when absent), as Prometheus' ``instance``.
+
+    Raises:
+        SourceUnavailable: the URL cannot be parsed (``http://[::1``, a port past 65535).
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise SourceUnavailable(f"cannot read the URL {url}: {exc}") from None
     host = parts.hostname or ""
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
@@ -307,7 +314,7 @@ def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float
                 resp = client.get(source, headers={"Accept": _ACCEPT}, timeout=timeout_s)
             else:
                 resp = httpx.get(source, headers={"Accept": _ACCEPT}, timeout=timeout_s)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError
             raise SourceUnavailable(f"cannot scrape {source}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:
             raise SourceUnavailable(f"cannot scrape {source}: HTTP {resp.status_code}")

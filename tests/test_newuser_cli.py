@@ -131,3 +131,19 @@ def test_export_into_something_that_is_not_a_folder_is_a_usage_error(cli, db_pat
     assert code == 2, err
     assert f"error: cannot export into {out}: " in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("args", "code", "words"), [
+    (["ingest", "metrics", "http://[::1"], 4, "cannot scrape http://[::1: InvalidURL: "),
+    (["ingest", "prometheus", "http://[::1", "--start", "-1h", "--end", "now"], 3,
+     "cannot read the URL http://[::1: Invalid IPv6 URL"),
+    (["ingest", "prometheus", "http://127.0.0.1:99999", "--start", "-1h", "--end", "now"], 3,
+     "cannot read the URL http://127.0.0.1:99999: Port out of range"),
+], ids=["metrics-ipv6", "prometheus-ipv6", "prometheus-port"])
+def test_an_unparsable_url_is_named_not_a_traceback(cli, db_path, args, code, words):
+    """``http://[::1`` (a typo'd IPv6 literal) was an httpx.InvalidURL / ValueError traceback:
+    InvalidURL is no httpx.HTTPError, and urlsplit raises ValueError."""
+    got, _, err = cli([*args, "--db", db_path])
+    assert got == code, err
+    assert words in err
+    assert "Traceback" not in err
