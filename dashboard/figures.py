@@ -53,6 +53,18 @@ def _time_range(starts_s: pd.Series, window_s: float | None) -> list | None:
     return [pd.Timestamp(lo, unit="s").to_pydatetime(), pd.Timestamp(hi, unit="s").to_pydatetime()]
 
 
+#: Most points of one line drawn with a marker on each; a longer line is drawn as a line only
+#: (thousands of SVG markers made a 30-day page at a 15-minute window take seconds to draw in the
+#: browser: benchmarks/dashboard_scale.py).
+MAX_MARKERS = 400
+
+
+def line_mode(points: int) -> str:
+    """Plotly ``mode`` of a line of ``points`` windows: ``lines+markers`` up to
+    :data:`MAX_MARKERS`, else ``lines`` (the hover still names each window)."""
+    return "lines+markers" if points <= MAX_MARKERS else "lines"
+
+
 def window_x(starts_s: pd.Series, window_s: float | None) -> pd.Series:
     """THE x of a window on every time chart: its middle, ``start + window_s / 2``, as naive
     UTC datetimes (``window_s`` None or 0: the start itself). Points sit there; bars are drawn
@@ -145,7 +157,7 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
     fig = go.Figure()
     for label, g in d.groupby("series", sort=True):
         fig.add_trace(go.Scatter(
-            x=g["t"], y=g["hit_rate"].astype("float64"), mode="lines+markers", name=str(label),
+            x=g["t"], y=g["hit_rate"].astype("float64"), mode=line_mode(len(g)), name=str(label),
             line=dict(color=colours[label], width=2), marker=dict(size=8),
             connectgaps=False,
             customdata=list(zip(g["hit_tokens"].astype("float64"), g["query_tokens"].astype("float64"),
@@ -318,7 +330,7 @@ def request_hit_rate_over_time(bands: pd.DataFrame, windows: pd.DataFrame | None
     if w is not None:
         for label, g in w.groupby("series", sort=True):
             fig.add_trace(go.Scatter(
-                x=g["t"], y=g["hit_rate"].astype("float64"), mode="lines+markers",
+                x=g["t"], y=g["hit_rate"].astype("float64"), mode=line_mode(len(g)),
                 name=f"{label}: {name}", line=dict(color=colours[label], width=2),
                 marker=dict(size=5),
                 hovertemplate="window %{x|%Y-%m-%d %H:%M} UTC<br>hit rate %{y:.1%}"
@@ -503,7 +515,7 @@ def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: fl
     fig = go.Figure()
     for name, g in df.sort_values("window_start_s").groupby(series, sort=True):
         fig.add_trace(go.Scatter(
-            x=window_x(g["window_start_s"], window_s), y=g["hit_rate"], mode="lines+markers",
+            x=window_x(g["window_start_s"], window_s), y=g["hit_rate"], mode=line_mode(len(g)),
             name=str(name), line=dict(color=(colours or {}).get(str(name))),
             customdata=list(zip(g["cached_tokens"], g["reported_prompt_tokens"],
                                 window_from(g["window_start_s"]))),
@@ -640,7 +652,7 @@ def run_windows_figure(df: pd.DataFrame, labels: dict[str, str], window_s: float
     fig = go.Figure()
     for run_id, g in d.groupby("run_id", sort=False):
         fig.add_trace(go.Scatter(x=(g["window_start_s"] + window_s / 2) / unit_s,
-                                 y=g["hit_rate"], mode="lines+markers", connectgaps=False,
+                                 y=g["hit_rate"], mode=line_mode(len(g)), connectgaps=False,
                                  name=labels.get(run_id, run_id)))
     fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
                       xaxis_title=f"{unit} since the run's first request",

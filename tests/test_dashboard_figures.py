@@ -163,7 +163,7 @@ def test_every_figure_function_documents_its_columns():
     import inspect
 
     for name, fn in inspect.getmembers(figures, inspect.isfunction):
-        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from"):
+        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from", "line_mode"):
             continue
         doc = inspect.getdoc(fn) or ""
         assert "df:" in doc or "requests:" in doc or "bands:" in doc, f"figures.{name} does not document its DataFrame"
@@ -273,3 +273,19 @@ def test_window_lengths_are_declared_once():
     from prefixscope.dashboard.filters import WINDOWS_S
 
     assert WINDOWS_S == {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
+
+
+def test_long_lines_are_drawn_without_markers():
+    """A 30-day range at a 15-minute window is 2,880 points a series: no marker on each."""
+    import pandas as pd
+
+    assert figures.line_mode(figures.MAX_MARKERS) == "lines+markers"
+    assert figures.line_mode(figures.MAX_MARKERS + 1) == "lines"
+    n = 2880
+    df = pd.DataFrame({"window_start_s": [1.8e9 + 900 * i for i in range(n)], "scope": "TENANT",
+                       "hit_rate": 0.5, "requests": 1, "cached_tokens": 1, "prompt_tokens": 2,
+                       "reported_prompt_tokens": 2, "saved_prefill_tokens": 1})
+    fig = figures.scope_rate_figure(df, series="scope", title="t", window_s=900)
+    assert [t.mode for t in fig.data] == ["lines"]
+    fig = figures.scope_rate_figure(df.head(10), series="scope", title="t", window_s=900)
+    assert [t.mode for t in fig.data] == ["lines+markers"]
