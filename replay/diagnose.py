@@ -33,6 +33,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from prefixscope.core.errors import SimulationError
 from prefixscope.replay.diagnose_render import Position, Rendered
 from prefixscope.replay.diagnose_replay import (  # noqa: F401  (re-exported)
     DiagnoseSpec,
@@ -59,6 +60,10 @@ NOT_BREAKERS = ("new_content", "short")
 MAX_CHILDREN = 16
 #: Distinct message texts kept interned at most (then the table starts again).
 MAX_INTERNED = 200_000
+#: Most distinct blocks the prefix index holds (a node with its 16 token ids is about 600 bytes:
+#: 1,500,000 blocks is about 1 GB). Past it the diagnosis stops with a clear error instead of
+#: growing until the machine runs out (a 12,000-request Mooncake trace needs about 10 GB).
+MAX_INDEX_BLOCKS = 1_500_000
 
 _DATE = re.compile(
     r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}(:\d{2})?|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
@@ -220,6 +225,7 @@ class Attributor:
         self.scopes: set[tuple[Any, ...]] = set()
         self._texts: dict[str, str] = {}
         self.with_context = with_context  # a request id: fill its terminal context
+        self.requests_seen = 0  # requests that reached the index (for the bound's message)
 
     def _intern(self, s: str) -> str:
         # One copy of each text (a system prompt is shared by many structs); bounded: clearing
@@ -306,6 +312,14 @@ class Attributor:
                     del parent[0]
             if tokens is not None and L == 0 and n >= bs:
                 self.first_blocks.setdefault(tuple(tokens[:bs]), set()).add(scope)
+            if len(index) > MAX_INDEX_BLOCKS:
+                self.requests_seen += 1
+                raise SimulationError(
+                    f"diagnose keeps an index of every distinct block it has seen; this trace "
+                    f"passed {MAX_INDEX_BLOCKS:,} blocks (about 1 GB) at request "
+                    f"{self.requests_seen:,}: diagnose a part of it with --limit "
+                    f"{max(1, self.requests_seen - 1)} or less ('replay sim' replays it whole)")
+        self.requests_seen += 1
         if a.kind is not None and a.kind not in NOT_BREAKERS and a.group is None:
             a.group = group_key(a.kind, a.position)
         return a

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -239,3 +240,17 @@ def test_an_id_before_a_document_on_one_line_becomes_a_placeholder(cli, tmp_path
     code, out, _ = cli(["replay", "sim", path, "--layout", d["suggested_layout"]["path"],
                         "--out", tmp_path / "s", "--json"])
     assert json.loads(out)["cached_tokens"] == d["what_if"]["cached_tokens"]
+
+
+def test_diagnose_stops_with_a_clear_error_past_its_index_bound(cli, monkeypatch):
+    """The bundled Mooncake trace grew diagnose's block index until the machine ran out
+    (5.3 GB after 72 s); past MAX_INDEX_BLOCKS it now stops with one line, exit 7."""
+    import prefixscope.replay.diagnose as d
+
+    monkeypatch.setattr(d, "MAX_INDEX_BLOCKS", 2_000)
+    trace = Path(__file__).resolve().parents[1] / "data/traces/mooncake/conversation_trace.jsonl.gz"
+    code, _, err = cli(["diagnose", trace, "--limit", "200"])
+    assert code == 7, err
+    assert "diagnose keeps an index of every distinct block it has seen; this trace passed " \
+        "2,000 blocks (about 1 GB) at request " in err
+    assert "--limit" in err and "Traceback" not in err
