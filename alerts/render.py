@@ -41,8 +41,8 @@ def _fmt_pct(rate: float | None) -> str:
 def _fmt_pp(change: float | None) -> str:
     if change is None:
         return "n/a"
-    pp = change * 100
-    return f"{pp:+.0f} pp"
+    text = f"{change * 100:+.0f}"
+    return f"{'0' if int(text) == 0 else text} pp"  # never "-0 pp"
 
 
 def _fmt_money(amount: float | None, currency: str | None) -> str:

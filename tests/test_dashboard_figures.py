@@ -289,3 +289,13 @@ def test_long_lines_are_drawn_without_markers():
     assert [t.mode for t in fig.data] == ["lines"]
     fig = figures.scope_rate_figure(df.head(10), series="scope", title="t", window_s=900)
     assert [t.mode for t in fig.data] == ["lines+markers"]
+
+
+def test_a_change_that_rounds_to_zero_has_no_sign():
+    """The Alerts page showed "-0 pp" for a fall of 0.4 points."""
+    from prefixscope.alerts.render import _fmt_pp
+    from prefixscope.core.formatting import fmt_pp
+
+    assert fmt_pp(-0.0004) == "0.0 pp" and fmt_pp(0.0004) == "0.0 pp"
+    assert fmt_pp(0.0123) == "+1.2 pp" and fmt_pp(-0.05) == "-5.0 pp"
+    assert _fmt_pp(-0.004) == "0 pp" and _fmt_pp(-0.33) == "-33 pp" and _fmt_pp(0.33) == "+33 pp"

@@ -58,7 +58,7 @@ with data.guard(db):
                    icon=":material/check_circle:")
         st.stop()
     show_table("breakers-1", pd.DataFrame({
-        "Rank": b["rank"], "Level": b["level"], "Kind": b["kind"],
+        "Rank": b["rank"], "Level": b["level"], "Kind": b["kind"].str.replace("_", " "),
         "Where": [breaker_position(r) for _, r in b.iterrows()],
         "Requests": b["requests"],
         "Distinct values": b["distinct_values"],
@@ -71,6 +71,6 @@ with data.guard(db):
     }), key="breakers_table")
     st.plotly_chart(figures.breakers_lost_figure(b), key="breakers_lost")
     top = b.iloc[0]
-    st.info(f"Top breaker: {top['kind']} at {breaker_position(top)}. `prefixscope diagnose TRACE` prints "
+    st.info(f"Top breaker: {str(top['kind']).replace('_', ' ')} at {breaker_position(top)}. `prefixscope diagnose TRACE` prints "
             "the fix and writes the suggested layout; `--request ID` shows one request's break "
             "on your terminal.", icon=":material/tips_and_updates:")

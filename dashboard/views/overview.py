@@ -222,7 +222,7 @@ with data.guard(db):
         show_table("overview-2", pd.DataFrame({
             "Instance": config["instance"],
             "Model": config["model"],
-            "Engine": config["engine"],
+            "Engine index": config["engine"],
             "Block size (tokens)": config["block_size"],
             "GPU blocks": config["num_gpu_blocks"],
             "Hash algorithm": config["hash_algo"],

@@ -54,11 +54,17 @@ def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
 
 def fmt_pp(change: float | None, *, digits: int = 1) -> str:
     """A change of two fractions in percentage points, signed, one decimal as :func:`fmt_pct`:
-    ``0.0123 -> '+1.2 pp'``, ``-0.05 -> '-5.0 pp'``; None/NaN -> ``'—'``."""
+    ``0.0123 -> '+1.2 pp'``, ``-0.05 -> '-5.0 pp'``, ``-0.0004 -> '0.0 pp'``; None/NaN ->
+    ``'—'``."""
     if _missing(change):
         return MISSING
     x = _number(change)
-    return str(change) if x is None else f"{x * 100:+.{digits}f} pp"
+    if x is None:
+        return str(change)
+    text = f"{x * 100:+.{digits}f}"
+    if float(text) == 0:  # -0.0004 rounds to "-0.0": no sign on a change that reads as none
+        text = text[1:]
+    return f"{text} pp"
 
 
 def fmt_int(value: float | None) -> str:
