@@ -186,7 +186,7 @@ with data.guard(db):
         queue = pd.concat([running.assign(kind="running"), waiting.assign(kind="waiting")])
         c2.plotly_chart(figures.window_lines(
             queue, series={"mean_value": "mean"}, window_s=window_s, by=("instance", "kind"),
-            title="Requests running and waiting", y_title="requests", hover_format=",.2f",
+            title="Running, waiting", y_title="requests", hover_format=",.2f",
             tickformat=",.1f", note="no vllm:num_requests_running in this range"),
             key="overview_queue")
         preempt = data.query(db, "metrics", "counter_increase_by_window",
