@@ -31,6 +31,16 @@ def _stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _report(outcomes, errors, *, as_json: bool) -> None:
+    """Print the failed sources on stderr, then each stored source's outcome (or the JSON list)."""
+    for e in errors:
+        err.print(f"error: {e}", markup=False, highlight=False)
+    for o in outcomes:
+        _print_outcome(o, quiet=as_json)
+    if as_json:
+        print_json([_outcome_json(o) for o in outcomes])
+
+
 def _print_outcome(outcome, *, quiet: bool) -> None:
     s = outcome.summary
     if not quiet:
@@ -92,12 +102,7 @@ def metrics_cmd(
         outcomes, errors = ingest_sources(
             db, sources, instance=instance, at_unix_s=at_unix_s,
             on_warning=lambda m: err.print(f"warning: {m}", markup=False, highlight=False))
-        for e in errors:
-            err.print(f"error: {e}", markup=False, highlight=False)
-        for o in outcomes:
-            _print_outcome(o, quiet=as_json)
-        if as_json:
-            print_json([_outcome_json(o) for o in outcomes])
+        _report(outcomes, errors, as_json=as_json)
         return
     if at is not None:
         raise UsageError("--at stamps saved files; it cannot be used with --every")
@@ -175,12 +180,7 @@ def query_range_cmd(
     outcomes, errors = ingest_query_range_files(
         db, files, instance_label=instance_label,
         step_s=parse_duration(step) if step is not None else None)
-    for e in errors:
-        err.print(f"error: {e}", markup=False, highlight=False)
-    for o in outcomes:
-        _print_outcome(o, quiet=as_json)
-    if as_json:
-        print_json([_outcome_json(o) for o in outcomes])
+    _report(outcomes, errors, as_json=as_json)
 
 
 def kv_events_cmd(
