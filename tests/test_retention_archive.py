@@ -202,8 +202,24 @@ def test_archive_command_is_idempotent_and_keeps_the_numbers(deployment, tmp_pat
     assert code == 0
 
 
+# Each day waits 0.25 s before it is archived, so that every kill delay lands mid-run on a
+# quiet machine too (without it the whole archive finished in under 3.5 s and the kill came
+# after the end); the kill lands between days or inside one.
 _KILLER = """
 import sys
+import time
+
+import prefixscope.store.queries.archive as arc
+
+_archive_day = arc.archive_day
+
+
+def _slow_archive_day(*args, **kwargs):
+    time.sleep(0.25)
+    return _archive_day(*args, **kwargs)
+
+
+arc.archive_day = _slow_archive_day
 from prefixscope.cli.main import main
 sys.argv = ["prefixscope", "archive", "--db", sys.argv[1], "--to", sys.argv[2],
             "--before", "2026-10-31"]
