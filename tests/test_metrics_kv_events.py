@@ -324,3 +324,29 @@ def test_cli_kv_events_files_and_a_silent_endpoint(cli, db_path):
     assert code == 2
     code, _, err = cli(["ingest", "kv-events", "/nonexistent.jsonl", "--db", db_path])
     assert code == 4 and "/nonexistent.jsonl: no such file" in err
+
+
+def test_cli_kv_events_files_text_and_json_output_is_pinned(cli, db_path, tmp_path):
+    """The kv-events file loop shares `_report` with metrics / query-range: the same lines on
+    stdout and stderr (event rows, errors first, quarantined lines) and the same --json fields."""
+    capture = tmp_path / "k.jsonl"
+    head = (CAP / "kv_events.jsonl").read_text().splitlines(keepends=True)[:5]
+    capture.write_text("".join(head) + "{bad\n")
+    code, out, err = cli(["ingest", "kv-events", capture, "/nonexistent.jsonl",
+                          "--instance", "kv", "--db", db_path])
+    assert code == 0, err
+    assert out == f"{capture}: 42 event rows added, 0 already stored, 1 line quarantined\n"
+    assert err == ("error: /nonexistent.jsonl: no such file\n"
+                   f"quarantined {capture}:6: not valid JSON: Expecting property name enclosed "
+                   "in double quotes (byte 1)\n")
+    code, out, err = cli(["ingest", "kv-events", capture, "--instance", "kv",
+                          "--db", tmp_path / "json.duckdb", "--json"])
+    assert code == 0, err
+    assert json.loads(out) == [{
+        "source": str(capture), "kind": "kv-events-file", "rows_read": 42, "rows_added": 42,
+        "rows_duplicate": 0, "rows_quarantined": 1, "note": None,
+        "quarantined": [{"location": str(capture), "line": 6, "field": None,
+                         "reason": "not valid JSON: Expecting property name enclosed in double "
+                                   "quotes (byte 1)"}]}]
+    assert err == (f"quarantined {capture}:6: not valid JSON: Expecting property name enclosed "
+                   "in double quotes (byte 1)\n")

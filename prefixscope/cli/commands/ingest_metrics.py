@@ -31,25 +31,36 @@ def _stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _report(outcomes, errors, *, as_json: bool) -> None:
-    """Print the failed sources on stderr, then each stored source's outcome (or the JSON list)."""
+def _report(outcomes, errors, *, as_json: bool, printer=None) -> None:
+    """Print the failed sources on stderr, then each stored source's outcome (or the JSON list).
+
+    ``printer(outcome, quiet=...)`` prints one outcome (default `_print_outcome`, counting
+    samples; `_print_kv` counts event rows)."""
+    printer = printer or _print_outcome
     for e in errors:
         err.print(f"error: {e}", markup=False, highlight=False)
     for o in outcomes:
-        _print_outcome(o, quiet=as_json)
+        printer(o, quiet=as_json)
     if as_json:
         print_json([_outcome_json(o) for o in outcomes])
 
 
-def _print_outcome(outcome, *, quiet: bool) -> None:
+def _print_outcome(outcome, *, quiet: bool, noun: str = "sample") -> None:
+    """One outcome's line (``SOURCE: N <noun>s added, ...`` and its note) unless ``quiet``,
+    then its quarantined lines (printed in both modes)."""
     s = outcome.summary
     if not quiet:
-        out.print(f"{s.source}: {count_noun(s.rows_added, 'sample')} added, {s.rows_duplicate:,} "
+        out.print(f"{s.source}: {count_noun(s.rows_added, noun)} added, {s.rows_duplicate:,} "
                   f"already stored, {count_noun(s.rows_quarantined, 'line')} quarantined",
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
     print_quarantined(outcome.problems)
+
+
+def _print_kv(outcome, *, quiet: bool) -> None:
+    """`_print_outcome` counting KV-event rows."""
+    _print_outcome(outcome, quiet=quiet, noun="event row")
 
 
 def _outcome_json(outcome) -> dict:
@@ -219,12 +230,7 @@ def kv_events_cmd(
         raise UsageError("give either files or --zmq, not both")
     if zmq is None:
         outcomes, errors = kv_events.ingest_kv_event_files(db, files or [], instance=instance)
-        for e in errors:
-            err.print(f"error: {e}", markup=False, highlight=False)
-        for o in outcomes:
-            _print_kv(o, quiet=as_json)
-        if as_json:
-            print_json([_outcome_json(o) for o in outcomes])
+        _report(outcomes, errors, as_json=as_json, printer=_print_kv)
         return
     with _stop_on_sigterm() as stop:
         outcome = kv_events.subscribe(
@@ -246,14 +252,3 @@ def register(groups: dict[str, typer.Typer]) -> None:
     groups["ingest"].command("query-range")(query_range_cmd)
     groups["ingest"].command("kv-events")(kv_events_cmd)
 
-
-def _print_kv(outcome, *, quiet: bool) -> None:
-    s = outcome.summary
-    if not quiet:
-        out.print(f"{s.source}: {count_noun(s.rows_added, 'event row')} added, "
-                  f"{s.rows_duplicate:,} already stored, "
-                  f"{count_noun(s.rows_quarantined, 'line')} quarantined", markup=False,
-                  highlight=False)
-        if s.note:
-            out.print(f"  note: {s.note}", markup=False, highlight=False)
-    _print_outcome(outcome, quiet=True)
