@@ -34,6 +34,16 @@ def db_path(tmp_path) -> str:
 
 
 @pytest.fixture
+def use_db(monkeypatch):
+    """Point the dashboard (``PREFIXSCOPE_DB``) at a store for this test:
+    ``at = run_app(use_db(db), page)``; returns the path it was given."""
+    def _use(db: str) -> str:
+        monkeypatch.setenv("PREFIXSCOPE_DB", db)
+        return db
+    return _use
+
+
+@pytest.fixture
 def cli(capsys):
     """Run the CLI in-process: ``code, out, err = cli(["hitrate", "--json"])``."""
     from prefixscope.cli import run

@@ -37,14 +37,6 @@ def empty_db(tmp_path_factory) -> str:
     return ds.build_empty_db(tmp_path_factory.mktemp("pages") / "empty.duckdb")
 
 
-@pytest.fixture
-def use_db(monkeypatch):
-    def _use(db: str) -> str:
-        monkeypatch.setenv("PREFIXSCOPE_DB", db)
-        return db
-    return _use
-
-
 def test_router_lists_my_pages_first_and_each_file_exists():
     from prefixscope.dashboard.app import PAGES
 

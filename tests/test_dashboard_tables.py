@@ -117,14 +117,6 @@ def real_db(tmp_path_factory) -> str:
     return ds.build_real_db(tmp_path_factory.mktemp("tables") / "real.duckdb")
 
 
-@pytest.fixture
-def use_db(monkeypatch):
-    def _use(db: str) -> str:
-        monkeypatch.setenv("PREFIXSCOPE_DB", db)
-        return db
-    return _use
-
-
 def _open(db: str, page: str, release_day: str | None = None):
     at = ds.run_app(db, None, timeout_s=180)
     if page.endswith("alerts.py") and release_day:

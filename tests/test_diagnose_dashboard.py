@@ -20,14 +20,6 @@ def diag_db(tmp_path_factory):
     return db
 
 
-@pytest.fixture
-def use_db(monkeypatch):
-    def _use(db: str) -> str:
-        monkeypatch.setenv("PREFIXSCOPE_DB", db)
-        return db
-    return _use
-
-
 def test_breakers_page_ranks_the_stored_breakers(diag_db, use_db):
     at = ds.run_app(use_db(diag_db), "views/breakers.py")
     ds.assert_clean(at)

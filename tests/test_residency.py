@@ -136,12 +136,3 @@ def test_residency_page_explains_missing_data(tmp_path, use_db):
     at = ds.run_app(use_db(db), "views/residency.py")
     ds.assert_clean(at)
     assert any("--kv-cache-metrics" in i.value for i in at.info)
-
-
-@pytest.fixture
-def use_db(monkeypatch):
-    def _use(db: str) -> str:
-        monkeypatch.setenv("PREFIXSCOPE_DB", db)
-        return db
-
-    return _use

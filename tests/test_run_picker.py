@@ -12,14 +12,6 @@ from prefixscope.store.queries.replay import run_list
 from tests import dashboard_support as ds
 
 
-@pytest.fixture
-def use_db(monkeypatch):
-    def _use(db: str) -> str:
-        monkeypatch.setenv("PREFIXSCOPE_DB", db)
-        return db
-    return _use
-
-
 @pytest.fixture(scope="module")
 def runs_db(tmp_path_factory):
     """The real captures, the bundled multi-tenant replay and the demo's replay runs, each

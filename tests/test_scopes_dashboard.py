@@ -71,14 +71,6 @@ def bad_db(tmp_path_factory) -> str:
     return db
 
 
-@pytest.fixture
-def use_db(monkeypatch):
-    def _use(db: str) -> str:
-        monkeypatch.setenv("PREFIXSCOPE_DB", db)
-        return db
-    return _use
-
-
 def test_pages_are_in_the_router():
     from prefixscope.dashboard.app import PAGES
 
