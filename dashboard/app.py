@@ -16,20 +16,22 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 
-# Pages, in menu order: (file relative to this folder, title, Material icon).
-# To add a page: create dashboard/views/<name>.py and append ONE line below.
+# Pages, in menu order: (file relative to this folder, title, Material icon). The order is the
+# README's "What the demo shows: look at these, in this order" (tests/test_dashboard_pages.py
+# checks they agree), then the pages the README does not walk through.
+# To add a page: create dashboard/views/<name>.py and add ONE line below.
 PAGES: list[tuple[str, str, str]] = [
     ("views/overview.py", "Overview", ":material/monitoring:"),
-    ("views/requests.py", "Requests", ":material/receipt_long:"),
-    ("views/savings.py", "Savings", ":material/savings:"),
-    ("views/data_sources.py", "Data sources", ":material/database:"),
     ("views/alerts.py", "Alerts", ":material/notifications:"),
+    ("views/savings.py", "Savings", ":material/savings:"),
+    ("views/breakers.py", "Breakers", ":material/troubleshoot:"),
+    ("views/replay.py", "Replay", ":material/replay:"),
+    ("views/requests.py", "Requests", ":material/receipt_long:"),
     ("views/scopes.py", "Scopes", ":material/shield_person:"),
     ("views/rejections.py", "Rejections", ":material/block:"),
     ("views/invariants.py", "Invariants", ":material/verified_user:"),
-    ("views/replay.py", "Replay", ":material/replay:"),
-    ("views/breakers.py", "Breakers", ":material/troubleshoot:"),
     ("views/residency.py", "Residency", ":material/hourglass_top:"),
+    ("views/data_sources.py", "Data sources", ":material/database:"),
     # append one line per page here: ("views/<file>.py", "<Title>", ":material/<icon>:"),
 ]
 

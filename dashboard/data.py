@@ -166,6 +166,18 @@ def latency_quantile_error() -> float:
     return float(LATENCY_QUANTILE_ERROR)
 
 
+def ttft_bands_caption() -> str:
+    """The text under a ``figures.ttft_by_band`` chart: the band rule, from
+    :data:`prefixscope.store.queries.serving.TTFT_BANDS` (docs/metrics.md "Serving")."""
+    from prefixscope.store.queries.serving import TTFT_BANDS, ttft_band_label
+
+    bands = ", ".join(ttft_band_label(b) for b, _ in TTFT_BANDS)
+    return ("Each request is in a band by its cached share, cached_tokens ÷ prompt_tokens: "
+            f"{bands}. A prefix that broke after the first block still caches that block, so "
+            "\"0 cached tokens\" alone would be nearly empty. p50 and p90 are exact quantiles "
+            "of ttft_ms per window, model and band, computed in DuckDB.")
+
+
 @_cached
 def filter_values(db: str) -> dict:
     """Choices for the sidebar: union of the metric and request stores.

@@ -419,6 +419,71 @@ def latency_by_hit(df: pd.DataFrame, *, column: str = "ttft_ms",
     return fig
 
 
+#: Colour of each TTFT band (:data:`prefixscope.store.queries.serving.TTFT_BANDS`).
+BAND_COLOURS = {"cold": MISS_COLOUR, "partial": "#ff7f0e", "warm": HIT_COLOUR}
+#: Title of the usage-log TTFT panel (the rule is in each legend entry).
+TTFT_BANDS_TITLE = "TTFT by cached share (usage log)"
+
+
+def ttft_by_band(df: pd.DataFrame, *, window_s: float, by: Sequence[str] = ("model",),
+                 title: str = TTFT_BANDS_TITLE) -> go.Figure:
+    """Time to first token per window from the usage log, one panel per model (shared time
+    axis, each its own ms axis), a colour per cached-share band (cold / partial / warm), p50
+    solid and p90 dotted; each point at its window's middle (:func:`window_x`), lines broken
+    at windows without requests of that band.
+
+    Args:
+        df: rows of ``prefixscope.store.queries.serving.ttft_by_band_window``:
+            ``window_start_s`` (Unix s), the ``by`` columns, ``band``, ``requests``,
+            ``p50_ms``, ``p90_ms`` (milliseconds).
+        window_s: window length, seconds.
+        by: the columns naming a panel (``model``).
+        title: figure title (the window is appended).
+
+    Returns:
+        A figure whose legend names every band with its rule (``warm (≥ 80% cached)``; one
+        entry per band, toggling its p50 and p90 lines) under the title "p50 solid, p90
+        dotted".
+    """
+    from prefixscope.store.queries.serving import TTFT_BANDS, ttft_band_label
+
+    suffix = f" per {fmt_window(window_s)} window"
+    if df.empty:
+        return _empty(title + suffix, "no request with ttft_ms and cached_tokens in this range")
+    d = df.copy()
+    d["panel"] = series_label(d, by)
+    panels = sorted(d["panel"].unique().tolist())
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=panels if len(panels) > 1 else None)
+    in_legend: set[str] = set()  # one legend entry per band, at its first line
+    for row, panel in enumerate(panels, start=1):
+        g0 = d[d["panel"] == panel]
+        for band, _share in TTFT_BANDS:
+            g = g0[g0["band"] == band]
+            if g.empty:
+                continue
+            g = with_gaps(g[["window_start_s", "requests", "p50_ms", "p90_ms"]],
+                          window_s=window_s).sort_values("window_start_s")
+            x = window_x(g["window_start_s"], window_s)
+            frm = window_from(g["window_start_s"])
+            label = ttft_band_label(band)
+            for col, q, dash in (("p50_ms", "p50", "solid"), ("p90_ms", "p90", "dot")):
+                fig.add_trace(go.Scatter(
+                    x=x, y=g[col].astype("float64"), mode="lines", connectgaps=False,
+                    name=label, legendgroup=band, showlegend=band not in in_legend,
+                    line=dict(color=BAND_COLOURS.get(band, PALETTE[0]), width=2, dash=dash),
+                    customdata=list(zip(frm, g["requests"].astype("float64"))),
+                    hovertemplate=(f"{panel}<br>window from %{{customdata[0]}} UTC<br>"
+                                   f"{q} %{{y:,.1f}} ms of %{{customdata[1]:,.0f}} requests"
+                                   f"<extra>{label}</extra>")), row=row, col=1)
+                in_legend.add(band)
+        fig.update_yaxes(title_text="ms", rangemode="tozero", tickformat=",.0f", row=row, col=1)
+    fig.update_layout(title=title + suffix, height=200 + 180 * len(panels), **_LAYOUT)
+    fig.update_layout(legend_title_text="p50 solid, p90 dotted:")
+    fig.update_xaxes(range=_time_range(d["window_start_s"], window_s))
+    return fig
+
+
 def _model_label(row: pd.Series) -> str:
     label = str(row["model"])
     if bool(row.get("shadow", False)):

@@ -12,6 +12,8 @@ cached_tokens; 16 of them hit.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests import dashboard_support as ds
@@ -37,13 +39,30 @@ def empty_db(tmp_path_factory) -> str:
     return ds.build_empty_db(tmp_path_factory.mktemp("pages") / "empty.duckdb")
 
 
-def test_router_lists_my_pages_first_and_each_file_exists():
+def readme_walk() -> list[str]:
+    """Page titles of the README's "What the demo shows: look at these, in this order", in
+    order (``1. **Overview** ...``; ``**Scopes, Rejections, Invariants**`` is three pages)."""
+    text = (ds.ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## What the demo shows", 1)[1].split("\n## ", 1)[0]
+    titles: list[str] = []
+    for m in re.finditer(r"^\d+\. \*\*([^*]+)\*\*", section, re.M):
+        titles += [t.strip() for t in m.group(1).split(",")]
+    return titles
+
+
+def test_menu_follows_the_readme_walk_and_each_file_exists():
     from prefixscope.dashboard.app import PAGES
 
-    assert [p[0] for p in PAGES[:4]] == list(MY_PAGES)
+    walk = readme_walk()
+    assert walk[0] == "Overview" and len(walk) >= 8, walk
+    titles = [title for _, title, _ in PAGES]
+    assert titles[:len(walk)] == walk  # the menu reads the README's order, then the rest
+    assert set(titles[len(walk):]) == {"Residency", "Data sources"}
     for rel, title, icon in PAGES:
         assert title and icon, (rel, title, icon)
-    assert ALL_PAGES[:4] == list(MY_PAGES)
+    assert [p[0] for p in PAGES] == ALL_PAGES  # every listed file exists
+    for page in MY_PAGES:
+        assert page in ALL_PAGES
 
 
 def test_sidebar_on_real_data(real_db, use_db):
@@ -143,7 +162,7 @@ def test_requests_on_real_data(real_db, use_db):
     at = ds.run_app(use_db(real_db), "views/requests.py",
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
-    assert ds.metrics(at) == {"Requests": "31", "Reported cached_tokens": "31",
+    assert ds.metrics(at) == {"Requests": "31", "Requests with cached-token counts": "31",
                               "Requests with a hit": "16"}
     assert not ds.texts(at, "warning")  # full coverage: no --enable-prompt-tokens-details hint
     assert ds.chart_count(at) == 4  # histogram, coverage, over time, latency by hit/miss

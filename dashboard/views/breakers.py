@@ -19,6 +19,52 @@ EMPTY = ("No diagnosis stored. Run `prefixscope diagnose TRACE --ingest` (for ex
          "`prefixscope diagnose data/captures/aider/chat-requests.jsonl --ingest`): it replays "
          "the trace, finds where each request's prefix broke and stores the ranked breakers.")
 
+#: The per-row what-if column: one breaker's span made to match, nothing else changed.
+ALONE = "If only this fixed"
+ALONE_HELP = ("Hit rate if this breaker alone were fixed: the trace replayed with only this "
+              "span made to match (a volatile value replaced by one fixed placeholder, an "
+              "edited line by its earlier text, tools sorted; an evicted row: an unbounded "
+              "cache), on top of the fixes of the levels below, through the same exact cache "
+              "model. Not the suggested layout, which applies every fixable breaker's own "
+              "transform at once.")
+SUGGESTED_HELP = ("The suggested layout (suggested-layout.yaml: one transform per fixable "
+                  "breaker, e.g. move_lines of a volatile line to the end of the first user "
+                  "message) replayed through the exact cache model ({cache}). A move keeps the "
+                  "value in the prompt, so what follows its new place can still miss; the "
+                  "per-row figures replace the value by a placeholder instead.")
+
+
+def cache_words(d: pd.Series) -> str:
+    """``'block size 16, capacity 12,000 blocks'`` of a diagnosis row (unbounded: no
+    capacity)."""
+    cap = d.get("capacity_blocks")
+    size = "" if pd.isna(d.get("block_size")) else f"block size {int(d['block_size'])}, "
+    return size + ("unbounded capacity" if cap is None or pd.isna(cap)
+                   else f"capacity {int(cap):,} blocks")
+
+
+def what_if_caption(d: pd.Series, b: pd.DataFrame) -> str:
+    """The caption under the KPIs: the page's hit rates are three different replays, said
+    with their figures, so a reader sees why they differ (docs/diagnose.md "Three hit
+    rates")."""
+    text = (f"Every hit rate here is the trace replayed through the exact cache model "
+            f"({cache_words(d)}): as recorded {fmt_pct(d['hit_rate'])}; ")
+    if pd.isna(d.get("what_if_hit_rate")):
+        text += "no breaker is fixable by layout, so there is no suggested layout; "
+    else:
+        text += (f"with the suggested layout, every fixable breaker fixed by its own transform, "
+                 f"{fmt_pct(d['what_if_hit_rate'])}; ")
+    alone = b[b["what_if_hit_rate"].notna()] if not b.empty else b
+    if not alone.empty:
+        top = alone.iloc[0]
+        text += (f"\"{ALONE}\" is one breaker's span alone made to match, e.g. by a placeholder "
+                 f"(#{int(top['rank'])}: {fmt_pct(top['what_if_hit_rate'])}), so it can be higher "
+                 "than the suggested layout, which moves the value instead of dropping it. ")
+    else:
+        text += f"\"{ALONE}\" is one breaker's span alone made to match. "
+    return text + ("The Replay page's runs replay a layout file you chose (for example "
+                   "timestamp-at-end.yaml) with their own cache, shown in its Cache column.")
+
 
 db = data.db_path()
 st.title("Breakers")
@@ -39,20 +85,22 @@ with data.guard(db):
     picked = st.selectbox("Diagnosis", list(labels), format_func=lambda k: labels[k],
                           key="breakers_diagnosis")
     d = diags[diags["diagnosis_id"] == picked].iloc[0]
+    b = data.query(db, "breakers", "breakers_of", diagnosis_id=picked)
+    cache = cache_words(d)
     cols = st.columns(4)
-    cols[0].metric("Hit rate as recorded", fmt_pct(d["hit_rate"]), border=True)
-    cols[1].metric("With the suggested layout",
-                   fmt_pct(d["what_if_hit_rate"]),
-                   help="The suggested layout replayed through the exact model", border=True)
+    cols[0].metric("Hit rate as recorded", fmt_pct(d["hit_rate"]), border=True,
+                   help=f"The trace replayed as recorded through the exact cache model ({cache}).")
+    cols[1].metric("If all fixable breakers were fixed", fmt_pct(d["what_if_hit_rate"]),
+                   help=SUGGESTED_HELP.format(cache=cache), border=True)
     missed = int(d["prompt_tokens"] - d["cached_tokens"])
     cols[2].metric("Missed prompt tokens", f"{missed:,}", border=True,
                    help=f"{fmt_tokens(missed)} of {int(d['prompt_tokens']):,} prompt tokens were "
                         "not served from the cache")
     cols[3].metric("Requests", f"{int(d['requests']):,}", border=True)
+    st.caption(what_if_caption(d, b))
     if not pd.isna(d.get("what_if_cost_delta")) and isinstance(d.get("currency"), str):
         st.caption(f"Cost with cache after the suggested layout: "
                    f"{d['what_if_cost_delta']:+,.4f} {d['currency']} over the trace.")
-    b = data.query(db, "breakers", "breakers_of", diagnosis_id=picked)
     if b.empty:
         st.success("No breakers: every request hit the longest prefix an earlier request had.",
                    icon=":material/check_circle:")
@@ -61,14 +109,21 @@ with data.guard(db):
         "Rank": b["rank"], "Level": b["level"], "Kind": b["kind"].str.replace("_", " "),
         "Where": [breaker_position(r) for _, r in b.iterrows()],
         "Requests": b["requests"],
-        "Distinct values": b["distinct_values"],
+        "Values": b["distinct_values"],
         "Lost tokens": [fmt_int(v) + ("" if m else " (at most)")
                         for v, m in zip(b["lost_tokens"], b["lost_tokens_measured"])],
-        "Share of missed": b["share"].map(fmt_pct),
+        "Of missed": b["share"].map(fmt_pct),
         "Fix": [t if f and isinstance(t, str) else "not by layout"
                 for t, f in zip(b["transform_types"], b["fixable"])],
-        "Hit rate if this span matched": b["what_if_hit_rate"].map(fmt_pct),
-    }), key="breakers_table")
+        ALONE: b["what_if_hit_rate"].map(fmt_pct),
+    }), key="breakers_table", column_config={
+        "Rank": st.column_config.Column(width=45), "Level": st.column_config.Column(width=45),
+        "Requests": st.column_config.Column(width=75),
+        "Values": st.column_config.Column(width=60, help="Distinct values of the span"),
+        "Of missed": st.column_config.Column(width=80,
+                                             help="Share of missed: lost tokens ÷ the trace's "
+                                                  "missed prompt tokens"),
+        ALONE: st.column_config.Column(width=120, help=ALONE_HELP)})
     st.plotly_chart(figures.breakers_lost_figure(b), key="breakers_lost")
     top = b.iloc[0]
     st.info(f"Top breaker: {str(top['kind']).replace('_', ' ')} at {breaker_position(top)}. `prefixscope diagnose TRACE` prints "

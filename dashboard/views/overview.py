@@ -150,18 +150,8 @@ with data.guard(db):
 
     st.subheader("Serving")
     left, right = st.columns(2)
-    ttft_log = data.query(db, "serving", "ttft_by_hit_window", **common)
-    if not ttft_log.empty:
-        ttft_log = ttft_log.pivot_table(index="window_start_s", columns="outcome",
-                                        values=["p50_ms", "p90_ms"]).reset_index()
-        ttft_log.columns = ["window_start_s" if a == "window_start_s" else f"{b}_{a}"
-                            for a, b in ttft_log.columns]
-    left.plotly_chart(figures.window_lines(
-        ttft_log, series={c: c.replace("_ms", "").replace("_", " ") for c in
-                          ("hit_p50_ms", "hit_p90_ms", "miss_p50_ms", "miss_p90_ms")
-                          if c in ttft_log.columns},
-        window_s=window_s, title="TTFT by hit and miss (usage log)", y_title="ms",
-        note="no request with ttft_ms and cached_tokens in this range"), key="overview_ttft_log")
+    ttft_log = data.query(db, "serving", "ttft_by_band_window", by=("model",), **common)
+    left.plotly_chart(figures.ttft_by_band(ttft_log, window_s=window_s), key="overview_ttft_log")
     if source == "counters":  # vLLM's own histogram and gauges need its /metrics
         ttft_hist = data.query(db, "serving", "ttft_histogram_by_window", by=("model",), **common)
         if not ttft_hist.empty:

@@ -56,8 +56,10 @@ with data.guard(db):
     reported = int(coverage["reported_requests"].fillna(0).sum())
     c1, c2, c3 = st.columns(3)
     c1.metric("Requests", fmt_int(total_requests), border=True)
-    c2.metric("Reported cached_tokens", fmt_int(reported), border=True,
-              help="Requests whose usage carried prompt_tokens_details.cached_tokens (0 included).")
+    c2.metric("Requests with cached-token counts", fmt_int(reported), border=True,
+              help="Requests whose usage carried the field "
+                   "`usage.prompt_tokens_details.cached_tokens` (a count of 0 included); the "
+                   "others lower the coverage, never the hit rate.")
     c3.metric("Requests with a hit", fmt_int(counts["hit_requests"]), border=True,
               help="Reporting requests with cached_tokens > 0.")
 
@@ -75,6 +77,13 @@ with data.guard(db):
     st.plotly_chart(figures.request_hit_rate_over_time(bands, windows, window_s=window_s,
                                                        threshold=data.alert_threshold()),
                     key="requests_over_time")
+
+    if counts["with_ttft"]:
+        st.plotly_chart(figures.ttft_by_band(data.query(
+            db, "serving", "ttft_by_band_window", start_s=f.start_s, end_s=f.end_s,
+            window_s=window_s, by=("model",), models=f.models, instances=f.instances,
+            run_ids=f.run_ids), window_s=window_s), key="requests_ttft_bands")
+        st.caption(data.ttft_bands_caption())
 
     column = ("ttft_ms" if counts["with_ttft"] else
               "latency_ms" if counts["with_latency"] else None)

@@ -12,8 +12,8 @@ What a vLLM Grafana board shows next to the prefix cache, per window (``docs/met
    (linear interpolation inside the bucket; the ``+Inf`` bucket reports the highest finite
    bound).
 4. **TTFT from the usage log** (``requests.ttft_ms``): ``quantile_cont`` per window, split into
-   *hit* (``cached_tokens > 0``) and *miss* (``cached_tokens = 0``), the Requests page's rule
-   (``request_latency_quantiles``); requests without ``ttft_ms`` or ``cached_tokens`` are left
+   bands of the cached share ``cached_tokens / prompt_tokens`` (:data:`TTFT_BANDS`: cold
+   < 10%, partial, warm >= 90%); requests without ``ttft_ms`` or ``cached_tokens`` are left
    out.
 
 Every function returns one row per window and group, never a sample or a request.
@@ -145,19 +145,72 @@ def ttft_histogram_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     return pd.DataFrame.from_records(records, columns=columns)
 
 
-def ttft_by_hit_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
-                       end_s: float | None, window_s: float,
-                       models: Sequence[str] | None = None,
-                       instances: Sequence[str] | None = None,
-                       run_ids: Sequence[str] | None = None) -> pd.DataFrame:
-    """TTFT p50 and p90 per window from the usage log, hits and misses apart (rule 4).
+#: The bands of the usage-log TTFT panel (rule 4): ``(band, lowest cached share)`` in order,
+#: a request's cached share being ``cached_tokens / prompt_tokens``. A request belongs to the
+#: last band whose lowest share it reaches: *cold* below 10% (nothing, or only the first
+#: block or two: a prefix broken near the top still caches the blocks before the break, so
+#: "cached_tokens = 0" is nearly empty on real traffic), *partial* 10% to below 80%, *warm* 80%
+#: and above (a chat turn whose whole history hit: only the new turn is computed; vLLM caches
+#: whole blocks and never the prompt's last token, docs/vllm-prefix-cache.md).
+TTFT_BANDS: tuple[tuple[str, float], ...] = (("cold", 0.0), ("partial", 0.10), ("warm", 0.80))
+
+
+def ttft_band_sql(cached: str = "cached_tokens", prompt: str = "prompt_tokens") -> str:
+    """The SQL ``CASE`` giving a request's :data:`TTFT_BANDS` name from its cached and prompt
+    token columns (``prompt > 0``; compared as ``cached >= share * prompt``, no division)."""
+    cases = " ".join(f"WHEN {cached} >= {share!r} * {prompt} THEN '{name}'"
+                     for name, share in reversed(TTFT_BANDS[1:]))
+    return f"CASE {cases} ELSE '{TTFT_BANDS[0][0]}' END"
+
+
+def ttft_band_label(band: str) -> str:
+    """The legend text of a band with its rule: ``'cold (< 10% cached)'``,
+    ``'partial (10–80% cached)'``, ``'warm (≥ 80% cached)'``.
+
+    Raises:
+        InvalidArgument: ``band`` is not in :data:`TTFT_BANDS`.
+    """
+    names = [n for n, _ in TTFT_BANDS]
+    if band not in names:
+        raise InvalidArgument(f"not a TTFT band: {band!r} (one of {', '.join(names)})")
+    k = names.index(band)
+    lo = f"{TTFT_BANDS[k][1]:.0%}"
+    if k == 0:
+        return f"{band} (< {TTFT_BANDS[1][1]:.0%} cached)"
+    if k == len(TTFT_BANDS) - 1:
+        return f"{band} (≥ {lo} cached)"
+    return f"{band} ({lo.removesuffix('%')}–{TTFT_BANDS[k + 1][1]:.0%} cached)"
+
+
+def ttft_by_band_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
+                        end_s: float | None, window_s: float,
+                        by: Sequence[str] = ("model",),
+                        models: Sequence[str] | None = None,
+                        instances: Sequence[str] | None = None,
+                        run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """TTFT p50 and p90 per window and group from the usage log, per cached-share band (rule
+    4): ``quantile_cont(ttft_ms)`` in DuckDB over the window's requests of each band of
+    :data:`TTFT_BANDS` (``cached_tokens / prompt_tokens``: cold < 10%, partial, warm >= 80%).
+    Grouped by model by default: one model's warm requests are not averaged with another's.
+
+    A band by share, not ``cached_tokens = 0``: a request whose prefix broke after the first
+    block still caches that block, so "miss = 0 cached tokens" is nearly empty on real traffic.
+    Requests without ``ttft_ms`` or ``cached_tokens``, or with no prompt tokens, are left out.
 
     Returns:
-        Columns ``window_start_s``, ``window_end_s``, ``outcome`` (``hit`` / ``miss``),
-        ``requests``, ``p50_ms``, ``p90_ms``; oldest first.
+        Columns ``window_start_s``, ``window_end_s`` (Unix s), the ``by`` columns, ``band``
+        (``cold`` / ``partial`` / ``warm``), ``requests``, ``p50_ms``, ``p90_ms``
+        (milliseconds); oldest window first, then by group, bands in :data:`TTFT_BANDS` order.
+        A band without requests in a window has no row.
+
+    Raises:
+        InvalidArgument: ``window_s`` <= 0, or a ``by`` column that is not a grouping column.
     """
     _window(window_s)
-    clauses = ["ttft_ms IS NOT NULL", "cached_tokens IS NOT NULL", "ts_unix_s IS NOT NULL"]
+    cols = _by_columns(by)
+    group = "".join(f", {c}" for c in cols)
+    clauses = ["ttft_ms IS NOT NULL", "cached_tokens IS NOT NULL", "prompt_tokens > 0",
+               "ts_unix_s IS NOT NULL"]
     params: list[Any] = []
     for col, values in (("model", models), ("instance", instances), ("run_id", run_ids)):
         if values is not None:
@@ -170,15 +223,17 @@ def ttft_by_hit_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
         clauses.append("ts_unix_s < ?")
         params.append(float(end_s))
     ws, wp = window_start_sql("ts_unix_s", window_s=window_s)
+    order = "CASE band " + " ".join(f"WHEN '{n}' THEN {k}" for k, (n, _) in
+                                    enumerate(TTFT_BANDS)) + " END"
     return con.execute(f"""
         WITH win AS (
-            SELECT {ws} AS window_start_s, ttft_ms,
-                   CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome
+            SELECT {ws} AS window_start_s{group}, ttft_ms, {ttft_band_sql()} AS band
             FROM {archive.relation(con, 'requests', start_s, end_s)}
             WHERE {' AND '.join(clauses)}
         )
-        SELECT window_start_s, window_start_s + ? AS window_end_s, outcome,
+        SELECT window_start_s, window_start_s + ? AS window_end_s{group}, band,
                count(*) AS requests,
                quantile_cont(ttft_ms, 0.5) AS p50_ms, quantile_cont(ttft_ms, 0.9) AS p90_ms
-        FROM win GROUP BY ALL ORDER BY window_start_s, outcome
+        FROM win GROUP BY window_start_s{group}, band
+        ORDER BY window_start_s{group}, {order}
     """, [*wp, *params, float(window_s)]).df()
