@@ -222,6 +222,10 @@ class Gateway:
         self._ids = itertools.count(1)
         self._ns_cache: dict[tuple, str] = {}
         self._salt_cache: dict[tuple, str] = {}
+        self._short_cache: dict[CacheIdentity, dict] = {}  # CacheIdentity.short (a keyed HMAC)
+        # the handle HMAC keyed once; each handle is a copy fed the rest (same digest as
+        # hmac.new(key, b"handle" + ...), without re-keying per request)
+        self._handle_mac = hmac.new(key, b"handle", hashlib.sha256)
         self._public_ns = namespace_for(key, scope=PUBLIC)
         self.session: aiohttp.ClientSession | None = None
         self.app = self  # the ASGI app (:meth:`__call__`)
@@ -249,7 +253,10 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=None, connect=c.connect_timeout_s,
                                           sock_connect=c.connect_timeout_s,
                                           sock_read=c.read_timeout_s),
-            auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"))
+            auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            # a proxy keeps no cookies: an upstream's Set-Cookie reaches its client only
+            # (a shared jar would send it on every tenant's requests), and no jar is cheaper
+            cookie_jar=aiohttp.DummyCookieJar())
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
                                   write=c.read_timeout_s, pool=c.connect_timeout_s),
@@ -590,8 +597,9 @@ class Gateway:
         if not stale and not gen.bypass and not permit_lost:
             nsb = ns.encode()
             for i, k in enumerate(keys):
-                handle = "h-" + hmac.new(self.key, b"handle" + k + nsb,
-                                         hashlib.sha256).hexdigest()[:32]
+                h = self._handle_mac.copy()
+                h.update(k + nsb)
+                handle = "h-" + h.hexdigest()[:32]
                 call.register.append((k, StoredObject(expected[i], 0, call.rid, handle)))
         if isolated:
             return f"ps1-iso-{self._id_prefix}-{call.rid}"  # unique to this request
@@ -615,7 +623,7 @@ class Gateway:
         return None
 
     def _m_client_err(self, code: str):
-        return self.metrics.client_errors.labels(code)
+        return self.metrics.child(self.metrics.client_errors, code)
 
     def _tokenize_for(self, call: _Call) -> bool:
         return (self.cfg.tokenize == "upstream" and self.cfg.mode == "shadow"
@@ -846,10 +854,11 @@ class Gateway:
         ns_d = namespace_digest(call.ns)
         m = self.metrics
         status = f"{call.status // 100}xx" if call.status else "none"
-        m.requests.labels(call.endpoint, call.scope, status).inc()
-        m.latency.labels(call.endpoint).observe(latency)
+        child = m.child
+        child(m.requests, call.endpoint, call.scope, status).inc()
+        child(m.latency, call.endpoint).observe(latency)
         if call.ttft_s is not None:
-            m.ttft.labels(call.endpoint).observe(call.ttft_s)
+            child(m.ttft, call.endpoint).observe(call.ttft_s)
         if call.client_salt:
             m.salt_replaced.inc()
         if has_usage:
@@ -862,9 +871,9 @@ class Gateway:
                 rec["error"] = call.error
             self.usage_log.write(rec)
             if prompt_tokens is not None:
-                m.prompt_tokens.labels(call.scope).inc(prompt_tokens)
+                child(m.prompt_tokens, call.scope).inc(prompt_tokens)
             if cached is not None:
-                m.cached_tokens.labels(call.scope).inc(cached)
+                child(m.cached_tokens, call.scope).inc(cached)
                 m.namespace(ns_d, cached)
         verdict = call.decision or Decision("miss")
         cand = call.candidate
@@ -877,8 +886,8 @@ class Gateway:
                 basis = "exact"
             else:
                 cand_tokens = candidate_tokens(cand.num_tokens, prompt_tokens, call.block_size)
-        m.candidate_tokens.labels(basis).inc(cand_tokens)
-        exp_short = call.expected.short(self.key) if call.expected is not None else {
+        child(m.candidate_tokens, basis).inc(cand_tokens)
+        exp_short = self._short(call.expected) if call.expected is not None else {
             "scope": call.scope, "namespace_digest": ns_d}
         rec = DecisionRecord(
             ts_unix_s=call.ts, request_id=call.rid, scope=call.scope, namespace_digest=ns_d,
@@ -886,13 +895,23 @@ class Gateway:
             candidate_cached_tokens=cand_tokens,
             accepted_cached_tokens=cand_tokens if verdict.outcome == "accept" else 0,
             salt_applied=call.salt_applied, expected=exp_short,
-            candidate=None if cand is None else cand.identity.short(self.key),
+            candidate=None if cand is None else self._short(cand.identity),
             candidate_request_id=None if cand is None else cand.request_id,
             instance=self.cfg.instance, model=call.model, error=call.error,
             client_salt_replaced=call.client_salt, candidate_tokens_basis=basis)
         self.decision_log.write(rec.as_json())
-        m.decisions.labels(verdict.outcome, verdict.first_mismatch or "none").inc()
+        child(m.decisions, verdict.outcome, verdict.first_mismatch or "none").inc()
         self._check_invariants(call, verdict, cached or 0)
+
+    def _short(self, identity: CacheIdentity) -> dict:
+        """``identity.short(key)``, remembered (the same prefix objects recur; the log form
+        costs a keyed HMAC). The dict is shared: ``DecisionRecord.as_json`` copies it."""
+        d = self._short_cache.get(identity)
+        if d is None:
+            if len(self._short_cache) > 100_000:
+                self._short_cache.clear()
+            d = self._short_cache[identity] = identity.short(self.key)
+        return d
 
     def _check_invariants(self, call: _Call, verdict: Decision, cached: int) -> None:
         """The three invariants on this request, as ``store/queries/scopes.py`` counts them."""

@@ -86,11 +86,16 @@ class JsonlLog:
             batch, self._queue = self._queue, []
         if not batch:
             return
-        for line in batch:
-            if self._size and self._size + len(line) > self.rotate_bytes:
-                self._rotate()
-            self._fh.write(line)
-            self._size += len(line)
+        data = b"".join(batch)
+        if self._size + len(data) <= self.rotate_bytes:  # the common case: one write
+            self._fh.write(data)
+            self._size += len(data)
+        else:
+            for line in batch:
+                if self._size and self._size + len(line) > self.rotate_bytes:
+                    self._rotate()
+                self._fh.write(line)
+                self._size += len(line)
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self.lines_written += len(batch)

@@ -27,6 +27,7 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry()
         self.namespace_labels = namespace_labels
         self._namespaces: set[str] = set()
+        self._children: dict[tuple, object] = {}
         self.requests = Counter("prefixscope_gateway_requests", "Requests answered, by endpoint, "
                                 "scope and status class", ["endpoint", "scope", "status"],
                                 registry=r)
@@ -76,6 +77,16 @@ class GatewayMetrics:
             self.prompt_tokens.labels(s)
             self.cached_tokens.labels(s)
 
+    def child(self, family, *labels: str):
+        """``family.labels(*labels)``, remembered: the hot path looks each label set up once
+        (every label here has a bounded set of values: endpoints, scopes, status classes,
+        decisions, reasons, bases)."""
+        key = (id(family), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = family.labels(*labels)
+        return c
+
     def namespace(self, ns_digest: str, cached: int) -> None:
         """Count cached tokens for a namespace digest (bounded cardinality)."""
         if self.by_namespace is None:
@@ -83,7 +94,7 @@ class GatewayMetrics:
         if ns_digest not in self._namespaces and len(self._namespaces) < self.namespace_labels:
             self._namespaces.add(ns_digest)
         label = ns_digest if ns_digest in self._namespaces else "other"
-        self.by_namespace.labels(label).inc(cached)
+        self.child(self.by_namespace, label).inc(cached)
 
     def exposition(self) -> bytes:
         """The text exposition of every family; with ``PROMETHEUS_MULTIPROC_DIR`` set (the
