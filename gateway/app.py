@@ -78,7 +78,7 @@ from prefixscope.gateway.auth import AuthContext, Authenticator
 from prefixscope.gateway.config import GatewayConfig
 from prefixscope.gateway.logs import JsonlLog
 from prefixscope.gateway.metrics import GatewayMetrics
-from prefixscope.gateway.prompt import BadBody, extract
+from prefixscope.gateway.prompt import BadBody, CanonicalCache, extract
 from prefixscope.gateway.tokens import block_chain, shared_tokens, tokenize_request
 from prefixscope.gateway.store import STORE_ERRORS, StoredObject
 from prefixscope.gateway.upstream import ModelInfo, discover
@@ -222,6 +222,7 @@ class Gateway:
         self._ids = itertools.count(1)
         self._ns_cache: dict[tuple, str] = {}
         self._salt_cache: dict[tuple, str] = {}
+        self._canonical = CanonicalCache()  # canonical_json of recurring messages and tools
         self._short_cache: dict[CacheIdentity, dict] = {}  # CacheIdentity.short (a keyed HMAC)
         # the handle HMAC keyed once; each handle is a copy fed the rest (same digest as
         # hmac.new(key, b"handle" + ...), without re-keying per request)
@@ -530,7 +531,8 @@ class Gateway:
         """Steps 3-5 (identity, lookup, acceptance, permit); returns the ``cache_salt`` to send.
         Raises whatever the store raises (the caller fails closed)."""
         tools = prompt.tools
-        dig = prefix_digests(prompt.messages, tools, prompt.boundaries)
+        dig = prefix_digests(prompt.messages, tools, prompt.boundaries,
+                             canonical=self._canonical)
         t_digest = dig.toolset
         scope = call.auth.scope
         if self.cfg.mode == "public":  # PUBLIC unless the snapshot says public is stopped

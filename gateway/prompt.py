@@ -16,6 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from prefixscope.core.identity import canonical_json
+
+_encode = msgspec.json.Encoder().encode
+
 
 class BadBody(ValueError):
     """The body is not a usable request (``field``: the JSON path at fault)."""
@@ -66,3 +72,39 @@ def extract(endpoint: str, body: Mapping[str, Any]) -> Prompt:
             raise BadBody("system", "must be a string or a list of blocks")
         msgs.insert(0, {"role": "system", "content": system})
     return Prompt(tuple(msgs), tuple(tools), tuple(range(1, len(msgs))))
+
+
+class CanonicalCache:
+    """:func:`~prefixscope.core.identity.canonical_json` of messages and tool lists,
+    remembered (the same system prompt, tools and earlier turns recur request after request;
+    their canonical form costs NFC normalisation, key sorting and ``json.dumps``).
+
+    The key is the value's msgspec JSON encoding: two decoded JSON values with the same
+    encoding are the same value (types included: ``1`` / ``1.0`` / ``true`` differ), except
+    that msgspec writes a non-finite float as ``null``, so a value whose encoding contains
+    ``null`` is never cached (computed each time). At most ``max_bytes`` of keys and forms
+    are kept; then the cache starts over.
+    """
+
+    def __init__(self, max_bytes: int = 32 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._forms: dict[bytes, bytes] = {}
+        self._bytes = 0
+
+    def __call__(self, value: Any) -> bytes:
+        try:
+            raw = _encode(value)
+        except (TypeError, ValueError, OverflowError):
+            return canonical_json(value)
+        form = self._forms.get(raw)
+        if form is not None:
+            return form
+        form = canonical_json(value)
+        if b"null" not in raw:
+            size = len(raw) + len(form)
+            if self._bytes + size > self.max_bytes:
+                self._forms.clear()
+                self._bytes = 0
+            self._forms[raw] = form
+            self._bytes += size
+        return form

@@ -1,9 +1,11 @@
 """The gateway's fast paths give the same values as the plain definitions: one-pass prefix
-digests = ``content_digest`` of each prefix; the appended body = the client's bytes plus the
-fields the gateway sets; block chains and the whole-block rule of exact candidate tokens."""
+digests = ``content_digest`` of each prefix (also through the canonical-form cache); the
+appended body = the client's bytes plus the fields the gateway sets; block chains and the
+whole-block rule of exact candidate tokens; the serving process's gc settings."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import msgspec
@@ -19,6 +21,8 @@ from prefixscope.core.identity import (
     toolset_digest,
 )
 from prefixscope.gateway.app import _rewrite
+from prefixscope.gateway.prompt import CanonicalCache
+from prefixscope.gateway.server import tune_gc
 from prefixscope.gateway.tokens import block_chain, shared_tokens
 
 _text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -44,6 +48,20 @@ def test_prefix_digests_equal_the_per_prefix_definitions(messages, tools):
     assert d.messages_only == tuple(sha256_hex(canonical_json(messages[:k])) for k in bounds)
     assert d.message == tuple(message_digest(m) for m in messages)
     assert d.toolset == (toolset_digest(tools) if tools else "")
+    cache = CanonicalCache()
+    for _ in range(2):  # the first pass fills the cache, the second reads it
+        assert prefix_digests(messages, tools, bounds, canonical=cache) == d
+
+
+def test_canonical_cache_keeps_values_of_equal_encoding_apart_by_type_and_null():
+    cache = CanonicalCache(max_bytes=200)
+    values = [{"a": 1}, {"a": 1.0}, {"a": True}, {"a": "1"}, {"a": None, "b": "caf\u00e9"},
+              {"b": "cafe\u0301"}, {"role": "user", "content": "x" * 80}, [1, {"z": 2, "y": 3}]]
+    for _ in range(3):  # cached, re-read, and started over when max_bytes is passed
+        for v in values:
+            assert cache(v) == canonical_json(v)
+    assert cache._bytes <= 200
+    assert all(b"null" not in k for k in cache._forms)  # a null encoding is never a key
 
 
 def test_rewrite_appends_to_the_client_bytes_or_replaces_its_fields():
@@ -71,3 +89,14 @@ def test_exact_candidate_tokens_follow_whole_blocks_and_the_last_token_rule():
     assert shared_tokens(ca, ca, len(a), 16) == 96      # all 6 whole blocks (99 = p-1 >= 96)
     assert shared_tokens(block_chain(a[:96], 16), block_chain(a[:96], 16), 96, 16) == 80
     assert shared_tokens(ca, block_chain([5] + a[1:], 16), 100, 16) == 0  # chained: first differs
+
+
+def test_tune_gc_freezes_start_up_objects_and_raises_the_young_threshold():
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_freeze_count() > 10_000  # this process's modules and test objects
+        assert gc.get_threshold() == (10_000, 20, 20)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

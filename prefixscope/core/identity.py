@@ -35,7 +35,7 @@ import json
 import os
 import threading
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -237,15 +237,20 @@ class PrefixDigests:
 
 
 def prefix_digests(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
-                   boundaries: Sequence[int]) -> PrefixDigests:
+                   boundaries: Sequence[int], *,
+                   canonical: Callable[[Any], bytes] | None = None) -> PrefixDigests:
     """All the digests :func:`content_digest`, :func:`message_digest` and
     :func:`toolset_digest` give for the prefixes ``messages[:k]`` (k in ``boundaries``,
     ascending, each 1..len(messages)), equal to them byte for byte, in O(total size) instead of O(messages²): the
     canonical form of ``{"messages": [...], "tools": [...]}`` is ``{"messages":[`` + the
     messages' canonical forms joined by ``,`` + ``],"tools":`` + the tools' + ``}`` (keys
-    sorted), so one running SHA-256 per prefix kind is copied at each boundary."""
-    canon = [canonical_json(m) for m in messages]
-    t = canonical_json(list(tools))
+    sorted), so one running SHA-256 per prefix kind is copied at each boundary.
+
+    ``canonical`` replaces :func:`canonical_json` for each message and the tool list (it must
+    return the same bytes, e.g. a cache of them: the gateway's ``CanonicalCache``)."""
+    canon_fn = canonical or canonical_json
+    canon = [canon_fn(m) for m in messages]
+    t = canon_fn(list(tools)) if tools else b"[]"
     tail = b'],"tools":' + t + b"}"
     hc = hashlib.sha256(b'{"messages":[')
     hm = hashlib.sha256(b"[")
