@@ -628,8 +628,7 @@ class Gateway:
         return self.metrics.child(self.metrics.client_errors, code)
 
     def _tokenize_for(self, call: _Call) -> bool:
-        return (self.cfg.tokenize == "upstream" and self.cfg.mode == "shadow"
-                and call.endpoint in ("chat", "completions"))
+        return self.cfg.tokenize == "upstream" and call.endpoint in ("chat", "completions")
 
     async def _tokenize(self, info: ModelInfo, call: _Call, body: dict) -> bytes | None:
         """The block-hash chain of this prompt from the upstream's ``/tokenize``
@@ -727,15 +726,20 @@ class Gateway:
         usage: dict = {}
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for chunk in resp.content.iter_any():
+            content = resp.content
+            ended = False  # the client's response is complete (terminator sent)
+            async for chunk in content.iter_any():
                 if call.ttft_s is None:
                     call.ttft_s = time.perf_counter() - call.t0
                 if b'"usage"' not in chunk and b"\n\n" in chunk and not buf:
                     # the common case: whole events without usage, passed on untouched
                     cut = chunk.rfind(b"\n\n") + 2
                     buf = chunk[cut:]
+                    # the upstream's stream ended in this read too: the last events and the
+                    # end of the answer in one write to the client, not two
+                    ended = not buf and content.at_eof()
                     await send({"type": "http.response.body", "body": chunk[:cut],
-                                "more_body": True})
+                                "more_body": not ended})
                     continue
                 buf += chunk
                 out = []
@@ -749,10 +753,12 @@ class Gateway:
                         if not keep:
                             continue
                     out.append(event)
-                if out:
+                ended = not buf and content.at_eof()
+                if out or ended:
                     await send({"type": "http.response.body", "body": b"".join(out),
-                                "more_body": True})
-            await send({"type": "http.response.body", "body": buf})
+                                "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": buf})
             if gone:
                 call.error = call.error or "client_disconnected"
         except TimeoutError:

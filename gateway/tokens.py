@@ -10,9 +10,11 @@ the gateway only knows the writer's prompt length, an upper bound.
 
 The token ids come from the upstream's ``POST /tokenize`` (vLLM renders the chat template, the
 tools and the special tokens exactly as it will for the request): one more upstream call per
-request, so the gateway makes it only in ``shadow`` mode with ``tokenize = "upstream"``,
+request, so the gateway makes it only with ``tokenize = "upstream"`` (any mode),
 concurrently with the forwarded request (it adds no latency to the answer), for
-``/v1/chat/completions`` and ``/v1/completions``; ``/v1/messages`` stays an upper bound. Only
+``/v1/chat/completions`` and ``/v1/completions``; ``/v1/messages`` stays an upper bound (vLLM's
+``/tokenize`` takes OpenAI chat messages; its Anthropic route converts the request first, and
+``/v1/messages/count_tokens`` gives a count, not ids: ``docs/gateway.md``). Only
 8-byte digests of each block's chain are kept (never token ids or text).
 """
 

@@ -1,5 +1,5 @@
-"""Exact candidate tokens (gateway ``tokenize = "upstream"``, shadow mode) against what the real
-vLLM CPU server reports.
+"""Exact candidate tokens (gateway ``tokenize = "upstream"``) against what the real vLLM CPU
+server reports, in shadow and in tenant mode.
 
 For each case a writer W and a request R: through a fresh shadow-mode gateway (everything
 forwarded isolated, so vLLM itself caches nothing for them) the decision of R carries the
@@ -7,6 +7,9 @@ candidate W and its ``candidate_cached_tokens`` computed from the token ids of b
 (``basis = exact``); then, with the engine's prefix cache emptied, W and R are sent directly to
 vLLM under one shared ``cache_salt``: vLLM's ``cached_tokens`` of R must equal the gateway's
 number. The old upper bound (W's prompt length) is shown to overstate the partial-share case.
+In tenant mode the gateway forwards W and R under the tenant's derived salt (a fresh HMAC key:
+nothing else is cached under it), so R's ``cached_tokens`` as vLLM reports it through the
+gateway must equal R's exact candidate tokens.
 """
 
 from __future__ import annotations
@@ -98,3 +101,28 @@ def test_exact_candidate_tokens_equal_vllm_cached_tokens(tmp_path, server, case)
     assert direct["prompt_tokens"] == r["prompt_tokens"]
     upper = candidate_tokens(w["prompt_tokens"], r["prompt_tokens"], BLOCK_SIZE)
     assert (upper > vllm_cached) is overstated  # what the old upper bound said
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exact_candidate_tokens_in_tenant_mode_equal_what_vllm_served(tmp_path, server, case):
+    path, writer, request, _ = CASES[case]
+    cfg = load_gateway_config(None, upstreams=[server.base_url], port=0, mode="tenant",
+                              tokenize="upstream", log_dir=str(tmp_path / "logs"),
+                              fsync_interval_s=0.05, read_timeout_s=60.0,
+                              **write_secrets(tmp_path / "secrets"))
+    gw = RunningGateway(cfg)
+    try:
+        h = headers_for("acme")
+        _usage(httpx.post(gw.url + path, json=writer, headers=h, timeout=120))
+        r = _usage(httpx.post(gw.url + path, json=request, headers=h, timeout=120))
+    finally:
+        gw.stop()
+    decisions = [d for d in read_jsonl(tmp_path / "logs" / "decisions.jsonl")
+                 if d["record"] == "decision"]
+    assert [d["decision"] for d in decisions] == ["miss", "accept"]
+    assert [d["salt_applied"] for d in decisions] == [True, True]
+    assert [d["candidate_tokens_basis"] for d in decisions] == ["exact", "exact"]
+    served = r["prompt_tokens_details"]["cached_tokens"]
+    assert served > 0
+    assert decisions[1]["candidate_cached_tokens"] == served
+    assert decisions[1]["accepted_cached_tokens"] == served
