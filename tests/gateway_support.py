@@ -14,17 +14,21 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from prefixscope.gateway.app import Faults
 from prefixscope.gateway.auth import key_digest
-from prefixscope.gateway.config import GatewayConfig
+from prefixscope.gateway.config import GatewayConfig, load_gateway_config
 from prefixscope.gateway.server import build_gateway
 
 TENANTS = {"acme": "key-acme-0123456789", "globex": "key-globex-0123456789"}
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
+MODEL = "tiny-llama-random"  # the loopback upstream's model
+CHAT = {"model": MODEL, "messages": [{"role": "system", "content": "You are terse."},
+                                     {"role": "user", "content": "Hello?"}], "max_tokens": 4}
 
 
 def free_port() -> int:
@@ -48,6 +52,17 @@ def write_secrets(d: Path, *, stale_epoch_for: str | None = None) -> dict[str, s
     (d / "admin.token").write_text(ADMIN_TOKEN)
     return {"hmac_key_file": str(d / "hmac.key"), "api_keys_file": str(d / "keys.toml"),
             "admin_token_file": str(d / "admin.token")}
+
+
+def gateway_config(tmp_path: Path, upstream_url: str, **over) -> GatewayConfig:
+    """A gateway config for tests: secrets written to ``tmp_path/secrets``, logs in
+    ``tmp_path/logs`` (flushed every 50 ms), tenant mode on a free port, ``upstream_url`` the
+    only upstream; ``over`` replaces or adds any key."""
+    opts = dict(upstreams=[upstream_url], port=0, mode="tenant", log_dir=str(tmp_path / "logs"),
+                fsync_interval_s=0.05)
+    if "hmac_key_file" not in over:
+        opts.update(write_secrets(tmp_path / "secrets"))
+    return load_gateway_config(None, **{**opts, **over})
 
 
 class RunningGateway:
@@ -191,6 +206,19 @@ class RunningApp:
         self.thread.join(10)
 
 
+@contextmanager
+def loopback_upstream(*, model: str = MODEL):
+    """``with loopback_upstream() as (app, control):`` the loopback upstream served on a free
+    port (:class:`RunningApp`) and its switches; stopped on leaving."""
+    control = UpstreamControl()
+    app = RunningApp(loopback_upstream_app(control, model=model))
+    try:
+        yield app, control
+    finally:
+        control.mode = "ok"
+        app.stop()
+
+
 # --------------------------------------------------------------------------- redis
 
 class RedisServer:
@@ -220,6 +248,12 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,41 +12,33 @@ import time
 import httpx
 import pytest
 
-from prefixscope.gateway.config import load_gateway_config
 from prefixscope.gateway.logs import JsonlLog
 from prefixscope.ingest.decisions import ingest_decisions_file
 from prefixscope.ingest.usage import ingest_usage_file
 from prefixscope.store.queries.scopes import invariant_counts
 from tests.gateway_support import (
-    RunningApp,
+    CHAT,
+    MODEL,
+    RedisServer,
     RunningGateway,
-    UpstreamControl,
+    gateway_config,
     headers_for,
-    loopback_upstream_app,
+    loopback_upstream,
     read_jsonl,
     write_secrets,
 )
 
-MODEL = "tiny-llama-random"
-CHAT = {"model": MODEL, "messages": [{"role": "system", "content": "You are terse."},
-                                     {"role": "user", "content": "Hello?"}], "max_tokens": 4}
-
 
 @pytest.fixture
 def upstream():
-    control = UpstreamControl()
-    app = RunningApp(loopback_upstream_app(control))
-    yield app, control
-    control.mode = "ok"
-    app.stop()
+    with loopback_upstream() as app_and_control:
+        yield app_and_control
 
 
 def _gateway(tmp_path, upstream_url, **over) -> RunningGateway:
-    secrets = write_secrets(tmp_path / "secrets")
-    opts = dict(upstreams=[upstream_url], port=0, mode="tenant", log_dir=str(tmp_path / "logs"),
-                fsync_interval_s=0.05, read_timeout_s=1.0, connect_timeout_s=1.0, **secrets)
-    cfg = load_gateway_config(None, **{**opts, **over})
-    return RunningGateway(cfg)
+    """A gateway with 1 s upstream timeouts (a hanging upstream fails fast)."""
+    return RunningGateway(gateway_config(tmp_path, upstream_url, read_timeout_s=1.0,
+                                         connect_timeout_s=1.0, **over))
 
 
 @pytest.fixture
@@ -300,18 +292,12 @@ def test_client_disconnect_mid_stream_releases_the_permit(tmp_path, upstream, ga
 
 
 def test_two_replicas_share_registry_and_gate_in_redis(tmp_path, upstream):
-    from tests.gateway_support import RedisServer
-
     app, _ = upstream
-    redis = RedisServer(tmp_path / "redis")
-    try:
+    with RedisServer(tmp_path / "redis") as redis:
         secrets = write_secrets(tmp_path / "secrets")
-        replicas = []
-        for i in (1, 2):
-            cfg = load_gateway_config(None, upstreams=[app.url], port=0, mode="tenant",
-                                      log_dir=str(tmp_path / f"logs{i}"), instance=f"gw-{i}",
-                                      fsync_interval_s=0.05, store=redis.url, **secrets)
-            replicas.append(RunningGateway(cfg))
+        replicas = [RunningGateway(gateway_config(
+            tmp_path, app.url, log_dir=str(tmp_path / f"logs{i}"), instance=f"gw-{i}",
+            store=redis.url, **secrets)) for i in (1, 2)]
         one, two = replicas
         h = headers_for("acme")
         post = lambda gw: httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h,  # noqa: E731
@@ -330,19 +316,14 @@ def test_two_replicas_share_registry_and_gate_in_redis(tmp_path, upstream):
         two_dec = [(d["decision"], d["first_mismatch"]) for d in d2 if d["record"] == "decision"]
         assert one_dec == [("miss", None), ("reject", "cache_epoch")]
         assert two_dec == [("accept", None), ("reject", "authorization_epoch")]
-    finally:
-        redis.stop()
 
 
 def test_a_failed_shared_store_fails_closed(tmp_path, upstream):
     """Redis gone: the request is still answered, forwarded isolated (no cached KV without a
     permit), and its decision says so; the records are written."""
-    from tests.gateway_support import RedisServer
-
     app, control = upstream
-    redis = RedisServer(tmp_path / "redis")
-    gw = _gateway(tmp_path, app.url, store=redis.url)
-    redis.stop()
+    with RedisServer(tmp_path / "redis") as redis:
+        gw = _gateway(tmp_path, app.url, store=redis.url)
     r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=headers_for("acme"),
                    timeout=30)
     assert r.status_code == 200

@@ -19,19 +19,14 @@ from prefixscope.gateway.config import load_gateway_config
 from prefixscope.gateway.server import check_workers, worker_config
 from tests.gateway_support import (
     ADMIN_TOKEN,
+    CHAT,
     RedisServer,
-    RunningApp,
-    UpstreamControl,
     free_port,
     headers_for,
-    loopback_upstream_app,
+    loopback_upstream,
     read_jsonl,
     write_secrets,
 )
-
-MODEL = "tiny-llama-random"
-CHAT = {"model": MODEL, "messages": [{"role": "system", "content": "You are terse."},
-                                     {"role": "user", "content": "Hello?"}], "max_tokens": 4}
 PREFIXSCOPE = str(Path(sys.executable).parent / "prefixscope")
 
 
@@ -57,17 +52,19 @@ def _workers(pid: int) -> list[int]:
 
 
 def test_two_workers_share_registry_gate_and_metrics_in_redis(tmp_path):
-    control = UpstreamControl()
-    app = RunningApp(loopback_upstream_app(control))
-    redis = RedisServer(tmp_path / "redis")
+    with loopback_upstream() as (app, _), RedisServer(tmp_path / "redis") as redis:
+        _two_workers(tmp_path, app.url, redis.url)
+
+
+def _two_workers(tmp_path, upstream_url: str, redis_url: str) -> None:
     proc = None
     try:
         secrets = write_secrets(tmp_path / "secrets")
         port = free_port()
         logs = tmp_path / "logs"
         (tmp_path / "gw.toml").write_text(
-            f'[gateway]\nupstreams = ["{app.url}"]\nport = {port}\nmode = "tenant"\n'
-            f'store = "{redis.url}"\nworkers = 2\nlog_dir = "{logs}"\nfsync_interval_s = 0.05\n'
+            f'[gateway]\nupstreams = ["{upstream_url}"]\nport = {port}\nmode = "tenant"\n'
+            f'store = "{redis_url}"\nworkers = 2\nlog_dir = "{logs}"\nfsync_interval_s = 0.05\n'
             + "".join(f'{k} = "{v}"\n' for k, v in secrets.items()))
         proc = subprocess.Popen([PREFIXSCOPE, "gateway", "--config", str(tmp_path / "gw.toml")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -118,5 +115,3 @@ def test_two_workers_share_registry_gate_and_metrics_in_redis(tmp_path):
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-        redis.stop()
-        app.stop()

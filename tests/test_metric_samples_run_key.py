@@ -13,7 +13,7 @@ import pytest
 
 from prefixscope.ingest.exposition import ingest_exposition
 from prefixscope.store import db as store_db
-from prefixscope.store.schema import MIGRATIONS
+from tests.store_support import older_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "data" / "multitenant" / "trace.jsonl"
@@ -74,16 +74,11 @@ OLD = [  # (metric, labels, instance, ts, value, run_id) as migration 8's code s
 
 @pytest.fixture
 def db_at_9(db_path, monkeypatch):
-    monkeypatch.setattr(store_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m.number < 10))
-    con = store_db.connect(db_path)
-    try:
+    with older_schema(db_path, monkeypatch, before=10) as con:
         assert store_db.migrate(con)[-1] == 9
         con.executemany(
             "INSERT INTO metric_samples (metric, labels, instance, ts_unix_s, value, run_id, "
             "raw_metric, source_id) VALUES (?, ?, ?, ?, ?, ?, 'x', 's')", OLD)
-    finally:
-        con.close()
-    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
     return db_path
 
 

@@ -12,6 +12,7 @@ from prefixscope.ingest.usage import save_usage_rows
 from prefixscope.ingest.usage_read import _COLUMN_LIST, rows_to_arrow
 from prefixscope.store import db as store_db
 from prefixscope.store.schema import MIGRATIONS, REQUEST_KEY_SQL
+from tests.store_support import older_schema
 
 # Pairs that share the concatenation run_id || request_id: the key's length prefix keeps them apart.
 OLD_ROWS = [
@@ -36,15 +37,10 @@ def _row(run_id: str, request_id: str, line: int) -> tuple:
 @pytest.fixture
 def db_at_8(db_path, monkeypatch):
     """A database file created by the code of migration 8, holding OLD_ROWS."""
-    monkeypatch.setattr(store_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m.number < 9))
-    con = store_db.connect(db_path)
-    try:
+    with older_schema(db_path, monkeypatch, before=9) as con:
         assert store_db.migrate(con) == [1, 2, 3, 5, 6, 7, 8]
         con.executemany(f"INSERT INTO requests ({COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         OLD_ROWS)
-    finally:
-        con.close()
-    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
     return db_path
 
 

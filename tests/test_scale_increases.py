@@ -23,7 +23,7 @@ from prefixscope.store.queries.metrics import (
     insert_metric_samples,
     recompute_increases,
 )
-from prefixscope.store.schema import MIGRATIONS
+from tests.store_support import older_schema
 
 Q = "vllm:prefix_cache_queries_total"
 H = "vllm:prefix_cache_hits_total"
@@ -146,9 +146,7 @@ def test_direct_sql_rows_fall_back_to_computed_increases(con):
 @pytest.fixture
 def db_at_60(db_path, monkeypatch):
     """A database at the migrations before 70 with samples written by that code."""
-    monkeypatch.setattr(store_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m.number < 70))
-    con = store_db.connect(db_path)
-    try:
+    with older_schema(db_path, monkeypatch, before=70) as con:
         store_db.migrate(con)
         rows = [_row(Q, "a", "m", T0 + 15 * k, v) for k, v in enumerate((0, 100, 250, 30, 90))]
         rows += [_row(H, "a", "m", T0 + 15 * k, v) for k, v in enumerate((0, 60, 200, 10, 50))]
@@ -156,9 +154,6 @@ def db_at_60(db_path, monkeypatch):
                         "ts_unix_s, value, raw_metric, legacy, created_zero, source_id) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         before = hit_rate_by_window(con, window_s=30, by=("model",), stored=False)
-    finally:
-        con.close()
-    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
     return db_path, before
 
 

@@ -6,7 +6,6 @@ time); a database made before migration 71 gets its rollup in place."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,16 +13,14 @@ from hypothesis import strategies as st
 from prefixscope.ingest.usage import save_usage_rows
 from prefixscope.store import db as store_db
 from prefixscope.store.queries import requests as q
-from prefixscope.store.schema import MIGRATIONS
+from tests.store_support import (frames_equal, insert_requests_without_rollups, older_schema,
+                                 request_row)
 
 T0 = 1_795_000_020.0  # 20 s past a whole minute
 
 
-def _row(i, ts, *, model="m1", instance="a", run_id="", scope=None, prompt=100, cached=50,
-         ttft=None, latency=None):
-    # requests column order of prefixscope.ingest.usage_read._COLUMNS
-    return (run_id, f"r{i}", "test", i, ts, False, model, instance, "chat", "openai", prompt,
-            cached, None, None, 7, ttft, latency, scope, None, None)
+def _row(i, ts, *, run_id="", **kw):
+    return request_row(run_id, f"r{i}", ts, line=i, **kw)
 
 
 _req = st.fixed_dictionaries({
@@ -39,16 +36,7 @@ _req = st.fixed_dictionaries({
 })
 
 
-def _frames_equal(a, b):
-    if isinstance(a, dict):
-        assert a == b
-    else:
-        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True),
-                                      check_dtype=False)
-
-
 def _same(con, **kw):
-    f = {k: v for k, v in kw.items() if k in ("models", "instances", "run_ids")}
     calls = [
         lambda r: q.request_hit_rate_by_window(con, window_s=300, by=("model",), rollup=r, **kw),
         lambda r: q.request_hit_rate_by_window(con, window_s=60, by=("run_id", "scope"),
@@ -61,16 +49,14 @@ def _same(con, **kw):
         lambda r: q.cached_tokens_coverage(con, rollup=r, **kw),
     ]
     for call in calls:
-        _frames_equal(call(True), call(False))
-    assert f is not None
+        frames_equal(call(True), call(False))
 
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(reqs=st.lists(_req, min_size=0, max_size=40), data=st.data())
 def test_rollup_gives_the_raw_numbers(reqs, data):
-    con = store_db.memory()
-    try:
+    with store_db.memory() as con:
         rows = [_row(i, None if r["ts"] is None else T0 + r["ts"], model=r["model"],
                      instance=r["instance"], run_id=r["run_id"], scope=r["scope"],
                      prompt=r["prompt"], cached=r["cached"], ttft=r["ttft"],
@@ -101,8 +87,6 @@ def test_rollup_gives_the_raw_numbers(reqs, data):
         con.execute("DELETE FROM request_rollup_1m")  # not current: read from requests
         assert not rows or not q.rollup_current(con)
         assert q.request_filter_values(con) == from_rollup
-    finally:
-        con.close()
 
 
 def test_rows_written_with_sql_make_the_queries_read_requests(con):
@@ -129,21 +113,10 @@ def test_a_model_with_a_single_request(con):
 
 @pytest.fixture
 def db_at_70(db_path, monkeypatch):
-    monkeypatch.setattr(store_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m.number < 71))
-    con = store_db.connect(db_path)
-    try:
+    with older_schema(db_path, monkeypatch, before=71) as con:
         store_db.migrate(con)
-        # as the code before migration 71 wrote them: no rollup
-        from prefixscope.ingest.usage_read import _COLUMN_LIST, rows_to_arrow
-
-        batch = rows_to_arrow([_row(i, T0 + 13 * i, cached=i) for i in range(20)]
-                              + [_row(99, None, cached=None)])
-        con.register("b", batch)
-        con.execute(f"INSERT INTO requests ({_COLUMN_LIST}, request_key) "
-                    f"SELECT {_COLUMN_LIST}, {q.REQUEST_KEY_SQL} FROM b")
-    finally:
-        con.close()
-    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
+        insert_requests_without_rollups(con, [_row(i, T0 + 13 * i, cached=i) for i in range(20)]
+                                        + [_row(99, None, cached=None)])
     return db_path
 
 

@@ -19,7 +19,8 @@ from prefixscope.store.queries import requests as qr
 from prefixscope.store.queries import scope_rollup
 from prefixscope.store.queries import scopes as q
 from prefixscope.store.queries.decisions import DECISION_COLUMNS, insert_decision_rows
-from prefixscope.store.schema import MIGRATIONS
+from tests.store_support import (frames_equal, insert_requests_without_rollups, older_schema,
+                                 request_row)
 
 T0 = 1_795_000_020.0  # a whole minute (29,916,667 min)
 REASONS = [None, "scope", "namespace", "salt", "model_digest", "policy_revision",
@@ -29,9 +30,8 @@ RUNS = ["", "run-both", "run-decisions-only", "run-usage-only"]
 
 def _usage(run_id, rid, ts, *, model, instance, scope, tenant, prompt, cached, ttft=None,
            latency=None):
-    # requests column order of prefixscope.ingest.usage_read._COLUMNS
-    return (run_id, rid, "test", 1, ts, False, model, instance, "chat", "openai", prompt, cached,
-            None, None, 7, ttft, latency, scope, tenant, None)
+    return request_row(run_id, rid, ts, model=model, instance=instance, scope=scope,
+                       tenant=tenant, prompt=prompt, cached=cached, ttft=ttft, latency=latency)
 
 
 def _decision(run_id, rid, ts, *, model, instance, scope, ns, decision, reason, cand, same):
@@ -98,14 +98,6 @@ def _rows(keys):
     return usage, decisions
 
 
-def _frames_equal(a, b):
-    if isinstance(a, dict):
-        assert a == b
-    else:
-        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True),
-                                      check_dtype=False)
-
-
 def _same(con, **kw):
     runs = kw.pop("run_ids", None)
     calls = [
@@ -130,7 +122,7 @@ def _same(con, **kw):
           for n in q.INVARIANTS),
     ]
     for call in calls:
-        _frames_equal(call(True), call(False))
+        frames_equal(call(True), call(False))
 
 
 def _write(con, batches):
@@ -156,8 +148,7 @@ def test_scope_rollup_gives_the_numbers_of_the_join(keys, data):
     batches = data.draw(st.permutations(batches), label="arrival order")
     if batches and data.draw(st.booleans(), label="repeat a batch"):
         batches.append(batches[0])
-    con = store_db.memory()
-    try:
+    with store_db.memory() as con:
         _write(con, batches)
         assert scope_rollup.current(con)
         stored = con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall()
@@ -176,8 +167,6 @@ def test_scope_rollup_gives_the_numbers_of_the_join(keys, data):
         for column in ("ttft_ms", "latency_ms"):
             for kw in ({}, {"start_s": start, "end_s": start + length * 20}):
                 _latency_close(con, column, **kw)
-    finally:
-        con.close()
 
 
 def _latency_close(con, column, **kw):
@@ -230,9 +219,7 @@ def test_decisions_before_and_after_their_requests(con):
 
 @pytest.fixture
 def db_at_72(db_path, monkeypatch):
-    monkeypatch.setattr(store_db, "MIGRATIONS", tuple(m for m in MIGRATIONS if m.number <= 72))
-    con = store_db.connect(db_path)
-    try:
+    with older_schema(db_path, monkeypatch, before=73) as con:
         store_db.migrate(con)
         keys = [dict(run=RUNS[i % 4], usage_ts=None if i % 7 == 0 else 37.0 * i,
                      decision_ts=11.0 * i, model="m1", instance="a", scope="TENANT",
@@ -241,18 +228,12 @@ def db_at_72(db_path, monkeypatch):
                      cand=50, same=["yes", "scope"][i % 2], ttft=10.0 + i, latency=100.0 + i)
                 for i in range(40)]
         usage, decisions = _rows(keys)
-        from prefixscope.ingest.usage_read import _COLUMN_LIST, rows_to_arrow
         from prefixscope.store.sqlhelpers import insert_rows_bulk
 
         # as the code before migrations 75-77 wrote them: no scope or latency rollup
-        con.register("b", rows_to_arrow(usage))
-        con.execute(f"INSERT INTO requests ({_COLUMN_LIST}, request_key) "
-                    f"SELECT {_COLUMN_LIST}, {qr.REQUEST_KEY_SQL} FROM b")
+        insert_requests_without_rollups(con, usage)
         qr.rebuild_request_rollup(con)
         insert_rows_bulk(con, "gateway_decisions", DECISION_COLUMNS, decisions)
-    finally:
-        con.close()
-    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
     return db_path
 
 
