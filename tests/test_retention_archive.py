@@ -202,24 +202,26 @@ def test_archive_command_is_idempotent_and_keeps_the_numbers(deployment, tmp_pat
     assert code == 0
 
 
-# Each day waits 0.25 s before it is archived, so that every kill delay lands mid-run on a
-# quiet machine too (without it the whole archive finished in under 3.5 s and the kill came
-# after the end); the kill lands between days or inside one.
+# Chunks of at most 150 rows (a day or two of one table), each waiting 0.25 s before it is
+# archived, so that every kill delay lands mid-run on a quiet machine too (without it the whole
+# archive finished in under 3.5 s and the kill came after the end); the kill lands between
+# chunks or inside one.
 _KILLER = """
 import sys
 import time
 
 import prefixscope.store.queries.archive as arc
 
-_archive_day = arc.archive_day
+_archive_range = arc.archive_range
 
 
-def _slow_archive_day(*args, **kwargs):
+def _slow_archive_range(*args, **kwargs):
     time.sleep(0.25)
-    return _archive_day(*args, **kwargs)
+    return _archive_range(*args, **kwargs)
 
 
-arc.archive_day = _slow_archive_day
+arc.archive_range = _slow_archive_range
+arc.CHUNK_ROWS = 150  # a chunk of a day or two: many chunks, each committed on its own
 from prefixscope.cli.main import main
 sys.argv = ["prefixscope", "archive", "--db", sys.argv[1], "--to", sys.argv[2],
             "--before", "2026-10-31"]
@@ -271,7 +273,8 @@ def test_bad_input_is_one_error_line(deployment, tmp_path, capsys, monkeypatch):
     with store_db.writer(empty):
         pass
     code, out, _ = _cli("archive", "--db", str(empty), "--to", "ark", "--json", capsys=capsys)
-    assert code == 0 and json.loads(out)["rows"] == {"requests": 0, "metric_samples": 0}
+    assert code == 0 and json.loads(out)["rows"] == {"requests": 0, "metric_samples": 0,
+                                                        "gateway_decisions": 0}
     code, _, err = _cli("archive", "--db", str(path), "--to", "ark", "--before", "soon",
                         capsys=capsys)
     assert code == 2 and "cannot read time" in err

@@ -25,12 +25,15 @@ rollup_days``); :func:`rollup_floor` is then the time before which the queries r
 
 from __future__ import annotations
 
+import calendar
 import math
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 import duckdb
 
@@ -39,10 +42,17 @@ from prefixscope.core.errors import InvalidArgument, SourceUnavailable
 DAY_S = 86400.0
 #: Tables that ``prefixscope archive`` moves to Parquet: (time column, columns left out of the
 #: files, rollup table, the rows the rollup counts).
-ARCHIVED: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+#: ``gateway_decisions`` has no rollup of its own: ``scope_rollup_5m`` (of decisions joined to
+#: requests) is kept whole and goes on counting archived rows.
+ARCHIVED: dict[str, tuple[str, tuple[str, ...], str | None, str]] = {
     "requests": ("ts_unix_s", ("request_key",), "request_rollup_1m", "TRUE"),
     "metric_samples": ("ts_unix_s", (), "counter_rollup_5m", "has_prev"),
+    "gateway_decisions": ("ts_unix_s", (), None, "TRUE"),
 }
+#: Rows of one table archived under one write lock by ``prefixscope archive`` (whole days, at
+#: least one): bounds how long a scraper waiting for the lock waits (about a second per
+#: 100,000 rows on a loaded 2-core machine, ``docs/benchmarks.md``).
+CHUNK_ROWS = 500_000
 #: Further rollups whose production buckets are dropped with a table's main rollup (they are
 #: checked against it: ``latency_rollup_1d`` against ``request_rollup_1m``'s with_ttft and
 #: with_latency). ``scope_rollup_5m`` is kept whole (it counts archived requests).
@@ -174,12 +184,14 @@ def rollup_floor(con: duckdb.DuckDBPyConnection, table: str) -> float | None:
 
 
 def rollup_balance(con: duckdb.DuckDBPyConnection, table: str) -> tuple[int, int]:
-    """``(rows the rollup should count, rows it counts)`` for ``table``: retained rows (of
-    the rollup's kind) plus archived rows whose rollup is kept, against the rollup's total,
-    both without the production rows before :func:`rollup_floor`. Equal = the rollup is
-    current."""
+    """``(rows the rollup should count, rows it counts)`` for ``table`` (``requests`` or
+    ``metric_samples``): retained rows (of the rollup's kind) plus archived rows whose rollup
+    is kept, against the rollup's total, both without the production rows before
+    :func:`rollup_floor`. Equal = the rollup is current."""
     _check_table(table)
     _, _, rollup, counted = ARCHIVED[table]
+    if rollup is None:
+        raise InvalidArgument(f"{table} has no rollup of its own")
     measure = "requests" if table == "requests" else "samples"
     floor = rollup_floor(con, table)
     keep_raw = ("TRUE" if floor is None
@@ -214,6 +226,8 @@ def trim_rollup(con: duckdb.DuckDBPyConnection, table: str) -> None:
     floor = rollup_floor(con, table)
     if floor is not None:
         for rollup in (ARCHIVED[table][2], *DROPPED_WITH.get(table, ())):
+            if rollup is None:
+                continue
             con.execute(f"DELETE FROM {rollup} WHERE run_id = '' AND bucket_start_s < ?",
                         [floor]).fetchall()
 
@@ -489,6 +503,158 @@ def archive_day(con: duckdb.DuckDBPyConnection, table: str, day_start_s: float,
     return ArchivedDay(table, day, gen, rows, tuple(files))
 
 
+def plan_chunks(plan: Sequence[ArchivedDay], max_rows: int | None = None
+                ) -> list[tuple[str, float, float, int]]:
+    """Group the days of :func:`plan_days` into runs of whole consecutive days of one table
+    holding at most ``max_rows`` rows (default :data:`CHUNK_ROWS`; a larger day alone), each
+    archived under one write lock by :func:`archive_range`.
+
+    Returns:
+        ``(table, start_s, end_s, rows)`` per chunk, ``[start_s, end_s)`` whole UTC days,
+        in the plan's order.
+    """
+    limit = CHUNK_ROWS if max_rows is None else int(max_rows)
+    out: list[tuple[str, float, float, int]] = []
+    for item in plan:
+        d0 = _day_start(item.day)
+        if out and out[-1][0] == item.table and out[-1][3] + item.rows <= limit:
+            t, lo, _, n = out[-1]
+            out[-1] = (t, lo, d0 + DAY_S, n + item.rows)
+        else:
+            out.append((item.table, d0, d0 + DAY_S, item.rows))
+    return out
+
+
+def _day_start(day: str) -> float:
+    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
+
+
+_PART_DIRS = re.compile(r"/day=([^/]+)/model=([^/]+)/[^/]+$")
+
+
+def _file_key(path: str) -> tuple[str, str]:
+    """``(day, model or NUL)`` of an archive file from its hive folders."""
+    m = _PART_DIRS.search(path.replace("\\", "/"))
+    if not m:
+        raise SourceUnavailable(f"archive file {path}: not under day=/model= folders")
+    model = unquote(m.group(2))
+    return unquote(m.group(1)), "\x00" if model == "__HIVE_DEFAULT_PARTITION__" else model
+
+
+def archive_range(con: duckdb.DuckDBPyConnection, table: str, start_s: float, end_s: float,
+                  root: str) -> list[ArchivedDay]:
+    """Archive the production rows of ``table`` in the whole UTC days of ``[start_s,
+    end_s)`` to ``root`` (from :func:`prepare_target`), verify them, then delete them: the
+    fast path of ``prefixscope archive`` (one COPY for all the days, :func:`archive_day` does
+    one day with a full read-back).
+
+    Order (crash-safe, idempotent): (1) one ``COPY ... PARTITION_BY (day, model)`` per
+    generation (``<root>/<table>/day=.../model=.../<table>-g<gen>-<i>.parquet``: the same names
+    on a re-run, overwritten; a day's next generation gets new names); (2) the row count of
+    every written file from its Parquet footer (``parquet_file_metadata``), per day and model
+    (from the file's folders) compared with the table's; (3) one transaction: an
+    ``archive_parts`` row per day listing its files, and one DELETE of the range, which must
+    delete exactly the rows written. ``con`` must hold the write lock throughout (no row of
+    the range arrives between (1) and (3)). A crash before (3) commits deletes nothing and lists
+    nothing (the files are never read and the next run rewrites them); after it the days are
+    done.
+
+    Returns:
+        What was archived, one item per day (oldest first); empty when the range has no
+        production rows.
+
+    Raises:
+        SourceUnavailable: writing failed, or the counts differ (nothing deleted).
+    """
+    _check_table(table)
+    ts_col, exclude, _, counted = ARCHIVED[table]
+    d0, d1 = day_floor(start_s), day_floor(end_s)
+    where = f"run_id = '' AND {ts_col} >= {d0!r} AND {ts_col} < {d1!r}"
+    day_sql = f"floor({ts_col} / 86400) * 86400"
+    rows = con.execute(
+        f"SELECT {day_sql} AS d, coalesce(model, '\x00'), count(*), count(*) FILTER "
+        f"(WHERE {counted}) FROM {table} WHERE {where} GROUP BY ALL ORDER BY d").fetchall()
+    if not rows:
+        return []
+    expected = {(_day_text(d), m): int(n) for d, m, n, _ in rows}
+    per_day: dict[str, list[int]] = {}
+    for d, _, n, r in rows:
+        acc = per_day.setdefault(_day_text(d), [0, 0])
+        acc[0] += int(n)
+        acc[1] += int(r)
+    gens = dict(con.execute(
+        "SELECT day::VARCHAR, max(gen) + 1 FROM archive_parts WHERE tbl = ? AND day >= ?::DATE "
+        "AND day < ?::DATE GROUP BY ALL", [table, _day_text(d0), _day_text(d1)]).fetchall())
+    gen_of = {day: int(gens.get(day, 0)) for day in per_day}
+    excl = f" EXCLUDE ({', '.join(exclude)})" if exclude else ""
+    target = f"{root}/{table}"
+    if not is_remote(target):
+        try:
+            Path(target).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SourceUnavailable(f"cannot write the archive at {target}: "
+                                    f"{exc.strerror or exc}") from None
+    written = 0
+    files: list[str] = []
+    for gen in sorted(set(gen_of.values())):
+        days = [d for d, g in gen_of.items() if g == gen]
+        only = ("" if len(days) == len(gen_of) else
+                f" AND {day_sql} IN ({', '.join(repr(_day_start(d)) for d in days)})")
+        try:
+            n, fs = con.execute(
+                f"COPY (SELECT *{excl}, DATE '1970-01-01' + CAST({day_sql} / 86400 AS INTEGER) "
+                f"AS day, {gen} AS archive_gen FROM {table} WHERE {where}{only} ORDER BY "
+                f"{ts_col}) TO {_lit(target)} (FORMAT parquet, PARTITION_BY (day, model), "
+                "WRITE_PARTITION_COLUMNS true, OVERWRITE_OR_IGNORE, "
+                f"FILENAME_PATTERN {_lit(f'{table}-g{gen}-{{i}}')}, RETURN_FILES)"
+            ).fetchall()[0]
+        except duckdb.Error as exc:
+            raise SourceUnavailable(f"cannot write the archive at {target}: "
+                                    f"{str(exc).splitlines()[0]}") from None
+        written += int(n)
+        files += [str(f) for f in fs]
+    files.sort()
+    first, last = _day_text(d0), _day_text(d1 - DAY_S)
+    try:
+        counts = con.execute("SELECT file_name, num_rows FROM parquet_file_metadata(?)",
+                             [files]).fetchall()
+    except duckdb.Error as exc:
+        raise SourceUnavailable(f"archive of {table} {first}..{last}: reading the written "
+                                f"files' footers failed, nothing deleted: "
+                                f"{str(exc).splitlines()[0]}") from None
+    got: dict[tuple[str, str], int] = {}
+    for f, n in counts:
+        key = _file_key(str(f))
+        got[key] = got.get(key, 0) + int(n)
+    total = sum(expected.values())
+    if written != total or got != expected or len(counts) != len(files):
+        raise SourceUnavailable(
+            f"archive of {table} {first}..{last}: wrote {written} rows, the files hold "
+            f"{sum(got.values())}, expected {total}; nothing deleted")
+    floor = rollup_floor(con, table)
+    by_day: dict[str, list[str]] = {}
+    for f in files:
+        by_day.setdefault(_file_key(f)[0], []).append(f)
+    out = [ArchivedDay(table, day, gen_of[day], n, tuple(by_day[day]))
+           for day, (n, _) in per_day.items()]
+    now = time.time()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.executemany("INSERT INTO archive_parts VALUES (?, ?::DATE, ?, ?, ?, ?, ?, ?, ?)",
+                        [[table, a.day, a.gen, root, a.rows, per_day[a.day][1], list(a.files),
+                          now, floor is not None and _day_start(a.day) + DAY_S <= floor]
+                         for a in out])
+        deleted = con.execute(f"DELETE FROM {table} WHERE {where}").fetchall()[0][0]
+        if int(deleted) != total:
+            raise SourceUnavailable(f"archive of {table} {first}..{last}: {deleted} rows to "
+                                    f"delete, {total} archived; nothing deleted")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return out
+
+
 def drop_rollups(con: duckdb.DuckDBPyConnection, before_s: float) -> dict[str, int]:
     """Delete the production rollup rows before ``before_s`` (rounded down to a UTC day) whose
     raw rows are all archived: the cutoff stops at the oldest production row still in the
@@ -500,6 +666,8 @@ def drop_rollups(con: duckdb.DuckDBPyConnection, before_s: float) -> dict[str, i
     """
     out: dict[str, int] = {}
     for table, (ts_col, _, rollup, _) in ARCHIVED.items():
+        if rollup is None:
+            continue
         oldest = con.execute(f"SELECT min({ts_col}) FROM {table} WHERE run_id = ''").fetchall()[0][0]
         cutoff = day_floor(before_s)
         if oldest is not None:

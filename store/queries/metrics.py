@@ -34,7 +34,7 @@ import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
 from prefixscope.store.queries import archive
-from prefixscope.store.sqlhelpers import window_start_sql
+from prefixscope.store.sqlhelpers import bucket_split, window_start_sql
 
 QUERIES_METRIC = "vllm:prefix_cache_queries_total"
 HITS_METRIC = "vllm:prefix_cache_hits_total"
@@ -336,42 +336,29 @@ def _increases_cte(metrics: Sequence[str], *, start_s: float | None, end_s: floa
                 "ts_unix_s AS last_ts_unix_s, legacy, increase, CAST(is_reset AS BIGINT) AS resets"
                 + le_col)
     if stored and rollup:
-        lo = None if start_s is None else math.ceil(start_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
-        hi = None if end_s is None else math.floor(end_s / COUNTER_ROLLUP_S) * COUNTER_ROLLUP_S
         floor_s = None if con is None else archive.rollup_floor(con, "metric_samples")
-        whole_before_floor = floor_s is not None and hi is not None and hi <= floor_s
-        if floor_s is not None and not whole_before_floor and (lo is None or lo < floor_s):
-            lo = floor_s
-        if not whole_before_floor and (lo is None or hi is None or lo <= hi):
+        split = bucket_split(start_s, end_s, COUNTER_ROLLUP_S, floor_s=floor_s)
+        if split is not None:  # else the range lies inside a bucket or before the floor
             gwhere, gparams = _filters(models=models, instances=instances, end_s=None,
                                        run_ids=run_ids)
-            mid = f"list_contains(?::VARCHAR[], metric){gwhere}"
-            mid_params: list[Any] = [list(metrics), *gparams]
-            if lo is not None:
-                mid += " AND bucket_start_s >= ?"
-                mid_params.append(lo)
-            if hi is not None:
-                mid += " AND bucket_start_s < ?"
-                mid_params.append(hi)
+            whole, whole_params = split.whole_where("bucket_start_s")
+            mid = f"list_contains(?::VARCHAR[], metric){gwhere} AND {whole}"
             parts = [f"SELECT metric, instance, model, engine, bucket_start_s AS ts_unix_s, "
                      f"first_ts_unix_s AS prev_ts_unix_s, last_ts_unix_s, legacy, increase, "
                      f"resets FROM counter_rollup_5m WHERE {mid}"]
-            all_params = mid_params
-            if lo is not None and start_s is None:
-                parts.append(f"SELECT {raw_cols} FROM {rel(None, lo)} WHERE has_prev AND "
-                             f"list_contains(?::VARCHAR[], metric){gwhere} "
+            all_params: list[Any] = [list(metrics), *gparams, *whole_params]
+            if split.head is not None:
+                since = "" if start_s is None else " AND ts_unix_s >= ?"
+                parts.append(f"SELECT {raw_cols} FROM {rel(*split.head)} WHERE has_prev AND "
+                             f"list_contains(?::VARCHAR[], metric){gwhere}{since} "
                              f"AND {_CBUCKET_SQL} < ?")
-                all_params += [list(metrics), *gparams, lo]
-            elif start_s is not None and lo > start_s:
-                parts.append(f"SELECT {raw_cols} FROM {rel(start_s, lo)} WHERE has_prev AND "
-                             f"list_contains(?::VARCHAR[], metric){gwhere} AND ts_unix_s >= ? "
-                             f"AND {_CBUCKET_SQL} < ?")
-                all_params += [list(metrics), *gparams, float(start_s), lo]
-            if end_s is not None and hi < end_s:
-                parts.append(f"SELECT {raw_cols} FROM {rel(hi, end_s)} WHERE has_prev AND "
+                all_params += [list(metrics), *gparams,
+                               *([] if start_s is None else [float(start_s)]), split.lo]
+            if split.tail is not None:
+                parts.append(f"SELECT {raw_cols} FROM {rel(*split.tail)} WHERE has_prev AND "
                              f"list_contains(?::VARCHAR[], metric){where}{start_clause} "
                              f"AND {_CBUCKET_SQL} >= ?")
-                all_params += [list(metrics), *params, *start_params, hi]
+                all_params += [list(metrics), *params, *start_params, split.hi]
             return "inc AS (" + " UNION ALL ".join(parts) + ")", all_params
     if stored:
         sql = f"""

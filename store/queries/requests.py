@@ -29,6 +29,7 @@ from prefixscope.store.queries import archive
 from prefixscope.store.queries import scope_rollup
 from prefixscope.store.schema import (LATENCY_BIN_RATIO, LATENCY_ROLLUP_COLUMNS,
                                       LATENCY_ROLLUP_SELECT_SQL, REQUEST_KEY_SQL)
+from prefixscope.store.sqlhelpers import bucket_split
 
 #: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
 GROUPABLE = ("model", "instance", "run_id", "endpoint", "usage_shape", "scope", "tenant_digest")
@@ -221,44 +222,26 @@ def _facts(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float |
     before the rollup's floor (:func:`archive.rollup_floor`, rollups past ``[retention]
     rollup_days``) the range is aggregated from them."""
     use = rollup_current(con) if rollup is None else bool(rollup)
-    lo = None if start_s is None else math.ceil(float(start_s) / ROLLUP_S) * ROLLUP_S
-    hi = None if end_s is None else math.floor(float(end_s) / ROLLUP_S) * ROLLUP_S
-    floor_s = archive.rollup_floor(con, "requests") if use else None
-    if floor_s is not None:
-        if hi is not None and hi <= floor_s:
-            use = False  # the whole range lies before the rollup's floor
-        elif lo is None or lo < floor_s:
-            lo = floor_s
-    if use and lo is not None and hi is not None and lo > hi:
-        use = False  # the range lies inside one minute
-    if not use:
+    split = (bucket_split(start_s, end_s, ROLLUP_S, floor_s=archive.rollup_floor(con, "requests"))
+             if use else None)
+    if split is None:  # no rollup, the range inside one minute or before the rollup's floor
         where, params = _where(start_s, end_s, models, instances, run_ids)
         rel = archive.relation(con, "requests", start_s, end_s)
         return f"({_rollup_select(rel, where)})", params
     gwhere, gparams = _where(None, None, models, instances, run_ids)
-    parts: list[str] = []
-    params: list = []
-    mid = [gwhere]
-    mid_params = list(gparams)
-    if lo is not None:
-        mid.append("(bucket_start_s >= ? OR bucket_start_s IS NULL)" if start_s is None
-                   else "bucket_start_s >= ?")
-        mid_params.append(lo)
-    if hi is not None:
-        mid.append("bucket_start_s < ?")
-        mid_params.append(hi)
-    parts.append(f"SELECT {_FACT_COLUMNS} FROM request_rollup_1m WHERE {' AND '.join(mid)}")
-    params += mid_params
-    if lo is not None and (start_s is None or lo > float(start_s)):
+    mid, mid_params = split.whole_where("bucket_start_s", null_below=start_s is None)
+    parts = [f"SELECT {_FACT_COLUMNS} FROM request_rollup_1m WHERE {gwhere} AND {mid}"]
+    params: list = [*gparams, *mid_params]
+    if split.head is not None:
         where, p = _where(start_s, None, models, instances, run_ids)
-        rel = archive.relation(con, "requests", start_s, lo)
+        rel = archive.relation(con, "requests", *split.head)
         parts.append(_rollup_select(rel, f"{where} AND {_BUCKET_SQL} < ?"))
-        params += [*p, lo]
-    if end_s is not None and hi < float(end_s):
+        params += [*p, split.lo]
+    if split.tail is not None:
         where, p = _where(start_s, end_s, models, instances, run_ids)
-        rel = archive.relation(con, "requests", hi, end_s)
+        rel = archive.relation(con, "requests", *split.tail)
         parts.append(_rollup_select(rel, f"{where} AND {_BUCKET_SQL} >= ?"))
-        params += [*p, hi]
+        params += [*p, split.hi]
     return "(" + " UNION ALL ".join(parts) + ")", params
 
 
@@ -561,39 +544,29 @@ def _latency_bins(con: duckdb.DuckDBPyConnection, column: str, start_s: float | 
     bins."""
     raw = LATENCY_ROLLUP_SELECT_SQL.split(" UNION ALL ")[0 if column == "ttft_ms" else 1]
     use = latency_rollup_current(con) if rollup is None else bool(rollup)
-    day = 86400.0
-    lo = None if start_s is None else math.ceil(float(start_s) / day) * day
-    hi = None if end_s is None else math.floor(float(end_s) / day) * day
-    floor_s = archive.rollup_floor(con, "requests") if use else None
-    if floor_s is not None and (lo is None or lo < floor_s):
-        use = False  # the range reaches before the rollups kept (docs/retention.md)
-    if lo is not None and hi is not None and lo > hi:
-        use = False
-    if not use:
+    split = bucket_split(start_s, end_s, 86400.0) if use else None
+    floor_s = archive.rollup_floor(con, "requests") if split is not None else None
+    if floor_s is not None and (split.lo is None or split.lo < floor_s):
+        split = None  # the range reaches before the rollups kept (docs/retention.md)
+    if split is None:
         where, params = _where(start_s, end_s, models, instances, run_ids)
         rel = archive.relation(con, "requests", start_s, end_s)
         return f"({raw.replace('FROM requests', f'FROM {rel}').format(where=where)})", params
     gwhere, params = _where(None, None, models, instances, run_ids)
-    mid = [gwhere, "measure = ?"]
-    params = [*params, column]
-    if lo is not None:
-        mid.append("bucket_start_s >= ?")
-        params.append(lo)
-    if hi is not None:
-        mid.append("bucket_start_s < ?")
-        params.append(hi)
+    mid, mid_params = split.whole_where("bucket_start_s")
+    params = [*params, column, *mid_params]
     cols = "hit, bin, requests, sum_ms, min_ms, max_ms"
-    parts = [f"SELECT {cols} FROM latency_rollup_1d WHERE {' AND '.join(mid)}"]
-    if start_s is not None and lo > float(start_s):
+    parts = [f"SELECT {cols} FROM latency_rollup_1d WHERE {gwhere} AND measure = ? AND {mid}"]
+    if split.head is not None:
         where, p = _where(start_s, None, models, instances, run_ids)
-        r0 = raw.replace("FROM requests", f"FROM {archive.relation(con, 'requests', start_s, lo)}")
+        r0 = raw.replace("FROM requests", f"FROM {archive.relation(con, 'requests', *split.head)}")
         parts.append(f"SELECT {cols} FROM ({r0.format(where=f'{where} AND ts_unix_s < ?')})")
-        params += [*p, lo]
-    if end_s is not None and hi < float(end_s):
+        params += [*p, split.lo]
+    if split.tail is not None:
         where, p = _where(start_s, end_s, models, instances, run_ids)
-        r1 = raw.replace("FROM requests", f"FROM {archive.relation(con, 'requests', hi, end_s)}")
+        r1 = raw.replace("FROM requests", f"FROM {archive.relation(con, 'requests', *split.tail)}")
         parts.append(f"SELECT {cols} FROM ({r1.format(where=f'{where} AND ts_unix_s >= ?')})")
-        params += [*p, hi]
+        params += [*p, split.hi]
     return "(" + " UNION ALL ".join(parts) + ")", params
 
 

@@ -25,8 +25,8 @@ DryRunOption = Annotated[bool, typer.Option(
 
 def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOption = None,
                 dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
-    """Archive production requests and metric samples of whole UTC days older than the
-    retention as Parquet partitioned by day and model, delete them from the database once
+    """Archive production requests, metric samples and gateway decisions of whole UTC days
+    older than the retention as Parquet partitioned by day and model, delete them from the database once
     read back, and delete rollup rows older than [retention] rollup_days. Safe to re-run
     (also after a crash): a day is never written twice nor deleted unarchived.
 
@@ -59,22 +59,23 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
     cutoff = arc.day_floor(before_s)
     with store_db.writer(db, lock_timeout_s=settings.store.lock_timeout_s) as con:
         plan = arc.plan_days(con, cutoff)
-        arc.check_files(arc.archived_files(con, "requests") + arc.archived_files(
-            con, "metric_samples"))
+        arc.check_files([f for t in arc.ARCHIVED for f in arc.archived_files(con, t)])
         root = location if dry_run else arc.prepare_target(location, opts, con)
     done: list[arc.ArchivedDay] = []
     dropped: dict[str, int] = {}
     if not dry_run:
-        for item in plan:
-            day_s = parse_time(item.day, now_unix_s=now)
-            with store_db.writer(db, lock_timeout_s=settings.store.lock_timeout_s) as con:
+        # one COPY, count check and DELETE per chunk of days (arc.CHUNK_ROWS rows) under the
+        # write lock; between chunks the file is released when another process waits for it
+        con = store_db.BatchConnection(db, lock_timeout_s=settings.store.lock_timeout_s)
+        try:
+            for table, lo, hi, _ in arc.plan_chunks(plan):
                 if arc.is_remote(root):
-                    arc.ensure_remote(con, root, opts)
-                res = arc.archive_day(con, item.table, day_s, root)
-            if res is not None:
-                done.append(res)
-        with store_db.writer(db, lock_timeout_s=settings.store.lock_timeout_s) as con:
-            dropped = arc.drop_rollups(con, rollup_before_s)
+                    arc.ensure_remote(con.connection(), root, opts)
+                done += arc.archive_range(con.connection(), table, lo, hi, root)
+                store_db.release_between_batches(con, only_if_waited=True)
+            dropped = arc.drop_rollups(con.connection(), rollup_before_s)
+        finally:
+            con.close()
     days = plan if dry_run else done
     totals = {t: sum(d.rows for d in days if d.table == t) for t in arc.ARCHIVED}
     if as_json:
