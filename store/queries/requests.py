@@ -1009,9 +1009,12 @@ def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | No
     """
     where, params = _where(start_s, end_s, models, instances, run_ids, alias="r")
     try:
+        lo = None if start_s is None else float(start_s) - 86400.0  # partners a day apart
+        hi = None if end_s is None else float(end_s) + 86400.0
         row = con.execute(
             "SELECT count(*), coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0)"
-            " FROM requests r JOIN gateway_decisions d"
+            f" FROM {archive.relation(con, 'requests', start_s, end_s)} r "
+            f"JOIN {archive.relation(con, 'gateway_decisions', lo, hi)} d"
             " ON d.run_id = r.run_id AND d.request_id = r.request_id"
             f" WHERE d.decision = 'reject' AND {where}", params).fetchone()
     except duckdb.CatalogException:

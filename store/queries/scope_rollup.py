@@ -33,14 +33,18 @@ def _recompute(con: duckdb.DuckDBPyConnection, *, untimed: bool) -> None:
         rng = [float(lo), float(hi) + ROLLUP_S]
         con.execute("DELETE FROM scope_rollup_5m WHERE bucket_start_s >= ? AND bucket_start_s <= ?"
                     " AND bucket_start_s IN (SELECT b FROM _ps_scope_buckets)", [lo, hi])
+        # the tables, and the archive for buckets of archived days (a late row recomputes a
+        # bucket that also counts archived rows); partners up to a day apart
+        d_rel = archive.relation(con, "gateway_decisions", rng[0] - 86400.0, rng[1] + 86400.0)
+        r_rel = archive.relation(con, "requests", rng[0] - 86400.0, rng[1] + 86400.0)
         # rows whose usage row is in these buckets, with their decision if any
-        usage = ROWS_SQL.format(source=f"gateway_decisions d RIGHT JOIN (SELECT * FROM requests "
+        usage = ROWS_SQL.format(source=f"{d_rel} d RIGHT JOIN (SELECT * FROM {r_rel} "
                                        f"WHERE {_IN_BUCKETS}) r ON {ON_KEY}")
         con.execute(f"INSERT INTO scope_rollup_5m ({_COLS}) "
                     + ROLLUP_SELECT_SQL.format(rows=usage, where="TRUE"), rng)
         # decisions in these buckets without a timed usage row
-        dec = ROWS_SQL.format(source=f"(SELECT * FROM gateway_decisions WHERE {_IN_BUCKETS}) d "
-                                     f"LEFT JOIN requests r ON {ON_KEY} "
+        dec = ROWS_SQL.format(source=f"(SELECT * FROM {d_rel} WHERE {_IN_BUCKETS}) d "
+                                     f"LEFT JOIN {r_rel} r ON {ON_KEY} "
                                      "WHERE r.ts_unix_s IS NULL")
         con.execute(f"INSERT INTO scope_rollup_5m ({_COLS}) "
                     + ROLLUP_SELECT_SQL.format(rows=dec, where="TRUE"), rng)
@@ -111,7 +115,7 @@ def rebuild(con: duckdb.DuckDBPyConnection) -> int:
 def current(con: duckdb.DuckDBPyConnection) -> bool:
     """True when ``scope_rollup_5m`` counts every stored request and decision (its
     ``usage_rows`` sum to the rows of ``requests``, its decided rows to the rows of
-    ``gateway_decisions``; neither table has rows deleted): the queries then read it."""
+    ``gateway_decisions``, archived rows included): the queries then read it."""
     try:
         n_r, n_d, u, d = con.execute("""
             SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM gateway_decisions),
@@ -121,4 +125,5 @@ def current(con: duckdb.DuckDBPyConnection) -> bool:
     except duckdb.CatalogException:
         return False
     n_r = int(n_r) + archive.archived_rows(con, "requests")  # archived: still counted here
-    return n_r == int(u) and int(n_d) == int(d)
+    n_d = int(n_d) + archive.archived_rows(con, "gateway_decisions")
+    return n_r == int(u) and n_d == int(d)

@@ -31,7 +31,6 @@ window_start_s + window_s)`` aligned to ``origin_s + k * window_s``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,15 +40,35 @@ import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
 from prefixscope.store import scope_sql
-from prefixscope.store.queries import scope_rollup
+from prefixscope.store.queries import archive, scope_rollup
 from prefixscope.store.scope_sql import (COLLISION_REASONS, CROSS_SCOPE_REASONS,  # noqa: F401
                                          GENERATION_REASONS, INVARIANTS, VERSION_REASONS)
 from prefixscope.store.scope_sql import VERSION_COLUMNS as _VERSION_COLUMNS
-from prefixscope.store.sqlhelpers import window_start_sql
+from prefixscope.store.sqlhelpers import bucket_split, window_start_sql
 
 GROUPABLE = ("scope", "namespace_digest", "model", "instance", "run_id")
 
-_JOINED = scope_sql.JOINED_SQL
+#: How far apart a request's decision and usage row may lie in time and still be joined when
+#: one of them is archived: the archive is read this much beyond the range on either side.
+PAIR_SKEW_S = 86400.0
+
+
+def _sources(con: duckdb.DuckDBPyConnection, start_s: float | None,
+             end_s: float | None) -> tuple[str, str]:
+    """The relations of ``gateway_decisions`` and ``requests`` for a range (the tables, and the
+    archive's Parquet files of the days the range reaches, :func:`archive.relation`), read
+    :data:`PAIR_SKEW_S` beyond it so that a row inside joins its partner just outside."""
+    lo = None if start_s is None else float(start_s) - PAIR_SKEW_S
+    hi = None if end_s is None else float(end_s) + PAIR_SKEW_S
+    return (archive.relation(con, "gateway_decisions", lo, hi),
+            archive.relation(con, "requests", lo, hi))
+
+
+def _joined(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None) -> str:
+    """:data:`prefixscope.store.scope_sql.JOINED_SQL` over :func:`_sources` (every request of
+    either table once, archived rows included when the range reaches them)."""
+    d, r = _sources(con, start_s, end_s)
+    return scope_sql.ROWS_SQL.format(source=f"{d} d FULL OUTER JOIN {r} r ON {scope_sql.ON_KEY}")
 
 _CLASS = """CASE
     WHEN decision <> 'reject' THEN NULL
@@ -80,15 +99,20 @@ def _filters(*, start_s: float | None, end_s: float | None, run_ids: Sequence[st
     return " AND ".join(parts), params
 
 
-def _base(where: str) -> str:
-    return f"SELECT * FROM ({_JOINED}) j WHERE ts_unix_s IS NOT NULL AND {where}"
+def _base(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
+          where: str) -> str:
+    """The joined rows of ``[start_s, end_s)`` (``where`` from :func:`_filters` of the same
+    range), archive included."""
+    return (f"SELECT * FROM ({_joined(con, start_s, end_s)}) j "
+            f"WHERE ts_unix_s IS NOT NULL AND {where}")
 
 
-def _base_decided(where: str) -> str:
+def _base_decided(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
+                  where: str) -> str:
     """As :func:`_base` for the rows with a decision only (decisions LEFT JOIN usage: the same
     rows, without joining every usage row)."""
-    rows = scope_sql.ROWS_SQL.format(
-        source=f"gateway_decisions d LEFT JOIN requests r ON {scope_sql.ON_KEY}")
+    d, r = _sources(con, start_s, end_s)
+    rows = scope_sql.ROWS_SQL.format(source=f"{d} d LEFT JOIN {r} r ON {scope_sql.ON_KEY}")
     return f"SELECT * FROM ({rows}) j WHERE ts_unix_s IS NOT NULL AND {where}"
 
 
@@ -160,34 +184,24 @@ def _facts(con: duckdb.DuckDBPyConnection, *, rollup: bool | None, start_s: floa
     if window_s is not None and (float(window_s) % scope_sql.ROLLUP_S
                                  or float(origin_s) % scope_sql.ROLLUP_S):
         return None
-    step = scope_sql.ROLLUP_S
-    lo = None if start_s is None else math.ceil(float(start_s) / step) * step
-    hi = None if end_s is None else math.floor(float(end_s) / step) * step
-    if lo is not None and hi is not None and lo > hi:
+    split = bucket_split(start_s, end_s, scope_sql.ROLLUP_S)
+    if split is None:
         return None
     if rollup is None and not scope_rollup.current(con):
         return None
     gwhere, gparams = _filters(start_s=None, end_s=None, **dims)
-    mid, params = [gwhere, "bucket_start_s IS NOT NULL"], list(gparams)
-    if lo is not None:
-        mid.append("bucket_start_s >= ?")
-        params.append(lo)
-    if hi is not None:
-        mid.append("bucket_start_s < ?")
-        params.append(hi)
-    parts = [f"SELECT {_ROLLUP_COLS} FROM scope_rollup_5m WHERE {' AND '.join(mid)}"]
-    if start_s is not None and lo > float(start_s):
-        where, p = _filters(start_s=start_s, end_s=None, **dims)
+    whole, whole_params = split.whole_where("bucket_start_s")
+    parts = [f"SELECT {_ROLLUP_COLS} FROM scope_rollup_5m WHERE {gwhere} AND "
+             f"bucket_start_s IS NOT NULL AND {whole}"]
+    params = [*gparams, *whole_params]
+    for part, bound, cmp in ((split.head, split.lo, "<"), (split.tail, split.hi, ">=")):
+        if part is None:
+            continue
+        where, p = _filters(start_s=start_s, end_s=end_s if cmp == ">=" else None, **dims)
         parts.append(scope_sql.ROLLUP_SELECT_SQL.format(
-            rows=_JOINED, where=f"ts_unix_s IS NOT NULL AND {where} AND "
-                                f"{scope_sql.BUCKET_SQL} < ?"))
-        params += [*p, lo]
-    if end_s is not None and hi < float(end_s):
-        where, p = _filters(start_s=start_s, end_s=end_s, **dims)
-        parts.append(scope_sql.ROLLUP_SELECT_SQL.format(
-            rows=_JOINED, where=f"ts_unix_s IS NOT NULL AND {where} AND "
-                                f"{scope_sql.BUCKET_SQL} >= ?"))
-        params += [*p, hi]
+            rows=_joined(con, *part), where=f"ts_unix_s IS NOT NULL AND {where} AND "
+                                            f"{scope_sql.BUCKET_SQL} {cmp} ?"))
+        params += [*p, bound]
     return "(" + " UNION ALL ".join(parts) + ")", params
 
 
@@ -245,7 +259,7 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                                                    origin_s=origin_s)
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *
-                   FROM ({_base(where)})),
+                   FROM ({_base(con, start_s, end_s, where)})),
              a AS (SELECT window_start_s{sel}, {_AGG} FROM w GROUP BY ALL)
         SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
                * EXCLUDE (window_start_s{sel}){_RATE}
@@ -279,7 +293,7 @@ def hit_rate_by_scope_totals(con: duckdb.DuckDBPyConnection, *, start_s: float |
         return con.execute(sql, fparams).df()
     where, params = _filters(start_s=start_s, end_s=end_s, **dims)
     sql = f"""
-        WITH a AS (SELECT {sel}, {_AGG} FROM ({_base(where)}) GROUP BY ALL)
+        WITH a AS (SELECT {sel}, {_AGG} FROM ({_base(con, start_s, end_s, where)}) GROUP BY ALL)
         SELECT *{_RATE} FROM a ORDER BY prompt_tokens DESC, {sel}
     """
     return con.execute(sql, params).df()
@@ -326,7 +340,7 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
-                   FROM ({_base(where)}) WHERE decision = 'reject')
+                   FROM ({_base(con, start_s, end_s, where)}) WHERE decision = 'reject')
         SELECT window_start_s, window_start_s + ? AS window_end_s,
                first_mismatch AS reason, reason_class, count(*) AS rejects,
                COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS lost_candidate_tokens
@@ -389,7 +403,7 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
-                   FROM ({_base(where)}))
+                   FROM ({_base(con, start_s, end_s, where)}))
         SELECT window_start_s, window_start_s + ? AS window_end_s,
                count(*) FILTER (WHERE decision = 'miss') AS ordinary_miss_requests,
                COALESCE(sum(prompt_tokens - cached_tokens) FILTER (
@@ -432,7 +446,7 @@ def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | 
         where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
         groups = f"""SELECT namespace_digest, scope, decision, first_mismatch, count(*) AS n,
                             sum(candidate_cached_tokens) AS c
-                     FROM ({_base(where)}) WHERE namespace_digest IS NOT NULL GROUP BY ALL"""
+                     FROM ({_base(con, start_s, end_s, where)}) WHERE namespace_digest IS NOT NULL GROUP BY ALL"""
     rej = "decision = 'reject'"
     sql = f"""
         WITH g AS ({groups})
@@ -509,7 +523,7 @@ def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
                count(*) FILTER (WHERE has_decision) AS decided_requests,
                count(*) FILTER (WHERE decision = 'accept' AND candidate_scope IS NULL
                                 AND candidate_namespace_digest IS NULL) AS unverifiable_accepts
-        FROM ({_base(where)})
+        FROM ({_base(con, start_s, end_s, where)})
     """
     row = con.execute(sql, [*p, *params]).fetchone()
     return {n: int(v or 0) for n, v in zip(names, row)}
@@ -552,13 +566,14 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
             # only the 5-minute buckets with a violation: their usage rows with a decision,
             # and their decisions without a timed usage row
             in_v = f"{scope_sql.BUCKET_SQL} IN (SELECT b FROM _ps_violating)"
+            dec, req = _sources(con, start_s, end_s)
             rows = " UNION ALL ".join((
                 scope_sql.ROWS_SQL.format(
-                    source=f"gateway_decisions d JOIN (SELECT * FROM requests WHERE {in_v}) r "
+                    source=f"{dec} d JOIN (SELECT * FROM {req} WHERE {in_v}) r "
                            f"ON {scope_sql.ON_KEY}"),
                 scope_sql.ROWS_SQL.format(
-                    source=f"(SELECT * FROM gateway_decisions WHERE {in_v}) d LEFT JOIN "
-                           f"requests r ON {scope_sql.ON_KEY} WHERE r.ts_unix_s IS NULL")))
+                    source=f"(SELECT * FROM {dec} WHERE {in_v}) d LEFT JOIN "
+                           f"{req} r ON {scope_sql.ON_KEY} WHERE r.ts_unix_s IS NULL")))
             return con.execute(f"""
                 SELECT {cols} FROM ({rows}) j
                 WHERE ts_unix_s IS NOT NULL AND {where} AND ({pred})
@@ -568,7 +583,7 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
             con.execute("DROP TABLE IF EXISTS _ps_violating").fetchall()
     sql = f"""
         SELECT {cols}
-        FROM ({_base_decided(where)}) WHERE {pred}
+        FROM ({_base_decided(con, start_s, end_s, where)}) WHERE {pred}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *pp, int(limit)]).df()
@@ -599,7 +614,7 @@ def decision_rows(con: duckdb.DuckDBPyConnection, *, start_s: float | None = Non
         SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
                reasons, candidate_cached_tokens, accepted_cached_tokens, prompt_tokens,
                cached_tokens, candidate_request_id
-        FROM ({_base_decided(where)}) WHERE has_decision{extra}
+        FROM ({_base_decided(con, start_s, end_s, where)}) WHERE has_decision{extra}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *p, int(limit)]).df()
@@ -627,8 +642,13 @@ def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
                list(DISTINCT namespace_digest ORDER BY namespace_digest),
                min(ts_unix_s), max(ts_unix_s)
         FROM gateway_decisions""").fetchone()
+    oldest = archive.with_archived_start(con, "gateway_decisions", row[3])
+    newest = row[4]
+    if newest is None and oldest is not None:  # every decision archived
+        newest = con.execute("SELECT max(epoch(day::TIMESTAMP)) + 86400 FROM archive_parts "
+                             "WHERE tbl = 'gateway_decisions'").fetchone()[0]
     return {"run_ids": list(row[0] or []), "scopes": list(row[1] or []),
-            "namespaces": list(row[2] or []), "min_ts_unix_s": row[3], "max_ts_unix_s": row[4]}
+            "namespaces": list(row[2] or []), "min_ts_unix_s": oldest, "max_ts_unix_s": newest}
 
 
 def record_replay_run(con: duckdb.DuckDBPyConnection, *, run_id: str, label: str,
