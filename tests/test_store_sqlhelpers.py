@@ -41,3 +41,27 @@ def test_values_are_parameters_and_columns_are_names():
     assert sql == "(? + floor((q.rel_s - ?) / ?) * ?)" and params == [5.0, 5.0, 300.0, 300.0]
     with pytest.raises(AssertionError):
         window_start_sql("ts_unix_s); DROP TABLE requests; --", window_s=300)
+
+
+def test_bucket_split_whole_buckets_and_the_parts_at_either_end():
+    from prefixscope.store.sqlhelpers import bucket_split
+
+    s = bucket_split(90.0, 610.0, 60.0)
+    assert (s.lo, s.hi, s.head, s.tail) == (120.0, 600.0, (90.0, 120.0), (600.0, 610.0))
+    assert s.whole_where("bucket_start_s") == ("bucket_start_s >= ? AND bucket_start_s < ?",
+                                               [120.0, 600.0])
+    aligned = bucket_split(120.0, 600.0, 60.0)
+    assert (aligned.head, aligned.tail) == (None, None)
+    open_ = bucket_split(None, None, 300.0)
+    assert (open_.lo, open_.hi, open_.head, open_.tail) == (None, None, None, None)
+    assert open_.whole_where() == ("TRUE", [])
+    assert bucket_split(61.0, 119.0, 60.0) is None  # inside one bucket
+    assert bucket_split(60.0, 60.0, 60.0).lo == 60.0  # empty, but whole: no parts
+    # a rollup dropped before 3600: the whole buckets start there, raw rows before it
+    f = bucket_split(None, 7230.0, 60.0, floor_s=3600.0)
+    assert (f.lo, f.hi, f.head, f.tail) == (3600.0, 7200.0, (None, 3600.0), (7200.0, 7230.0))
+    assert f.whole_where(null_below=True)[0] == ("(bucket_start_s >= ? OR bucket_start_s IS "
+                                                 "NULL) AND bucket_start_s < ?")
+    g = bucket_split(1000.0, 7230.0, 60.0, floor_s=3600.0)
+    assert (g.lo, g.head) == (3600.0, (1000.0, 3600.0))
+    assert bucket_split(0.0, 3600.0, 60.0, floor_s=3600.0) is None  # wholly before the floor

@@ -104,7 +104,8 @@ class RetentionConfig(_Section):
     ``prefixscope archive`` writes the raw rows it removes (``docs/retention.md``).
 
     ``raw_days``: production ``requests`` and ``metric_samples`` older than this many whole
-    UTC days are archived, then deleted (never deleted without an archive). ``rollup_days``
+    UTC days are archived, then deleted (never deleted without an archive).
+    ``decision_days``: the same for ``gateway_decisions`` (None = ``raw_days``). ``rollup_days``
     (at least ``raw_days``): rollup rows older than this are deleted. ``archive``: a local
     folder, or ``s3://``, ``gs://``, ``r2://`` or ``https://`` (read and written through
     DuckDB's ``httpfs`` extension); None = no archive, nothing raw is deleted. The ``s3_*``
@@ -118,6 +119,7 @@ class RetentionConfig(_Section):
 
     raw_days: int = Field(14, ge=1)
     rollup_days: int = Field(400, ge=1)
+    decision_days: int | None = Field(None, ge=1)
     archive: str | None = None
     s3_region: str | None = None
     s3_endpoint: str | None = None

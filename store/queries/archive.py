@@ -372,13 +372,15 @@ def day_floor(ts_unix_s: float) -> float:
     return math.floor(float(ts_unix_s) / DAY_S) * DAY_S
 
 
-def plan_days(con: duckdb.DuckDBPyConnection, before_s: float) -> list[ArchivedDay]:
+def plan_days(con: duckdb.DuckDBPyConnection, before_s: float,
+              cutoffs: dict[str, float] | None = None) -> list[ArchivedDay]:
     """The (table, day) pairs with production rows in whole UTC days before ``before_s``
-    (rounded down to a day start), oldest first, with their row counts (gen as it would be
-    written)."""
-    cutoff = day_floor(before_s)
+    (rounded down to a day start; ``cutoffs``: another time for some tables, e.g.
+    ``gateway_decisions`` from ``[retention] decision_days``), oldest first per table, with
+    their row counts (gen as it would be written)."""
     out: list[ArchivedDay] = []
     for table in ARCHIVED:
+        cutoff = day_floor((cutoffs or {}).get(table, before_s))
         rows = con.execute(
             f"SELECT floor(ts_unix_s / 86400) * 86400 AS d, count(*) FROM {table} "
             "WHERE run_id = '' AND ts_unix_s < ? GROUP BY d ORDER BY d", [cutoff]).fetchall()

@@ -16,7 +16,7 @@ from prefixscope.core.times import format_time, parse_time
 
 BeforeOption = Annotated[str | None, typer.Option(
     "--before", help="Archive whole UTC days before this time (ISO date, Unix s, -30d; "
-                     "default: now - [retention] raw_days).")]
+                     "default: now - [retention] raw_days, decisions now - decision_days).")]
 ToOption = Annotated[str | None, typer.Option(
     "--to", help="Archive folder or s3://bucket/prefix (default: [retention] archive).")]
 DryRunOption = Annotated[bool, typer.Option(
@@ -38,6 +38,7 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
     settings = load_settings()
     ret = settings.retention
     now = time.time()
+    cutoffs: dict[str, float] = {}  # tables whose default cutoff is not raw_days
     if before is not None:
         before_s = parse_time(before, now_unix_s=now)
         if before_s > now:
@@ -45,6 +46,7 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
                              "only rows older than now can be archived")
     else:
         before_s = now - ret.raw_days * arc.DAY_S
+        cutoffs = {"gateway_decisions": now - (ret.decision_days or ret.raw_days) * arc.DAY_S}
     rollup_before_s = min(now - ret.rollup_days * arc.DAY_S, before_s)
     location = to or ret.archive
     if not location:
@@ -58,7 +60,7 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
         extension_repository=ret.extension_repository)
     cutoff = arc.day_floor(before_s)
     with store_db.writer(db, lock_timeout_s=settings.store.lock_timeout_s) as con:
-        plan = arc.plan_days(con, cutoff)
+        plan = arc.plan_days(con, cutoff, cutoffs)
         arc.check_files([f for t in arc.ARCHIVED for f in arc.archived_files(con, t)])
         root = location if dry_run else arc.prepare_target(location, opts, con)
     done: list[arc.ArchivedDay] = []
