@@ -2,20 +2,25 @@
 
 Two parts:
 
-1. **Reading** (:func:`relation`): the one place that decides whether a query of ``requests``
-   or ``metric_samples`` over a time range reads the table alone or the table and the archived
-   Parquet files of the days the range reaches (``archive_parts``, migration 73). Every range
-   query of ``store/queries/requests.py`` and the counter queries of ``metrics.py`` take their
-   ``FROM`` from it; nothing else names the archive.
-2. **Archiving** (:func:`plan_days`, :func:`archive_day`, :func:`drop_rollups`): production
-   rows (``run_id = ''``) of whole UTC days before a cutoff are written as hive-partitioned
-   Parquet, ``<root>/<table>/day=YYYY-MM-DD/model=<model>/<table>-<day>-g<gen>-<i>.parquet``
-   (DuckDB ``COPY ... (FORMAT parquet, PARTITION_BY (day, model))``, partition columns also
-   kept inside the files), read back and counted, and only then deleted in one transaction
-   with the ``archive_parts`` row that lists the files. Crash-safe at any point: before that
-   commit nothing is deleted and nothing lists the files (queries never read them), and the
-   next run writes the same file names again (``OVERWRITE_OR_IGNORE``); after it the day is
-   done. Replay runs' rows (``run_id <> ''``) are never archived.
+1. **Reading** (:func:`relation`): the one place that decides whether a query of ``requests``,
+   ``metric_samples`` or ``gateway_decisions`` over a time range reads the table alone or the
+   table and the archived Parquet files of the days the range reaches (``archive_parts``,
+   migration 73). Every range query of ``store/queries/requests.py``, the counter queries of
+   ``metrics.py``, ``savings.py``, ``serving.py``, the scope queries of ``scopes.py`` and
+   ``scope_rollup.py``'s recompute take their ``FROM`` from it; nothing else names the
+   archive.
+2. **Archiving** (:func:`plan_days`, :func:`plan_chunks`, :func:`archive_range`,
+   :func:`drop_rollups`): production rows (``run_id = ''``) of whole UTC days before a cutoff
+   are written as hive-partitioned Parquet,
+   ``<root>/<table>/day=YYYY-MM-DD/model=<model>/<table>-g<gen>-<i>.parquet`` (one DuckDB
+   ``COPY ... (FORMAT parquet, PARTITION_BY (day, model))`` per table and chunk of days,
+   partition columns also kept inside the files), their row counts checked from the files'
+   footers, and only then deleted in one transaction with the ``archive_parts`` rows that list
+   the files. Crash-safe at any point: before that commit nothing is deleted and nothing lists
+   the files (queries never read them), and the next run writes the same file names again
+   (``OVERWRITE_OR_IGNORE``); after it the days are done. Replay runs' rows (``run_id <>
+   ''``) are never archived. :func:`archive_day` is the older one-day path (COPY, full
+   read-back, DELETE), kept as the benchmark's baseline.
 
 Rollups: ``request_rollup_1m`` and ``counter_rollup_5m`` keep counting archived rows until
 :func:`drop_rollups` deletes the production buckets before a cutoff (``[retention]
@@ -126,7 +131,7 @@ def check_files(files: Sequence[str]) -> None:
 
 def relation(con: duckdb.DuckDBPyConnection, table: str, start_s: float | None = None,
              end_s: float | None = None) -> str:
-    """The relation a query of ``table`` (``requests`` or ``metric_samples``) over ``[start_s,
+    """The relation a query of ``table`` (a key of :data:`ARCHIVED`) over ``[start_s,
     end_s)`` reads: the table's name when no archived day overlaps the range, else a
     parenthesised ``UNION ALL BY NAME`` of the table and ``read_parquet`` of exactly the
     archived files of those days (the same columns; ``requests.request_key`` is NULL on the
@@ -428,7 +433,10 @@ def prepare_target(location: str, opts: RemoteOptions | None = None,
 def archive_day(con: duckdb.DuckDBPyConnection, table: str, day_start_s: float,
                 root: str) -> ArchivedDay | None:
     """Archive the production rows of ``table`` in the UTC day starting at ``day_start_s``
-    to ``root`` (from :func:`prepare_target`), verify them, then delete them.
+    to ``root`` (from :func:`prepare_target`), verify them, then delete them: one day, files
+    named ``<table>-<day>-g<gen>-<i>.parquet``, verified by reading them back (the path of
+    ``prefixscope archive`` before :func:`archive_range`; the baseline of
+    ``benchmarks/archive_scale.py``).
 
     Order (crash-safe, idempotent): (1) COPY the rows to
     ``<root>/<table>/day=.../model=.../<table>-<day>-g<gen>-{i}.parquet`` (the same names on
