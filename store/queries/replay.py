@@ -184,7 +184,8 @@ def run_list(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = No
     Args:
         kinds: only these kinds (``replay-sim``, ``replay-live``, ``capture``...); None = all.
         with_decisions: only runs with gateway decisions (the Scopes, Rejections and
-            Invariants pages), including decision runs without a ``runs`` row.
+            Invariants pages), including decision runs without a ``runs`` row and the
+            production run when its decisions are all archived.
 
     Returns:
         Columns ``run_id, kind, label, created_unix_s`` (kind/label NULL for a decision run
@@ -196,9 +197,15 @@ def run_list(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = No
         params.append([str(k) for k in kinds])
     base = "SELECT run_id, kind, label, created_unix_s FROM runs"
     if with_decisions:
+        from prefixscope.store.queries import archive
+
+        decided = "SELECT run_id, ts_unix_s FROM gateway_decisions"
+        if archive.archived_rows(con, "gateway_decisions"):  # production decisions archived
+            decided += (" UNION ALL SELECT '', max(epoch(day::TIMESTAMP)) + 86400 FROM "
+                        "archive_parts WHERE tbl = 'gateway_decisions'")
         base = ("SELECT d.run_id, r.kind, r.label, coalesce(r.created_unix_s, d.last_ts) AS "
                 "created_unix_s FROM (SELECT run_id, max(ts_unix_s) AS last_ts FROM "
-                "gateway_decisions GROUP BY run_id) d LEFT JOIN runs r USING (run_id)")
+                f"({decided}) GROUP BY run_id) d LEFT JOIN runs r USING (run_id)")
     return con.execute(
         f"SELECT * FROM ({base}) WHERE {' AND '.join(where)} "
         "ORDER BY created_unix_s DESC NULLS LAST, run_id", params).df()

@@ -636,7 +636,9 @@ def gateway_events(con: duckdb.DuckDBPyConnection, *, start_s: float | None = No
 
 def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """Values for the dashboard's filters: ``run_ids``, ``scopes``, ``namespaces`` (sorted) and
-    ``min_ts_unix_s``/``max_ts_unix_s`` over decisions (None when there are none)."""
+    ``min_ts_unix_s``/``max_ts_unix_s`` over decisions (None when there are none). Archived
+    decisions (production run) count for ``run_ids`` and the span (from the oldest archived
+    day's start); ``scopes`` and ``namespaces`` come from the retained decisions."""
     row = con.execute("""
         SELECT list(DISTINCT run_id ORDER BY run_id), list(DISTINCT scope ORDER BY scope),
                list(DISTINCT namespace_digest ORDER BY namespace_digest),
@@ -647,7 +649,10 @@ def scope_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     if newest is None and oldest is not None:  # every decision archived
         newest = con.execute("SELECT max(epoch(day::TIMESTAMP)) + 86400 FROM archive_parts "
                              "WHERE tbl = 'gateway_decisions'").fetchone()[0]
-    return {"run_ids": list(row[0] or []), "scopes": list(row[1] or []),
+    run_ids = list(row[0] or [])
+    if oldest is not None and "" not in run_ids and archive.archived_rows(con, "gateway_decisions"):
+        run_ids.insert(0, "")  # production decisions, all archived
+    return {"run_ids": run_ids, "scopes": list(row[1] or []),
             "namespaces": list(row[2] or []), "min_ts_unix_s": oldest, "max_ts_unix_s": newest}
 
 
