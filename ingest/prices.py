@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from prefixscope.core.documents import load_toml_file
+from prefixscope.core.documents import load_config_file
 from prefixscope.core.errors import ConfigError
 
 
@@ -144,7 +144,7 @@ def read_price_file(path: str | os.PathLike[str], *,
             code, or a name given twice (the message names the file and the key).
     """
     p = Path(path)
-    data = load_toml_file(p, what="price file", parse_float=Decimal)
+    data = load_config_file(p, what="price file", parse_float=Decimal)
     try:
         parsed = PriceFile.model_validate(data)
     except ValidationError as exc:

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from prefixscope.core.documents import load_toml_file, parse_toml, parse_yaml
+from prefixscope.core.documents import load_config_file, parse_toml, parse_yaml
 from prefixscope.core.errors import ConfigError
 
 
@@ -437,8 +437,8 @@ def load_layout(path: str | os.PathLike[str]) -> Layout:
     p = Path(path)
     if p.suffix.lower() not in (".toml", ".yaml", ".yml"):
         raise ConfigError(f"{p}: layout files are .yaml, .yml or .toml")
-    data = load_toml_file(p, what="layout file",
-                          parse=parse_toml if p.suffix.lower() == ".toml" else parse_yaml)
+    data = load_config_file(p, what="layout file",
+                            parse=parse_toml if p.suffix.lower() == ".toml" else parse_yaml)
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a layout file holds a mapping with name and transforms")
     try:

@@ -175,10 +175,11 @@ def load_json_file(path: str | os.PathLike[str], *, what: str = "file") -> Any:
         raise ParseError(str(path), exc.line, str(exc)) from None
 
 
-def load_toml_file(path: str | os.PathLike[str], *, what: str = "file", parse=None,
+def load_config_file(path: str | os.PathLike[str], *, what: str = "file", parse=None,
                    **kwargs: Any) -> Any:
-    """Read and parse one TOML document (``kwargs`` go to :func:`parse_toml`), or with ``parse``
-    (e.g. :func:`parse_yaml`) another configuration format, with the same errors.
+    """Read and parse one configuration document: TOML by default (``kwargs`` go to
+    :func:`parse_toml`), or with ``parse`` (e.g. :func:`parse_yaml`) another format, with the
+    same errors.
 
     Raises:
         SourceUnavailable: missing (``no such <what>``), not a regular file, unreadable (exit 3).
@@ -192,5 +193,5 @@ def load_toml_file(path: str | os.PathLike[str], *, what: str = "file", parse=No
         raise ConfigError(f"{path}: {exc}") from None
 
 
-__all__ = ["load_json_file", "load_toml_file", "DocumentError", "MAX_DEPTH", "parse_json", "parse_toml", "parse_yaml",
-           "read_document"]
+__all__ = ["load_config_file", "load_json_file", "DocumentError", "MAX_DEPTH", "parse_json",
+           "parse_toml", "parse_yaml", "read_document"]
