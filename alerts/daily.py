@@ -51,6 +51,7 @@ from prefixscope.core.errors import UsageError
 from prefixscope.core.report import ALERT, NO_DATA, STALE, threshold_for
 
 LOOKBACK_S = 86400.0
+DAY_S = 86400.0
 PRODUCTION_RUN_ID = ""
 
 
@@ -615,3 +616,199 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
         window=w, generated_unix_s=now, lines=tuple(lines), fell_models=tuple(fell_models),
         fell_namespaces=tuple(fell_ns[:cfg.top_changes]), stale_sources=tuple(stale),
         min_query_tokens=min_tokens, status=rules.worst(ln.status for ln in lines))
+
+
+# ---------------------------------------------------------------------------------------------
+# Day-by-day statuses (Overview's daily strip, the Alerts page's opening day)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DayStatus:
+    """One model's figures and status over one local day (definitions 2 and 3 of the module
+    docstring without STALE: a strip of past days reads the tokens only).
+
+    Attributes:
+        day: the local date; model: model name.
+        figures: the day's :class:`Figures` (counters when the model has any that day, else
+            production requests that reported cached_tokens).
+        threshold: the OK/ALERT boundary of the model, fraction.
+        status: OK, ALERT or NO DATA (under ``min_query_tokens`` prompt tokens).
+    """
+
+    day: date
+    model: str
+    figures: Figures
+    threshold: float
+    status: str
+
+
+def _day_windows(first: date, last: date, tz: str) -> list[DayWindow]:
+    return [DayWindow.of(first + timedelta(days=k), tz) for k in range((last - first).days + 1)]
+
+
+def _per_day(df: pd.DataFrame, windows: list[DayWindow], *, cached_col: str,
+             prompt_col: str) -> dict[tuple[date, str], tuple[int, int]]:
+    """``{(day, model): (cached, prompt)}`` of a per-window frame whose windows start at the
+    days' local midnights."""
+    starts = {round(w.start_s): w.day for w in windows}
+    out: dict[tuple[date, str], tuple[int, int]] = {}
+    for row in df.to_dict("records"):
+        model = row.get("model")
+        day = starts.get(round(float(row["window_start_s"])))
+        if not isinstance(model, str) or day is None:
+            continue
+        c, p = out.get((day, model), (0, 0))
+        out[(day, model)] = (c + _int(row.get(cached_col)), p + _int(row.get(prompt_col)))
+    return out
+
+
+def daily_statuses(con: duckdb.DuckDBPyConnection, *, first_day: date, last_day: date, tz: str,
+                   cfg: AlertsConfig, models: Sequence[str] | None = None,
+                   instances: Sequence[str] | None = None,
+                   run_ids: Sequence[str] | None = (PRODUCTION_RUN_ID,)) -> list[DayStatus]:
+    """Each model's status on each local day from ``first_day`` to ``last_day`` (inclusive) in
+    zone ``tz``: the daily report's figures and status rule (definitions 2 and 3), in two
+    queries for the whole span (one window per day), not one report per day.
+
+    The days are windows of one day's length from local midnight of ``first_day``; across a DST
+    change (days of 23 or 25 hours) each day is queried on its own. A model with counter
+    samples on a day takes the counters' figures (``vllm:prefix_cache_hits_total`` /
+    ``_queries_total`` increases, Δhits / Δqueries); otherwise that day's production requests
+    that reported ``cached_tokens``. Days without either are left out.
+
+    Args:
+        con: a connection (read-only is enough).
+        first_day, last_day: local dates, ``first_day <= last_day``.
+        tz: IANA zone of the day boundaries.
+        cfg: thresholds and ``min_query_tokens``.
+        models, instances: filters (None = all); run_ids: runs (default production only).
+
+    Returns:
+        :class:`DayStatus` rows, by model name, then day.
+
+    Raises:
+        UsageError: unknown zone, or ``first_day`` after ``last_day``.
+    """
+    from prefixscope.store.queries.metrics import hit_rate_by_window
+    from prefixscope.store.queries.requests import request_hit_rate_by_window
+
+    if first_day > last_day:
+        raise UsageError(f"first day {first_day} is after last day {last_day}")
+    windows = _day_windows(first_day, last_day, tz)
+    runs = None if run_ids is None else list(run_ids)
+    common = dict(models=models, instances=instances, run_ids=runs)
+    uniform = all(w.length_s == DAY_S for w in windows)
+    spans = [(windows[0].start_s, windows[-1].end_s, DAY_S)] if uniform else \
+        [(w.start_s, w.end_s, w.length_s) for w in windows]
+    metrics: dict[tuple[date, str], tuple[int, int]] = {}
+    reqs: dict[tuple[date, str], tuple[int, int]] = {}
+    for start, end, length in spans:
+        m = hit_rate_by_window(con, start_s=start, end_s=end, window_s=length, by=("model",),
+                               origin_s=start, **common)
+        metrics.update(_per_day(m, windows, cached_col="hit_tokens", prompt_col="query_tokens"))
+        r = request_hit_rate_by_window(con, start_s=start, end_s=end, window_s=length,
+                                       by=("model",), origin_s=start, **common)
+        reqs.update(_per_day(r, windows, cached_col="cached_tokens",
+                             prompt_col="reported_prompt_tokens"))
+    out: list[DayStatus] = []
+    for day, model in sorted(set(metrics) | set(reqs), key=lambda k: (k[1], k[0])):
+        if (day, model) in metrics:
+            cached, prompt = metrics[(day, model)]
+            fig = Figures("metrics", prompt, cached, _rate(cached, prompt))
+        else:
+            cached, prompt = reqs[(day, model)]
+            fig = Figures("requests", prompt, cached, _rate(cached, prompt))
+        threshold = threshold_for(cfg, model)
+        status = status_of(fig, threshold=threshold, min_query_tokens=cfg.min_query_tokens,
+                           stale=False)
+        out.append(DayStatus(day=day, model=model, figures=fig, threshold=threshold,
+                             status=status))
+    return out
+
+
+def alert_since(statuses: Sequence[DayStatus]) -> dict[str, DayStatus]:
+    """Per model whose last day in ``statuses`` reads ALERT: the first day of that run of
+    ALERT days (NO DATA days inside the run neither break nor start it), e.g. coder-7b ALERT
+    on days 5, 6 and 7 gives day 5."""
+    by_model: dict[str, list[DayStatus]] = {}
+    for s in sorted(statuses, key=lambda s: (s.model, s.day)):
+        by_model.setdefault(s.model, []).append(s)
+    out: dict[str, DayStatus] = {}
+    for model, days in by_model.items():
+        counted = [s for s in days if s.status != NO_DATA]
+        if not counted or counted[-1].status != ALERT:
+            continue
+        first = counted[-1]
+        for s in reversed(counted):
+            if s.status != ALERT:
+                break
+            first = s
+        out[model] = first
+    return out
+
+
+def opening_day(statuses: Sequence[DayStatus], *, fallback: date) -> tuple[date, str | None]:
+    """The day the Alerts page opens on: the day the most recent alert began (the first day
+    of the latest run of ALERT days of any model among ``statuses``, whose days should end
+    yesterday), else ``fallback`` (yesterday).
+
+    Returns:
+        ``(day, model)``: the model whose alert began that day, None for the fallback.
+    """
+    alerted = [s for s in statuses if s.status == ALERT]
+    if not alerted:
+        return fallback, None
+    last = max(s.day for s in alerted)
+    runs = alert_since([s for s in statuses if s.day <= last])
+    if not runs:
+        return last, max(alerted, key=lambda s: (s.day, s.model)).model
+    start = max(runs.values(), key=lambda s: (s.day, s.model))
+    return start.day, start.model
+
+
+@dataclass(frozen=True, slots=True)
+class RegressionCost:
+    """What a hit-rate regression cost since it began (``docs/metrics.md#what-a-regression-cost``).
+
+    Attributes:
+        baseline_hit_rate: the model's hit rate before the regression, fraction.
+        hit_rate: its hit rate since, fraction.
+        prompt_tokens, cached_tokens: Σ over the requests since the regression began.
+        extra_tokens: prompt tokens the prefill recomputed beyond what the baseline hit rate
+            would have left it: ``max(0, baseline x prompt - cached)``.
+        cost: ``extra_tokens x`` the price of a missed token (``miss_cost / (prompt -
+            cached)`` of the same requests: input minus cached-input price, tiers included),
+            in ``currency``; None without a price.
+    """
+
+    baseline_hit_rate: float
+    hit_rate: float
+    prompt_tokens: int
+    cached_tokens: int
+    extra_tokens: int
+    cost: float | None
+
+
+def regression_cost(*, baseline_hit_rate: float, prompt_tokens: int, cached_tokens: int,
+                    miss_cost: float | None) -> RegressionCost | None:
+    """The cost of a regression from the figures of the requests since it began (Σ prompt and
+    cached tokens, the store's ``miss_cost`` of those requests) and the hit rate before it.
+
+    Example: 1,000,000 prompt tokens since, 400,000 cached (40%), a baseline of 75% and misses
+    costing USD 0.12 (600,000 missed tokens at USD 0.20 per million): 350,000 extra tokens,
+    USD 0.07.
+
+    Returns:
+        None when there are no prompt tokens since.
+    """
+    p, c = int(prompt_tokens), int(cached_tokens)
+    if p <= 0:
+        return None
+    extra = max(0, round(baseline_hit_rate * p - c))
+    missed = p - c
+    cost = None
+    if miss_cost is not None and miss_cost == miss_cost:
+        cost = 0.0 if missed <= 0 else float(miss_cost) * extra / missed
+    return RegressionCost(baseline_hit_rate=float(baseline_hit_rate), hit_rate=c / p,
+                          prompt_tokens=p, cached_tokens=c, extra_tokens=extra, cost=cost)

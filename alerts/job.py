@@ -242,8 +242,8 @@ def compose(report: DailyReport, email: PlannedEmail, cfg: AlertsConfig, *,
             now_unix_s: float | None = None, dashboard_url: str | None = None) -> EmailMessage:
     """The MIME message of one planned email (text, HTML, inline chart, headers).
 
-    ``dashboard_url``: the served dashboard the email links to (``[dashboard] public_url``;
-    default ``[alerts] dashboard_url``)."""
+    ``dashboard_url``: the served dashboard the email links to
+    (:func:`prefixscope.core.config.dashboard_url`; default ``[alerts] dashboard_url``)."""
     day = report.window.day.isoformat()
     url = dashboard_url or cfg.dashboard_url
     png = render_chart_png(report, email.lines)
@@ -266,11 +266,19 @@ def _write_eml(msg: EmailMessage, eml_dir: str, day: str, index: int) -> str:
     return str(target)
 
 
+def link_url(settings: Settings, override: str | None = None) -> str:
+    """The dashboard URL of the emails: :func:`prefixscope.core.config.dashboard_url`."""
+    from prefixscope.core.config import dashboard_url
+
+    return dashboard_url(settings, override)
+
+
 def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str | None = None,
               send: bool = False, resend: bool = False, dry_run: bool = False,
               eml_dir: str | None = None, now_unix_s: float | None = None,
               env: Mapping[str, str] | None = None,
-              sleep: Callable[[float], None] = time.sleep) -> DailyRun:
+              sleep: Callable[[float], None] = time.sleep,
+              dashboard_url: str | None = None) -> DailyRun:
     """Compute the daily report of ``day`` and, with ``send``, email it once per recipient
     group and record each send.
 
@@ -289,6 +297,8 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
         now_unix_s: "now" (default wall clock): default day and STALE cutoff.
         env: environment for the SMTP password (default ``os.environ``).
         sleep: wait between SMTP retries (tests pass a recorder).
+        dashboard_url: the served dashboard the emails link to (default
+            :func:`prefixscope.core.config.dashboard_url` of ``settings``).
 
     Returns:
         A :class:`DailyRun`. SMTP failures do not raise here: call
@@ -342,7 +352,7 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
             run.outcomes.append(SendOutcome(**base, status=SKIPPED, error=why))
             continue
         msg = compose(report, email, cfg, now_unix_s=now,
-                      dashboard_url=settings.dashboard.public_url)
+                      dashboard_url=link_url(settings, dashboard_url))
         eml = _write_eml(msg, eml_dir, day_s, i) if eml_dir else None
         if dry_run:
             run.outcomes.append(SendOutcome(**base, status=DRY_RUN, message_id=msg["Message-ID"],

@@ -14,8 +14,8 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from prefixscope.alerts.daily import Change, DailyReport, Figures, ReportLine, resolve_tz
-from prefixscope.core.report import ALERT, INCONSISTENT, NO_DATA, OK, SEVERITY, STALE, percent
-from prefixscope.core.formatting import count_noun, money_decimals
+from prefixscope.core.report import ALERT, INCONSISTENT, NO_DATA, OK, SEVERITY, STALE
+from prefixscope.core.formatting import count_noun, fmt_pct, fmt_pp, money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"
 #: At most this many lines in the chart (worst first); the text lists all.
@@ -35,14 +35,15 @@ def worst_line(lines: Sequence[ReportLine]) -> ReportLine | None:
 
 
 def _fmt_pct(rate: float | None) -> str:
-    return "n/a" if rate is None else f"{percent(rate)}%"
+    """The dashboard's one percent format (:func:`prefixscope.core.formatting.fmt_pct`, one
+    decimal: ``39.8%``), so the email and the Alerts page read the same figure."""
+    return "n/a" if rate is None else fmt_pct(rate)
 
 
 def _fmt_pp(change: float | None) -> str:
-    if change is None:
-        return "n/a"
-    text = f"{change * 100:+.0f}"
-    return f"{'0' if int(text) == 0 else text} pp"  # never "-0 pp"
+    """A change in percentage points, one decimal, as the dashboard (``-33.1 pp``; never
+    ``-0.0 pp``)."""
+    return "n/a" if change is None else fmt_pp(change)
 
 
 def _fmt_money(amount: float | None, currency: str | None) -> str:
@@ -55,7 +56,7 @@ def _fmt_money(amount: float | None, currency: str | None) -> str:
 
 
 def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> str:
-    """``[prefixscope] ALERT tiny-llama 12% hit rate 2026-11-28`` for the worst line of
+    """``[prefixscope] ALERT tiny-llama 12.3% hit rate 2026-11-28`` for the worst line of
     ``lines`` (default all), with ``(+N more)`` when N other lines share its status.
 
     STALE names the last scrape (``no scrape after 14:05``); NO DATA the volume
@@ -75,7 +76,7 @@ def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> s
         n = top.figures.prompt_tokens
         figure = count_noun(n, "prompt token")
     else:
-        figure = f"{percent(top.figures.hit_rate)}% hit rate"
+        figure = f"{_fmt_pct(top.figures.hit_rate)} hit rate"
     more = sum(1 for ln in lines if ln.status == top.status and ln.instance is None) - 1
     extra = f" (+{more} more)" if more > 0 and top.status != OK else ""
     return f"{SUBJECT_PREFIX} {top.status} {top.label} {figure}{extra} {day}"
@@ -255,7 +256,7 @@ def render_chart_png(report: DailyReport, lines: Sequence[ReportLine] | None = N
         ax.plot([ln.threshold * 100] * 2, [i - 0.45, i + 0.45], color="#24292f",
                 linestyle="--", linewidth=0.8)
         r = rate(ln.figures)
-        ax.text(min((r or 0) * 100 + 1, 101), i + height, "n/a" if r is None else f"{percent(r)}%",
+        ax.text(min((r or 0) * 100 + 1, 101), i + height, "n/a" if r is None else _fmt_pct(r),
                 va="center", fontsize=7)
     ax.set_yticks(range(n), [ln.label for ln in lines], fontsize=8)
     ax.set_xlim(0, 110)

@@ -40,22 +40,46 @@ def daily_report(db: str, *, day_iso: str, tz: str) -> dict:
 def daily_email_html(db: str, *, day_iso: str, tz: str) -> str:
     """The daily report of ``day_iso`` rendered as the email's HTML body
     (``prefixscope.alerts.render.render_html``), with its chart inline (a data URI instead of
-    the email's ``cid:`` part), linking to ``[dashboard] public_url`` (default
-    ``[alerts] dashboard_url``)."""
+    the email's ``cid:`` part), linking to the served dashboard
+    (``prefixscope.core.config.dashboard_url``: ``[dashboard] public_url``, else this
+    server's own address)."""
     import base64
 
     from prefixscope.alerts.daily import build_daily_report
     from prefixscope.alerts.render import render_chart_png, render_html
-    from prefixscope.core.config import load_settings
+    from prefixscope.core.config import dashboard_url, load_settings
 
     settings = load_settings()
     with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
         report = build_daily_report(con, day=date.fromisoformat(day_iso), tz=tz,
                                     cfg=settings.alerts, now_unix_s=time.time())
     png = render_chart_png(report)
-    url = settings.dashboard.public_url or settings.alerts.dashboard_url
+    url = dashboard_url(settings)
     html = render_html(report, dashboard_url=url, chart_cid="chart" if png else None)
     if png:
         html = html.replace("cid:chart", "data:image/png;base64,"
                             + base64.b64encode(png).decode("ascii"))
     return html
+
+
+@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=64)
+def daily_statuses(db: str, *, first_day_iso: str, last_day_iso: str, tz: str,
+                   models: tuple[str, ...] | None = None,
+                   instances: tuple[str, ...] | None = None,
+                   run_ids: tuple[str, ...] | None = ("",)) -> list[dict]:
+    """``prefixscope.alerts.daily.daily_statuses`` of the local days ``first_day_iso`` to
+    ``last_day_iso`` in ``tz`` with the ``[alerts]`` settings, as dicts: ``day`` (ISO date),
+    ``model``, ``source``, ``cached_tokens``, ``prompt_tokens``, ``hit_rate`` (fraction or
+    None), ``threshold``, ``status`` (OK / ALERT / NO DATA)."""
+    from prefixscope.alerts.daily import daily_statuses as compute
+    from prefixscope.core.config import load_settings
+
+    cfg = load_settings().alerts
+    with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
+        rows = compute(con, first_day=date.fromisoformat(first_day_iso),
+                       last_day=date.fromisoformat(last_day_iso), tz=tz, cfg=cfg,
+                       models=models, instances=instances, run_ids=run_ids)
+    return [{"day": s.day.isoformat(), "model": s.model, "source": s.figures.source,
+             "cached_tokens": s.figures.cached_tokens, "prompt_tokens": s.figures.prompt_tokens,
+             "hit_rate": s.figures.hit_rate, "threshold": s.threshold, "status": s.status}
+            for s in rows]

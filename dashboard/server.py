@@ -45,10 +45,16 @@ def streamlit_argv(db: str, *, port: int = 8501, host: str = "127.0.0.1") -> lis
     ]
 
 
-def streamlit_env(db: str) -> dict[str, str]:
-    """The environment for the server: the current one plus ``PREFIXSCOPE_DB`` (absolute)."""
+def streamlit_env(db: str, *, port: int | None = None, host: str = "127.0.0.1") -> dict[str, str]:
+    """The environment for the server: the current one plus ``PREFIXSCOPE_DB`` (absolute) and,
+    with ``port``, ``PREFIXSCOPE_SERVED_URL`` (the address it serves at; the email preview's
+    link when no dashboard URL is configured, ``prefixscope.core.config.dashboard_url``)."""
+    from prefixscope.core.config import SERVED_URL_ENV, served_url
+
     env = dict(os.environ)
     env["PREFIXSCOPE_DB"] = os.path.abspath(db)
+    if port is not None:
+        env[SERVED_URL_ENV] = served_url(host, port)
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     return env
 
@@ -65,4 +71,4 @@ def serve(db: str, *, port: int = 8501, host: str = "127.0.0.1") -> None:
     argv = streamlit_argv(db, port=port, host=host)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(argv[0], argv, streamlit_env(db))
+    os.execvpe(argv[0], argv, streamlit_env(db, port=port, host=host))

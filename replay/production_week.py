@@ -53,7 +53,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -198,6 +198,7 @@ class _CoderTokens:
         self._sys: dict[str, tuple[str, list[int]]] = {}
         self._rest: dict[tuple[int, int], list[int]] = {}
         self._out: dict[tuple[int, int], int] = {}
+        self._repo: dict[tuple[str, ...], list[int]] = {}
 
     @staticmethod
     def system_text(day: str, stamp: str | None) -> str:
@@ -222,14 +223,21 @@ class _CoderTokens:
             text = self.tok.render([system], add_generation_prompt=False)
             self._sys[key] = (text, self.tok.encode(text))
         sys_text, sys_ids = self._sys[key]
-        repo_text = self.tok.render([system, *repo], add_generation_prompt=False)[len(sys_text):]
+        # the session's repository exchange renders the same after any system prompt (the
+        # template renders message by message, as the ``_rest`` cache below also relies on):
+        # rendered and encoded once per session, not once per request
+        rkey = tuple(m["content"] for m in repo)
+        if rkey not in self._repo:
+            repo_text = self.tok.render([system, *repo],
+                                        add_generation_prompt=False)[len(sys_text):]
+            self._repo[rkey] = self.tok.encode(repo_text)
         msgs = self.chats[chat][1:1 + 2 * turn + 1]  # user, assistant, ..., user (this input)
         if (chat, turn) not in self._rest:
             base = [system, *repo]
             head = self.tok.render(base, add_generation_prompt=False)
             full = self.tok.render(base + msgs)
             self._rest[(chat, turn)] = self.tok.encode(full[len(head):])
-        ids = sys_ids + self.tok.encode(repo_text) + self._rest[(chat, turn)]
+        ids = sys_ids + self._repo[rkey] + self._rest[(chat, turn)]
         return ids, [system, *repo, *msgs]
 
     def output_tokens(self, chat: int, turn: int, reply: str) -> int:
@@ -459,7 +467,8 @@ def _write_usage(path: Path, spec: InstanceSpec, ids: Sequence[str], timed: _Tim
 
 
 def build_week(out_dir: str | os.PathLike[str], *, end_unix_s: float, seed: int = 20261201,
-               instances: Sequence[InstanceSpec] = INSTANCES) -> WeekResult:
+               instances: Sequence[InstanceSpec] = INSTANCES,
+               progress: Callable[[InstanceWeek], None] | None = None) -> WeekResult:
     """Make the week's usage logs, Prometheus ranges and the release-day chat log in ``out_dir``.
 
     Args:
@@ -467,6 +476,7 @@ def build_week(out_dir: str | os.PathLike[str], *, end_unix_s: float, seed: int 
         end_unix_s: the end of the week (the last scrape is before it), Unix seconds.
         seed: the random seed (session arrivals, chats picked, think times).
         instances: the deployment (default :data:`INSTANCES`).
+        progress: called with each instance's :class:`InstanceWeek` once its files are written.
 
     Returns:
         A :class:`WeekResult` with each instance's files and totals.
@@ -523,4 +533,6 @@ def build_week(out_dir: str | os.PathLike[str], *, end_unix_s: float, seed: int 
                 for line in chat_log:
                     fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
         result.instances.append(iw)
+        if progress is not None:
+            progress(iw)
     return result

@@ -73,7 +73,7 @@ def test_send_once_then_skip_then_resend(cli, daily_db, tmp_path):
         args = ["report", "daily", "--db", daily_db, "--date", "2026-11-28", "--config", cfg]
         code, out, err = cli(args + ["--send"])
         assert code == 0, err
-        assert "sent to oncall@example.com: [prefixscope] OK tiny-llama 94% hit rate 2026-11-28" in out
+        assert "sent to oncall@example.com: [prefixscope] OK tiny-llama 94.4% hit rate 2026-11-28" in out
         code, out, _ = cli(args + ["--send"])
         assert code == 0
         assert "skipped oncall@example.com: already sent for 2026-11-28 (UTC): use --resend" in out
@@ -118,7 +118,7 @@ def test_dry_run_without_recipients_renders_the_report(cli, daily_db, tmp_path):
     assert "tiny-llama  608,000 of 644,000 prompt tokens from cache (94%): OK" in out
     assert ("dry run, no recipients configured ([alerts] recipients, recipients_by_model or "
             "recipients_by_scope): nothing would be sent; the email would be: "
-            "[prefixscope] OK tiny-llama 94% hit rate 2026-11-28, written to ") in out
+            "[prefixscope] OK tiny-llama 94.4% hit rate 2026-11-28, written to ") in out
     (path,) = eml.glob("*.eml")
     assert b"X-Prefixscope-Status: OK" in path.read_bytes()
     code, out, _ = cli(["report", "daily", "--db", daily_db, "--date", "2026-11-28",
@@ -198,7 +198,7 @@ def test_a_run_killed_during_smtp_is_named_and_retried(daily_db, tmp_path):
         assert done.returncode == 0, done.stderr
         assert (f"the send to oncall@example.com claimed by pid {proc.pid} was never finished "
                 "(0 SMTP attempts recorded): that run died; sending again") in done.stdout
-        assert "sent to oncall@example.com: [prefixscope] OK tiny-llama 94% hit rate" in done.stdout
+        assert "sent to oncall@example.com: [prefixscope] OK tiny-llama 94.4% hit rate" in done.stdout
         assert len(server.received) == 1
         with store_db.reader(daily_db) as con:
             rows = con.execute("SELECT status, error FROM alert_sends ORDER BY created_unix_s").fetchall()

@@ -72,7 +72,7 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     sends = at.dataframe[-1].value
     assert sorted(sends["Status"].tolist()) == ["failed", "sent"]
     assert set(sends["Recipients"]) == {"oncall@example.com", "team@example.com"}
-    assert all(s.startswith("[prefixscope] ALERT tiny-llama 12% hit rate") for s in sends["Subject"])
+    assert all(s.startswith("[prefixscope] ALERT tiny-llama 12.0% hit rate") for s in sends["Subject"])
 
 
 def test_alerts_page_on_a_day_without_data(alerts_db):

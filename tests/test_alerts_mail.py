@@ -96,7 +96,7 @@ def test_email_has_text_html_inline_chart_subject_and_link(report_db, smtp):
     assert [o.status for o in run.outcomes] == [SENT]
     (got,) = smtp.received
     msg = got.message
-    assert msg["Subject"] == "[prefixscope] ALERT tiny-llama 12% hit rate 2026-11-28"
+    assert msg["Subject"] == "[prefixscope] ALERT tiny-llama 12.0% hit rate 2026-11-28"
     assert msg["From"] == "prefixscope@example.com"
     assert msg["To"] == "oncall@example.com"
     assert got.rcpt_tos == ["oncall@example.com"] and got.mail_from == "prefixscope@example.com"
@@ -112,7 +112,7 @@ def test_email_has_text_html_inline_chart_subject_and_link(report_db, smtp):
     html = parts["text/html"][0].get_content()
     assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" in text
     assert "608,000 of 644,000 prompt tokens from cache (94%): OK" in text
-    assert "previous day 95% (-83 pp)" in text
+    assert "previous day 95.0% (-83.0 pp)" in text
     link = "https://dash.example.com/alerts?day=2026-11-28&tz=UTC"
     assert f"Dashboard: {link}" in text
     assert f'href="{link.replace("&", "&amp;")}"' in html
@@ -156,7 +156,7 @@ def test_recipients_per_model_and_scope(report_db, smtp):
     qwen = parts_by_type(by_rcpt["qwen-team@example.com"])["text/plain"][0].get_content()
     assert "qwen-small" in qwen and "tiny-llama" not in qwen and "TENANT" in qwen
     assert by_rcpt["qwen-team@example.com"]["Subject"] == \
-        "[prefixscope] OK qwen-small 94% hit rate 2026-11-28"
+        "[prefixscope] OK qwen-small 94.4% hit rate 2026-11-28"
     tenancy = parts_by_type(by_rcpt["tenancy@example.com"])["text/plain"][0].get_content()
     assert "qwen-small TENANT" in tenancy and "608,000" not in tenancy
     assert by_rcpt["oncall@example.com"]["X-Prefixscope-Status"] == "ALERT"
@@ -215,7 +215,7 @@ def test_dry_run_connects_to_nothing_and_records_nothing(report_db, tmp_path):
     assert [o.status for o in run.outcomes] == [DRY_RUN]
     assert _sends(report_db).empty
     (path,) = eml.glob("*.eml")
-    assert b"Subject: [prefixscope] ALERT tiny-llama 12% hit rate 2026-11-28" in path.read_bytes()
+    assert b"Subject: [prefixscope] ALERT tiny-llama 12.0% hit rate 2026-11-28" in path.read_bytes()
 
 
 def test_no_recipients_is_a_config_error(report_db):

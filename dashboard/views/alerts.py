@@ -10,7 +10,7 @@ the sidebar filters do not apply: a report covers every model of one local day. 
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 
 import pandas as pd
 import streamlit as st
@@ -52,17 +52,91 @@ st.caption("The daily report that `prefixscope report daily --send` emails: per 
            "threshold, ALERT below, NO DATA under the minimum volume, STALE when a metrics source "
            "stopped reporting. Not filtered by the sidebar. Formulas: docs/alerts.md.")
 
-params = st.query_params
-tz_default = params.get("tz") or _default_tz()
-try:
-    from prefixscope.alerts.daily import default_day
+#: How many days back (from today) the page looks for the alert it opens on.
+LOOKBACK_DAYS = 14
 
-    day_default = date.fromisoformat(params["day"]) if "day" in params else default_day(tz_default)
-except Exception:
-    day_default = date.today()
+
+def _valid_tz(name: str) -> bool:
+    try:
+        from prefixscope.alerts.daily import resolve_tz
+
+        resolve_tz(name)
+        return True
+    except Exception:
+        return False
+
+
+def _param_day(text: str) -> date | None:
+    """The ``day`` of the URL as a date, None when it is not one the report can cover."""
+    try:
+        from prefixscope.alerts.daily import parse_day
+
+        return parse_day(text)
+    except Exception:
+        return None
+
+
+def opening_day(db: str, tz: str) -> tuple[date, str | None, date | None]:
+    """The day the page opens on without ``?day=``: the day the most recent alert began among
+    the last :data:`LOOKBACK_DAYS` days up to today (``prefixscope.alerts.daily.opening_day``),
+    else yesterday. Returns ``(day, model or None, the alert's last day or None)``."""
+    from prefixscope.alerts.daily import default_day
+    from prefixscope.alerts.daily import opening_day as pick
+
+    yesterday = default_day(tz)
+    today = yesterday + timedelta(days=1)
+    first = today - timedelta(days=LOOKBACK_DAYS)
+    try:
+        rows = dashboard_data.daily_statuses(db, first_day_iso=first.isoformat(),
+                                             last_day_iso=today.isoformat(), tz=tz)
+    except Exception:  # no database yet, or busy: the guard below says so
+        return yesterday, None, None
+    from prefixscope.alerts.daily import DayStatus, Figures
+
+    statuses = [DayStatus(day=date.fromisoformat(r["day"]), model=r["model"],
+                          figures=Figures(r["source"], r["prompt_tokens"], r["cached_tokens"],
+                                          r["hit_rate"]),
+                          threshold=r["threshold"], status=r["status"]) for r in rows]
+    day, model = pick(statuses, fallback=yesterday)
+    if model is None:
+        return day, None, None
+    last = max(s.day for s in statuses if s.model == model and s.status == "ALERT")
+    return day, model, last
+
+
+params = st.query_params
+tz_default = _default_tz() if _valid_tz(_default_tz()) else "UTC"
+if "tz" in params:
+    if _valid_tz(params["tz"]):
+        tz_default = params["tz"]
+    else:
+        st.warning(f"The link's `tz` parameter ({params['tz'][:64]!r}) is not an IANA time zone "
+                   f"(such as UTC or Europe/Berlin): showing {tz_default} instead.",
+                   icon=":material/link_off:")
+day_default, alert_model, alert_last = None, None, None
+if "day" in params:
+    day_default = _param_day(params["day"])
+    if day_default is None:
+        st.warning(f"The link's `day` parameter ({params['day'][:32]!r}) is not a day in the "
+                   "form YYYY-MM-DD between 1970-01-02 and 2099-12-30: showing the default day "
+                   "instead.", icon=":material/link_off:")
+if day_default is None:
+    day_default, alert_model, alert_last = opening_day(db, tz_default)
 c1, c2 = st.columns(2)
 day = c1.date_input("Day (local)", value=day_default, key="alerts_day")
 tz = c2.text_input("Time zone (IANA)", value=tz_default, key="alerts_tz").strip() or "UTC"
+if not _valid_tz(tz):
+    st.error(f"Time zone: {tz[:64]!r} is not an IANA time zone: use a name such as UTC or "
+             "Europe/Berlin.", icon=":material/error:")
+    st.stop()
+if alert_model is not None and day == day_default:
+    through = (f" and reads ALERT through {alert_last.isoformat()}"
+               if alert_last is not None and alert_last != day else "")
+    st.caption(f"Showing {day.isoformat()}, the day the latest alert began: {alert_model} fell "
+               f"below its threshold that day{through}. Pick another day above.")
+elif "day" not in params and day == day_default:
+    st.caption(f"Showing {day.isoformat()} (yesterday): no alert in the last "
+               f"{LOOKBACK_DAYS} days. Pick another day above.")
 
 with data.guard(db):
     rep = dashboard_data.daily_report(db, day_iso=day.isoformat(), tz=tz)

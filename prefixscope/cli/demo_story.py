@@ -20,11 +20,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefixscope.core.paths import data_file
-from prefixscope.replay.production_week import INSTANCES, WeekResult, build_week
+from prefixscope.replay.production_week import INSTANCES, SCRAPE_EVERY_S, WeekResult, build_week
 
 FIX_LAYOUT = data_file("layouts", "timestamp-at-end.yaml")
 DEMO_PRICES = data_file("demo-week", "prices.toml")
@@ -43,13 +44,17 @@ class StoryReport:
     chat_log: Path | None = None
 
 
-def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None = None) -> StoryReport:
+def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None = None,
+                progress: Callable[[str], None] | None = None,
+                started: Callable[[str], None] | None = None) -> StoryReport:
     """Make the week (files under ``work_dir/week``) and ingest it into ``db_path``.
 
     Args:
         db_path: a migrated DuckDB file (opened read-write here).
         work_dir: where the week's files are written.
         end_unix_s: end of the week (default: 30 s before now, so the default range shows it).
+        progress: called with each line of :attr:`StoryReport.lines` as it is done.
+        started: called with a line as each step starts (what, and how much).
 
     Raises:
         PrefixscopeError subclasses from the replay and the ingest.
@@ -59,24 +64,38 @@ def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None 
     from prefixscope.ingest.usage import ingest_usage_file
     from prefixscope.store import db as store_db
 
-    started = time.monotonic()
+    def start(line: str) -> None:
+        if started is not None:
+            started(line)
+
+    def done(line: str) -> None:
+        report.lines.append(line)
+        if progress is not None:
+            progress(line)
+
+    t0 = time.monotonic()
     end = time.time() - 30.0 if end_unix_s is None else float(end_unix_s)
-    week = build_week(Path(work_dir) / "week", end_unix_s=end)
+    start(f"building the week: {len(INSTANCES)} instances x 7 days, replaying real "
+          "conversations through the cache model")
+    week = build_week(Path(work_dir) / "week", end_unix_s=end,
+                      progress=lambda iw: start(
+                          f"built {iw.spec.name} ({iw.spec.model}): {iw.requests:,} requests"))
     report = StoryReport(week)
-    built = time.monotonic() - started
+    built = time.monotonic() - t0
     with store_db.writer(db_path) as con:
         load_prices(con, DEMO_PRICES)
         for iw in week.instances:
+            start(f"ingesting {iw.spec.name}: {iw.requests:,} requests and its counters "
+                  f"every {SCRAPE_EVERY_S:g} s")
             u = ingest_usage_file(con, str(iw.usage_path), workers=0)
             m = ingest_query_range_file(con, str(iw.prometheus_path), label_key=None)
             rate = iw.cached_tokens / iw.prompt_tokens if iw.prompt_tokens else 0.0
-            report.lines.append(
-                f"{iw.spec.name} ({iw.spec.model}): {u.rows_added:,} requests, "
-                f"{m.rows_added:,} metric samples, {rate:.1%} of prompt tokens from cache")
+            done(f"{iw.spec.name} ({iw.spec.model}): {u.rows_added:,} requests, "
+                 f"{m.rows_added:,} metric samples, {rate:.1%} of prompt tokens from cache")
             if iw.spec.name == STORY_INSTANCE:
                 report.chat_log = iw.chat_log
-    report.lines.append(f"week {week.release_day} release: built in {built:.0f} s, "
-                        f"ingested in {time.monotonic() - started - built:.0f} s")
+    done(f"week {week.release_day} release: built in {built:.0f} s, "
+         f"ingested in {time.monotonic() - t0 - built:.0f} s")
     return report
 
 

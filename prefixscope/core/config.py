@@ -175,6 +175,9 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     env_db = os.environ.get("PREFIXSCOPE_DB")
     if env_db:
         data.setdefault("store", {})["db"] = env_db
+    env_url = os.environ.get("PREFIXSCOPE_DASHBOARD_URL")
+    if env_url:
+        data.setdefault("dashboard", {})["public_url"] = env_url
     env_key = os.environ.get("PREFIXSCOPE_HMAC_KEY_FILE")
     if env_key:
         data.setdefault("identity", {})["hmac_key_file"] = env_key
@@ -184,3 +187,40 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"{source}: {key}: {first['msg']}") from exc
+
+
+#: Set by ``prefixscope dashboard`` for its server: the address it serves at
+#: (``http://localhost:PORT``), the email preview's link when no URL is configured.
+SERVED_URL_ENV = "PREFIXSCOPE_SERVED_URL"
+
+
+def dashboard_url(settings: Settings, override: str | None = None) -> str:
+    """The URL of the served dashboard that the daily email links to, first of:
+
+    1. ``override`` (``prefixscope report daily --dashboard-url``);
+    2. ``[dashboard] public_url``, or env ``PREFIXSCOPE_DASHBOARD_URL`` (which overrides the
+       file, as the other environment variables do);
+    3. ``[alerts] dashboard_url`` when the config file sets it;
+    4. env ``PREFIXSCOPE_SERVED_URL``: inside a dashboard started by ``prefixscope dashboard
+       --host H --port P``, its own address (``http://localhost:P`` for a loopback or
+       wildcard host), so the Alerts page's email preview links to the port it is served on;
+    5. ``http://localhost:8501`` (``[alerts] dashboard_url``'s default).
+    """
+    if override:
+        return override
+    if settings.dashboard.public_url:
+        return settings.dashboard.public_url
+    if "dashboard_url" in settings.alerts.model_fields_set:
+        return settings.alerts.dashboard_url
+    return os.environ.get(SERVED_URL_ENV) or settings.alerts.dashboard_url
+
+
+def served_url(host: str, port: int) -> str:
+    """The address a browser on this machine opens for a server bound to ``host:port``:
+    ``localhost`` for loopback and wildcard hosts (``127.0.0.1``, ``0.0.0.0``, ``::``)."""
+    h = host.strip("[]")
+    if h in ("", "0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
+        h = "localhost"
+    elif ":" in h:
+        h = f"[{h}]"
+    return f"http://{h}:{int(port)}"

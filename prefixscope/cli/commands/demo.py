@@ -19,9 +19,11 @@ def demo_cmd(
     """
     from prefixscope.cli.demo import build_demo
 
-    report = build_demo(db, with_replay=not no_replay)
-    for step in report.steps:
-        out.print(f"  {step}", markup=False, highlight=False)
+    out.print(f"building the demo database {db} (about a minute on a quiet 2-core machine)",
+              markup=False, highlight=False)
+    report = build_demo(db, with_replay=not no_replay,
+                        progress=lambda line: out.print(f"  {line}", markup=False,
+                                                        highlight=False))
     out.print(f"demo database ready: {report.db_path} ({report.seconds:.1f} s)")
     out.print("open the dashboard: prefixscope dashboard --db " + report.db_path)
 

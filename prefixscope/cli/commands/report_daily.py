@@ -26,6 +26,10 @@ def daily_cmd(
                           "compose the full report's email.")] = False,
     eml_dir: Annotated[str | None, typer.Option(
         "--eml-dir", help="Also write each composed email to this folder as .eml.")] = None,
+    dashboard_url: Annotated[str | None, typer.Option(
+        "--dashboard-url", help="URL of the served dashboard the report links to (default "
+                                "env PREFIXSCOPE_DASHBOARD_URL, [dashboard] public_url, "
+                                "[alerts] dashboard_url).")] = None,
     config: Annotated[str | None, typer.Option(
         "--config", help="Config file (default $PREFIXSCOPE_CONFIG or ./prefixscope.toml).")] = None,
 ) -> None:
@@ -38,19 +42,18 @@ def daily_cmd(
     Example: prefixscope report daily --date 2026-11-28 --tz Europe/Berlin --send
     """
     from prefixscope.alerts.daily import parse_day
-    from prefixscope.alerts.job import describe_outcomes, run_daily
+    from prefixscope.alerts.job import describe_outcomes, link_url, run_daily
     from prefixscope.alerts.render import render_text
     from prefixscope.core.config import load_settings
 
     settings = load_settings(config)
     day = parse_day(date) if date else None
     run = run_daily(db, settings=settings, day=day, tz=tz, send=send, resend=resend,
-                    dry_run=dry_run, eml_dir=eml_dir)
+                    dry_run=dry_run, eml_dir=eml_dir, dashboard_url=dashboard_url)
     if as_json:
         print_json(run.as_dict())
     else:
-        out.print(render_text(run.report, dashboard_url=settings.dashboard.public_url
-                              or settings.alerts.dashboard_url),
+        out.print(render_text(run.report, dashboard_url=link_url(settings, dashboard_url)),
                   markup=False, highlight=False, end="")
         for line in [*run.notes, *describe_outcomes(run.outcomes)]:
             out.print(line, markup=False, highlight=False)
