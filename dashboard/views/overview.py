@@ -116,9 +116,9 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
         total = shown[shown["model"] == model]
         whole = (f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])}: the days "
                  "before still count in it." if not total.empty else "")
-        st.error(f"**{model} below {fmt_pct(first.threshold)} since {first.day.isoformat()}** "
-                 f"(ALERT every day since: {days}).{whole} Why: the Breakers page; the day's "
-                 "report: Alerts.", icon=":material/trending_down:")
+        st.warning(f":red-badge[ALERT] **{model} below {fmt_pct(first.threshold)} since "
+                   f"{first.day.isoformat()}** (daily hit rate: {days}).{whole} Why: the "
+                   "Breakers page; the day's report: Alerts.", icon=":material/trending_down:")
     st.markdown(f"**Daily status** (days in {tz}, as the daily report: Δhits ÷ Δqueries of "
                 "each day from the counters, else the usage log)")
     seen = sorted({s.day for s in statuses})
