@@ -15,6 +15,11 @@ Every page draws its tables with :func:`show_table`; the rules live in :func:`ta
    (the one percent format).
 3. A ``Status`` column (OK / ALERT / NO DATA / STALE / INCONSISTENT; sent / failed) is text in
    its colour (:data:`STATUS_CSS`): emoji need fonts a server may lack.
+4. Every column is visible without scrolling sideways at a 1400 px window: when the columns'
+   natural widths (header or longest cell, :func:`fit_widths`) add up to more than
+   :data:`TABLE_WIDTH_PX`, the narrow columns keep theirs and the wide ones (a report line, a
+   run label) share the rest, their long cells cut with an ellipsis (the whole text shows on
+   hover and is in the download). A width the page gives in ``column_config`` is kept.
 
 The CSV and Parquet buttons export the frame exactly as shown (same headers, same cells). The
 frame is the page's already-aggregated table (at most a page of rows: per model, per window,
@@ -59,6 +64,94 @@ STATUS_CSS: dict[str, str] = {
 STATUS_COLUMNS = ("Status", "Report status")
 _ACRONYMS = {"ttft": "TTFT", "itl": "ITL", "kv": "KV", "gpu": "GPU", "id": "id", "url": "URL",
              "ms": "ms"}
+
+
+#: The width (px) the main area gives a full-width table at a 1400 px browser window with the
+#: sidebar open (layout "wide"; measured in headless Chromium: about 940 px).
+TABLE_WIDTH_PX = 920
+#: Average width (px) of one character of a cell or a header in the dashboard's table font
+#: (Source Sans, 14 px: about 5 px a header letter, 6 a text and 7 a digit in headless
+#: Chromium; a little more, so a column is never too narrow), and the padding of a cell.
+CHAR_PX = 6.6
+CELL_PAD_PX = 18
+#: A column never gets less than this (px) when widths are shared out.
+MIN_COLUMN_PX = 60
+#: Characters of a header a narrowed column still shows whole.
+HEADER_CHARS = 12
+#: A column at most this wide (px) keeps its natural width while wider ones give way.
+SHORT_COLUMN_PX = 110
+
+
+def natural_width(header: str, cells: pd.Series) -> int:
+    """The width (px) a column needs to show its header and its longest cell (the first 1,000
+    cells) on one line: characters x :data:`CHAR_PX` + :data:`CELL_PAD_PX`."""
+    longest = int(cells.head(1000).astype(str).map(len).max()) if len(cells) else 0
+    return int(round(max(len(str(header)), longest) * CHAR_PX + CELL_PAD_PX))
+
+
+def fit_widths(frame: pd.DataFrame, *, budget_px: int = TABLE_WIDTH_PX,
+               fixed: dict[str, int] | None = None) -> dict[str, int]:
+    """Column widths (px) that fit ``budget_px`` (rule 4). Pure.
+
+    {} when the natural widths (:func:`natural_width`) already fit. Else every column keeps a
+    floor (its natural width when at most :data:`SHORT_COLUMN_PX`, else its header up to
+    :data:`HEADER_CHARS` characters, at least :data:`MIN_COLUMN_PX`), and what is left of the
+    budget is shared in proportion to how much wider each column would like to be: long text
+    (a report line, a run label) gives up most. When even the floors do not fit, the floors are water-filled: columns under an
+    equal share keep theirs, the others share the rest equally.
+
+    Args:
+        frame: the table as shown (:func:`table_frame`).
+        budget_px: the table's width.
+        fixed: widths the page set (kept, counted in the budget, not returned).
+    """
+    fixed = {c: int(w) for c, w in (fixed or {}).items() if c in frame.columns}
+    natural = {c: natural_width(c, frame[c]) for c in frame.columns if c not in fixed}
+    left = budget_px - sum(fixed.values())
+    if not natural or sum(natural.values()) <= left:
+        return {}
+    floor = {c: n if n <= SHORT_COLUMN_PX else
+             min(n, max(MIN_COLUMN_PX, int(round(min(len(str(c)), HEADER_CHARS) * CHAR_PX
+                                                 + CELL_PAD_PX))))
+             for c, n in natural.items()}
+    extra = sum(natural[c] - floor[c] for c in natural)
+    if sum(floor.values()) < left and extra > 0:
+        k = (left - sum(floor.values())) / extra
+        return {c: int(floor[c] + k * (natural[c] - floor[c])) for c in natural}
+    out: dict[str, int] = {}
+    pending = sorted(floor, key=lambda c: floor[c])
+    while pending:
+        share = left / len(pending)
+        c = pending[0]
+        if floor[c] <= share:
+            out[c] = floor[c]
+            left -= floor[c]
+            pending.pop(0)
+            continue
+        for c in pending:
+            out[c] = max(MIN_COLUMN_PX, int(share))
+        break
+    return out
+
+
+def _with_widths(frame: pd.DataFrame, column_config: dict | None) -> dict:
+    """``column_config`` with a width for every column :func:`fit_widths` narrows (a width the
+    page set, or a column it hid, is kept)."""
+    config = dict(column_config or {})
+    fixed = {}
+    for name, cfg in config.items():
+        if isinstance(cfg, dict) and isinstance(cfg.get("width"), int):
+            fixed[name] = cfg["width"]
+        elif isinstance(cfg, dict) and cfg.get("width") in ("small", "medium", "large"):
+            fixed[name] = {"small": 75, "medium": 200, "large": 400}[cfg["width"]]
+        elif cfg is None:  # hidden
+            fixed[name] = 0
+    for name, width in fit_widths(frame, fixed=fixed).items():
+        cfg = config.get(name)
+        if isinstance(cfg, str):  # a label only
+            cfg = {"label": cfg}
+        config[name] = {**(cfg or {}), "width": width}
+    return config
 
 
 def human_column(name: object) -> str:
@@ -179,25 +272,35 @@ def download_button(df: pd.DataFrame, name: str, *, label: str = "CSV") -> None:
                        icon=":material/download:")
 
 
-def show_table(name: str, data, *, caption: str | None = None, **kwargs):
+def show_table(name: str, data, *, caption: str | None = None, empty: str | None = None,
+               **kwargs):
     """Draw a table the one way every page does: :func:`table_frame` of ``data`` (human
     column names, text cells, ``—`` for missing values), ``Status`` columns as coloured text,
-    ``caption`` under it, then :func:`download_button` (file stem ``name``, also the buttons'
-    key: unique per page) exporting the frame as shown.
+    every column visible at 1400 px (rule 4: widths from :func:`fit_widths` merged into
+    ``column_config``), ``caption`` under it, then :func:`download_button` (file stem
+    ``name``, also the buttons' key: unique per page) exporting the frame as shown.
 
     Args:
         name: the download file stem, e.g. ``requests-per-window``.
         data: a DataFrame (or anything ``pd.DataFrame`` takes), columns in display order.
         caption: text under the table (Markdown), or None.
-        **kwargs: passed to ``st.dataframe`` (``hide_index`` defaults to True).
+        empty: when given and ``data`` has no rows, this caption is drawn instead of an empty
+            table and its buttons (``"No window in this range."``).
+        **kwargs: passed to ``st.dataframe`` (``hide_index`` defaults to True;
+            ``column_config`` is kept, widths added only where it sets none).
 
     Returns:
-        What ``st.dataframe`` returns.
+        What ``st.dataframe`` returns (None when ``empty`` was drawn).
     """
     import streamlit as st
 
-    frame = table_frame(data if isinstance(data, pd.DataFrame) else pd.DataFrame(data))
+    raw = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
+    if empty is not None and raw.empty:
+        st.caption(empty)
+        return None
+    frame = table_frame(raw)
     kwargs.setdefault("hide_index", True)
+    kwargs["column_config"] = _with_widths(frame, kwargs.get("column_config"))
     status = [c for c in STATUS_COLUMNS if c in frame.columns]
     shown = st.dataframe(frame.style.map(status_style, subset=status) if status else frame,
                          **kwargs)

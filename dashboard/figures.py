@@ -667,36 +667,58 @@ def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
 
 # Replay page (prefixscope.store.queries.replay)
 
+def wrap_label(text: object, width: int = 28) -> str:
+    """A bar label on lines of at most ``width`` characters (``<br>`` between words), so long
+    run labels do not take the plot's width away from the bars (Replay page at 1400 px)."""
+    words, lines, line = str(text).split(), [], ""
+    for w in words:
+        if line and len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    lines.append(line)
+    return "<br>".join(lines)
+
+
 def run_hit_rate_bars(df: pd.DataFrame) -> go.Figure:
-    """Hit rate per run, one horizontal bar each (first run on top).
+    """Hit rate per run, one horizontal bar each (first run on top), labels wrapped
+    (:func:`wrap_label`).
 
     Args:
         df: ``replay_runs`` rows: ``label``, ``hit_rate``.
     """
-    fig = go.Figure(go.Bar(y=df["label"], x=df["hit_rate"], orientation="h",
-                           text=[fmt_pct(v) for v in df["hit_rate"]], textposition="auto"))
+    fig = go.Figure(go.Bar(y=[wrap_label(v) for v in df["label"]], x=df["hit_rate"],
+                           orientation="h", text=[fmt_pct(v) for v in df["hit_rate"]],
+                           textposition="auto"))
     fig.update_layout(title="Hit rate per run (Σ cached ÷ Σ prompt tokens)",
-                      xaxis=dict(range=[0, 1], tickformat=".0%"),
+                      xaxis=dict(range=[0, 1], tickformat=".0%", nticks=6),
                       yaxis=dict(autorange="reversed", automargin=True),
-                      height=120 + 40 * len(df), margin=dict(t=50, b=10))
+                      height=140 + 50 * len(df), margin=dict(t=50, b=10))
     return fig
 
 
 def run_cost_bars(df: pd.DataFrame, currency: str) -> go.Figure:
-    """Cost without and with the cache per run, in ``currency``, horizontal bars.
+    """Cost without and with the cache per run, in ``currency``, horizontal bars; labels
+    wrapped (:func:`wrap_label`), at most 4 x ticks with the currency symbol (they overlapped
+    at half of 1400 px), the legend above the plot.
 
     Args:
         df: ``replay_runs`` rows priced: ``label``, ``cost_without_cache``, ``cost_with_cache``.
     """
+    labels = [wrap_label(v) for v in df["label"]]
     fig = go.Figure([
-        go.Bar(name="without cache", y=df["label"], x=df["cost_without_cache"],
-               orientation="h"),
-        go.Bar(name="with cache", y=df["label"], x=df["cost_with_cache"], orientation="h"),
+        go.Bar(name="without cache", y=labels, x=df["cost_without_cache"], orientation="h"),
+        go.Bar(name="with cache", y=labels, x=df["cost_with_cache"], orientation="h"),
     ])
+    top = float(pd.concat([df["cost_without_cache"], df["cost_with_cache"]]).max() or 0.0)
+    decimals = 2 if top >= 1 else max(2, 1 - math.floor(math.log10(top))) if top > 0 else 2
     fig.update_layout(barmode="group", title=f"Cost per run ({currency})",
+                      xaxis=dict(nticks=4, tickprefix=currency_prefix(currency),
+                                 tickformat=f",.{decimals}f", rangemode="tozero"),
                       yaxis=dict(autorange="reversed", automargin=True),
-                      height=120 + 60 * len(df), margin=dict(t=50, b=10),
-                      legend=dict(orientation="h"))
+                      height=140 + 70 * len(df), margin=dict(t=80, b=10),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0))
     return fig
 
 

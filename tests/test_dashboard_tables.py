@@ -99,7 +99,31 @@ def _table_problems(at, page: str) -> list[str]:
                 if (BARE_COUNT.match(text) and not str(col).lower().endswith("id")
                         and str(col) not in ("Day",)):
                     problems.append(f"{where}: {col}: count {text!r} without separators")
+        problems += _width_problems(table, where)
     return problems
+
+
+def _width_problems(table, where: str) -> list[str]:
+    """Issue 14 (session 5, c): the visible columns of a table fit a 1400 px window without
+    scrolling sideways: their widths (set by the page or by show_table's fit_widths; a column
+    without one at its natural width) add up to at most TABLE_WIDTH_PX."""
+    import json
+
+    from prefixscope.dashboard.downloads import TABLE_WIDTH_PX, natural_width
+
+    config = json.loads(table.proto.columns or "{}")
+    named = {"small": 75, "medium": 200, "large": 400}
+    total = 0
+    for col in table.value.columns:
+        cfg = config.get(str(col), {})
+        if cfg.get("hidden"):
+            continue
+        width = cfg.get("width")
+        total += named.get(width, width) if width else natural_width(col, table.value[col])
+    if total > TABLE_WIDTH_PX:
+        return [f"{where}: columns {total} px wide, more than {TABLE_WIDTH_PX} px: "
+                f"{list(table.value.columns)}"]
+    return []
 
 
 @pytest.fixture(scope="module")

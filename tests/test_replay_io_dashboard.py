@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from prefixscope.ingest.prices import load_prices
@@ -50,6 +52,21 @@ def test_replay_page_shows_runs_side_by_side(replay_db, monkeypatch):
     assert any("shadow price" in t for t in texts(at, "info"))
     assert chart_count(at) >= 3  # hit rate bars, cost bars, hit rate over run time
     assert at.selectbox[0].value == "tiny-llama-random"  # the shadow-priced entry by default
+    # issue 14 (session 5, b, c): the hit rate is said to be this run's own layout and cache;
+    # the key columns come first, costs in a table of their own, kind and id only in the download
+    assert list(table.columns[:4]) == ["Run", "Hit rate", "Layout", "Cache"]
+    assert set(table["Cache"]) == {"B=16, unbounded", "B=512, 400 blocks"}
+    columns = json.loads(at.dataframe[0].proto.columns)
+    assert columns["Kind"]["hidden"] and columns["Run id"]["hidden"]
+    assert "the run's own layout and cache" in columns["Hit rate"]["help"]
+    captions = " ".join(texts(at, "caption"))
+    assert ("Hit rate: each run's trace replayed through the exact cache model with the run's "
+            "own layout") in captions
+    assert "The Breakers page's what-ifs are other replays of the diagnosed trace" in captions
+    cost = at.dataframe[1].value
+    assert list(cost.columns) == ["Run", "Without cache", "With cache", "Saved", "Price"]
+    assert len(cost) == 3 and set(cost["Price"]) == {"shadow"}
+    assert all(v.startswith("$") for v in cost["Without cache"])
 
 
 def test_replay_page_without_runs_explains_how_to_make_one(tmp_path, monkeypatch):

@@ -110,14 +110,19 @@ with data.guard(db):
         "Where": [breaker_position(r) for _, r in b.iterrows()],
         "Requests": b["requests"],
         "Values": b["distinct_values"],
-        "Lost tokens": [fmt_int(v) + ("" if m else " (at most)")
+        "Lost tokens": [("" if m else "≤ ") + fmt_int(v)
                         for v, m in zip(b["lost_tokens"], b["lost_tokens_measured"])],
         "Of missed": b["share"].map(fmt_pct),
         "Fix": [t if f and isinstance(t, str) else "not by layout"
                 for t, f in zip(b["transform_types"], b["fixable"])],
         ALONE: b["what_if_hit_rate"].map(fmt_pct),
     }), key="breakers_table", column_config={
-        "Rank": st.column_config.Column(width=45), "Level": st.column_config.Column(width=45),
+        "Rank": st.column_config.Column(width=45),
+        # one level: the column says nothing (still in the download)
+        "Level": st.column_config.Column(width=45) if b["level"].nunique() > 1 else None,
+        "Lost tokens": st.column_config.Column(
+            help="Cached tokens the trace gains when this span matches, by exact replay; "
+                 "≤: an upper bound, not measured (not fixable by layout)"),
         "Requests": st.column_config.Column(width=75),
         "Values": st.column_config.Column(width=60, help="Distinct values of the span"),
         "Of missed": st.column_config.Column(width=80,

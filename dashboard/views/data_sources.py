@@ -48,19 +48,17 @@ with data.guard(db):
         "First ingest": sources["first_ingest_unix_s"].map(fmt_time),
         "Last ingest": sources["last_ingest_unix_s"].map(fmt_time),
         "Note": sources["note"],
-    }))
+    }), caption="One row per ingested source: rows it added, lines read so far (the checkpoint "
+                "a re-run resumes from), first and last ingest.")
 
     st.subheader("Quarantine")
-    if quarantine.empty:
-        st.caption("No line was quarantined.")
-    else:
-        show_table("data-sources-2", pd.DataFrame({
-            "Where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
-            "Field": quarantine["field"],
-            "Reason": quarantine["reason"],
-            "When": quarantine["at_unix_s"].map(fmt_time),
-        }), caption="Newest 1,000 quarantined lines: where, which field and why; never the "
-                    "value itself.")
+    show_table("data-sources-2", pd.DataFrame({
+        "Where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
+        "Field": quarantine["field"],
+        "Reason": quarantine["reason"],
+        "When": quarantine["at_unix_s"].map(fmt_time),
+    }), caption="Newest 1,000 quarantined lines: where, which field and why; never the value "
+                "itself.", empty="No line was quarantined.")
 
     st.subheader("Tables")
     counts = data.table_row_counts(db)

@@ -24,6 +24,16 @@ from prefixscope.dashboard.downloads import show_table
 EACH_MODEL = "each run's own model"
 #: Run kinds this page compares (captures and production are not replays).
 REPLAY_KINDS = ("replay-sim", "replay-live")
+#: What a run's hit rate is (the Hit rate column's help, docs/replay.md "Which hit rate").
+HIT_RATE_HELP = ("Σ cached ÷ Σ prompt tokens of the run: its trace replayed through the exact "
+                 "cache model with the run's own layout and cache (the Layout and Cache columns).")
+HIT_RATE_CAPTION = ("Hit rate: each run's trace replayed through the exact cache model with the "
+                    "run's own layout (a layout file, e.g. timestamp-at-end.yaml, or as "
+                    "recorded) and cache (Cache: B = block size, capacity in blocks). The "
+                    "Breakers page's what-ifs are other replays of the diagnosed trace: its "
+                    "suggested layout (every fixable breaker fixed by its own transform) and one "
+                    "breaker alone made to match, so they differ from a run here when the "
+                    "layout or the capacity differs.")
 EMPTY = ("No replay runs stored yet — run `prefixscope replay sim TRACE --ingest` (or "
          "`prefixscope replay compare TRACE --layout-b LAYOUT --ingest`), or `make demo`.")
 
@@ -104,7 +114,8 @@ with data.guard(db):
     cols = st.columns(3)
     cols[0].metric("Runs shown", f"{len(sel):,}", border=True)
     cols[1].metric("Best hit rate", fmt_pct(best["hit_rate"]) if best is not None else "—",
-                   help=None if best is None else labels[best["run_id"]], border=True)
+                   help=None if best is None else
+                   f"{labels[best['run_id']]}: {HIT_RATE_HELP}", border=True)
     cols[2].metric("Tokens saved (sum)", fmt_tokens(sel["cached_tokens"].sum()), border=True)
 
     priced = sel[sel["cost_without_cache"].notna()]
@@ -117,18 +128,32 @@ with data.guard(db):
 
     show_table("replay-1", pd.DataFrame({
         "Run": sel["label"],
-        "Kind": sel["kind"],
-        "Cache": [describe_cache(p) or "—" for p in params],
+        "Hit rate": sel["hit_rate"].map(fmt_pct),
         "Layout": [layout_of(p) or "—" for p in params],
+        "Cache": [describe_cache(p) or "—" for p in params],
         "Requests": sel["requests"],
         "Prompt tokens": sel["prompt_tokens"],
         "Tokens saved": sel["cached_tokens"],
-        "Hit rate": sel["hit_rate"].map(fmt_pct),
-        "Cost without cache": [fmt_money(v, c) for v, c in zip(sel["cost_without_cache"], sel["currency"])],
-        "Cost with cache": [fmt_money(v, c) for v, c in zip(sel["cost_with_cache"], sel["currency"])],
-        "Saved": [fmt_money(v, c) for v, c in zip(sel["saved"], sel["currency"])],
+        "Kind": sel["kind"],
         "Run id": sel["run_id"],
-    }))
+    }), caption=HIT_RATE_CAPTION, column_config={
+        "Hit rate": st.column_config.Column(width=75, help=HIT_RATE_HELP),
+        "Cache": st.column_config.Column(width=140, help="B = block size (tokens), capacity "
+                                                         "in blocks of the replayed cache"),
+        "Kind": None, "Run id": None,  # in the download, not on screen (the picker says both)
+    })
+    if not priced.empty:
+        show_table("replay-cost", pd.DataFrame({
+            "Run": priced["label"],
+            "Without cache": [fmt_money(v, c) for v, c in
+                              zip(priced["cost_without_cache"], priced["currency"])],
+            "With cache": [fmt_money(v, c) for v, c in
+                           zip(priced["cost_with_cache"], priced["currency"])],
+            "Saved": [fmt_money(v, c) for v, c in zip(priced["saved"], priced["currency"])],
+            "Price": ["shadow" if bool(v) else "list" for v in priced["shadow"]],
+        }), caption="Cost of each run's prompt and output tokens without the cache (every "
+                    "prompt token at the input price) and with it (cached tokens at the "
+                    "cached-input price), at the price named above.")
     unpriced = sel[sel["cost_without_cache"].isna()]
     if not unpriced.empty:
         st.caption("No price for the model of: " + ", ".join(unpriced["label"])

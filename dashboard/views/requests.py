@@ -106,21 +106,18 @@ with data.guard(db):
                    "(docs/metrics.md \"Latency quantiles\").")
 
     st.subheader("Per window")
-    if windows.empty:
-        st.caption("No window in this range.")
-    else:
-        show_table("requests-1", pd.DataFrame({
-            "Window start": windows["window_start_s"].map(fmt_time),
-            "Model": windows["model"],
-            "Requests": windows["requests"],
-            "Reported": windows["reported_requests"],
-            "Cached tokens": windows["cached_tokens"],
-            "Reported prompt tokens": windows["reported_prompt_tokens"],
-            "Hit rate": windows["hit_rate"].map(fmt_pct),
-            "Coverage": windows["coverage"].map(fmt_pct),
-        }), caption=f"One row per {fmt_window(window_s)} window and model; hit rate = Σ cached "
-                    "÷ Σ prompt tokens of the requests that reported cached tokens, coverage = "
-                    "the share of requests that did.")
+    show_table("requests-1", pd.DataFrame({
+        "Window start": windows["window_start_s"].map(fmt_time),
+        "Model": windows["model"],
+        "Requests": windows["requests"],
+        "Reported": windows["reported_requests"],
+        "Cached tokens": windows["cached_tokens"],
+        "Reported prompt tokens": windows["reported_prompt_tokens"],
+        "Hit rate": windows["hit_rate"].map(fmt_pct),
+        "Coverage": windows["coverage"].map(fmt_pct),
+    }), caption=f"One row per {fmt_window(window_s)} window and model; hit rate = Σ cached "
+                "÷ Σ prompt tokens of the requests that reported cached tokens, coverage = "
+                "the share of requests that did.", empty="No window in this range.")
 
     st.subheader("Requests")
     n = counts["reported_requests"]
@@ -136,8 +133,10 @@ with data.guard(db):
                                      offset=(page - 1) * PAGE_ROWS, models=f.models,
                                      instances=f.instances, run_ids=f.run_ids)
         first = (page - 1) * PAGE_ROWS + 1
+        one_run = shown["run_id"].nunique(dropna=False) <= 1
         show_table("requests-2", pd.DataFrame({
-            "Time": shown["ts_unix_s"].map(lambda t: fmt_time(t, seconds=True)),
+            "Time (UTC)": shown["ts_unix_s"].map(
+                lambda t: fmt_time(t, seconds=True).removesuffix(" UTC")),
             "Model": shown["model"],
             "Instance": shown["instance"],
             "Endpoint": shown["endpoint"],
@@ -149,4 +148,8 @@ with data.guard(db):
             "Run": shown["run_id"].map(filters.run_label),
             "Request id": shown["request_id"],
         }), caption=(f"Requests {first:,} to {first + len(shown) - 1:,} of {n:,}, newest first."
-                     if pages > 1 else f"{n:,} requests, newest first."))
+                     if pages > 1 else f"{n:,} requests, newest first.")
+           + (f" All of run {filters.run_label(shown['run_id'].iloc[0])} (the Run column is in "
+              "the download)." if one_run and len(shown) else ""),
+           # one run: its column says nothing on screen (every key column fits at 1400 px)
+           column_config={"Run": None} if one_run else None)
