@@ -80,7 +80,7 @@ from prefixscope.gateway.logs import JsonlLog
 from prefixscope.gateway.metrics import GatewayMetrics
 from prefixscope.gateway.prompt import BadBody, CanonicalCache, extract
 from prefixscope.gateway.tokens import block_chain, shared_tokens, tokenize_request
-from prefixscope.gateway.store import STORE_ERRORS, StoredObject
+from prefixscope.gateway.store import STORE_ERRORS, MemoryStore, StoredObject
 from prefixscope.gateway.upstream import ModelInfo, discover
 from prefixscope.ingest.usage_shapes import normalise_usage
 
@@ -447,7 +447,7 @@ class Gateway:
             await self._forward(scope, receive, send, hdrs, call, *prepared)
         finally:
             if not call.finished:
-                await asyncio.shield(self._finish(call))
+                await self._finish_shielded(call)
 
     def _namespace(self, auth: AuthContext) -> str:
         key = (auth.scope, auth.tenant_id, auth.principal_id)
@@ -781,7 +781,7 @@ class Gateway:
         finally:
             watcher.cancel()
             call.usage = usage or None
-            await asyncio.shield(self._finish(call))
+            await self._finish_shielded(call)
 
     def _usage_event(self, event: bytes, usage: dict, anthropic: bool, strip: bool) -> bool:
         """Collect the usage of one SSE event; False = keep the event from the client."""
@@ -819,6 +819,16 @@ class Gateway:
         await _send_error(send, 502, kind, f"upstream {call.upstream} {what}")
 
     # ------------------------------------------------------------------ records
+
+    async def _finish_shielded(self, call: _Call) -> None:
+        """:meth:`_finish`, never cut short by a cancellation (a client gone mid-stream). With
+        the in-process store and no ``/tokenize`` call in flight nothing in it suspends, so a
+        plain await already runs it to its end (no cancellation can arrive); else it runs in a
+        shielded task."""
+        if call.tokens_task is None and type(self.store) is MemoryStore:
+            await self._finish(call)
+        else:
+            await asyncio.shield(self._finish(call))
 
     async def _finish(self, call: _Call) -> None:
         """Release the permit, register objects, write the records and metrics (once)."""
