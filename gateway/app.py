@@ -39,6 +39,7 @@ epoch, so an old generation is never used again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import itertools
@@ -104,6 +105,9 @@ class Faults:
     between_lookup_and_permit: Callable[[str], Awaitable[None]] | None = None
     lookup_key: Callable[[str, str], bytes] | None = None  # e.g. a deliberately weak hash
 
+
+#: Bodies from this size on get their prefix digests computed on a worker thread.
+_DIGEST_THREAD_BYTES = 64 << 10
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -508,7 +512,7 @@ class Gateway:
         handle = hdrs.get(HANDLE_HEADER)
         try:
             salt = await self._decide(handle if handle and len(handle) <= 64 else None, call,
-                                      body, prompt, info)
+                                      body, prompt, info, len(raw))
         except STORE_ERRORS:  # the shared store failed: fail closed, no cached KV
             self.metrics.upstream_errors.labels("store").inc()
             call.decision = Decision("reject", "authorization_epoch", ("authorization_epoch",))
@@ -527,12 +531,19 @@ class Gateway:
         return _rewrite(raw, body, salt, strip_usage), info, stream, strip_usage
 
     async def _decide(self, presented: str | None, call: _Call, body: dict, prompt,
-                      info: ModelInfo) -> str:
+                      info: ModelInfo, size: int = 0) -> str:
         """Steps 3-5 (identity, lookup, acceptance, permit); returns the ``cache_salt`` to send.
         Raises whatever the store raises (the caller fails closed)."""
         tools = prompt.tools
-        dig = prefix_digests(prompt.messages, tools, prompt.boundaries,
-                             canonical=self._canonical)
+        digests = functools.partial(prefix_digests, prompt.messages, tools, prompt.boundaries,
+                                    canonical=self._canonical,
+                                    message_digests=self.cfg.mode == "public")
+        if size >= _DIGEST_THREAD_BYTES:
+            # a large prompt: hashing it takes milliseconds (a 430 KB body: about 2 ms) and
+            # hashlib lets go of the GIL for large inputs, so the loop serves other streams
+            dig = await asyncio.get_running_loop().run_in_executor(None, digests)
+        else:
+            dig = digests()
         t_digest = dig.toolset
         scope = call.auth.scope
         if self.cfg.mode == "public":  # PUBLIC unless the snapshot says public is stopped

@@ -51,6 +51,9 @@ def test_prefix_digests_equal_the_per_prefix_definitions(messages, tools):
     cache = CanonicalCache()
     for _ in range(2):  # the first pass fills the cache, the second reads it
         assert prefix_digests(messages, tools, bounds, canonical=cache) == d
+    lean = prefix_digests(messages, tools, bounds, canonical=cache, message_digests=False)
+    assert lean.message == () and (lean.content, lean.full, lean.messages_only,
+                                   lean.toolset) == (d.content, d.full, d.messages_only, d.toolset)
 
 
 def test_canonical_cache_keeps_values_of_equal_encoding_apart_by_type_and_null():

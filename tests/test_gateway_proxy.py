@@ -124,6 +124,27 @@ def test_repeat_is_accepted_and_a_cache_epoch_bump_rejects_the_old_object(tmp_pa
     assert events[0]["event"] == "cache_epoch_bump" and events[0]["new_value"] == 2
 
 
+def test_a_large_prompt_gets_the_same_digests_off_the_loop_thread(tmp_path, upstream, gateway):
+    """A body of 64 KiB or more has its prefix digests computed on a worker thread: the same
+    decisions and the same logged digests as the definitions give."""
+    from prefixscope.core.identity import content_digest, load_hmac_key, log_content_digest
+
+    system = {"role": "system", "content": "Policy text, caf\u00e9. " * 4000}  # ~96 KB
+    body = dict(CHAT, messages=[system, {"role": "user", "content": "Hello?"}])
+    h = headers_for("acme")
+    for _ in range(2):
+        r = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=h, timeout=10)
+        assert r.status_code == 200
+    assert len(upstream[1].requests[-1]["messages"][0]["content"]) == len(system["content"])
+    gateway.stop()
+    _, decisions = _records(tmp_path)
+    d = [x for x in decisions if x.get("record") == "decision"]
+    assert [x["decision"] for x in d] == ["miss", "accept"]
+    key = load_hmac_key(gateway.cfg.hmac_key_file)
+    want = log_content_digest(key, content_digest([system]))
+    assert d[1]["expected"]["content_digest"] == want == d[1]["candidate"]["content_digest"]
+
+
 @pytest.mark.parametrize("case, status, code", [
     ("malformed", 400, "bad_request"),
     ("not_object", 400, "bad_request"),

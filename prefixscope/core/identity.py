@@ -238,7 +238,8 @@ class PrefixDigests:
 
 def prefix_digests(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
                    boundaries: Sequence[int], *,
-                   canonical: Callable[[Any], bytes] | None = None) -> PrefixDigests:
+                   canonical: Callable[[Any], bytes] | None = None,
+                   message_digests: bool = True) -> PrefixDigests:
     """All the digests :func:`content_digest`, :func:`message_digest` and
     :func:`toolset_digest` give for the prefixes ``messages[:k]`` (k in ``boundaries``,
     ascending, each 1..len(messages)), equal to them byte for byte, in O(total size) instead of O(messages²): the
@@ -247,7 +248,9 @@ def prefix_digests(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappin
     sorted), so one running SHA-256 per prefix kind is copied at each boundary.
 
     ``canonical`` replaces :func:`canonical_json` for each message and the tool list (it must
-    return the same bytes, e.g. a cache of them: the gateway's ``CanonicalCache``)."""
+    return the same bytes, e.g. a cache of them: the gateway's ``CanonicalCache``);
+    ``message_digests=False`` leaves ``message`` empty (one hash pass less: only the public
+    inventory check needs them)."""
     canon_fn = canonical or canonical_json
     canon = [canon_fn(m) for m in messages]
     t = canon_fn(list(tools)) if tools else b"[]"
@@ -275,7 +278,8 @@ def prefix_digests(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappin
     assert nxt is None, "boundaries must be ascending and within 1..len(messages)"
     hc.update(tail)
     return PrefixDigests(tuple(content), hc.hexdigest(), tuple(only),
-                         tuple(sha256_hex(c) for c in canon), sha256_hex(t) if tools else "")
+                         tuple(sha256_hex(c) for c in canon) if message_digests else (),
+                         sha256_hex(t) if tools else "")
 
 
 def message_digest(message: Mapping[str, Any]) -> str:
