@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import msgspec
 from starlette.applications import Starlette
@@ -83,6 +82,7 @@ from prefixscope.gateway.prompt import BadBody, CanonicalCache, extract
 from prefixscope.gateway.tokens import block_chain, shared_tokens, tokenize_request
 from prefixscope.gateway.store import STORE_ERRORS, MemoryStore, StoredObject
 from prefixscope.gateway.upstream import ModelInfo, discover
+from prefixscope.gateway.upstream_client import UpstreamError, UpstreamPool
 from prefixscope.ingest.usage_shapes import normalise_usage
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
@@ -112,7 +112,7 @@ _DIGEST_THREAD_BYTES = 64 << 10
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 #: What the upstream client raises for a failed or cut upstream request.
-_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+_UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
 _DISCONNECTED = object()  # _prepare: the client went away while sending its body
 
 
@@ -232,7 +232,7 @@ class Gateway:
         # hmac.new(key, b"handle" + ...), without re-keying per request)
         self._handle_mac = hmac.new(key, b"handle", hashlib.sha256)
         self._public_ns = namespace_for(key, scope=PUBLIC)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: UpstreamPool | None = None
         self.app = self  # the ASGI app (:meth:`__call__`)
         self.starlette = Starlette(routes=[
             Route("/v1/models", self.list_models, methods=["GET"]),
@@ -250,18 +250,11 @@ class Gateway:
     async def start(self) -> None:
         """Open the upstream pool and the logs, discover the upstreams."""
         c = self.cfg
-        # the hot path: aiohttp (C HTTP parser, one pool; measured ~4x less CPU per request
-        # than httpx/httpcore here, docs/benchmarks.md); discovery and /v1/models: httpx
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=c.pool_size, limit_per_host=0,
-                                           keepalive_timeout=30),
-            timeout=aiohttp.ClientTimeout(total=None, connect=c.connect_timeout_s,
-                                          sock_connect=c.connect_timeout_s,
-                                          sock_read=c.read_timeout_s),
-            auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            # a proxy keeps no cookies: an upstream's Set-Cookie reaches its client only
-            # (a shared jar would send it on every tenant's requests), and no jar is cheaper
-            cookie_jar=aiohttp.DummyCookieJar())
+        # the hot path: gateway/upstream_client.py (keep-alive pool on raw asyncio, httptools'
+        # C parser, no cookie jar: an upstream's Set-Cookie reaches its client only);
+        # discovery and /v1/models: httpx
+        self.session = UpstreamPool(limit=c.pool_size, connect_timeout_s=c.connect_timeout_s,
+                                    read_timeout_s=c.read_timeout_s)
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
                                   write=c.read_timeout_s, pool=c.connect_timeout_s),
@@ -280,6 +273,7 @@ class Gateway:
                 log.close()
         if self.session is not None:
             await self.session.close()
+            self.session = None
         if self.client is not None:
             await self.client.aclose()
         await self.store.close()
@@ -653,7 +647,7 @@ class Gateway:
                 tokens = req
             else:
                 base = info.upstreams[0].rstrip("/")
-                async with self.session.post(base + "/tokenize", data=_encode(req), headers={
+                async with await self.session.post(base, "/tokenize", _encode(req), {
                         "content-type": "application/json"}) as r:
                     if r.status != 200:
                         raise ValueError(f"/tokenize answered {r.status}")
@@ -681,7 +675,7 @@ class Gateway:
         if call.register:
             extra.append((HANDLE_HEADER.encode(), call.register[-1][1].handle.encode()))
         try:
-            resp = await self.session.post(base + scope["path"], data=out, headers=headers)
+            resp = await self.session.post(base, scope["path"], out, headers)
         except _UPSTREAM_ERRORS as exc:
             await self._upstream_failed(send, call, exc)
             return
@@ -970,10 +964,9 @@ def _client_host(request: Request) -> str | None:
 def _kind(exc: BaseException) -> str:
     if isinstance(exc, (TimeoutError, httpx.TimeoutException)):
         return "upstream_timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "upstream_error"
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                        aiohttp.ClientOSError, httpx.RemoteProtocolError, httpx.ReadError)):
+    if isinstance(exc, UpstreamError):
+        return exc.kind
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, ConnectionError)):
         return "upstream_dropped"
     return "upstream_error"
 
