@@ -29,9 +29,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from prefixscope.core.documents import load_config_file, parse_json
+from prefixscope.core.errors import ConfigError
 from prefixscope.core.identity import AuthorizationGate, CacheIdentity
 
 INITIAL_EPOCH = 1
+#: Largest state file read at start, bytes: a registry entry is about 400 bytes without block
+#: hashes, so 1 GiB holds the default 1,000,000 entries with room for their hash chains; a
+#: larger file (or one that is not a regular file, not UTF-8, not JSON or nested too deep) is
+#: refused and the gateway does not start: it never starts with epochs older than it saved.
+STATE_FILE_MAX_BYTES = 1 << 30
 
 try:
     from redis.exceptions import RedisError
@@ -115,20 +122,46 @@ class MemoryStore:
         self.handles: dict[str, bytes] = {}
         self.in_flight = 0
         self.state_file = state_file
-        if state_file and Path(state_file).exists():
+        if state_file and os.path.lexists(state_file):  # a missing file: a first start
             self._load(Path(state_file))
 
     # ---- persistence
     def _load(self, path: Path) -> None:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        self.cache_epoch = int(d["cache_epoch"])
+        """Load the state :meth:`save` wrote.
+
+        Raises:
+            SourceUnavailable: not a regular file (a FIFO, a device, a folder) or unreadable
+                (exit 3).
+            ConfigError: larger than :data:`STATE_FILE_MAX_BYTES`, not UTF-8, not JSON, nested
+                too deep, or not the shape :meth:`save` writes (``file: reason``, exit 2).
+        """
+        d = load_config_file(path, what="gateway state file", parse=parse_json,
+                             limit=STATE_FILE_MAX_BYTES)
+        try:
+            if not isinstance(d, dict):
+                raise TypeError("not a JSON object")
+            cache_epoch = int(d["cache_epoch"])
+            epochs = {str(k): int(v) for k, v in d.get("auth_epochs", {}).items()}
+            registry: OrderedDict[bytes, StoredObject] = OrderedDict()
+            handles: dict[str, bytes] = {}
+            for hexkey, obj in d.get("registry", {}).items():
+                o = StoredObject.from_json(obj)
+                key = bytes.fromhex(hexkey)
+                registry[key] = o
+                handles[o.handle] = key
+        except KeyError as exc:
+            raise ConfigError(f"{path}: not a gateway state file: no {exc.args[0]}") from None
+        except RecursionError:  # a registry entry is JSON text of its own
+            raise ConfigError(f"{path}: not a gateway state file: an entry is nested too "
+                              "deep") from None
+        except (TypeError, ValueError, AttributeError):  # the values are never echoed
+            raise ConfigError(f"{path}: not a gateway state file: a value of the wrong type "
+                              "or form") from None
+        self.cache_epoch = cache_epoch
         self.public_stopped = bool(d.get("public_stopped"))
         self.bypass = bool(d.get("bypass"))
-        self.gate._epochs.update({k: int(v) for k, v in d.get("auth_epochs", {}).items()})
-        for hexkey, obj in d.get("registry", {}).items():
-            o = StoredObject.from_json(obj)
-            self.registry[bytes.fromhex(hexkey)] = o
-            self.handles[o.handle] = bytes.fromhex(hexkey)
+        self.gate._epochs.update(epochs)
+        self.registry, self.handles = registry, handles
 
     def save(self) -> None:
         """Write the state file (atomic replace, fsync); no-op without ``state_file``."""

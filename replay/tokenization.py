@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from prefixscope.core.documents import load_config_file, parse_json
 from prefixscope.core.paths import data_file
 from prefixscope.core.errors import ConfigError, SourceUnavailable
 
@@ -202,13 +203,30 @@ def normalise_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": tool.get("type", "function"), "function": function}
 
 
+#: Largest ``tokenizer.json`` read, bytes: the vocabularies of current open models are 2-35 MB
+#: (Llama 3 9 MB, Gemma 3 33 MB); the other files of a tokenizer folder take the 16 MiB of
+#: every document (``prefixscope.core.documents``).
+TOKENIZER_JSON_MAX_BYTES = 64 << 20
+
+
+def _read_file(path: Path, what: str, parse=str, **kw: Any) -> Any:
+    """A file of a tokenizer folder through ``prefixscope.core.documents`` (one regular file,
+    bounded, strict UTF-8, depth-checked when parsed), or None when there is none.
+
+    Raises:
+        SourceUnavailable: not a regular file (a FIFO, a device, a folder) or unreadable.
+        ConfigError: too large, not UTF-8, not valid JSON, nested too deep.
+    """
+    if not os.path.lexists(path):
+        return None
+    return load_config_file(path, what=what, parse=parse, **kw)
+
+
 def _read_template(directory: Path, config: Mapping[str, Any]) -> str:
     jinja_file = directory / "chat_template.jinja"
-    if jinja_file.is_file():
-        try:
-            return jinja_file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{jinja_file}: not UTF-8 text (byte {exc.start})") from None
+    text = _read_file(jinja_file, "chat template")
+    if text is not None:
+        return text
     tpl = config.get("chat_template")
     if isinstance(tpl, str):
         return tpl
@@ -237,18 +255,18 @@ def _load(directory: str) -> ChatTokenizer:
 
     d = Path(directory)
     tok_file = d / "tokenizer.json"
-    if not tok_file.is_file():
+    tok_text = _read_file(tok_file, "tokenizer.json", limit=TOKENIZER_JSON_MAX_BYTES)
+    if tok_text is None:
         raise SourceUnavailable(f"{d}: no tokenizer.json (give --tokenizer DIR with tokenizer.json "
                                 "and tokenizer_config.json)")
-    config: dict[str, Any] = {}
     cfg_file = d / "tokenizer_config.json"
-    if cfg_file.is_file():
-        try:
-            config = json.loads(cfg_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{cfg_file}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    config = _read_file(cfg_file, "tokenizer config", parse=parse_json)
+    if config is None:
+        config = {}
+    elif not isinstance(config, dict):
+        raise ConfigError(f"{cfg_file}: not a JSON object")
     try:
-        tokenizer = Tokenizer.from_file(str(tok_file))
+        tokenizer = Tokenizer.from_str(tok_text)
     except Exception as exc:  # tokenizers raises a bare Exception on a bad file
         raise ConfigError(f"{tok_file}: cannot load tokenizer ({exc})") from exc
     source = _read_template(d, config)

@@ -176,17 +176,21 @@ def load_json_file(path: str | os.PathLike[str], *, what: str = "file") -> Any:
 
 
 def load_config_file(path: str | os.PathLike[str], *, what: str = "file", parse=None,
-                   **kwargs: Any) -> Any:
+                     limit: int = MAX_DOCUMENT_BYTES, **kwargs: Any) -> Any:
     """Read and parse one configuration document: TOML by default (``kwargs`` go to
-    :func:`parse_toml`), or with ``parse`` (e.g. :func:`parse_yaml`) another format, with the
-    same errors.
+    :func:`parse_toml`), or with ``parse`` (e.g. :func:`parse_json`, :func:`parse_yaml`, or
+    ``str`` for the text itself) another format, with the same errors.
+
+    Args:
+        limit: largest size read, bytes (default :data:`MAX_DOCUMENT_BYTES`, 16 MiB; larger
+            for documents that grow with use, such as the gateway's state file).
 
     Raises:
         SourceUnavailable: missing (``no such <what>``), not a regular file, unreadable (exit 3).
-        ConfigError: too large, not UTF-8, not TOML, too deep (``file: reason``, exit 2).
+        ConfigError: too large, not UTF-8, not parsable, too deep (``file: reason``, exit 2).
     """
     try:
-        return (parse or parse_toml)(read_document(path), **kwargs)
+        return (parse or parse_toml)(read_document(path, limit=limit), **kwargs)
     except DocumentError as exc:
         if exc.unreadable:
             raise _source_error(path, exc, what) from None
