@@ -352,9 +352,16 @@ def pickle_int_opcodes(
     ktok["v"] = _KEEP.take(cls)
     stream = rec.view(np.uint8)[keep.view(np.bool_)].tobytes()
     # Bytes per block: 2 per token, +1 per BININT2/BININT token, +1 more per BININT token.
-    # (float32 sums of small ints are exact: at most 3 * 8192 per block.)
-    sizes = (cls + c2).astype(np.float32) @ np.ones(block_size, np.float32)
-    ends = sizes.astype(np.int64)
+    extra = cls + c2  # 0, 1 or 3 per token
+    if block_size % 8 == 0 and block_size <= 64:
+        # Eight tokens' bytes summed in one multiplication (each sum <= 24 fits a byte).
+        w = ((extra.view(np.uint64) * np.uint64(0x0101010101010101)) >> np.uint64(56)).view(
+            np.int64)
+        ends = w[:, 0].copy()
+        for k in range(1, block_size // 8):
+            ends += w[:, k]
+    else:  # float32 sums of small ints are exact: at most 3 * 8192 per block
+        ends = (extra.astype(np.float32) @ np.ones(block_size, np.float32)).astype(np.int64)
     ends += 2 * block_size + len(prefix) + len(suffix)
     return stream, ends.cumsum().tolist()
 
@@ -480,6 +487,29 @@ class BlockHasher:
             if enc is not None:
                 self._chain_from_opcodes(keys, *enc)
                 return
+        if self._layout is not None:
+            # pickle.dumps per block, except that a block equal to the previous one (the
+            # placeholder tokens of generated output, ids beyond int32) reuses its serialised
+            # body: head + parent + body is the same pickle (ints are never memoized; the head
+            # depends only on the body's size), hashed from a hash object fed that head.
+            dumps, started, skip = pickle.dumps, self._started, 13 + len(parent)
+            prev_t = body = None
+            for j in range(i, len(tt), bs):
+                t = tt[j:j + bs]
+                if t == prev_t:
+                    h = started.get(len(body)) or self._start(len(body))
+                    h = h.copy()
+                    h.update(parent)
+                    h.update(body)
+                    parent = h.digest()
+                else:
+                    raw = dumps((parent, t, None), 5)
+                    parent = self._digest(raw)
+                    # Reused only when it is one frame (its length is the rest of the pickle).
+                    one = int.from_bytes(raw[3:11], "little") == len(raw) - 11
+                    body, prev_t = (raw[skip:], t) if one else (None, None)
+                append(parent)
+            return
         if fn is _sha256:
             dumps, sha = pickle.dumps, hashlib.sha256
             for j in range(i, len(tt), bs):
@@ -514,6 +544,14 @@ class BlockHasher:
             parent = h.digest()
             append(parent)
             o0 = o1
+
+    def _digest(self, data: bytes) -> bytes:
+        """The digest of already serialised bytes (SHA-256 or xxh3-128, this hasher's)."""
+        if self.algo == "sha256":
+            return hashlib.sha256(data).digest()
+        import xxhash
+
+        return xxhash.xxh3_128_digest(data)
 
     def _start(self, body_size: int) -> Any:
         """A hash object fed the head of a block whose body has ``body_size`` bytes (cached)."""

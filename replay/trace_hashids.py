@@ -20,9 +20,14 @@ never be claimed for content that differs earlier in the prompt. Ids are namespa
 conversation for kv-cache-tester, whose ids are local to a conversation and its sub-agents).
 
 Fast mode needs no tokens: the key of the engine block ending at position ``e`` (exclusive) is
-the token at ``e - 1`` (:func:`block_keys_for`). Equal keys imply equal canon ids, hence equal
-prefixes up to that position (chained semantics), for any ``B``, whether or not it divides
-``S``.
+the token at ``e - 1`` (:func:`block_keys_for`), divided by ``B`` when ``B`` divides ``S`` and
+the token comes from an id (those tokens are then ``B - 1`` modulo ``B``: the quotient,
+``canon * (S // B) + (e - 1) % S // B``, is the block's index in the id's expansion, a one-to-one
+function of the token). Equal keys imply equal canon ids, hence equal prefixes up to that
+position (chained semantics), for any ``B``, whether or not it divides ``S``. (The quotient
+keeps the keys of consecutive blocks consecutive ints, which CPython's dict, hashing an int to
+itself, stores in neighbouring slots: at a large cache the block map is mostly memory latency,
+and keys spaced ``B`` apart land on one slot in ``B``.)
 
 ``vocab_size`` (optional) maps tokens into ``[5, vocab_size)`` with a fixed mixing function, for
 replaying against a real model; distinctness then holds only with high probability (two
@@ -163,8 +168,10 @@ def block_keys_for(canon: Sequence[int], ids_block_size: int, num_tokens: int,
                    engine_block_size: int, *, serial: int = 0) -> list[int]:
     """Fast-mode keys, one per *full* engine block of the prompt (``num_tokens // B`` of them).
 
-    The key of the block ending at position ``e`` is the raw synthetic token at ``e - 1``
-    (see the module docstring): chained semantics, independent of any vocabulary mapping.
+    The key of the block ending at position ``e`` is the raw synthetic token at ``e - 1``,
+    floor-divided by ``engine_block_size`` when that divides ``ids_block_size`` and the token
+    comes from an id (request-unique tail tokens are kept as they are; they are negative), see
+    the module docstring: chained semantics, independent of any vocabulary mapping.
     """
     s = ids_block_size
     b = engine_block_size
@@ -173,8 +180,10 @@ def block_keys_for(canon: Sequence[int], ids_block_size: int, num_tokens: int,
     num_full = num_tokens // b
     if s % b == 0:
         # Common case (e.g. 512 or 64 per id, engine block 16): a flat comprehension.
-        offs = range(b - 1, s, b)
-        keys = [c * s + j for c in canon for j in offs]
+        # The token c * s + j (j = b - 1 modulo b) divided by b: dense ints.
+        per = s // b
+        offs = range(per)
+        keys = [c * per + j for c in canon for j in offs]
         if len(keys) >= num_full:
             del keys[num_full:]
             return keys

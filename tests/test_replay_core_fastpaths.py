@@ -122,6 +122,28 @@ def test_tokens_beyond_int32_fall_back_to_pickle(tokens):
     assert keys == reference_hashes(tokens, 16)
 
 
+@SETTINGS
+@given(bs=st.sampled_from([1, 2, 3, 4, 16, 32, 7000]), algo=st.sampled_from(["sha256", "xxhash"]),
+       runs=st.lists(st.tuples(st.sampled_from([-(1 << 62), 1 << 40, -(1 << 31) - 1, 5, 300]),
+                               st.integers(1, 40)), min_size=1, max_size=5),
+       head=st.lists(int32_tokens, max_size=40), cut=st.integers(0, 400))
+def test_repeated_blocks_beyond_int32_reuse_their_pickle(bs, algo, runs, head, cut):
+    # Generated output without known ids is a run of one placeholder id beyond int32: blocks
+    # equal to the previous one reuse its serialised body (one pickle frame; bs=7000 with
+    # 10-byte ints is several frames, where nothing is reused), hashed as pickle.dumps would be.
+    tokens = head + [t for t, n in runs for _ in range(n * (8 if bs < 100 else bs // 2))]
+    tokens = tokens[:bs * 12 + 5]
+    h = BlockHasher(algo=algo, block_size=bs, seed="3")
+    keys: list = []
+    h.extend(keys, tokens)
+    assert keys == reference_hashes(tokens, bs, algo, None, "3")
+    cut = min(cut, len(tokens)) // bs * bs  # decode: a window after the keyed blocks
+    keys2: list = []
+    h.extend(keys2, tokens[:cut])
+    h.extend(keys2, tokens[cut:], offset=cut)
+    assert keys2 == keys
+
+
 def test_encoder_ignores_the_partial_tail():
     prefix, suffix = pickle_block_layout(4)
     assert pickle_int_opcodes(list(range(10)), 4, prefix, suffix) == pickle_int_opcodes(
