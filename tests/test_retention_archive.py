@@ -253,6 +253,37 @@ def test_kill_9_during_archive_then_rerun_loses_and_doubles_nothing(deployment, 
         _equal(before, _snapshot(con, END_S - 30 * DAY, END_S))
 
 
+def test_a_waiting_writer_gets_in_between_chunks(deployment, tmp_path):
+    """``prefixscope archive`` holds the write lock per chunk of days and releases it when
+    another process waits (``<db>.waiting``): a writer that arrives mid-run gets the file
+    while the archive is still running, and the archive then finishes with every row."""
+    path = _copy(deployment, tmp_path)
+    want = _all_rows(path)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLER, str(path), str(tmp_path / "ark")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "ark").rglob("*.parquet")):  # the first chunk's COPY ran
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        with store_db.writer(path, lock_timeout_s=20) as con:
+            running = proc.poll() is None
+            days = con.execute("SELECT count(*) FROM archive_parts").fetchall()[0][0]
+            left = con.execute("SELECT count(*) FROM requests WHERE ts_unix_s < ?",
+                               [END_S - DAY]).fetchall()[0][0]
+        assert running and left > 0  # in between two chunks, not after the end
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert days < 30 * 3
+    assert _all_rows(path) == want
+    with store_db.reader(path) as con:
+        assert con.execute("SELECT count(*) FROM requests WHERE ts_unix_s < ?",
+                           [END_S - DAY]).fetchone()[0] == 0
+
+
 def test_bad_input_is_one_error_line(deployment, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = _copy(deployment, tmp_path)
