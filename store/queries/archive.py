@@ -55,9 +55,10 @@ ARCHIVED: dict[str, tuple[str, tuple[str, ...], str | None, str]] = {
     "gateway_decisions": ("ts_unix_s", (), None, "TRUE"),
 }
 #: Rows of one table archived under one write lock by ``prefixscope archive`` (whole days, at
-#: least one): bounds how long a scraper waiting for the lock waits (about a second per
-#: 100,000 rows on a loaded 2-core machine, ``docs/benchmarks.md``).
-CHUNK_ROWS = 500_000
+#: least one): bounds how long a scraper waiting for the lock waits (a chunk took up to ~15 s
+#: at 500,000 on the loaded 2-core machine, mostly the DELETE's primary-key index work at
+#: commit; ``docs/benchmarks.md``), well inside its 30 s lock timeout.
+CHUNK_ROWS = 250_000
 #: Further rollups whose production buckets are dropped with a table's main rollup (they are
 #: checked against it: ``latency_rollup_1d`` against ``request_rollup_1m``'s with_ttft and
 #: with_latency). ``scope_rollup_5m`` is kept whole (it counts archived requests).
