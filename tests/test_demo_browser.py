@@ -3,7 +3,9 @@
 Every page of the router opens on the demo (built now, so the default range shows it) and
 shows no exception box; every chart has data in the default range (no "no data" figure); no
 ``None`` / ``nan`` text; Overview says ALERT for coder-7b and the Alerts page does for the
-release day. Screenshots go to ``out/screenshots/demo/`` (gitignored; CI keeps them).
+release day (the banner and the daily strip; the Alerts page opens on it by itself), and
+Savings says what the regression cost. Screenshots go to ``out/screenshots/demo/``
+(gitignored; CI keeps them).
 """
 
 from __future__ import annotations
@@ -75,8 +77,7 @@ def test_every_demo_page_tells_the_story(demo, browser, tmp_path):
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         for i, (rel, title, _icon) in enumerate(ds.page_entries()):
             path = ds.page_url_path(rel, first=(i == 0))
-            if Path(rel).stem == "alerts":
-                path += f"?day={release_day}&tz=UTC"
+            # the Alerts page opens without ?day= on the day the latest alert began: day 5
             page.goto(f"{url}/{path}", wait_until="domcontentloaded")
             ds.wait_for_streamlit(page, timeout_s=180)
             page.wait_for_timeout(1000)  # Plotly draws after Streamlit settles
@@ -86,6 +87,12 @@ def test_every_demo_page_tells_the_story(demo, browser, tmp_path):
     assert not failures, "\n".join(failures)
     assert re.search(r"coder-7b · whole range.*?Latest 1h window: \S+%\s*ALERT", texts["overview"],
                      re.S), texts["overview"][:2000]
+    # the regression on Overview without a click: the banner and the daily strip from day 5
+    assert f"coder-7b below 50.0% since {release_day}" in texts["overview"]
+    strip = texts["overview"].split("Daily status", 1)[1].split("coder-7b", 1)[1]
+    assert strip.split("Prefix-cache hit rate", 1)[0].count("ALERT") == 3, strip[:600]
+    assert f"Showing {release_day}, the day the latest alert began" in texts["alerts"]
     assert "ALERT" in texts["alerts"] and f"Daily report {release_day}" in texts["alerts"]
+    assert f"coder-7b: cost since {release_day}" in texts["savings"]
     assert re.search(r"coder-7b\s+on gpu-a1", texts["alerts"])  # the email's instance line
     assert len(list(SHOTS.glob("*.png"))) == len(ds.page_entries())
