@@ -132,6 +132,8 @@ def test_savings_says_what_the_regression_cost(story, use_db):
     use_db(db)
     at = ds.run_app(db, "views/savings.py", timeout_s=180)
     ds.assert_clean(at)
+    assert ds.texts(at, "subheader").count("What the regression cost") == 1
+    assert len([m for m in at.metric if m.label.startswith("coder-7b: cost since")]) == 1
     kpi = ds.metrics(at)
     cost = kpi[f"coder-7b: cost since {release_day}"]
     assert re.fullmatch(r"\$\d+\.\d\d", cost) and float(cost[1:]) > 0

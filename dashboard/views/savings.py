@@ -215,4 +215,3 @@ with data.guard(db):
                 misses[misses["model"] == model], series={"miss_cost": ""}, window_s=window_s,
                 by=("model",), title=f"{model}: cost of the misses ({cur})", y_title=cur,
                 tickformat=",.2f", hover_format=",.4f"), key=f"savings_misses_{k}")
-    regression_costs(db, f)
