@@ -11,6 +11,8 @@ Measured against aiohttp on the paced benchmark (``docs/benchmarks.md``).
   ``keepalive_s``; a request waits for a free slot at most ``connect_timeout_s``.
 - **Timeouts**: ``connect_timeout_s`` for the slot and the TCP connect, ``read_timeout_s``
   between any two reads (the answer's head and each body read): :class:`TimeoutError`.
+- **TLS**: ``https://`` upstreams are verified against the system's CAs (or the given
+  ``ssl_context``); a failed handshake is ``upstream_error``.
 - **Errors**: :class:`UpstreamError` with ``kind`` ``upstream_error`` (cannot connect) or
   ``upstream_dropped`` (the connection closed or the answer could not be parsed before its
   end). A connection is reused only after an answer read to its end with keep-alive.
@@ -19,6 +21,7 @@ Measured against aiohttp on the paced benchmark (``docs/benchmarks.md``).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from urllib.parse import urlsplit
@@ -163,7 +166,7 @@ def _expire(fut: asyncio.Future) -> None:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; httptools parses the answers."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int, bool]) -> None:
         self.pool = pool
         self.key = key
         self.loop = pool.loop
@@ -239,30 +242,34 @@ class UpstreamPool:
         connect_timeout_s: wait for a free connection and TCP connect (seconds).
         read_timeout_s: wait between two reads of an answer (seconds).
         keepalive_s: an idle connection older than this is closed instead of reused.
+        ssl_context: for ``https://`` upstreams (default: the system's trusted CAs,
+            ``ssl.create_default_context``).
     """
 
     def __init__(self, *, limit: int, connect_timeout_s: float, read_timeout_s: float,
-                 keepalive_s: float = 4.0) -> None:
+                 keepalive_s: float = 4.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.limit = limit
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
-        self._idle: dict[tuple[str, int], deque[_Conn]] = {}
+        self._idle: dict[tuple[str, int, bool], deque[_Conn]] = {}
         self._open = 0
         self._slot_waiters: deque[asyncio.Future] = deque()
-        self._heads: dict[str, tuple[tuple[str, int], bytes]] = {}
+        self._heads: dict[str, tuple[tuple[str, int, bool], bytes]] = {}
         self._closed = False
+        self._ssl = ssl_context
 
-    def _target(self, base: str) -> tuple[tuple[str, int], bytes]:
+    def _target(self, base: str) -> tuple[tuple[str, int, bool], bytes]:
         t = self._heads.get(base)
         if t is None:
             u = urlsplit(base)
-            if u.scheme != "http" or not u.hostname:
+            if u.scheme not in ("http", "https") or not u.hostname:
                 raise UpstreamError("upstream_error", f"unsupported upstream URL {base!r}")
-            port = u.port or 80
+            tls = u.scheme == "https"
+            port = u.port or (443 if tls else 80)
             host = u.hostname if ":" not in u.hostname else f"[{u.hostname}]"
-            t = self._heads[base] = ((u.hostname, port),
+            t = self._heads[base] = ((u.hostname, port, tls),
                                      f"Host: {host}:{port}\r\n".encode("latin-1"))
         return t
 
@@ -292,7 +299,7 @@ class UpstreamPool:
             raise
         return resp
 
-    async def _acquire(self, key: tuple[str, int]) -> _Conn:
+    async def _acquire(self, key: tuple[str, int, bool]) -> _Conn:
         if self._closed:
             raise UpstreamError("upstream_error", "the gateway is shutting down")
         idle = self._idle.get(key)
@@ -324,7 +331,11 @@ class UpstreamPool:
         self._open += 1
         try:
             async with asyncio.timeout_at(deadline):
-                _, conn = await self.loop.create_connection(lambda: _Conn(self, key), *key)
+                host, port, tls = key
+                if tls and self._ssl is None:
+                    self._ssl = ssl.create_default_context()
+                _, conn = await self.loop.create_connection(
+                    lambda: _Conn(self, key), host, port, ssl=self._ssl if tls else None)
         except TimeoutError:
             self._release_slot()
             raise

@@ -1,22 +1,25 @@
 """The gateway's upstream client (``gateway/upstream_client.py``) against real TCP servers on
 raw asyncio: keep-alive reuse, ``Connection: close``, chunked and Content-Length bodies, a
 garbage answer, a connection cut mid-body, the read timeout between reads, the pool limit and
-its wait bounded by the connect timeout, an unreachable upstream."""
+its wait bounded by the connect timeout, an unreachable upstream, an https upstream (trusted
+and not)."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import pytest
 
 from prefixscope.gateway.upstream_client import UpstreamError, UpstreamPool
+from tests.alerts_support import self_signed_cert
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 CHUNKED = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
            b"\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
 
 
-async def _server(answer):
+async def _server(answer, tls: ssl.SSLContext | None = None):
     """A server calling ``answer(request_bytes, writer)`` for each request; returns (server,
     base URL, list of connection counts)."""
     conns = []
@@ -34,9 +37,9 @@ async def _server(answer):
             pass
         writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}", conns
+    return server, f"{'https' if tls else 'http'}://127.0.0.1:{port}", conns
 
 
 def _run(coro):
@@ -149,5 +152,31 @@ def test_pool_limit_waits_at_most_the_connect_timeout_and_unreachable_is_an_erro
             await UpstreamPool(limit=1, connect_timeout_s=1, read_timeout_s=1).post(
                 base, "/x", b"{}", {})
         assert e.value.kind == "upstream_error"
+
+    _run(main())
+
+
+def test_https_upstream_verified(tmp_path):
+    cert, key = self_signed_cert(tmp_path)
+
+    async def main():
+        async def answer(req, w):
+            w.write(OK)
+            await w.drain()
+
+        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_ctx.load_cert_chain(cert, key)
+        server, base, _ = await _server(answer, server_ctx)
+        trusting = UpstreamPool(limit=2, connect_timeout_s=2, read_timeout_s=2,
+                                ssl_context=ssl.create_default_context(cafile=str(cert)))
+        r = await trusting.post(base, "/v1/chat/completions", b"{}", {})
+        assert r.status == 200 and await r.read() == b"{}"
+        r.release()
+        await trusting.close()
+        with pytest.raises(UpstreamError) as e:  # the system's CAs do not know this certificate
+            await UpstreamPool(limit=2, connect_timeout_s=2, read_timeout_s=2).post(
+                base, "/v1/chat/completions", b"{}", {})
+        assert e.value.kind == "upstream_error"
+        server.close()
 
     _run(main())
