@@ -22,9 +22,9 @@ Per request to ``/v1/chat/completions``, ``/v1/completions`` or ``/v1/messages``
    (:func:`derive_salt`: namespace, cache epoch, runtime digest and the digest of the other
    versions, so vLLM's own block hashes keep namespaces and generations apart). A client's
    ``cache_salt`` is always replaced (``client_salt_replaced``).
-6. **Forward** over a pooled httpx client; the answer is passed through byte for byte, except
-   that a stream whose client did not ask for usage gets ``stream_options.include_usage`` and
-   the extra usage chunk is kept from that client.
+6. **Forward** over the pooled upstream client (``gateway/upstream_client.py``); the answer is
+   passed through byte for byte, except that a stream whose client did not ask for usage gets
+   ``stream_options.include_usage`` and the extra usage chunk is kept from that client.
 7. **Record**: one usage-log record (the shape ``ingest requests`` reads) when the upstream
    reported usage, one decision record (``ingest decisions``), the registry entries of a
    request forwarded under its own identity, metrics; the permit is released in every case.
