@@ -19,13 +19,16 @@ import pytest
 from prefixscope.cli.main import run
 from prefixscope.ingest.usage import save_usage_rows
 from prefixscope.store import db as store_db
+from prefixscope.store.queries import alerts as alq
 from prefixscope.store.queries import archive as arc
 from prefixscope.store.queries import metrics as mq
 from prefixscope.store.queries import requests as rq
+from prefixscope.store.queries import residency as rs
 from prefixscope.store.queries import savings as sq
 from prefixscope.store.queries import scope_rollup
 from prefixscope.store.queries import scopes as scq
 from prefixscope.store.queries import serving as sv
+from prefixscope.store.queries.export import export_table
 from tests.scale_support import END_S, MODEL_NAMES, build_deployment
 
 DAY = 86400.0
@@ -109,6 +112,9 @@ def _snapshot(con) -> list:
                 scq.hit_rate_by_scope_totals(con, by=("model",), scopes=["TENANT"], **k),
             ]
         out.append(rq.request_flag_counts(con, **r))
+        if s is not None and e is not None:  # the Alerts page's scrape check, Residency
+            out.append(alq.scrape_activity(con, start_s=s, end_s=e))
+        out.append(rs.residency_histograms(con, **r))
         # Rejections and Invariants (no model/instance filters on these pages)
         for rollup in (None, False):
             out += [
@@ -125,6 +131,18 @@ def _snapshot(con) -> list:
     values["min_ts_unix_s"] = arc.day_floor(values["min_ts_unix_s"])
     out.append(values)
     return out
+
+
+def _export(con, out) -> list:
+    """``prefixscope export requests`` of "all" and of a range across the boundary, read back
+    in a fixed order."""
+    frames = []
+    for i, (s, e) in enumerate([(None, None), RANGES[2]]):
+        res = export_table(con, "requests", out / str(i), fmt="parquet", start_s=s, end_s=e)
+        frames.append(con.execute("SELECT * FROM read_parquet(?) ORDER BY run_id, request_id",
+                                  [res.files]).df())
+    assert len(frames[0]) > len(frames[1]) > 0
+    return frames
 
 
 def rq_runs(con) -> list[str]:
@@ -149,6 +167,7 @@ def test_every_page_query_is_unchanged_by_archiving_half(pristine, tmp_path, cap
     shutil.copy(pristine, path)
     with store_db.reader(path) as con:
         before = _snapshot(con)
+        exported = _export(con, tmp_path / "before")
         assert scq.invariant_counts(con)["cross_scope_acceptance"] > 0
         assert not scq.top_rejected_namespaces(con).empty
     assert run(["archive", "--db", str(path), "--to", str(tmp_path / "ark"), "--before",
@@ -163,6 +182,7 @@ def test_every_page_query_is_unchanged_by_archiving_half(pristine, tmp_path, cap
         assert done["rows"]["gateway_decisions"] == arc.archived_rows(con, "gateway_decisions")
         assert scope_rollup.current(con) and rq.rollup_current(con)
         after = _snapshot(con)
+        _equal(exported, _export(con, tmp_path / "after"))
     _equal(before, after)
     files = list((tmp_path / "ark" / "gateway_decisions").rglob("*.parquet"))
     assert files and all("/day=" in str(f) and "/model=" in str(f) for f in files)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import duckdb
 import pandas as pd
 
+from prefixscope.store.queries import archive
+
 #: Statuses of a row of ``alert_sends``.
 SEND_SENDING = "sending"
 SEND_SENT = "sent"
@@ -48,7 +50,7 @@ def scrape_activity(con: duckdb.DuckDBPyConnection, *, start_s: float, end_s: fl
         f"""
         WITH scrapes AS (
             SELECT DISTINCT instance, model, ts_unix_s
-            FROM metric_samples
+            FROM {archive.relation(con, "metric_samples", start_s, end_s)}
             WHERE ts_unix_s >= ? AND ts_unix_s < ? AND model IS NOT NULL
               AND NOT created_zero AND run_id = ''{model_filter}
         ), gaps AS (

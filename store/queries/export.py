@@ -144,6 +144,12 @@ def export_table(con: duckdb.DuckDBPyConnection, name: str, out_dir: str | os.Pa
         where.append(f"{'d.' if name == 'breakers' else ''}{col} IN (SELECT unnest(?))")
         params.append(list(vals))
     select = spec.select.format(where=" AND ".join(where))
+    if name == "requests":  # the archived days the range reaches too (docs/retention.md)
+        from prefixscope.store.queries import archive
+
+        select = select.replace(" FROM requests WHERE ",
+                                f" FROM {archive.relation(con, 'requests', start_s, end_s)} "
+                                "WHERE ", 1)
     if name == "hitrate":
         from prefixscope.store.queries.metrics import hit_rate_by_window
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import duckdb
 import pandas as pd
 
+from prefixscope.store.queries import archive
+
 RESIDENCY_METRICS: tuple[str, ...] = (
     "vllm:kv_block_lifetime_seconds",
     "vllm:kv_block_idle_before_evict_seconds",
@@ -65,7 +67,8 @@ def residency_histograms(con: duckdb.DuckDBPyConnection, *, start_s: float | Non
             SELECT metric, labels, instance, run_id, value, ts_unix_s,
                    lag(value) OVER (PARTITION BY metric, labels, instance, run_id
                                     ORDER BY ts_unix_s) AS prev
-            FROM metric_samples WHERE {" AND ".join(where)}
+            FROM {archive.relation(con, "metric_samples", start_s, end_s)}
+            WHERE {" AND ".join(where)}
         ), inc AS (
             -- the first sample of a series counts from the server start; a drop is a restart
             SELECT metric, labels, sum(CASE WHEN prev IS NULL OR value < prev THEN value
