@@ -95,10 +95,12 @@ def fit_widths(frame: pd.DataFrame, *, budget_px: int = TABLE_WIDTH_PX,
 
     {} when the natural widths (:func:`natural_width`) already fit. Else every column keeps a
     floor (its natural width when at most :data:`SHORT_COLUMN_PX`, else its header up to
-    :data:`HEADER_CHARS` characters, at least :data:`MIN_COLUMN_PX`), and what is left of the
-    budget is shared in proportion to how much wider each column would like to be: long text
-    (a report line, a run label) gives up most. When even the floors do not fit, the floors are water-filled: columns under an
-    equal share keep theirs, the others share the rest equally.
+    :data:`HEADER_CHARS` characters, at least :data:`MIN_COLUMN_PX`) and the widest columns
+    are cut to one common cap, the largest that fits: ``width = max(floor, min(natural,
+    cap))``. So a long text (a report line, a file location, a run label) gives way first and
+    times and counts keep their width. When even the floors do not fit, the floors are
+    water-filled: columns under an equal share keep theirs, the others share the rest
+    equally.
 
     Args:
         frame: the table as shown (:func:`table_frame`).
@@ -114,10 +116,15 @@ def fit_widths(frame: pd.DataFrame, *, budget_px: int = TABLE_WIDTH_PX,
              min(n, max(MIN_COLUMN_PX, int(round(min(len(str(c)), HEADER_CHARS) * CHAR_PX
                                                  + CELL_PAD_PX))))
              for c, n in natural.items()}
-    extra = sum(natural[c] - floor[c] for c in natural)
-    if sum(floor.values()) < left and extra > 0:
-        k = (left - sum(floor.values())) / extra
-        return {c: int(floor[c] + k * (natural[c] - floor[c])) for c in natural}
+    if sum(floor.values()) < left:
+        def total(cap: int) -> int:
+            return sum(max(floor[c], min(natural[c], cap)) for c in natural)
+
+        lo, hi = 0, max(natural.values())  # total(lo) <= left < total(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if total(mid) <= left else (lo, mid)
+        return {c: max(floor[c], min(natural[c], lo)) for c in natural}
     out: dict[str, int] = {}
     pending = sorted(floor, key=lambda c: floor[c])
     while pending:
