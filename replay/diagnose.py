@@ -8,7 +8,9 @@ One pass over a trace, in trace order, with two models side by side:
 2. **A prefix index** of every block key ever cached (prompt and decode blocks, the same
    chained keys the model computes, so salts and LoRA identities keep requests apart as in
    vLLM), each key with its block's tokens and the structure of the request that first wrote
-   it. Memory grows with the unique blocks (unique prefixes), not with requests x length.
+   it. Memory grows with the unique blocks (unique prefixes), not with requests x length, and
+   is bounded: past :func:`index_capacity` blocks the least recently used ones are pruned
+   (:meth:`Attributor.prune`), so a prefix last seen long ago counts as not seen before.
 
 For each request the index gives ``L``, the number of its leading prompt blocks that some
 earlier request had (the longest common prefix by the block-hash chain, capped at vLLM's
@@ -33,7 +35,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from prefixscope.core.errors import SimulationError
 from prefixscope.replay.diagnose_render import Position, Rendered
 from prefixscope.replay.diagnose_replay import (  # noqa: F401  (re-exported)
     DiagnoseSpec,
@@ -60,10 +61,26 @@ NOT_BREAKERS = ("new_content", "short")
 MAX_CHILDREN = 16
 #: Distinct message texts kept interned at most (then the table starts again).
 MAX_INTERNED = 200_000
-#: Most distinct blocks the prefix index holds (a node with its 16 token ids is about 600 bytes:
-#: 1,500,000 blocks is about 1 GB). Past it the diagnosis stops with a clear error instead of
-#: growing until the machine runs out (a 12,000-request Mooncake trace needs about 10 GB).
-MAX_INDEX_BLOCKS = 1_500_000
+#: Fewest blocks the prefix index keeps before it prunes (a node with its 16 token ids is about
+#: 600 bytes: 1,500,000 blocks is about 1 GB; unpruned, a 12,000-request Mooncake trace needed
+#: about 10 GB). See :func:`index_capacity`.
+MIN_INDEX_BLOCKS = 1_500_000
+#: A prune keeps this share of the capacity, the most recently used blocks.
+PRUNE_KEEP = 0.75
+
+
+def index_capacity(capacity_blocks: int | None) -> int:
+    """Most blocks the prefix index holds: ``max(MIN_INDEX_BLOCKS, 2 * capacity_blocks)``
+    (``capacity_blocks``: the exact model's ``num_gpu_blocks``).
+
+    A prune keeps the ``PRUNE_KEEP`` (3/4) most recently used, so the index always holds at
+    least 1.5 times the exact cache's capacity: every block the cache model can still hold (it
+    evicts the least recently used free blocks too, ``vllm/v1/core/block_pool.py``) and at least
+    half a capacity of blocks it has evicted, which is what kind ``evicted`` needs. A prefix
+    used less recently than that is diagnosed as if never seen (``new_content`` or a divergence
+    where the kept part ends), never a stop. ``capacity_blocks`` None (an unbounded cache):
+    :data:`MIN_INDEX_BLOCKS`."""
+    return max(MIN_INDEX_BLOCKS, 2 * (capacity_blocks or 0))
 
 _DATE = re.compile(
     r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}(:\d{2})?|\b\d{1,2}/\d{1,2}/\d{2,4}\b|"
@@ -91,13 +108,15 @@ class Struct:
 
 
 class _Node:
-    __slots__ = ("tokens", "struct", "children", "decode")
+    __slots__ = ("tokens", "struct", "children", "decode", "used")
 
-    def __init__(self, tokens: tuple[int, ...] | None, struct: Struct, decode: bool) -> None:
+    def __init__(self, tokens: tuple[int, ...] | None, struct: Struct, decode: bool,
+                 used: int) -> None:
         self.tokens = tokens
         self.struct = struct
-        self.children: list[Hashable] = []
+        self.children: list[Hashable] = []  # keys; a pruned one is skipped where read
         self.decode = decode
+        self.used = used  # the number of the last request that wrote or passed this block
 
 
 @dataclass(slots=True)
@@ -217,15 +236,18 @@ def group_key(kind: str, pos: Position | None) -> tuple[Any, ...]:
 class Attributor:
     """The prefix index and the per-request attribution (see the module docstring)."""
 
-    def __init__(self, block_size: int, *, with_context: str | None = None) -> None:
+    def __init__(self, block_size: int, *, with_context: str | None = None,
+                 capacity: int = MIN_INDEX_BLOCKS) -> None:
         self.bs = block_size
+        self.capacity = capacity  # most blocks in the index (index_capacity)
+        self.pruned_blocks = 0  # blocks pruned so far
         self.index: dict[Hashable, _Node] = {}
         self.roots: dict[tuple[Any, ...], list[Hashable]] = {}
         self.first_blocks: dict[tuple[int, ...], set[tuple[Any, ...]]] = {}
         self.scopes: set[tuple[Any, ...]] = set()
         self._texts: dict[str, str] = {}
         self.with_context = with_context  # a request id: fill its terminal context
-        self.requests_seen = 0  # requests that reached the index (for the bound's message)
+        self.requests_seen = 0  # requests that reached the index (the recency clock)
 
     def _intern(self, s: str) -> str:
         # One copy of each text (a system prompt is shared by many structs); bounded: clearing
@@ -289,8 +311,10 @@ class Attributor:
         # Every block this request passed through now names it: the earlier request of a
         # later divergence is the most recent one with that prefix (memory stays bounded:
         # a struct lives while a block names it).
+        now = self.requests_seen
         for node in passed:
             node.struct = struct
+            node.used = now
         if new_from < cacheable:
             for i in range(new_from, cacheable):
                 k = keys[i]
@@ -304,7 +328,7 @@ class Attributor:
                         blk = tuple([*tokens[lo:n], *outputs[max(0, lo - n):hi - n]])
                 else:
                     blk = None
-                node = _Node(blk, struct, decode=i >= n_prompt_blocks)
+                node = _Node(blk, struct, i >= n_prompt_blocks, now)
                 index[k] = node
                 parent = self.roots.setdefault(scope, []) if i == 0 else index[keys[i - 1]].children
                 parent.append(k)
@@ -312,17 +336,37 @@ class Attributor:
                     del parent[0]
             if tokens is not None and L == 0 and n >= bs:
                 self.first_blocks.setdefault(tuple(tokens[:bs]), set()).add(scope)
-            if len(index) > MAX_INDEX_BLOCKS:
-                self.requests_seen += 1
-                raise SimulationError(
-                    f"diagnose keeps an index of every distinct block it has seen; this trace "
-                    f"passed {MAX_INDEX_BLOCKS:,} blocks (about 1 GB) at request "
-                    f"{self.requests_seen:,}: diagnose a part of it with --limit "
-                    f"{max(1, self.requests_seen - 1)} or less ('replay sim' replays it whole)")
+            if len(index) > self.capacity:
+                self.prune()
         self.requests_seen += 1
         if a.kind is not None and a.kind not in NOT_BREAKERS and a.group is None:
             a.group = group_key(a.kind, a.position)
         return a
+
+    def prune(self) -> None:
+        """Keep the :data:`PRUNE_KEEP` share of :attr:`capacity`, the blocks used by the most
+        recent requests (ties: all of a request's blocks go or stay together, so the index may
+        pass its capacity by one request's blocks, a few thousand); the first-block
+        table keeps its newer half when it passes the capacity too. A pruned block's children
+        stay until they age out as well: no walk reaches them (a lookup stops at the first
+        missing key of the chain)."""
+        index = self.index
+        keep = int(self.capacity * PRUNE_KEEP)
+        if len(index) <= keep:
+            return
+        used = sorted(node.used for node in index.values())
+        cut = used[len(used) - keep]  # blocks used before request `cut` go
+        gone = [k for k, node in index.items() if node.used < cut]
+        if not gone:  # one request's blocks fill the kept share: drop the oldest of all
+            cut += 1
+            gone = [k for k, node in index.items() if node.used < cut]
+        for k in gone:
+            del index[k]
+        self.pruned_blocks += len(gone)
+        if len(self.first_blocks) > self.capacity:
+            old = list(self.first_blocks)[:len(self.first_blocks) // 2]  # insertion order
+            for k in old:
+                del self.first_blocks[k]
 
     def _divergence(self, a: Attribution, tr: TraceRequest, rendered: Rendered | None,
                     keys: list[Hashable], tokens: Any, L: int, scope: tuple[Any, ...]) -> None:
@@ -343,8 +387,12 @@ class Attributor:
                     j += 1
                 if j > best_j:
                     best_j, best = j, node
-        elif children:
-            best_j, best = 0, index[children[-1]]
+        else:
+            for k in reversed(children):  # the newest child still in the index
+                best = index.get(k)
+                if best is not None:
+                    best_j = 0
+                    break
         if best is None:
             # Nothing earlier continues this prefix: new content (cold), or a scope apart.
             if L == 0 and tokens is not None and len(self.scopes) > 1:
@@ -582,7 +630,8 @@ class Pass:
     shared_prefix_requests: int = 0
     records: list[Attribution] | None = None
     explained: Attribution | None = None
-    unique_blocks: int = 0
+    unique_blocks: int = 0  # blocks added to the index (one pruned and seen again: twice)
+    pruned_blocks: int = 0  # of them, pruned (least recently used; Attributor.prune)
 
 
 def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: bool = False,
@@ -600,8 +649,10 @@ def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: 
         matchable_lost, distinct (set of value digests), example}``.
     """
     src = open_trace(spec, layout=layout)
-    cache = ExactCache(spec.sim_config(), scope_by_model=spec.scope_by_model)
-    att = Attributor(spec.block_size, with_context=explain)
+    config = spec.sim_config()
+    cache = ExactCache(config, scope_by_model=spec.scope_by_model)
+    att = Attributor(spec.block_size, with_context=explain,
+                     capacity=index_capacity(config.num_gpu_blocks))
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     records: list[Attribution] | None = [] if keep_records else None
     p = Pass(summary=cache.summary(), groups=groups, problems=src.problems, format=src.format)
@@ -641,5 +692,6 @@ def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: 
             g["distinct"].add(a.value_digest)
     p.summary = cache.summary()
     p.records = records
-    p.unique_blocks = len(att.index)
+    p.unique_blocks = len(att.index) + att.pruned_blocks
+    p.pruned_blocks = att.pruned_blocks
     return p

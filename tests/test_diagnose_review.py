@@ -242,15 +242,33 @@ def test_an_id_before_a_document_on_one_line_becomes_a_placeholder(cli, tmp_path
     assert json.loads(out)["cached_tokens"] == d["what_if"]["cached_tokens"]
 
 
-def test_diagnose_stops_with_a_clear_error_past_its_index_bound(cli, monkeypatch):
+def test_diagnose_prunes_its_index_instead_of_stopping(cli, monkeypatch):
     """The bundled Mooncake trace grew diagnose's block index until the machine ran out
-    (5.3 GB after 72 s); past MAX_INDEX_BLOCKS it now stops with one line, exit 7."""
+    (5.3 GB after 72 s), then the index bound stopped it (exit 7); now the least recently used
+    blocks are pruned: the diagnosis completes with the index within its capacity, and with a
+    capacity that holds every block the pass gives what it gives without pruning."""
     import prefixscope.replay.diagnose as d
 
-    monkeypatch.setattr(d, "MAX_INDEX_BLOCKS", 2_000)
     trace = Path(__file__).resolve().parents[1] / "data/traces/mooncake/conversation_trace.jsonl.gz"
-    code, _, err = cli(["diagnose", trace, "--limit", "200"])
-    assert code == 7, err
-    assert "diagnose keeps an index of every distinct block it has seen; this trace passed " \
-        "2,000 blocks (about 1 GB) at request " in err
-    assert "--limit" in err and "Traceback" not in err
+    spec = d.DiagnoseSpec(trace=str(trace), limit=200)
+    whole = d.attribution_pass(spec, keep_records=True)
+    assert whole.pruned_blocks == 0 and whole.unique_blocks > 6_000
+    monkeypatch.setattr(d, "MIN_INDEX_BLOCKS", 2_000)
+    assert d.index_capacity(None) == 2_000 and d.index_capacity(5_000) == 10_000
+    pruned = d.attribution_pass(spec, keep_records=True)
+    assert pruned.pruned_blocks > 0
+    # what the index holds at the end: its capacity, plus the blocks of the request that passed
+    # it (a prune never drops the blocks of the request being attributed)
+    largest = max(r.prompt_tokens for r in pruned.records) // 16
+    assert pruned.unique_blocks - pruned.pruned_blocks <= 2_000 + largest
+    assert pruned.summary == whole.summary  # the exact model is not the index
+    assert len(pruned.records) == len(whole.records) == 200
+    # a prefix pruned from the index is diagnosed as not seen before: never more matched
+    assert all(p.matchable_tokens <= w.matchable_tokens
+               for p, w in zip(pruned.records, whole.records))
+    code, out, err = cli(["diagnose", trace, "--limit", "200", "--json"])
+    assert code == 0, err
+    assert "Traceback" not in err
+    monkeypatch.setattr(d, "MIN_INDEX_BLOCKS", whole.unique_blocks)  # holds all: no prune
+    same = d.attribution_pass(spec, keep_records=True)
+    assert same.pruned_blocks == 0 and same.records == whole.records
