@@ -42,16 +42,23 @@ WORDS = {
 UNREADABLE = ("fifo", "dev-zero", "folder")
 
 
+def make_hostile(path: Path, kind: str) -> None:
+    """Make ``path`` the hostile document ``kind`` (``dev-zero``: a symbolic link to it)."""
+    if kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(CONTENT[kind])
+
+
 def _path(kind: str, tmp_path: Path, suffix: str) -> str:
     if kind == "dev-zero":
         return "/dev/zero"
     p = tmp_path / f"doc{suffix}"
-    if kind == "fifo":
-        os.mkfifo(p)
-    elif kind == "folder":
-        p.mkdir()
-    else:
-        p.write_bytes(CONTENT[kind])
+    make_hostile(p, kind)
     return str(p)
 
 

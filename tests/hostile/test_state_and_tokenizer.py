@@ -7,7 +7,6 @@ read, 2 when its content is bad; never a traceback, a hang, or a gateway that st
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -16,23 +15,11 @@ import pytest
 from prefixscope.gateway.store import MemoryStore
 from tests.gateway_support import write_secrets
 from tests.hostile.support import run_cli
-from tests.hostile.test_documents import CONTENT, UNREADABLE, WORDS
+from tests.hostile.test_documents import UNREADABLE, WORDS, make_hostile
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "data" / "tiny-tokenizer"
 CHAT_CAPTURE = REPO / "data" / "captures" / "aider" / "chat-requests.jsonl"
-
-
-def _hostile(path: Path, kind: str) -> None:
-    """Make ``path`` the hostile ``kind`` (``/dev/zero`` through a symbolic link)."""
-    if kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder":
-        path.mkdir()
-    else:
-        path.write_bytes(CONTENT[kind])
 
 
 def _gateway_argv(tmp_path: Path, state: Path) -> list[str]:
@@ -50,7 +37,7 @@ STATE_KINDS = ("invalid-utf8", "deep-json", *UNREADABLE)
 @pytest.mark.parametrize("kind", STATE_KINDS)
 def test_hostile_state_file_stops_the_gateway_with_its_reason(kind, tmp_path):
     state = tmp_path / "state.json"
-    _hostile(state, kind)
+    make_hostile(state, kind)
     code, _, err = run_cli(_gateway_argv(tmp_path, state))
     assert WORDS[kind] in err, err
     assert str(state) in err, err
@@ -99,7 +86,7 @@ def test_hostile_tokenizer_file_is_refused_with_its_reason(name, kind, tmp_path)
     folder = tmp_path / "tok"
     shutil.copytree(TOKENIZER, folder)
     (folder / name).unlink()
-    _hostile(folder / name, kind)
+    make_hostile(folder / name, kind)
     code, _, err = run_cli(["replay", "sim", CHAT_CAPTURE, "--format", "chat",
                             "--tokenizer", folder])
     if name == "tokenizer.json" and kind == "deep-json":
