@@ -21,8 +21,7 @@ import httpx
 import pytest
 
 from prefixscope.core.decision_log import candidate_tokens
-from prefixscope.gateway.config import load_gateway_config
-from tests.gateway_support import RunningGateway, headers_for, read_jsonl, write_secrets
+from tests.gateway_support import RunningGateway, gateway_config, headers_for, read_jsonl
 from tests.vllm_support import BLOCK_SIZE, SERVED_MODEL_NAME, TEXTS, ServerConfig, vllm_pool  # noqa: F401
 
 pytestmark = pytest.mark.vllm
@@ -70,14 +69,12 @@ def _usage(r: httpx.Response) -> dict:
     return r.json()["usage"]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_exact_candidate_tokens_equal_vllm_cached_tokens(tmp_path, server, case):
-    path, writer, request, overstated = CASES[case]
-    cfg = load_gateway_config(None, upstreams=[server.base_url], port=0, mode="shadow",
-                              tokenize="upstream", log_dir=str(tmp_path / "logs"),
-                              fsync_interval_s=0.05, read_timeout_s=60.0,
-                              **write_secrets(tmp_path / "secrets"))
-    gw = RunningGateway(cfg)
+def _through_gateway(tmp_path, server, mode: str, path: str, writer: dict, request: dict
+                     ) -> tuple[dict, dict, list[dict]]:
+    """W then R through a fresh gateway (``tokenize = "upstream"``) in ``mode``: their usage
+    as the gateway answered it, and the decision records."""
+    gw = RunningGateway(gateway_config(tmp_path, server.base_url, mode=mode,
+                                       tokenize="upstream", read_timeout_s=60.0))
     try:
         h = headers_for("acme")
         w = _usage(httpx.post(gw.url + path, json=writer, headers=h, timeout=120))
@@ -86,6 +83,13 @@ def test_exact_candidate_tokens_equal_vllm_cached_tokens(tmp_path, server, case)
         gw.stop()
     decisions = [d for d in read_jsonl(tmp_path / "logs" / "decisions.jsonl")
                  if d["record"] == "decision"]
+    return w, r, decisions
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exact_candidate_tokens_equal_vllm_cached_tokens(tmp_path, server, case):
+    path, writer, request, overstated = CASES[case]
+    w, r, decisions = _through_gateway(tmp_path, server, "shadow", path, writer, request)
     assert [d["decision"] for d in decisions] == ["miss", "accept"]
     assert [d["candidate_tokens_basis"] for d in decisions] == ["exact", "exact"]
     exact = decisions[1]["candidate_cached_tokens"]
@@ -106,19 +110,7 @@ def test_exact_candidate_tokens_equal_vllm_cached_tokens(tmp_path, server, case)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_exact_candidate_tokens_in_tenant_mode_equal_what_vllm_served(tmp_path, server, case):
     path, writer, request, _ = CASES[case]
-    cfg = load_gateway_config(None, upstreams=[server.base_url], port=0, mode="tenant",
-                              tokenize="upstream", log_dir=str(tmp_path / "logs"),
-                              fsync_interval_s=0.05, read_timeout_s=60.0,
-                              **write_secrets(tmp_path / "secrets"))
-    gw = RunningGateway(cfg)
-    try:
-        h = headers_for("acme")
-        _usage(httpx.post(gw.url + path, json=writer, headers=h, timeout=120))
-        r = _usage(httpx.post(gw.url + path, json=request, headers=h, timeout=120))
-    finally:
-        gw.stop()
-    decisions = [d for d in read_jsonl(tmp_path / "logs" / "decisions.jsonl")
-                 if d["record"] == "decision"]
+    _, r, decisions = _through_gateway(tmp_path, server, "tenant", path, writer, request)
     assert [d["decision"] for d in decisions] == ["miss", "accept"]
     assert [d["salt_applied"] for d in decisions] == [True, True]
     assert [d["candidate_tokens_basis"] for d in decisions] == ["exact", "exact"]
