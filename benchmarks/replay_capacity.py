@@ -12,7 +12,7 @@ of ``--repeat`` of:
 Then the largest capacity's times over the smallest's (1.00 = flat). A churn microbenchmark of
 a bare dict (FIFO, 800 int keys per batch, as many insertions as the trace has blocks) shows
 the part that is CPython's dict alone: insertion seconds while the dict grows to the capacity
-and once it is at its steady size.
+and once it is at its steady size, for consecutive int keys and for keys spaced 16 apart.
 
 Usage:
 
@@ -71,9 +71,12 @@ def replay_once(reqs: list, config: SimConfig) -> dict:
             "sys_s": r1.ru_stime - r0.ru_stime, "hits": hits}
 
 
-def dict_churn(capacity: int, insertions: int) -> tuple[float, float]:
-    """Insertion CPU seconds of a FIFO-churned dict: (growing to ``capacity``, then steady)."""
-    keys = list(range(15, 16 * 2 * insertions, 16))  # like the readers' keys: spaced, clustered
+def dict_churn(capacity: int, insertions: int, stride: int = 1) -> tuple[float, float]:
+    """Insertion CPU seconds of a FIFO-churned dict: (growing to ``capacity``, then steady).
+
+    ``stride`` 1: consecutive int keys, like the hash-id readers' fast keys now; 16: keys
+    ``15 + 16 k``, the readers' keys before (every first probe in one slot of 16)."""
+    keys = list(range(stride - 1, stride * 2 * insertions, stride))
     d: dict[int, int] = {}
     q: deque[int] = deque()
     ids = list(range(capacity + 2))
@@ -127,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{best[algo, hi]['cpu_s'] / best[algo, lo]['cpu_s']:.2f}x, run_alone "
               f"{best[algo, hi]['pool_s'] / best[algo, lo]['pool_s']:.2f}x")
     for cap in caps:
-        grow, steady = min(dict_churn(cap, blocks) for _ in range(3))
-        print(f"bare dict, {blocks:,} insertions at {cap} keys: growing {grow:.4f} s, "
-              f"steady {steady:.4f} s")
+        for stride in (1, 16):
+            grow, steady = min(dict_churn(cap, blocks, stride) for _ in range(3))
+            print(f"bare dict, {blocks:,} insertions at {cap} keys spaced {stride}: growing "
+                  f"{grow:.4f} s, steady {steady:.4f} s")
     print(f"load average {os.getloadavg()[0]:.1f}")
     return 0
 
