@@ -163,49 +163,59 @@ def _request(host_port: str) -> bytes:
             % (host_port.encode(), API_KEY.encode(), len(body), body))
 
 
+async def _read_answer(reader: asyncio.StreamReader) -> bytes | None:
+    """One answer: a chunked stream ("0\\r\\n\\r\\n" ends it) or a Content-Length body (an
+    error); None when the connection closed first."""
+    buf = b""
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            return None
+        buf += data
+        if buf.endswith(b"\r\n0\r\n\r\n"):
+            return buf
+        h = buf.find(b"\r\n\r\n")
+        if h > 0 and b"content-length:" in buf[:h].lower():
+            i = buf.lower().find(b"content-length:")
+            n = int(buf[i + 15:buf.find(b"\r\n", i)])
+            if len(buf) >= h + 4 + n:
+                return buf
+
+
 async def _one_connection(host: str, port: int, req: bytes, until: list[int], lat: list[float],
-                          fails: list[int]) -> None:
+                          fails: list[int], spans: list[tuple[float, float]]) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while until[0] > 0:
             until[0] -= 1
             t0 = time.perf_counter()
             writer.write(req)
-            buf = b""
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    fails[0] += 1
-                    return
-                buf += data
-                # the answers here are chunked streams ("0\r\n\r\n" ends them) or a
-                # Content-Length error body (counted as a failure)
-                if buf.endswith(b"\r\n0\r\n\r\n"):
-                    break
-                h = buf.find(b"\r\n\r\n")
-                if h > 0 and b"content-length:" in buf[:h].lower():
-                    i = buf.lower().find(b"content-length:")
-                    n = int(buf[i + 15:buf.find(b"\r\n", i)])
-                    if len(buf) >= h + 4 + n:
-                        break
+            buf = await _read_answer(reader)
+            if buf is None:
+                fails[0] += 1
+                return
+            t1 = time.perf_counter()
+            spans.append((t0, t1))
             if buf.startswith(b"HTTP/1.1 200"):
-                lat.append(time.perf_counter() - t0)
+                lat.append(t1 - t0)
             else:
                 fails[0] += 1
     finally:
         writer.close()
 
 
-def run_load(base: str, n: int, concurrency: int) -> tuple[list[float], float, int]:
+def run_load(base: str, n: int, concurrency: int
+             ) -> tuple[list[float], float, int, list[tuple[float, float]]]:
     """n streaming requests over ``concurrency`` keep-alive connections (a closed loop);
-    returns (latencies s, wall s, failures)."""
+    returns (latencies s, wall s, failures, (start, end) perf_counter s of every answer)."""
     host, port = base.removeprefix("http://").split(":")
     req = _request(f"{host}:{port}")
     lat: list[float] = []
     fails = [0]
     until = [n]
+    spans: list[tuple[float, float]] = []
     async def all_connections() -> None:
-        await asyncio.gather(*(_one_connection(host, int(port), req, until, lat, fails)
+        await asyncio.gather(*(_one_connection(host, int(port), req, until, lat, fails, spans)
                                for _ in range(concurrency)))
 
     loop = _loop()
@@ -215,7 +225,118 @@ def run_load(base: str, n: int, concurrency: int) -> tuple[list[float], float, i
         wall = time.perf_counter() - t0
     finally:
         loop.close()
-    return lat, wall, fails[0]
+    return lat, wall, fails[0], spans
+
+
+# --------------------------------------------------------------------------- open-loop arrivals
+
+def arrival_schedule(n: int, rate_per_s: float, process: str = "poisson", seed: int = 0
+                     ) -> list[float]:
+    """Start offsets (s from the run's start, ascending, the first 0.0) of n requests arriving
+    at ``rate_per_s`` on average, independent of when earlier answers end (an open loop).
+
+    ``poisson``: exponentially distributed gaps (mean 1 / rate), seeded, so a direct round and
+    a gateway round with the same seed get the same schedule; the arrival process of vLLM's
+    ``benchmarks/benchmark_serving.py --request-rate`` (burstiness 1) and of open-loop load
+    generators (Schroeder et al., "Open versus closed", NSDI 2006). ``constant``: gaps of
+    exactly 1 / rate, as k6's ``constant-arrival-rate`` executor and wrk2's ``-R`` start them.
+    Raises ValueError for a rate <= 0 or an unknown process."""
+    import random
+
+    if rate_per_s <= 0:
+        raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
+    if process not in ("poisson", "constant"):
+        raise ValueError(f"process must be poisson or constant, got {process!r}")
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate_per_s) if process == "poisson" else 1.0 / rate_per_s
+    return out
+
+
+def open_streams(spans: list[tuple[float, float]],
+                 window: tuple[float, float] | None = None) -> tuple[float, int]:
+    """(time-weighted mean, maximum) number of requests in flight; spans are (start, end) in
+    seconds, an end exactly at another's start counts as closed first. Over ``window`` (lo, hi)
+    when given and not empty (for an open loop: after the first stream length, until the last
+    arrival, leaving out ramp-up and drain), else from the first start to the last end.
+    (0.0, 0) for no spans."""
+    if not spans:
+        return 0.0, 0
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    if window is not None and window[1] > window[0]:
+        lo, hi = window
+    busy = sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+    events = sorted([(e, -1) for _, e in spans] + [(s, 1) for s, _ in spans])
+    cur = peak = 0
+    for t, d in events:
+        cur += d
+        if lo <= t <= hi or window is None:
+            peak = max(peak, cur)
+    return (busy / (hi - lo) if hi > lo else float(len(spans))), peak
+
+
+async def _open_loop(host: str, port: int, req: bytes, offsets: list[float], pool: int,
+                     lat: list[float], fails: list[int], spans: list[tuple[float, float]],
+                     extra: list[int]) -> float:
+    """Send one request at each offset on an idle keep-alive connection (``pool`` of them opened
+    before the clock starts; one more opened when none is idle, counted in ``extra``); latency
+    runs from the scheduled start (so a late send counts, no coordinated omission) to the last
+    byte. Returns the wall seconds from the first scheduled start to the last answer."""
+    idle = [await asyncio.open_connection(host, port) for _ in range(pool)]
+
+    async def one(at: float) -> None:
+        if idle:
+            reader, writer = idle.pop()
+        else:
+            extra[0] += 1
+            reader, writer = await asyncio.open_connection(host, port)
+        writer.write(req)
+        buf = await _read_answer(reader)
+        t1 = time.perf_counter()
+        if buf is None:
+            fails[0] += 1
+            writer.close()
+            return
+        spans.append((at, t1))
+        if buf.startswith(b"HTTP/1.1 200"):
+            lat.append(t1 - at)
+        else:
+            fails[0] += 1
+        idle.append((reader, writer))
+
+    start = time.perf_counter() + 0.01
+    tasks = []
+    for off in offsets:
+        delay = start + off - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(start + off)))
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    for _, writer in idle:
+        writer.close()
+    return wall
+
+
+def run_arrivals(base: str, offsets: list[float], pool: int
+                 ) -> tuple[list[float], float, int, list[tuple[float, float]]]:
+    """Streaming requests started at ``offsets`` (s, from ``arrival_schedule``), an open loop;
+    returns (latencies s from the scheduled start, wall s, failures, (start, end) spans) like
+    ``run_load``."""
+    host, port = base.removeprefix("http://").split(":")
+    req = _request(f"{host}:{port}")
+    lat: list[float] = []
+    fails, extra = [0], [0]
+    spans: list[tuple[float, float]] = []
+    loop = _loop()
+    try:
+        wall = loop.run_until_complete(_open_loop(host, int(port), req, offsets, pool, lat,
+                                                  fails, spans, extra))
+    finally:
+        loop.close()
+    return lat, wall, fails[0], spans
 
 
 # --------------------------------------------------------------------------- processes
@@ -303,32 +424,56 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, rounds: int,
-            upstream_pids: list[int], gateway_pid: int, gateway_cpus: int) -> dict:
-    """Alternating rounds direct / gateway; latencies, rates and CPU per request."""
+            upstream_pids: list[int], gateway_pid: int, gateway_cpus: int,
+            arrivals: str = "closed", stream_s: float = 0.0) -> dict:
+    """Alternating rounds direct / gateway; latencies, rates and CPU per request.
+
+    ``arrivals``: ``closed`` (``concurrency`` back-to-back request loops, all starting at once:
+    with an upstream of fixed stream length they stay in phase, the synchronised worst case) or
+    ``poisson`` / ``constant`` (open loop at ``concurrency / stream_s`` requests/s, so that
+    ``concurrency`` streams of ``stream_s`` seconds are open on average by Little's law; round
+    r uses the same seeded schedule on both paths)."""
     for base in (direct, gateway):  # warm connections, discovery, the registry
         run_load(base, concurrency * 2, concurrency)
-    acc = {p: {"lat": [], "wall": 0.0, "fails": 0, "cpu": {"client": 0.0, "upstream": 0.0,
-                                                            "gateway": 0.0}}
+    acc = {p: {"lat": [], "wall": 0.0, "fails": 0, "busy": 0.0, "peak": 0,
+               "cpu": {"client": 0.0, "upstream": 0.0, "gateway": 0.0}}
            for p in ("direct", "gateway")}
-    for _ in range(rounds):
+    rate = concurrency / stream_s if arrivals != "closed" else 0.0
+    for r in range(rounds):
+        offsets = (arrival_schedule(n // rounds, rate, arrivals, seed=r)
+                   if arrivals != "closed" else [])
         for label, base in (("direct", direct), ("gateway", gateway)):
             gw_pids = tree_pids(gateway_pid)
             c0 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
-            lat, wall, fails = run_load(base, n // rounds, concurrency)
+            if arrivals == "closed":
+                lat, wall, fails, spans = run_load(base, n // rounds, concurrency)
+            else:
+                lat, wall, fails, spans = run_arrivals(base, offsets, pool=concurrency * 2)
             c1 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
             a = acc[label]
             a["lat"] += lat
             a["wall"] += wall
             a["fails"] += fails
+            window = None
+            if offsets:  # steady state: after the first stream length, until the last arrival
+                t0 = min(t for t, _ in spans) if spans else 0.0
+                window = (t0 + stream_s, t0 + offsets[-1])
+            mean_open, peak = open_streams(spans, window)
+            a["busy"] += mean_open * wall
+            a["peak"] = max(a["peak"], peak)
             for k, x0, x1 in zip(("client", "upstream", "gateway"), c0, c1, strict=True):
                 a["cpu"][k] += x1 - x0
     out = {"upstream": name, "requests_per_path": n, "concurrency": concurrency,
-           "rounds": rounds}
+           "rounds": rounds, "arrivals": arrivals}
+    if rate:
+        out["offered_req_per_s"] = round(rate, 1)
     for label, a in acc.items():
         done = max(1, len(a["lat"]))
         out[label] = {"p50_ms": round(pct(a["lat"], 0.5) * 1000, 2),
                       "p99_ms": round(pct(a["lat"], 0.99) * 1000, 2),
                       "req_per_s": round(len(a["lat"]) / a["wall"], 1), "failures": a["fails"],
+                      "open_streams_mean": round(a["busy"] / a["wall"], 1),
+                      "open_streams_max": a["peak"],
                       "cpu_ms_per_request": {k: round(v * 1000 / done, 3)
                                              for k, v in a["cpu"].items()}}
     out["added_p50_ms"] = round(out["gateway"]["p50_ms"] - out["direct"]["p50_ms"], 2)
@@ -351,6 +496,13 @@ def main() -> None:
                     help="paced loopback upstream: ms between its 8 events (0: skip that run)")
     ap.add_argument("--paced-concurrency", type=int, default=64)
     ap.add_argument("--paced-requests", type=int, default=3200)
+    ap.add_argument("--stagger", action="store_true",
+                    help="paced run also with desynchronised open-loop arrivals (--arrivals) at "
+                         "the rate that keeps --paced-concurrency streams open on average")
+    ap.add_argument("--arrivals", nargs="+", choices=("poisson", "constant"),
+                    default=["poisson"],
+                    help="with --stagger: poisson (exponential gaps, as vLLM's "
+                         "benchmark_serving) and/or constant (k6 constant-arrival-rate, wrk2 -R)")
     ap.add_argument("--workers", type=int, default=1,
                     help="gateway worker processes (more than 1: a redis-server is started)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
@@ -407,6 +559,13 @@ def main() -> None:
                                    n=args.paced_requests, concurrency=args.paced_concurrency,
                                    rounds=args.rounds, upstream_pids=[up_proc.pid],
                                    gateway_pid=gw.pid, gateway_cpus=len(gw_cpus)))
+            for process in (args.arrivals if args.stagger else []):
+                results.append(compare(f"paced{args.paced_gap_ms:g}", up, gw_url,
+                                       n=args.paced_requests,
+                                       concurrency=args.paced_concurrency, rounds=args.rounds,
+                                       upstream_pids=[up_proc.pid], gateway_pid=gw.pid,
+                                       gateway_cpus=len(gw_cpus), arrivals=process,
+                                       stream_s=8 * args.paced_gap_ms / 1000))
         if not args.no_vllm:
             from tests.vllm_support import ServerConfig, start_server
 
@@ -435,20 +594,26 @@ def main() -> None:
               if pinned else "not pinned")
     print(f"{ncpu} CPUs ({layout}); gateway workers {args.workers}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"{'upstream':9} {'conc':>4} {'path':8} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8} "
-          f"{'CPU ms/req: client':>19} {'upstream':>9} {'gateway':>8}")
+    print(f"{'upstream':9} {'arrivals':8} {'conc':>4} {'path':8} {'p50 ms':>9} {'p99 ms':>9} "
+          f"{'req/s':>8} {'open mean/max':>13} {'CPU ms/req: client':>19} {'upstream':>9} "
+          f"{'gateway':>8}")
     for r in results:
         for label in ("direct", "gateway"):
             d = r[label]
             c = d["cpu_ms_per_request"]
-            print(f"{r['upstream']:9} {r['concurrency']:>4} {label:8} {d['p50_ms']:>9.2f} "
-                  f"{d['p99_ms']:>9.2f} {d['req_per_s']:>8.1f} {c['client']:>19.3f} "
-                  f"{c['upstream']:>9.3f} {c['gateway']:>8.3f}")
-        print(f"{'':9} {'':>4} added p50 {r['added_p50_ms']:+.2f} ms, p99 "
+            opened = f"{d['open_streams_mean']:.1f}/{d['open_streams_max']}"
+            print(f"{r['upstream']:9} {r['arrivals']:8} {r['concurrency']:>4} {label:8} "
+                  f"{d['p50_ms']:>9.2f} {d['p99_ms']:>9.2f} {d['req_per_s']:>8.1f} "
+                  f"{opened:>13} {c['client']:>19.3f} {c['upstream']:>9.3f} {c['gateway']:>8.3f}")
+        kind = ""
+        if r["upstream"].startswith("paced"):
+            kind = (" [synchronised waves: the worst case]" if r["arrivals"] == "closed"
+                    else f" [open loop, {r['offered_req_per_s']:g} req/s offered]")
+        print(f"{'':9} {'':8} {'':>4} added p50 {r['added_p50_ms']:+.2f} ms, p99 "
               f"{r['added_p99_ms']:+.2f} ms, throughput {r['throughput_ratio']:.2f}x direct; "
               f"gateway CPU {r['gateway_cpu_ms_per_request']:.3f} ms/request"
               + (f", saturated floor {r['gateway_bound_floor_ms']:.2f} ms"
-                 if r["upstream"] == "loopback" and r["concurrency"] > 1 else ""))
+                 if r["upstream"] == "loopback" and r["concurrency"] > 1 else "") + kind)
     print("GATEWAY_BENCH " + json.dumps({"results": results, "cpus": ncpu, "pinned": pinned,
                                          "workers": args.workers,
                                          "loadavg_before": [round(x, 2) for x in load_before],
