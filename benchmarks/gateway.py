@@ -29,11 +29,23 @@ its CPUs: what that many requests queued in the gateway cost when nothing else l
 The **paced** run (``--paced-gap-ms``, default 20: the upstream sends its 8 events 20 ms apart,
 a 160 ms stream like an engine decoding 50 tokens/s) is the one for the issue's targets: 64
 streams open at once, as a real deployment has them, instead of 64 back-to-back request loops
-against an upstream that answers in microseconds.
+against an upstream that answers in microseconds. Its 64 closed loops start together and every
+stream lasts exactly 160 ms, so they stay in phase: every 160 ms the gateway gets 64 requests in
+one wave (the **synchronised worst case**). ``--stagger`` adds the paced run with desynchronised
+arrivals, as a deployment's clients arrive: an **open loop** (requests start on a schedule, not
+when earlier answers end) at ``concurrency / stream length`` requests/s, which keeps that many
+streams open on average (Little's law; 64 / 0.16 s = 400/s). ``--arrivals poisson`` (default:
+exponential gaps, the process of vLLM's ``benchmark_serving.py --request-rate``) and/or
+``constant`` (evenly spaced, k6 ``constant-arrival-rate``, wrk2 ``-R``). Both paths get the same
+seeded schedule per round; latency runs from the scheduled start (no coordinated omission); an
+open loop does not slow down when the path falls behind, so an overloaded gateway shows as more
+open streams (reported per path: time-weighted mean and maximum over the steady window) and a
+growing latency, not as fewer requests.
 
     .venv/bin/python benchmarks/gateway.py                 # loopback (1 and 64 streams) + vLLM
     .venv/bin/python benchmarks/gateway.py --no-vllm       # loopback only
     .venv/bin/python benchmarks/gateway.py --no-vllm --workers 2
+    .venv/bin/python benchmarks/gateway.py --no-vllm --stagger --arrivals poisson constant
 
 Prints a table and one JSON line (``GATEWAY_BENCH {...}``) with the load average.
 """
