@@ -102,6 +102,22 @@ def archived_files(con: duckdb.DuckDBPyConnection, table: str, start_s: float | 
     return [f for (files,) in rows for f in files]
 
 
+def archived_end_s(con: duckdb.DuckDBPyConnection, table: str, start_s: float | None = None,
+                   end_s: float | None = None) -> float | None:
+    """End of the newest archived UTC day of ``table`` overlapping ``[start_s, end_s)`` (Unix
+    s; every archived row of the range is older), None when none overlaps."""
+    _check_table(table)
+    lo = -1e300 if start_s is None else float(start_s)
+    hi = 1e300 if end_s is None else float(end_s)
+    try:
+        row = con.execute("SELECT max(epoch(day::TIMESTAMP)) + 86400 FROM archive_parts WHERE "
+                          "tbl = ? AND epoch(day::TIMESTAMP) + 86400 > ? AND "
+                          "epoch(day::TIMESTAMP) < ?", [table, lo, hi]).fetchall()[0]
+    except duckdb.CatalogException:
+        return None
+    return None if row[0] is None else float(row[0])
+
+
 def check_files(files: Sequence[str]) -> None:
     """Fail with a message naming the file when an archived local file is missing or is not
     Parquet (``PAR1`` at both ends); remote files are checked by DuckDB when read.

@@ -453,7 +453,8 @@ def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
                     offset: int = 0) -> pd.DataFrame:
     """One page of the requests that reported cached tokens, newest first (the Requests
     page's table). DuckDB keeps a top-(offset + limit) heap while it scans: memory is bounded
-    by the page, not by the range.
+    by the page, not by the range. When the range reaches archived days but the table alone
+    holds the page's rows newer than the newest archived day, the archive is not read.
 
     Args:
         limit: rows per page, 1..:data:`MAX_PAGE_ROWS`.
@@ -474,6 +475,16 @@ def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
         raise InvalidArgument(f"offset must be >= 0, got {offset}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
     rel = archive.relation(con, "requests", start_s, end_s)
+    if rel != "requests":
+        # the archived days are older than the page when the table alone holds offset + limit
+        # rows at or after the newest archived day's end: then read the table only
+        newest_archived = archive.archived_end_s(con, "requests", start_s, end_s)
+        row = con.execute(f"""
+            SELECT ts_unix_s FROM requests WHERE cached_tokens IS NOT NULL AND {where}
+            ORDER BY ts_unix_s DESC NULLS LAST, run_id, request_id LIMIT 1 OFFSET ?
+        """, [*params, int(offset) + int(limit) - 1]).fetchall()
+        if row and row[0][0] is not None and float(row[0][0]) >= newest_archived:
+            rel = "requests"
     return con.execute(f"""
         SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
                cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
