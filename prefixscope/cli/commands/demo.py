@@ -19,7 +19,8 @@ def demo_cmd(
     """
     from prefixscope.cli.demo import build_demo
 
-    out.print(f"building the demo database {db} (about a minute on a quiet 2-core machine)",
+    out.print(f"building the demo database {db} (about 80 s of CPU: one to two minutes on a "
+              "quiet 2-core machine)",
               markup=False, highlight=False)
     report = build_demo(db, with_replay=not no_replay,
                         progress=lambda line: out.print(f"  {line}", markup=False,
