@@ -474,17 +474,17 @@ def newest_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = N
     if int(offset) < 0:
         raise InvalidArgument(f"offset must be >= 0, got {offset}")
     where, params = _where(start_s, end_s, models, instances, run_ids)
-    rel = archive.relation(con, "requests", start_s, end_s)
-    if rel != "requests":
+    rel = "requests"
+    newest_archived = archive.archived_end_s(con, "requests", start_s, end_s)
+    if newest_archived is not None:
         # the archived days are older than the page when the table alone holds offset + limit
-        # rows at or after the newest archived day's end: then read the table only
-        newest_archived = archive.archived_end_s(con, "requests", start_s, end_s)
+        # rows at or after the newest archived day's end: then the table only is read
         row = con.execute(f"""
             SELECT ts_unix_s FROM requests WHERE cached_tokens IS NOT NULL AND {where}
             ORDER BY ts_unix_s DESC NULLS LAST, run_id, request_id LIMIT 1 OFFSET ?
         """, [*params, int(offset) + int(limit) - 1]).fetchall()
-        if row and row[0][0] is not None and float(row[0][0]) >= newest_archived:
-            rel = "requests"
+        if not (row and row[0][0] is not None and float(row[0][0]) >= newest_archived):
+            rel = archive.relation(con, "requests", start_s, end_s)
     return con.execute(f"""
         SELECT run_id, request_id, ts_unix_s, model, instance, endpoint, prompt_tokens,
                cached_tokens, CAST(cached_tokens AS DOUBLE) / NULLIF(prompt_tokens, 0) AS hit_rate,
