@@ -442,10 +442,15 @@ def _normalise(rec: _Record) -> tuple:
         except msgspec.MsgspecError:
             model = None
 
-    for name, value in (("model", model), ("run_id", rec.run_id), ("instance", rec.instance),
-                        ("endpoint", endpoint)):
-        if value is not None and len(value) > MAX_ID_CHARS:
-            raise _Bad("$." + name, ID_TOO_LONG)
+    # each name at most MAX_ID_CHARS (written out: a loop over pairs cost 0.15 us a line)
+    if model is not None and len(model) > MAX_ID_CHARS:
+        raise _Bad("$.model", ID_TOO_LONG)
+    if rec.run_id is not None and len(rec.run_id) > MAX_ID_CHARS:
+        raise _Bad("$.run_id", ID_TOO_LONG)
+    if rec.instance is not None and len(rec.instance) > MAX_ID_CHARS:
+        raise _Bad("$.instance", ID_TOO_LONG)
+    if endpoint is not None and len(endpoint) > MAX_ID_CHARS:
+        raise _Bad("$.endpoint", ID_TOO_LONG)
 
     scope = rec.scope
     if scope is not None:

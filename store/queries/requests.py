@@ -280,7 +280,7 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
         _refresh_rollup(con, name)
         added = int(row[0]) if row else 0
         _refresh_latency_rollup(con, name, all_new=added == batch.num_rows)
-        scope_rollup.refresh_for_requests(con, name)
+        scope_rollup.refresh_for_requests(con, name, all_new=added == batch.num_rows)
     finally:
         con.unregister(name)
     return int(row[0]) if row else 0
@@ -307,7 +307,7 @@ def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, col
         f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name}").fetchone()
     _refresh_rollup(con, name)
     _refresh_latency_rollup(con, name, all_new=True)
-    scope_rollup.refresh_for_requests(con, name)
+    scope_rollup.refresh_for_requests(con, name, all_new=True)
     con.unregister(name)
     return int(row[0]) if row else 0
 
