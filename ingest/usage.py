@@ -44,6 +44,9 @@ from prefixscope.ingest.usage_shapes import MS_THRESHOLD, UsageRecord, normalise
 from prefixscope.core.bounds import check_regular
 from prefixscope.core.errors import SourceUnavailable
 from prefixscope.store.db import BatchConnection, no_progress_bar, release_between_batches
+# imported with this module, not at the first batch: it brings core.config (pydantic), which
+# the CLI has loaded before any ingest, but which cost an ingest timed on its own 0.1-0.2 s
+from prefixscope.store.queries.requests import insert_new_request_rows, insert_request_rows
 
 __all__ = [
     "BATCH_ROWS", "INSERT_ROWS", "KIND", "MS_THRESHOLD", "PARALLEL_MIN_BYTES", "PROBLEMS_RETURNED",
@@ -67,8 +70,6 @@ def save_usage_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple] | pa.Table
     table = rows if isinstance(rows, pa.Table) else rows_to_arrow(rows)
     if table.num_rows == 0:
         return 0
-    from prefixscope.store.queries.requests import insert_new_request_rows, insert_request_rows
-
     insert = insert_new_request_rows if assume_new else insert_request_rows
     return insert(con, table, _COLUMN_LIST)
 
