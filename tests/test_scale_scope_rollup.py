@@ -217,6 +217,45 @@ def test_decisions_before_and_after_their_requests(con):
     _same(con)
 
 
+def test_usage_batches_without_decisions_add_to_the_rollup(con, monkeypatch):
+    """Usage batches of new rows while no decision is stored: each batch's aggregates are added
+    to the stored buckets (not recomputed), exactly what a rebuild from the rows gives: batches
+    sharing 5-minute buckets, rows without a time, NULL tokens and scopes; then a repeated
+    batch (recomputed) and a decision for a stored request (recomputed) keep it exact."""
+    rows = [_usage("" if i % 5 else "run-a", f"u{i}", None if i % 9 == 0 else T0 + 47.0 * i,
+                   model=["m1", "m2", None][i % 3], instance="a",
+                   scope=[None, "PUBLIC", "TENANT"][i % 3], tenant=[None, "ns1"][i % 2],
+                   prompt=None if i % 11 == 0 else 100 + i,
+                   cached=None if i % 4 == 0 else i % 3 * 10)
+            for i in range(60)]
+    calls = []
+    real = scope_rollup._add_usage_only
+    monkeypatch.setattr(scope_rollup, "_add_usage_only",
+                        lambda c, b: (calls.append(b), real(c, b)))  # counts the calls
+    for lo, hi in ((0, 7), (7, 30), (30, 31), (31, 60)):  # cuts inside shared buckets
+        save_usage_rows(con, rows[lo:hi])
+        stored = con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall()
+        scope_rollup.rebuild(con)
+        assert con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall() == stored
+    assert len(calls) == 4  # every batch took the additive path
+    assert con.execute("SELECT count(*) FROM scope_rollup_5m WHERE bucket_start_s IS NULL"
+                       ).fetchone()[0] > 0
+    assert scope_rollup.current(con)
+    _same(con)
+    save_usage_rows(con, rows[20:40])  # a repeat: nothing added, recomputed
+    assert len(calls) == 4
+    insert_decision_rows(con, [_decision("", "u1", T0 + 5000, model="m1", instance="a",
+                                         scope="TENANT", ns="ns1", decision="accept",
+                                         reason=None, cand=5, same="yes")], [])
+    save_usage_rows(con, [_usage("", "late", T0 + 60, model="m1", instance="a",
+                                 scope=None, tenant=None, prompt=5, cached=5)])
+    assert len(calls) == 4  # a decision is stored: recomputed
+    stored = con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall()
+    scope_rollup.rebuild(con)
+    assert con.execute("SELECT * FROM scope_rollup_5m ORDER BY ALL").fetchall() == stored
+    _same(con)
+
+
 @pytest.fixture
 def db_at_72(db_path, monkeypatch):
     with older_schema(db_path, monkeypatch, before=73) as con:
