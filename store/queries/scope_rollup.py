@@ -112,11 +112,11 @@ def refresh_for_requests(con: duckdb.DuckDBPyConnection, batch: str, *,
     """After a batch of requests was written: recompute the buckets of the batch's times and of
     the stored decisions of the same requests (the rows that move to the request's bucket).
 
-    When every row of the batch was added (``all_new``), no decision is stored and nothing is
-    archived (the usage ingest of a deployment without the gateway), the batch's aggregates
-    are added to the stored rows of its buckets instead (:func:`_add_usage_only`: the same
-    numbers; the recompute's join and invariant predicates cost the usage ingest about 5% of
-    its time).
+    When every row of the batch was added (``all_new``), no decision is stored or archived and
+    no request is archived (the usage ingest of a deployment without the gateway), the batch's
+    aggregates are added to the stored rows of its buckets instead (:func:`_add_usage_only`:
+    the same numbers; the recompute's join and invariant predicates cost the usage ingest
+    about 5% of its time).
 
     Args:
         batch: a registered relation with ``run_id, request_id, ts_unix_s`` (Unix s), and
@@ -124,7 +124,8 @@ def refresh_for_requests(con: duckdb.DuckDBPyConnection, batch: str, *,
             prompt_tokens, cached_tokens``.
     """
     any_decision = con.execute("SELECT EXISTS (SELECT 1 FROM gateway_decisions)").fetchone()[0]
-    if all_new and not any_decision and archive.archived_rows(con, "requests") == 0:
+    if all_new and not any_decision and archive.archived_rows(con, "requests") == 0 \
+            and archive.archived_rows(con, "gateway_decisions") == 0:
         _add_usage_only(con, batch)
         return
     moved = ""
