@@ -79,17 +79,16 @@ def _db_default_map() -> dict | None:
 
     Click's order is the documented one: ``--db`` on the command line, then
     ``$PREFIXSCOPE_DB``, then this default map, then ``data/prefixscope.duckdb``. A settings
-    file that cannot be read gives no map here (the commands that read settings report it).
+    file that cannot be read (missing, not TOML, a bad value) raises
+    :class:`~prefixscope.core.errors.ConfigError` naming the file and the key, for every
+    command alike (:func:`run` prints it and exits 2), instead of silently falling back to the
+    default database.
     """
     import typer.main
 
     from prefixscope.core.config import DEFAULT_DB_PATH, load_settings
-    from prefixscope.core.errors import ConfigError
 
-    try:
-        db = load_settings().store.db
-    except ConfigError:
-        return None
+    db = load_settings().store.db
     if db == DEFAULT_DB_PATH:
         return None
 
@@ -107,6 +106,23 @@ def _db_default_map() -> dict | None:
     return walk(typer.main.get_command(app)) or None
 
 
+def _settings_default_map(args: Sequence[str]) -> dict | None:
+    """:func:`_db_default_map`, except for help (``--help``, ``-h``, no arguments) and for a
+    command given its own ``--config FILE`` (it loads that file with the same
+    :func:`prefixscope.core.config.load_settings`): those run whatever the settings file holds.
+    Raises ConfigError for a settings file that cannot be used."""
+    from prefixscope.core.errors import ConfigError
+
+    lenient = (not args or "--help" in args or "-h" in args
+               or any(a == "--config" or a.startswith("--config=") for a in args))
+    try:
+        return _db_default_map()
+    except ConfigError:
+        if lenient:
+            return None
+        raise
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
@@ -118,7 +134,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     interrupted = _SigintWatch()
     try:
         app(args=args, prog_name="prefixscope", standalone_mode=True,
-            default_map=_db_default_map())
+            default_map=_settings_default_map(args))
     except KeyboardInterrupt:
         return _interrupted()
     except SystemExit as exc:

@@ -36,8 +36,9 @@ def report_cmd(
     source: Annotated[str, typer.Option(
         "--source", help="auto (counters when there are samples in range, else requests), "
                          "counters or requests.")] = "auto",
-    threshold: Annotated[float, typer.Option(
-        "--threshold", min=0.0, max=1.0, help="ALERT below this hit rate (fraction).")] = 0.5,
+    threshold: Annotated[float | None, typer.Option(
+        "--threshold", min=0.0, max=1.0, help="ALERT below this hit rate (fraction). Default: "
+        "[alerts] hit_rate_threshold of the config file, else 0.5.")] = None,
     run: Annotated[str | None, typer.Option(
         "--run", help="Report this replay run (run id) instead of production traffic.")] = None,
     all_runs: AllRunsOption = False,
@@ -53,6 +54,10 @@ def report_cmd(
     from prefixscope.core.report import uncounted_note_of
     from prefixscope.store.queries.requests import counters_and_requests, report
 
+    if threshold is None:
+        from prefixscope.core.config import load_settings
+
+        threshold = load_settings().alerts.hit_rate_threshold
     start_s = parse_time(start) if start is not None else None
     end_s = parse_time(end) if end is not None else None
     if start_s is not None and end_s is not None and start_s >= end_s:
