@@ -18,6 +18,8 @@ From the attribution passes of :mod:`prefixscope.replay.diagnose`:
   lower levels' neutralisers.
 - **Suggested layout**: one fix per fixable breaker (:func:`suggestion`), in level order, replayed
   through the exact model: ``what_if`` (equal to ``replay sim --layout`` of the written file).
+  A volatile system-prompt line is moved to the end of the first user message, or of the last
+  one when that replay caches more tokens (both replayed; the better is suggested).
 """
 
 from __future__ import annotations
@@ -200,9 +202,7 @@ def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
             move = {"type": "move_lines", "pattern": "^" + _escape(prefix),
                     "from": _selector_in(pos), "to": "first_user_end", "separator": "\n\n"}
             if pos.role in ("system", "developer"):
-                return (f"move {where} ({_article(kind)} {kind}) to the end of the first user message "
-                        "(move_lines ... to: first_user_end): the stable rest becomes a shared "
-                        "prefix and every later turn keeps its history", [move], True)
+                return (f"move {where} ({_article(kind)} {kind}) {FIRST_USER_TEXT}", [move], True)
         t = neutraliser(g) or []
         if t:
             return (f"replace the {kind} on {where} with a fixed placeholder (replace)"
@@ -211,6 +211,23 @@ def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
         return "normalise whitespace in that message (replace)", neutraliser(g) or [], True
     text = _NOT_FIXABLE.get(kind, "not fixable by layout")
     return "not fixable by layout: " + text, [], False
+
+
+#: The first-user target of a moved line, and the last-user one :func:`diagnose` switches to
+#: when its replay caches more (the suggestion's text after "move <line> (<kind>)").
+FIRST_USER_TEXT = ("to the end of the first user message (move_lines ... to: first_user_end): "
+                   "the stable rest becomes a shared prefix and every later turn keeps its "
+                   "history")
+LAST_USER_TEXT = ("to the end of the last user message (move_lines ... to: last_user_end): "
+                  "the stable rest becomes a shared prefix and, as the value changes every "
+                  "request, only the newest turn holds it")
+
+
+def _moved_to_last_user(transforms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``transforms`` with every ``move_lines`` to ``first_user_end`` sent to
+    ``last_user_end`` instead (the others unchanged)."""
+    return [dict(t, to="last_user_end") if t.get("type") == "move_lines"
+            and t.get("to") == "first_user_end" else t for t in transforms]
 
 
 #: Characters after a volatile value's label beyond which its line is content, not a label
@@ -331,6 +348,22 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
     if suggested is not None and measure:
         what_if = replay_totals(spec, layout=suggested)
         passes += 1
+        alternative = _moved_to_last_user(fixes)
+        if alternative != fixes:
+            # A value that changes every request is better at the end of the last user message
+            # (the history before it stays a prefix); one that changes once a day or session is
+            # better at the end of the first (every later turn keeps it in place). The replay
+            # decides: the target with more cached tokens is suggested.
+            alt_layout = _compose(spec.layout, alternative, "suggested")
+            alt = replay_totals(spec, layout=alt_layout)
+            passes += 1
+            if alt.cached_tokens > what_if.cached_tokens:
+                suggested, what_if = alt_layout, alt
+                for b in breakers:
+                    if b.fixable and _moved_to_last_user(b.transforms) != b.transforms:
+                        b.transforms = _moved_to_last_user(b.transforms)
+                        b.suggestion = b.suggestion.replace(
+                            FIRST_USER_TEXT, LAST_USER_TEXT)
     notes = []
     s = base.summary
     if s.rejected_requests:

@@ -208,3 +208,35 @@ def test_a_log_without_any_shared_prefix_says_so(tmp_path):
     assert d.notes == ["no two requests share a full block: nothing in this trace can be "
                        "served from cache at this block size"]
     assert d.breakers == []
+
+
+def _conversation_with_a_time_per_request(turns: int) -> list[dict]:
+    """One conversation of ``turns`` turns; the system prompt's first line is the time the
+    request was sent (a new value every request, as the demo's release adds)."""
+    bodies, history = [], []
+    for i in range(turns):
+        history = history + [{"role": "user", "content": QUESTIONS[i] + " " + STABLE[:200]}]
+        system = f"Current time: 2024-08-05T10:{i:02d}:17Z\n{STABLE}"
+        bodies.append({"model": "m", "messages": [{"role": "system", "content": system}]
+                       + history})
+        history = history + [{"role": "assistant", "content": f"Answer {i}: " + STABLE[:300]}]
+    return bodies
+
+
+def test_a_time_that_changes_every_request_moves_to_the_last_user_message(tmp_path):
+    # Moved to the end of the first user message it would still change every turn and break
+    # the history after it; at the end of the last user message the history stays a prefix.
+    path = _write(tmp_path, _conversation_with_a_time_per_request(8))
+    d = diagnose(DiagnoseSpec(trace=path, output_tokens="0"))
+    top = d.breakers[0]
+    assert top.kind == "timestamp" and top.position.line == 1
+    assert [t["to"] for t in top.transforms] == ["last_user_end"]
+    assert "last user message" in top.suggestion
+    assert d.suggested_layout.as_dict()["transforms"][0]["to"] == "last_user_end"
+    first = diagnose(DiagnoseSpec(trace=path, output_tokens="0"), measure=False)
+    assert first.breakers[0].transforms[0]["to"] == "first_user_end"  # unmeasured: the default
+    from prefixscope.replay.diagnose import replay_totals
+    from prefixscope.replay.layouts import Layout
+    as_first = replay_totals(DiagnoseSpec(trace=path, output_tokens="0"), layout=Layout.model_validate(
+        {"name": "f", "transforms": [dict(top.transforms[0], to="first_user_end")]}))
+    assert d.what_if.cached_tokens > as_first.cached_tokens
