@@ -46,7 +46,20 @@ def as_counter_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _tokens(x) -> int:
-    return 0 if x is None or x != x else int(x)
+    return 0 if pd.isna(x) else int(x)
+
+
+#: A count the usage log left out (vLLM without ``--enable-prompt-tokens-details`` sends no
+#: ``cached_tokens``): shown as this, never as 0.
+NOT_REPORTED = "not reported"
+
+
+def _reported(x) -> bool:
+    return not pd.isna(x)
+
+
+def _count_or_not_reported(x) -> str:
+    return fmt_int(x) if _reported(x) else NOT_REPORTED
 
 
 #: At most this many days in the daily strip (the newest days of the range).
@@ -284,14 +297,17 @@ with data.guard(db):
 
     st.subheader("Whole range per model")
     if not totals.empty:
+        reported = [_reported(q) for q in totals["query_tokens"]]
         show_table("overview-1", pd.DataFrame({
             "Model": totals["model"],
-            "Hit rate": totals["hit_rate"].map(fmt_pct),
+            "Hit rate": [fmt_pct(r) if ok else NOT_REPORTED
+                         for r, ok in zip(totals["hit_rate"], reported)],
             "Status": [report.hit_status(_tokens(h), _tokens(q), data.alert_threshold(m))
-                       for h, q, m in zip(totals["hit_tokens"], totals["query_tokens"],
-                                          totals["model"])],
-            "Hit tokens": totals["hit_tokens"],
-            "Query tokens": totals["query_tokens"],
+                       if ok else NOT_REPORTED
+                       for h, q, m, ok in zip(totals["hit_tokens"], totals["query_tokens"],
+                                              totals["model"], reported)],
+            "Hit tokens": totals["hit_tokens"].map(_count_or_not_reported),
+            "Query tokens": totals["query_tokens"].map(_count_or_not_reported),
             "First sample": totals["first_ts_unix_s"].map(fmt_time),
             "Last sample": totals["last_ts_unix_s"].map(fmt_time),
             "Legacy names": totals["legacy"].fillna(False).astype(bool),

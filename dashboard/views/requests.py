@@ -18,6 +18,11 @@ from prefixscope.dashboard import data, figures, filters
 from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_window
 from prefixscope.dashboard.downloads import show_table
 
+
+def _count(x) -> int:
+    """A stored count, null (pd.NA) as 0."""
+    return 0 if pd.isna(x) else int(x)
+
 PAGE_ROWS = 500
 LATENCY_ERROR_PCT = f"{data.latency_quantile_error():.1%}"
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
@@ -47,8 +52,11 @@ with data.guard(db):
     # Coverage first: without it the per-request numbers describe only part of the traffic.
     partial = coverage[coverage["coverage"].fillna(0.0) < 1.0]
     if not partial.empty:
-        names = ", ".join(f"{m} / {i} ({fmt_pct(c)})" for m, i, c in
-                          zip(partial["model"], partial["instance"], partial["coverage"]))
+        names = "; ".join(
+            f"{m if pd.isna(i) else f'{m} / {i}'}: cached tokens not reported by "
+            f"{fmt_int(_count(n) - _count(r))} of {fmt_int(n)} requests ({fmt_pct(c)} reported)"
+            for m, i, n, r, c in zip(partial["model"], partial["instance"], partial["requests"],
+                                     partial["reported_requests"], partial["coverage"]))
         st.warning(f"Not every request reported cached tokens: {names}. The hit rates below cover "
                    f"only the requests that did; {COVERAGE_HINT}.", icon=":material/warning:")
 

@@ -95,9 +95,11 @@ def regression_costs(db: str, f) -> None:
         if base.empty or after.empty or base["hit_rate"].isna().all():
             continue
         b, a = base.iloc[0], after.iloc[0]
+        if pd.isna(a["cached_tokens"]) or pd.isna(a["prompt_tokens"]):
+            continue  # cached tokens not reported since: no cost to state (never counted as 0)
         rc = regression_cost(baseline_hit_rate=float(b["hit_rate"]),
-                             prompt_tokens=int(a["prompt_tokens"] or 0),
-                             cached_tokens=int(a["cached_tokens"] or 0),
+                             prompt_tokens=int(a["prompt_tokens"]),
+                             cached_tokens=int(a["cached_tokens"]),
                              miss_cost=a["miss_cost"] if "miss_cost" in a else None)
         if rc is None:
             continue
