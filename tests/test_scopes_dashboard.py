@@ -156,3 +156,45 @@ def test_pages_on_a_database_without_decisions(tmp_path, use_db, page):
     at = ds.run_app(use_db(db), page)
     ds.assert_clean(at)
     assert any("No data" in t for t in ds.texts(at, "info"))
+
+
+@pytest.fixture(scope="module")
+def demo_and_production_db(tmp_path_factory) -> str:
+    """The multi-tenant demo plus the bundled vLLM captures' counters under run ``production``
+    (a second data source that the Scopes banner must leave out when demo-scopes is picked)."""
+    from prefixscope.cli.demo_scopes import run_demo_scopes
+    from prefixscope.ingest.exposition import ingest_exposition
+    from prefixscope.store import db as store_db
+
+    d = tmp_path_factory.mktemp("scopes_two_runs")
+    path = str(d / "demo.duckdb")
+    run_demo_scopes(path, str(d / "out"), key=bytes(range(32)))
+    with store_db.writer(path) as con:
+        for name, instance, at in ds.SCRAPES:
+            ingest_exposition(con, str(ds.CAPTURES / name), instance=instance, at_unix_s=at,
+                              run_id="production")
+        con.execute("CHECKPOINT")
+    return path
+
+
+def test_scopes_banner_counts_the_picked_run_only(demo_and_production_db, use_db):
+    """The "Two figures" banner reads the picked run's counters (as `hitrate --run`), not the
+    whole store's."""
+    from prefixscope.core.report import uncounted_note_of
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries import requests as q
+
+    db = use_db(demo_and_production_db)
+    at = ds.run_app(db, "views/scopes.py")
+    ds.assert_clean(at)
+    picked = tuple(at.multiselect(key="scopes_runs").value)
+    with store_db.reader(db) as con:
+        want = uncounted_note_of(q.counters_and_requests(con, models=None, instances=None,
+                                                         run_ids=picked, start_s=None,
+                                                         end_s=None))
+        every = uncounted_note_of(q.counters_and_requests(con, models=None, instances=None,
+                                                          run_ids=None, start_s=None,
+                                                          end_s=None))
+    assert want is not None and every is not None and want != every
+    banners = [t for t in ds.texts(at, "info") if t.startswith("Two figures")]
+    assert banners == [f"Two figures for this traffic: {want}."]

@@ -35,8 +35,7 @@ with data.guard(db):
     if scoped.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
-    note = data.uncounted_note(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
-                               instances=f.instances, run_ids=f.replay_run_ids())
+    note = data.uncounted_note(db, **common)  # the picked runs, whole, as every figure here
     if note:
         st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")
     cols = st.columns(len(scoped))
