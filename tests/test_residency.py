@@ -136,3 +136,93 @@ def test_residency_page_explains_missing_data(tmp_path, use_db):
     at = ds.run_app(use_db(db), "views/residency.py")
     ds.assert_clean(at)
     assert any("--kv-cache-metrics" in i.value for i in at.info)
+
+
+CAPTURE_RUN = "vllm-cpu-0.32"
+
+
+@pytest.fixture(scope="module")
+def two_sources_db(tmp_path_factory):
+    """Production usage on the bs32 instance; the vLLM CPU captures (counters, residency
+    histograms, KV events of the kvevents instance) under their own run, as the demo stores
+    them; plus KV events of an instance that no run names (production by the rule)."""
+    from prefixscope.ingest.usage import ingest_usage_file
+
+    path = str(tmp_path_factory.mktemp("res2") / "two.duckdb")
+    with store_db.writer(path) as con:
+        ingest_usage_file(con, ds.PROBE_REQUESTS, instance="gpu-a1")
+        for name, instance, at in ds.SCRAPES:
+            ingest_exposition(con, str(ds.CAPTURES / name), instance=instance, at_unix_s=at,
+                              run_id=CAPTURE_RUN)
+        ingest_exposition(con, str(CAPTURE), instance=ds.KVEVENTS, at_unix_s=AT,
+                          label_key=None, run_id=CAPTURE_RUN)
+        for name in ("kv_events.jsonl", "kv_events_evict.jsonl"):
+            ingest_kv_events_file(con, str(ds.CAPTURES / name), instance=ds.KVEVENTS)
+        con.execute("CHECKPOINT")
+    return path
+
+
+def test_kv_event_lifetimes_follow_the_runs_of_their_instance(two_sources_db, tmp_path):
+    with store_db.reader(two_sources_db) as con:
+        every = kv_event_lifetimes(con).iloc[0]
+        capture = kv_event_lifetimes(con, run_ids=[CAPTURE_RUN]).iloc[0]
+        production = kv_event_lifetimes(con, run_ids=[""]).iloc[0]
+    assert every["evicted"] > 0
+    assert capture["evicted"] == every["evicted"]
+    assert capture["buckets"] == every["buckets"]
+    assert production["evicted"] == 0 and production["unpaired"] == 0
+    # an instance that no run names is production's
+    orphan = str(tmp_path / "orphan.duckdb")
+    with store_db.writer(orphan) as con:
+        ingest_kv_events_file(con, str(ds.CAPTURES / "kv_events_evict.jsonl"),
+                              instance="orphan")
+    with store_db.reader(orphan) as con:
+        alone = kv_event_lifetimes(con).iloc[0]
+        assert kv_event_lifetimes(con, run_ids=[""]).iloc[0]["unpaired"] == alone["unpaired"]
+        assert kv_event_lifetimes(con, run_ids=["other"]).iloc[0]["unpaired"] == 0
+    assert alone["evicted"] + alone["unpaired"] > 0
+
+
+def test_residency_page_keeps_to_the_picked_run(two_sources_db, use_db):
+    db = use_db(two_sources_db)
+    at = ds.run_app(db, "views/residency.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    assert at.multiselect(key="filter_runs").value == [""]
+    assert "Median block lifetime" not in ds.metrics(at)  # nothing of the capture's
+    assert any("No KV residency data in this range" in t for t in ds.texts(at, "info"))
+
+    def pick(a):
+        a.radio(key="filter_range").set_value("all")
+        a.multiselect(key="filter_runs").set_value([CAPTURE_RUN])
+
+    at = ds.run_app(db, "views/residency.py", setup=pick)
+    ds.assert_clean(at)
+    with store_db.reader(two_sources_db) as con:
+        h = residency_histograms(con, run_ids=[CAPTURE_RUN])
+        ev = kv_event_lifetimes(con, run_ids=[CAPTURE_RUN]).iloc[0]
+    g = h[h["metric"] == "vllm:kv_block_lifetime_seconds"]
+    assert not g.empty and ev["evicted"] > 0
+    assert ds.metrics(at)["Median block lifetime"] == fmt_s(histogram_quantile(g, 0.5))
+    table = at.dataframe[0].value
+    assert table.iloc[-1]["Blocks"] == f"{int(ev['evicted']):,}"
+
+
+def test_residency_dash_comes_with_its_reason(tmp_path, use_db):
+    """KV events only (no residency histograms): the idle and reuse figures read "—" and the
+    page says why, under the KPIs."""
+    db = str(tmp_path / "events.duckdb")
+    with store_db.writer(db) as con:
+        for name in ("kv_events.jsonl", "kv_events_evict.jsonl"):
+            ingest_kv_events_file(con, str(ds.CAPTURES / name), instance="orphan")
+        ev = kv_event_lifetimes(con).iloc[0]
+    at = ds.run_app(use_db(db), "views/residency.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    m = ds.metrics(at)
+    assert m["Median block lifetime"] == fmt_s(ev["p50_s"])
+    assert m["Median idle before eviction"] == "—"
+    captions = ds.texts(at, "caption")
+    assert any(c.startswith("— no vLLM residency histograms for this run: start vLLM with "
+                            "`--kv-cache-metrics`") for c in captions), captions
+    assert not any("no KV events" in c for c in captions)

@@ -29,6 +29,14 @@ EMPTY = ("No KV residency data in this range. Start vLLM with `--kv-cache-metric
          "(`prefixscope ingest metrics URL --every 15`), or ingest its KV events "
          "(`prefixscope ingest kv-events`).")
 
+#: Why a figure reads "—" (shown under the KPIs whenever one source is missing).
+NO_HISTOGRAMS = ("no vLLM residency histograms for this run: start vLLM with "
+                 "`--kv-cache-metrics` (`--kv-cache-metrics-sample 1.0` for every block) and "
+                 "ingest its `/metrics`; idle time and reuse gaps come only from them.")
+NO_EVENTS = ("no KV events for this run: start vLLM with `--kv-events-config "
+             "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",...}'` and ingest "
+             "them (`prefixscope ingest kv-events --zmq tcp://HOST:5557`).")
+
 
 def fmt_s(x) -> str:
     """Seconds for a person: ``850 ms``, ``12.3 s``, ``4.2 min``, ``1.5 h``; ``—`` for none."""
@@ -69,9 +77,9 @@ st.caption("How long does my cache last: KV blocks from allocation to eviction, 
 
 with data.guard(db):
     hist = data.query(db, "residency", "residency_histograms", start_s=f.start_s, end_s=f.end_s,
-                      models=f.models, instances=f.instances)
+                      models=f.models, instances=f.instances, run_ids=f.run_ids)
     events = data.query(db, "residency", "kv_event_lifetimes", start_s=f.start_s,
-                        end_s=f.end_s, instances=f.instances).iloc[0]
+                        end_s=f.end_s, instances=f.instances, run_ids=f.run_ids).iloc[0]
     have_hist = not hist.empty and float(hist["total"].fillna(0).max()) > 0
     if not have_hist and events["evicted"] == 0:
         st.info(EMPTY, icon=":material/info:")
@@ -98,6 +106,10 @@ with data.guard(db):
                    "this time.")
     c3.metric("Median gap between reuses", rows[2]["Median"], border=True,
               help="Time between two hits on one block (vLLM keeps the most recent accesses).")
+    if not have_hist:
+        st.caption(f"— {NO_HISTOGRAMS}")
+    if events["evicted"] == 0:
+        st.caption(f"— {NO_EVENTS}")
     show_table("residency-summary", pd.DataFrame(rows), caption=(
                "Histogram quantiles are interpolated inside vLLM's buckets (as Prometheus "
                "histogram_quantile); the KV-event figures are exact over the paired events. "

@@ -114,12 +114,19 @@ def histogram_quantile(buckets: pd.DataFrame, q: float) -> float | None:
 
 def kv_event_lifetimes(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                        end_s: float | None = None,
-                       instances: Sequence[str] | None = None) -> pd.DataFrame:
+                       instances: Sequence[str] | None = None,
+                       run_ids: Sequence[str] | None = None) -> pd.DataFrame:
     """Lifetimes of evicted blocks from KV events, bucketed like vLLM's residency histograms.
 
     A ``BlockRemoved`` (removal time in the range) pairs with the latest earlier
     ``BlockStored`` of the same hash on the same instance and data-parallel rank; removals
     without a stored event (the capture began later) are left out.
+
+    KV events carry no run id: an instance's events belong to the runs that stored metric
+    samples (``metric_series_head``) or requests (``request_rollup_1m``) for that instance, and
+    an instance with neither belongs to production (``''``). ``run_ids`` (None = every run)
+    keeps the events of the instances of those runs, so a capture ingested under its own run
+    (``vllm-cpu-0.32``) does not show on the production run.
 
     Returns:
         One row: ``evicted`` (paired removals), ``unpaired`` (removals without a store),
@@ -132,6 +139,16 @@ def kv_event_lifetimes(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
     if instances is not None:
         where.append("r.instance IN (SELECT unnest(?))")
         params.append(list(instances))
+    if run_ids is not None:
+        where.append("""r.instance IN (
+            WITH owned AS (SELECT instance, run_id FROM metric_series_head
+                           UNION SELECT instance, run_id FROM request_rollup_1m)
+            SELECT instance FROM owned WHERE run_id IN (SELECT unnest(?))
+            UNION
+            SELECT DISTINCT instance FROM kv_events
+            WHERE list_contains(?, '') AND instance NOT IN (
+                SELECT instance FROM owned WHERE instance IS NOT NULL))""")
+        params += [list(run_ids), list(run_ids)]
     edges = [*RESIDENCY_BUCKETS, float("inf")]
     pairs = f"""
         WITH st AS (SELECT instance, dp_rank, block_hash, batch_ts_unix_s AS ts
