@@ -80,6 +80,12 @@ def _two_workers(tmp_path, upstream_url: str, redis_url: str) -> None:
             assert time.monotonic() < deadline, "gateway workers did not start"
             time.sleep(0.2)
         assert len(_workers(proc.pid)) == 2
+        # /health may come from the first worker up: wait until both have built their gateway
+        # (each opens its logs then), so a loaded machine cannot leave one still starting.
+        while not all((logs / f"worker-{i}" / "decisions.jsonl").exists() for i in (0, 1)):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "a gateway worker did not open its logs"
+            time.sleep(0.2)
         h = headers_for("acme")
 
         def post() -> None:  # a new connection each time: any worker may take it
