@@ -32,7 +32,7 @@ import msgspec
 
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
 from prefixscope.ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
-from prefixscope.core.bounds import MAX_COUNT, TIME_RANGE, time_ok
+from prefixscope.core.bounds import MAX_COUNT, MAX_TOKENS, TIME_RANGE, TOKENS_OVER, time_ok
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
 from prefixscope.core.decision_log import ERROR_CODES
 from prefixscope.core.identity import ALL_REASONS
@@ -56,7 +56,7 @@ EVENT_KINDS = ("model_upgrade", "tokenizer_upgrade", "runtime_upgrade", "adapter
 
 NsDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
 ShortHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{0,64}$")]
-Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]  # summed by the scope rollup
 Epoch = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Scope = Literal["PUBLIC", "TENANT", "PRINCIPAL"]
 Reason = Literal[ALL_REASONS]  # type: ignore[valid-type]
@@ -138,6 +138,8 @@ def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
     if " - at `" in text:
         text, _, where = text.partition(" - at `")
         field = where.rstrip("`").removeprefix("$.") or None
+        if text == f"Expected `int` <= {MAX_TOKENS}":
+            return _Bad(field, TOKENS_OVER)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return _Bad(None, invalid_json_reason(exc))  # truncated or not JSON at all
     if field is None and text.startswith("Expected `object`"):

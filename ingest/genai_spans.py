@@ -52,7 +52,7 @@ from typing import Any
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from prefixscope.core.bounds import TOO_DEEP, json_too_deep
+from prefixscope.core.bounds import MAX_TOKENS, TOKENS_OVER, TOO_DEEP, json_too_deep
 
 #: Total input (inclusive of cache reads and writes, rule 2).
 INPUT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt",
@@ -89,7 +89,7 @@ _AGGREGATE_KINDS = frozenset({"AGENT", "CHAIN", "TOOL"})
 _EXCLUSIVE_PROVIDERS = frozenset({"anthropic", "aws.bedrock", "aws_bedrock", "bedrock"})
 _ENDPOINTS = {"chat": "chat", "text_completion": "completions", "generate_content":
               "generateContent", "embeddings": "embeddings", "responses": "responses"}
-_MAX_TOKENS = 2 ** 62
+_MAX_TOKENS = MAX_TOKENS  # one request's token count (docs/ingest.md#bounds)
 INPUT_RULES = ("semconv", "provider")
 
 
@@ -171,8 +171,10 @@ def _tokens(attrs: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[int | None
             v = int(v)
         elif not isinstance(v, int):
             raise SpanProblem(k, "token count is not a number")
-        if v < 0 or v > _MAX_TOKENS:
-            raise SpanProblem(k, "token count is negative or too large")
+        if v < 0:
+            raise SpanProblem(k, "token count is negative")
+        if v > _MAX_TOKENS:
+            raise SpanProblem(k, TOKENS_OVER)
         return v, k
     return None, None
 
@@ -247,6 +249,8 @@ def normalise_span(span, resource: Mapping[str, Any], *, run_id: str = "",
         prompt = inp
         if (read or 0) + (write or 0) > inp:
             flags.append("cache-exceeds-prompt")
+    if prompt > _MAX_TOKENS:  # input + reads + writes, each <= 2^32 - 1
+        raise SpanProblem(INPUT_KEYS[0], "prompt tokens with cache reads and writes " + TOKENS_OVER)
 
     trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
     rid = _text(attrs, ("gen_ai.response.id",)) or f"{trace_hex}:{span_hex}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefixscope.core.bounds import TOKENS_OVER
 from prefixscope.ingest.jsonl_driver import BadLine
 from prefixscope.ingest.litellm import _MAX, _ms, json_field, time_s, tokens
 from prefixscope.ingest.privacy import digest_namespace
@@ -85,8 +86,8 @@ def observation_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None,
         completion = tokens(usage.get("output", usage.get("completionTokens")), "usage.output")
     if prompt is None and completion is None:
         return None
-    if max(prompt or 0, completion or 0) > _MAX:  # a sum of buckets each <= 2^62 (BIGINT)
-        raise BadLine(name, "token counts summed over usage types exceed 2^62")
+    if max(prompt or 0, completion or 0) > _MAX:  # a sum of buckets each <= 2^32 - 1
+        raise BadLine(name, "token counts summed over usage types " + TOKENS_OVER)
     if prompt is None:
         raise BadLine(name, "output usage without input usage")
     rid = rec.get("id")

@@ -33,13 +33,13 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixscope.core.bounds import TIME_RANGE, TOO_DEEP
+from prefixscope.core.bounds import MAX_TOKENS, TIME_RANGE, TOKENS_OVER, TOO_DEEP
 from prefixscope.ingest.jsonl_driver import BadLine
 from prefixscope.ingest.usage_rows import NOT_TEXT
 from prefixscope.ingest.privacy import digest_namespace
 
 KIND = "litellm"
-_MAX = 2 ** 62
+_MAX = MAX_TOKENS  # one request's token count (docs/ingest.md#bounds)
 _ENDPOINTS = {"completion": "chat", "acompletion": "chat", "text_completion": "completions",
               "atext_completion": "completions", "embedding": "embeddings",
               "aembedding": "embeddings", "anthropic_messages": "messages",
@@ -67,8 +67,10 @@ def tokens(value: Any, field: str) -> int | None:
         value = int(t)
     elif not isinstance(value, int):
         raise BadLine(field, "token count is not a number")
-    if not 0 <= value <= _MAX:
-        raise BadLine(field, "token count is negative or too large")
+    if value < 0:
+        raise BadLine(field, "token count is negative")
+    if value > _MAX:
+        raise BadLine(field, TOKENS_OVER)
     return value
 
 
@@ -188,8 +190,8 @@ def spendlog_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None, run_i
         prompt = prompt + read + (write or 0)
     elif (read or 0) + (write or 0) > prompt:
         flags.append("cache-exceeds-prompt")
-    if prompt > _MAX:  # input + reads + writes, each <= 2^62: past BIGINT otherwise
-        raise BadLine("prompt_tokens", "prompt tokens with cache reads and writes exceed 2^62")
+    if prompt > _MAX:  # input + reads + writes, each <= 2^32 - 1
+        raise BadLine("prompt_tokens", "prompt tokens with cache reads and writes " + TOKENS_OVER)
     if str(rec.get("cache_hit") or "").lower() == "true":
         flags.append("litellm-response-cache-hit")
 

@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from prefixscope.core.bounds import ID_TOO_LONG, MAX_COUNT, MAX_ID_CHARS
+from prefixscope.core.bounds import ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS, TOKENS_OVER
 from prefixscope.core.errors import ParseError
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
@@ -48,8 +48,10 @@ MS_THRESHOLD = 1e11
 TS_MIN_UNIX_S = 0.0
 TS_MAX_UNIX_S = 4102444800.0
 
-#: A token count: a non-negative integer that fits a BIGINT (larger is quarantined, not stored).
-Tok = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+#: A token count: an integer in [0, 2^32 - 1] (larger is quarantined, not stored; bounds.MAX_TOKENS).
+Tok = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
+#: msgspec's reason for a count past MAX_TOKENS, reworded as TOKENS_OVER by _split_error.
+_MSGSPEC_OVER = f"Expected `int` <= {MAX_TOKENS}"
 #: A duration in milliseconds: 0 to 10^9 (11.6 days); outside it is a unit error.
 Ms = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 OptTok = Tok | None | UnsetType
@@ -397,10 +399,10 @@ def _normalise(rec: _Record) -> tuple:
         elif (cached or 0) + (write or 0) > prompt:
             flags.append("cache-exceeds-prompt")
 
-    if prompt is not None and prompt > MAX_COUNT:
-        raise _Bad(path, "prompt tokens with cache reads and writes exceed 2^62")
-    if completion is not None and completion > MAX_COUNT:
-        raise _Bad(path, "completion tokens exceed 2^62")
+    if prompt is not None and prompt > MAX_TOKENS:
+        raise _Bad(path, "prompt tokens with cache reads and writes " + TOKENS_OVER)
+    if completion is not None and completion > MAX_TOKENS:
+        raise _Bad(path, "completion tokens " + TOKENS_OVER)
 
     # Time: the response's created, else the log record's time, else (caller) the file mtime.
     prefix = "$.response." if resp is not rec else "$."
@@ -473,7 +475,7 @@ def _split_error(exc: Exception) -> tuple[str | None, str]:
     text = str(exc)
     if " - at `" in text:
         reason, _, where = text.partition(" - at `")
-        return where.rstrip("`"), reason
+        return where.rstrip("`"), (TOKENS_OVER if reason == _MSGSPEC_OVER else reason)
     return None, (f"not valid JSON: {text}" if isinstance(exc, msgspec.DecodeError)
                   and not isinstance(exc, msgspec.ValidationError) else text)
 

@@ -15,8 +15,11 @@ Bounds:
    a decoder (the stdlib and msgspec recurse: RecursionError at about 1,000 levels).
 3. :data:`MAX_ID_CHARS`: identifiers (request id, run id, model, instance, topic...) are at most
    256 characters; a longer one quarantines its record (never truncated: two ids must not merge).
-4. :data:`MAX_COUNT`: token counts, sequence numbers, ranks, sizes and epochs are integers in
-   [0, 2^62] so that sums of a few of them still fit DuckDB's BIGINT (2^63 - 1).
+4. :data:`MAX_TOKENS`: a token count of one request (prompt, cached, written, completion; the
+   prompt also after adding an exclusive shape's reads and writes) is an integer in
+   [0, 2^32 - 1]: no model has a context near 4.3 G tokens, and a SUM over 2^31 rows then still
+   fits DuckDB's BIGINT (2^63 - 1). :data:`MAX_COUNT`: sequence numbers, ranks, sizes and epochs
+   are integers in [0, 2^62] (never summed).
 5. :data:`TS_MIN_UNIX_S`, :data:`TS_MAX_UNIX_S`: times are in [1970-01-01, 2100-01-01) UTC
    (Unix seconds); anything else (negative, 1e15, NaN, infinite) is a unit or typing error and
    no report could print it.
@@ -42,8 +45,10 @@ MAX_LINE_BYTES = 1 << 20
 MAX_DEPTH = 64
 #: Longest identifier, characters.
 MAX_ID_CHARS = 256
-#: Largest token count, sequence number, rank, size or epoch.
+#: Largest sequence number, rank, size or epoch.
 MAX_COUNT = 2**62
+#: Largest token count of one request (2^32 - 1): 2^31 rows of it still sum within a BIGINT.
+MAX_TOKENS = 2**32 - 1
 #: Earliest and latest accepted time, Unix seconds: 1970-01-01 and 2100-01-01 UTC.
 TS_MIN_UNIX_S = 0.0
 TS_MAX_UNIX_S = 4102444800.0
@@ -56,6 +61,7 @@ LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES:,} bytes (1 MiB)"
 TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels"
 ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
 COUNT_RANGE = "not an integer from 0 to 2^62"
+TOKENS_OVER = f"over {MAX_TOKENS:,} tokens (2^32 - 1)"
 TIME_RANGE = "time is outside 1970-01-01 to 2100-01-01 UTC"
 NOT_FINITE = "not a finite number"
 DOCUMENT_TOO_LARGE = f"larger than {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)"

@@ -47,10 +47,10 @@ LITELLM = [
     ("start-huge-int", {"startTime": 10 ** 400}, ("startTime", TIME_RANGE)),
     ("start-year-1-plus-offset", {"startTime": "0001-01-01T00:00:00+01:00"},
      ("ts_unix_s", TIME_RANGE)),
-    ("exclusive-sum-past-2^62", {"metadata": {"usage_object": {
-        "prompt_tokens": 1, "completion_tokens": 1, "cache_read_input_tokens": 2 ** 62,
-        "cache_creation_input_tokens": 2 ** 62}}},
-     ("prompt_tokens", "prompt tokens with cache reads and writes exceed 2^62")),
+    ("exclusive-sum-past-2^32", {"metadata": {"usage_object": {
+        "prompt_tokens": 1, "completion_tokens": 1, "cache_read_input_tokens": 2 ** 31,
+        "cache_creation_input_tokens": 2 ** 31}}},
+     ("prompt_tokens", "prompt tokens with cache reads and writes over 4,294,967,295 tokens (2^32 - 1)")),
     ("ttft-negative-huge", {"completionStartTime": "2099-12-31T00:00:00Z"},
      ("ttft_ms", MS_RANGE)),
 ]
@@ -58,9 +58,9 @@ LANGFUSE = [
     ("usage-key-canary", {"usageDetails": {"input": 10, f"input_{TENANT}": "x" + PROMPT}},
      ("usageDetails", "token count is not a whole number")),
     ("model-list", {"model": [PROMPT]}, ("model", NOT_TEXT)),
-    ("usage-sum-past-2^62", {"usageDetails": {"input": 2 ** 62, "input_x": 2 ** 62,
-                                              "input_y": 2 ** 62}},
-     ("usageDetails", "token counts summed over usage types exceed 2^62")),
+    ("usage-sum-past-2^32", {"usageDetails": {"input": 2 ** 31, "input_x": 2 ** 31,
+                                              "input_y": 2 ** 31}},
+     ("usageDetails", "token counts summed over usage types over 4,294,967,295 tokens (2^32 - 1)")),
     ("id-list", {"id": [PROMPT]}, ("id", NOT_TEXT)),
     ("type-list", {"type": [PROMPT]}, "skipped"),
     ("user-list", {"userId": [TENANT]}, None),
