@@ -30,10 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from prefixscope.core.documents import load_config_file, parse_toml, parse_yaml
 from prefixscope.core.errors import ConfigError
+from prefixscope.core.patterns import MULTILINE, PatternTimeout, compile_pattern, search, sub
 
 
 #: Message selectors of layout v2 (``in:`` / ``from:``): a role group, one message by role and
@@ -78,10 +79,7 @@ def _check_selector(value: Selector) -> Selector:
 
 
 def _compile(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from exc
+    compile_pattern(value)  # ValueError: not a valid regular expression (the engine's reason)
     return value
 
 
@@ -118,7 +116,7 @@ class MoveLines(BaseModel):
         return _check_selector(value)
 
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:
-        rx = re.compile(self.pattern)
+        rx = compile_pattern(self.pattern)
         messages = [dict(m) for m in body.get("messages", [])]
         moved: list[str] = []
         for i in select_messages(messages, self.source):
@@ -128,7 +126,7 @@ class MoveLines(BaseModel):
                 continue
             kept, taken = [], []
             for line in text.split("\n"):
-                (taken if rx.search(line) else kept).append(line)
+                (taken if search(rx, line) else kept).append(line)
             if taken:
                 moved.extend(taken)
                 m["content"] = "\n".join(kept)
@@ -196,8 +194,8 @@ class RemoveLines(_PerMessage):
         return _compile(value)
 
     def edit(self, text: str) -> str:
-        rx = re.compile(self.pattern)
-        return "\n".join(line for line in text.split("\n") if not rx.search(line))
+        rx = compile_pattern(self.pattern)
+        return "\n".join(line for line in text.split("\n") if not search(rx, line))
 
 
 class Replace(_PerMessage):
@@ -215,7 +213,7 @@ class Replace(_PerMessage):
         return _compile(value)
 
     def edit(self, text: str) -> str:
-        return re.sub(self.pattern, self.replacement, text, flags=re.M)
+        return sub(compile_pattern(self.pattern, MULTILINE), self.replacement, text)
 
 
 _GRANULARITY = re.compile(r"^(\d+)([smhd])$")
@@ -391,6 +389,7 @@ class Layout(BaseModel):
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
     transforms: list[Transform] = Field(default_factory=list)
+    _source: str = PrivateAttr("")  # the file it was read from (load_layout), for errors
 
     def as_dict(self) -> dict[str, Any]:
         """The layout as a file would hold it (field aliases: ``from``, ``in``, ``with``)."""
@@ -399,8 +398,12 @@ class Layout(BaseModel):
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The request body with every transform applied in order (the input is not changed)."""
         out = dict(body)
-        for t in self.transforms:
-            out = t.apply(out)
+        for i, t in enumerate(self.transforms):
+            try:
+                out = t.apply(out)
+            except PatternTimeout as exc:
+                where = self._source or f"layout {self.name!r}"
+                raise ConfigError(f"{where}: transforms.{i}.pattern: {exc}") from None
         return out
 
 
@@ -432,7 +435,9 @@ def load_layout(path: str | os.PathLike[str]) -> Layout:
 
     Raises:
         SourceUnavailable: the file does not exist.
-        ConfigError: unreadable file or invalid schema (names the file and the field).
+        ConfigError: unreadable file or invalid schema (names the file and the field). Applying
+            the layout raises ConfigError naming the file and ``transforms.N.pattern`` when a
+            pattern runs past ``prefixscope.core.patterns.MATCH_TIMEOUT_S`` on one message.
     """
     p = Path(path)
     if p.suffix.lower() not in (".toml", ".yaml", ".yml"):
@@ -442,8 +447,10 @@ def load_layout(path: str | os.PathLike[str]) -> Layout:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a layout file holds a mapping with name and transforms")
     try:
-        return Layout.model_validate(data)
+        layout = Layout.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ConfigError(f"{p}: {where}: {first['msg']}") from exc
+    layout._source = str(p)
+    return layout
