@@ -48,6 +48,7 @@ from prefixscope.core.bounds import escape_control
 from prefixscope.core import report as rules
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import UsageError
+from prefixscope.core.times import is_iana_zone
 from prefixscope.core.report import ALERT, NO_DATA, STALE, threshold_for
 
 LOOKBACK_S = 86400.0
@@ -67,6 +68,8 @@ def resolve_tz(name: str, *, key: str = "--tz") -> ZoneInfo:
         UsageError: unknown zone (``key`` names the option or config key in the message).
     """
     try:
+        if not is_iana_zone(name):  # Factory, localtime, posixrules load but are no zone meant
+            raise ZoneInfoNotFoundError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a name too long
         shown = escape_control(name if len(name) <= 64 else name[:64] + "...")

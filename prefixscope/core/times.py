@@ -18,6 +18,30 @@ _REL = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+#: Names the tz database ships that are not zones a user means: ``Factory`` (offset 0, "-00",
+#: for unconfigured machines), ``localtime`` (a link to whatever the machine is set to),
+#: ``posixrules`` (the POSIX TZ rule template).
+_NOT_ZONES = frozenset({"Factory", "localtime", "posixrules"})
+_ZONES: frozenset[str] | None = None
+
+
+def is_iana_zone(name: object) -> bool:
+    """True for an IANA zone name a day boundary may use: ``UTC`` or one of
+    ``zoneinfo.available_timezones()`` other than ``Factory``, ``localtime``, ``posixrules``
+    (and never a ``posix/`` or ``right/`` copy)."""
+    global _ZONES
+    if not isinstance(name, str):
+        return False
+    if name == "UTC":
+        return True
+    if _ZONES is None:
+        import zoneinfo
+
+        _ZONES = frozenset(z for z in zoneinfo.available_timezones()
+                           if z not in _NOT_ZONES and not z.startswith(("posix/", "right/")))
+    return name in _ZONES
+
+
 def parse_time(text: str, *, now_unix_s: float | None = None) -> float:
     """Parse a user-given time into Unix seconds (UTC).
 
