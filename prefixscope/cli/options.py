@@ -80,3 +80,28 @@ def sim_spec_from_options(trace: Path | str, *, fmt: str, block_size: int,
                       max_model_len=max_model_len,
                       tokenizer_dir=str(tokenizer) if tokenizer else None, limit=limit,
                       hash_seed=seed, strict=strict, **more)
+
+
+def check_runs(db: str, run_ids: Any) -> None:
+    """Raise UsageError (exit 2) when a ``--run`` id is not in the database: ``unknown run
+    'ID'; known runs: A, B, ... (the dashboard's run picker lists them)``, instead of an empty
+    result that reads as "no data". ``run_ids``: the ``--run`` values (None or empty: nothing
+    to check). No database file: nothing to check (the command says so itself)."""
+    if not run_ids or not Path(db).exists():
+        return
+    from prefixscope.core.errors import UsageError
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries.replay import run_list, unknown_run_ids
+
+    with store_db.reader(db) as con:
+        unknown = unknown_run_ids(con, list(run_ids))
+        if not unknown:
+            return
+        known = [str(r) for r in run_list(con)["run_id"]]
+    shown = ", ".join(known[:10]) + (f" and {len(known) - 10:,} more" if len(known) > 10 else "")
+    names = ", ".join(f"'{r}'" for r in unknown)
+    raise UsageError(
+        f"unknown run{'s' if len(unknown) > 1 else ''} {names}; "
+        + (f"known runs: {shown} (newest first; the dashboard's run picker lists them)"
+           if known else "the database has no replay runs (only production traffic: leave "
+                         "out --run)"))

@@ -209,3 +209,26 @@ def run_list(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = No
     return con.execute(
         f"SELECT * FROM ({base}) WHERE {' AND '.join(where)} "
         "ORDER BY created_unix_s DESC NULLS LAST, run_id", params).df()
+
+
+def unknown_run_ids(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> list[str]:
+    """The ids of ``run_ids`` that no stored row belongs to: not in ``runs``, and no request,
+    metric series or gateway decision carries them (``''``, production traffic, is always
+    known). Order as given.
+
+    One indexed lookup per id in ``runs``; only an id missing there is looked for in the data
+    tables (``requests``, ``metric_series_head``, ``gateway_decisions``; first match stops).
+    """
+    unknown = []
+    for run_id in dict.fromkeys(str(r) for r in run_ids):
+        if run_id == "":
+            continue
+        found = con.execute(
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $r) "
+            "OR EXISTS (SELECT 1 FROM requests WHERE run_id = $r) "
+            "OR EXISTS (SELECT 1 FROM metric_series_head WHERE run_id = $r) "
+            "OR EXISTS (SELECT 1 FROM gateway_decisions WHERE run_id = $r)",
+            {"r": run_id}).fetchone()[0]
+        if not found:
+            unknown.append(run_id)
+    return unknown

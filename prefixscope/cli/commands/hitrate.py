@@ -179,6 +179,9 @@ def hitrate_cmd(
 
     Example: prefixscope hitrate --by model --window 1h --json
     """
+    from prefixscope.cli.options import check_runs
+
+    check_runs(db, None if all_runs else run)
     cols = _by_tuple(by, source)
     start_s = parse_time(start) if start is not None else None
     end_s = parse_time(end) if end is not None else None

@@ -64,6 +64,9 @@ def report_cmd(
     end_s = parse_time(end) if end is not None else None
     if start_s is not None and end_s is not None and start_s >= end_s:
         raise UsageError("--start must be before --end")
+    from prefixscope.cli.options import check_runs
+
+    check_runs(db, None if all_runs or run is None else [run])
     run_ids = None if all_runs else ((run,) if run is not None else ("",))
     with store_db.reader(db) as con:
         result = report(con, start_s=start_s, end_s=end_s, threshold=threshold,
