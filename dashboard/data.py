@@ -83,6 +83,18 @@ def alert_threshold(model: str | None = None) -> float:
         return DEFAULT_THRESHOLD
 
 
+def min_query_tokens() -> int:
+    """``[alerts] min_query_tokens`` (prompt tokens): under it a window of the Overview's hit-rate
+    chart is low volume (``figures.hit_rate_over_time``); a broken config file gives the
+    default (``AlertsConfig``'s 1,000)."""
+    from prefixscope.core.config import AlertsConfig
+
+    try:
+        return int(load_settings().alerts.min_query_tokens)
+    except ConfigError:
+        return int(AlertsConfig.model_fields["min_query_tokens"].default)
+
+
 def db_path(argv: list[str] | None = None) -> str:
     """The database the dashboard reads.
 

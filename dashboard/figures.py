@@ -36,6 +36,8 @@ HIT_COLOUR = "#2ca02c"
 QUERY_COLOUR = "#9ecae1"
 MISS_COLOUR = "#d62728"
 THRESHOLD_COLOUR = "#d62728"
+#: Hollow markers of low-volume windows (:func:`hit_rate_over_time`).
+LOW_VOLUME_COLOUR = "#8c8c8c"
 _LAYOUT = dict(
     margin=dict(l=10, r=10, t=60, b=10),
     legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0),
@@ -124,7 +126,8 @@ def _empty(title: str, note: str = "no data in this range") -> go.Figure:
 
 def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instance"),
                        threshold: float | None = 0.5, window_s: float | None = None,
-                       title: str = "Prefix-cache hit rate") -> go.Figure:
+                       title: str = "Prefix-cache hit rate",
+                       min_query_tokens: int = 0) -> go.Figure:
     """Token hit rate per window, one line per series, with the alert threshold and restarts.
 
     Args:
@@ -137,10 +140,14 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
         threshold: fraction drawn as a dashed line (the OK/ALERT boundary), or None.
         window_s: window length in seconds, for the title.
         title: figure title.
+        min_query_tokens: a window with more than 0 and fewer query tokens than this is low
+            volume: left out of its line (which joins its neighbours) and drawn as a hollow
+            grey marker in the trace ``fewer than N query tokens (not on the line)``; 0 marks
+            none. The Overview passes ``[alerts] min_query_tokens`` (docs/metrics.md).
 
     Returns:
         A line chart, one point per window drawn at the window's middle (UTC), y = hit rate on
-        a 0-100% axis.
+        a 0-100% axis; the threshold's label sits right of the plot area, on its y.
     """
     suffix = f" per {fmt_window(window_s)} window" if window_s else ""
     if df.empty:
@@ -154,8 +161,11 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
     d["t"] = window_x(d["window_start_s"], window_s)
     d["from"] = window_from(d["window_start_s"])
     colours = _colour_map(d["series"].tolist())
+    q = pd.to_numeric(d["query_tokens"], errors="coerce").astype("float64")
+    d["low"] = (q > 0) & (q < float(min_query_tokens)) if min_query_tokens else False
     fig = go.Figure()
-    for label, g in d.groupby("series", sort=True):
+    for label, all_g in d.groupby("series", sort=True):
+        g = all_g[~all_g["low"]]
         fig.add_trace(go.Scatter(
             x=g["t"], y=g["hit_rate"].astype("float64"), mode=line_mode(len(g)), name=str(label),
             line=dict(color=colours[label], width=2), marker=dict(size=8),
@@ -165,6 +175,20 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
             hovertemplate=("window from %{customdata[2]} UTC<br>hit rate %{y:.1%}<br>"
                            "%{customdata[0]:,.0f} of %{customdata[1]:,.0f} tokens"
                            f"<extra>{label}</extra>"),
+        ))
+    low = d[d["low"]]
+    if not low.empty:
+        fig.add_trace(go.Scatter(
+            x=low["t"], y=low["hit_rate"].astype("float64"), mode="markers",
+            name=f"fewer than {int(min_query_tokens):,} query tokens (not on the line)",
+            marker=dict(symbol="circle-open", size=9, color=LOW_VOLUME_COLOUR,
+                        line=dict(width=2)),
+            customdata=list(zip(low["hit_tokens"].astype("float64"),
+                                low["query_tokens"].astype("float64"), low["from"],
+                                low["series"].astype(str))),
+            hovertemplate=("%{customdata[3]}<br>window from %{customdata[2]} UTC<br>hit rate "
+                           "%{y:.1%}<br>%{customdata[0]:,.0f} of %{customdata[1]:,.0f} tokens"
+                           " (low volume)<extra>low volume</extra>"),
         ))
     if "restarts" in d.columns:
         r = d[d["restarts"].fillna(0) > 0]
@@ -180,10 +204,15 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
                 fig.add_vline(x=pd.Timestamp(t).to_pydatetime(), line=dict(color=MISS_COLOUR,
                               width=1, dash="dot"))
     if threshold is not None:
-        fig.add_hline(y=float(threshold), line=dict(color=THRESHOLD_COLOUR, width=1, dash="dash"),
-                      annotation_text=f"alert below {float(threshold):.0%}",
-                      annotation_position="bottom right")
+        fig.add_hline(y=float(threshold), line=dict(color=THRESHOLD_COLOUR, width=1, dash="dash"))
+        # the label outside the plot area, right of it on the threshold's y (never on the data)
+        fig.add_annotation(xref="paper", x=1.0, xanchor="left", yref="y", y=float(threshold),
+                           yanchor="middle", showarrow=False, align="left",
+                           text=f"alert<br>below<br>{float(threshold):.0%}",
+                           font=dict(size=11, color=THRESHOLD_COLOUR))
     fig.update_layout(title=title + suffix, height=420, **_LAYOUT)
+    if threshold is not None:
+        fig.update_layout(margin={**_LAYOUT["margin"], "r": 60})
     fig.update_yaxes(title="hit rate", range=[0, 1.08], tickformat=".0%")
     fig.update_xaxes(title="time (UTC)", range=_time_range(d["window_start_s"], window_s))
     return fig
@@ -817,7 +846,8 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
         note: text of the empty figure.
         y_range: fixed y range, or None.
         integer: counts (whole-number ticks; an all-zero series gets a 0-1 axis).
-        log_y: logarithmic y axis (series of very different sizes side by side).
+        log_y: logarithmic y axis (series of very different sizes side by side); values of 0
+            or less are left out (a gap in the line: a log axis has no 0).
     """
     suffix = f" per {fmt_window(window_s)} window"
     if df.empty:
@@ -843,6 +873,9 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
                 customdata=g["from"],
                 hovertemplate=f"window from %{{customdata}} UTC<br>%{{y:{hover_format}}}"
                               f"<extra>{full}</extra>"))
+    if log_y:  # 0 has no place on a log axis (it drew as a drop to the bottom): left out
+        for tr in fig.data:
+            tr.y = [v if v is not None and v == v and v > 0 else None for v in tr.y]
     fig.update_layout(title=title + suffix, height=360, **_LAYOUT)
     if log_y:
         fig.update_yaxes(title=y_title, type="log", tickformat=tickformat)

@@ -299,3 +299,52 @@ def test_a_change_that_rounds_to_zero_has_no_sign():
     assert fmt_pp(-0.0004) == "0.0 pp" and fmt_pp(0.0004) == "0.0 pp"
     assert fmt_pp(0.0123) == "+1.2 pp" and fmt_pp(-0.05) == "-5.0 pp"
     assert _fmt_pp(-0.004) == "0 pp" and _fmt_pp(-0.33) == "-33 pp" and _fmt_pp(0.33) == "+33 pp"
+
+
+def test_low_volume_windows_are_hollow_and_off_the_line():
+    """A 707-token window on a good day is not a dip of the line: it is a hollow grey marker
+    in its own legend entry (fewer than min_query_tokens query tokens)."""
+    df = pd.DataFrame({
+        "window_start_s": [T0, T0 + 3600, T0 + 7200],
+        "model": ["m1"] * 3, "instance": ["a"] * 3,
+        "hit_tokens": [9000, 100, 9100],
+        "query_tokens": [10000, 707, 10000],
+        "hit_rate": [0.9, 100 / 707, 0.91],
+        "restarts": [0, 0, 0],
+    })
+    fig = figures.hit_rate_over_time(df, by=("model", "instance"), threshold=0.5,
+                                     window_s=3600, min_query_tokens=1000)
+    line, low = fig.data
+    assert line.name == "m1 / a"
+    assert [v for v in line.y] == [pytest.approx(0.9), pytest.approx(0.91)]
+    assert low.name == "fewer than 1,000 query tokens (not on the line)"
+    assert low.mode == "markers" and low.marker.symbol == "circle-open"
+    assert low.marker.color == figures.LOW_VOLUME_COLOUR
+    assert list(low.y) == [pytest.approx(100 / 707)]
+    assert list(low.customdata[0][:2]) == [100.0, 707.0]
+    # 0 marks none: the same frame draws one line through all three windows
+    plain = figures.hit_rate_over_time(df, by=("model", "instance"), window_s=3600)
+    assert [t.name for t in plain.data] == ["m1 / a"] and len(plain.data[0].y) == 3
+
+
+def test_threshold_label_sits_outside_the_plot_area():
+    fig = figures.hit_rate_over_time(windows_frame(), by=("model", "instance"), threshold=0.5,
+                                     window_s=3600)
+    (label,) = [a for a in fig.layout.annotations if "alert" in a.text]
+    assert label.text == "alert<br>below<br>50%"
+    assert (label.xref, label.x, label.xanchor) == ("paper", 1.0, "left")  # right of the plot
+    assert (label.yref, label.y) == ("y", 0.5)
+    assert fig.layout.margin.r >= 50  # room for it
+    assert [s.y0 for s in fig.layout.shapes if s.line.dash == "dash"] == [0.5]
+
+
+def test_log_axis_leaves_zero_windows_out():
+    df = pd.DataFrame({"window_start_s": [T0, T0 + 60, T0 + 120],
+                       "per_s": [120.0, 0.0, 95.0]})
+    fig = figures.window_lines(df, series={"per_s": ""}, window_s=60, title="Prompt tokens",
+                               y_title="tokens/s (log)", log_y=True)
+    assert fig.layout.yaxis.type == "log"
+    assert list(fig.data[0].y) == [120.0, None, 95.0]
+    lin = figures.window_lines(df, series={"per_s": ""}, window_s=60, title="Prompt tokens",
+                               y_title="tokens/s")
+    assert list(lin.data[0].y) == [120.0, 0.0, 95.0]  # a linear axis keeps its 0

@@ -238,8 +238,9 @@ with data.guard(db):
     daily_strip(db, f, shown)
 
     left, right = st.columns(2)
+    low_volume = data.min_query_tokens()
     left.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),
-                                                 window_s=window_s),
+                                                 window_s=window_s, min_query_tokens=low_volume),
                       key="overview_hit_rate")
     common = dict(start_s=f.start_s, end_s=f.end_s, window_s=window_s, models=f.models,
                   instances=f.instances, run_ids=f.run_ids)
@@ -254,7 +255,9 @@ with data.guard(db):
         title="Prompt tokens per second", y_title="tokens/s (log)", log_y=True,
         note="no vllm:prompt_tokens_total in this range"), key="overview_prompt_rate")
     st.caption("Read the hit rate beside the traffic: a drop in the hit rate while the prompt-token "
-               "rate holds is a drop in reuse, not in traffic.")
+               "rate holds is a drop in reuse, not in traffic. Hollow grey points: windows with "
+               f"fewer than {fmt_int(low_volume)} query tokens (`[alerts] min_query_tokens`), "
+               "left out of the line. Windows with no prompt tokens are gaps on the log axis.")
 
     st.subheader("Serving")
     left, right = st.columns(2)
