@@ -326,7 +326,15 @@ def line_dict(line: ReportLine) -> dict[str, object]:
 def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: int,
               stale: Sequence[StaleSource] = (), tz: str = "UTC") -> str:
     """The report line of ``fig`` (:func:`prefixscope.core.report.report_line`; STALE times in
-    the local time of ``tz``)."""
+    the local time of ``tz``). A NO DATA line of requests none of which reported cached tokens
+    says so instead of the volume guard (their prompt tokens are not "under
+    ``min_query_tokens``": an absent ``cached_tokens`` is null, not 0)."""
+    if (status == NO_DATA and fig.source == "requests" and fig.requests
+            and fig.prompt_tokens == 0):
+        return (f"{fig.cached_tokens:,} of {fig.prompt_tokens:,} prompt tokens from cache: "
+                f"NO DATA: no cached-token counts reported (none of the {fig.requests:,} "
+                "requests of the day has prompt_tokens_details.cached_tokens; null is not 0: "
+                "vLLM reports it with --enable-prompt-tokens-details)")
     return rules.report_line(fig.cached_tokens, fig.prompt_tokens, status, threshold=threshold,
                              min_query_tokens=min_query_tokens, stale=stale,
                              zone=resolve_tz(tz) if status == STALE or stale else None)
