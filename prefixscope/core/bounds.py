@@ -199,6 +199,17 @@ def escape_control(text: str) -> str:
     return _CONTROL.sub(_escape_one, text)
 
 
+def escape_line(text: str) -> str:
+    """As :func:`escape_control`, and tab, line feed (``\\x0a``) and the other line breaks
+    escaped too: for a value shown on one line (a table cell, a name inside a message), which
+    a newline must not split."""
+    if text.isprintable():
+        return text
+    return _LINE_CONTROL.sub(_escape_one, text)
+
+
+_LINE_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u202a-\u202e"
+                           "\u2066-\u2069]")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u202a-\u202e"
                       "\u2066-\u2069]")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prefixscope.core.documents import DocumentError, parse_toml, read_document
-from prefixscope.core.errors import ConfigError
+from prefixscope.core.errors import ConfigError, UsageError
 
 DEFAULT_DB_PATH = "data/prefixscope.duckdb"
 
@@ -194,6 +194,32 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
 SERVED_URL_ENV = "PREFIXSCOPE_SERVED_URL"
 
 
+def checked_url(url: str, key: str, error: type[Exception] = ConfigError) -> str:
+    """``url`` when it is an ``http://`` or ``https://`` URL with a host (the dashboard link of
+    the daily email).
+
+    Raises:
+        ``error`` (ConfigError by default, UsageError for a flag or env variable): another
+        scheme (``javascript:``, ``file:``, ``data:``...), no host, spaces or control
+        characters; ``key`` names the flag, env variable or config key.
+    """
+    from urllib.parse import urlsplit
+
+    from prefixscope.core.bounds import escape_line
+
+    try:
+        parts = urlsplit(url)
+        ok = (parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+              and not any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url))
+        parts.port  # ValueError: a port that is not a number
+    except ValueError:
+        ok = False
+    if not ok:
+        shown = escape_line(url if len(url) <= 80 else url[:80] + "...")
+        raise error(f"{key}: '{shown}' is not an http:// or https:// URL with a host")
+    return url
+
+
 def dashboard_url(settings: Settings, override: str | None = None) -> str:
     """The URL of the served dashboard that the daily email links to, first of:
 
@@ -205,13 +231,20 @@ def dashboard_url(settings: Settings, override: str | None = None) -> str:
        --host H --port P``, its own address (``http://localhost:P`` for a loopback or
        wildcard host), so the Alerts page's email preview links to the port it is served on;
     5. ``http://localhost:8501`` (``[alerts] dashboard_url``'s default).
+
+    Raises:
+        UsageError: ``override`` or env ``PREFIXSCOPE_DASHBOARD_URL`` is not an http(s) URL
+            with a host (:func:`checked_url`). ConfigError: the config file's URL is not.
     """
     if override:
-        return override
-    if settings.dashboard.public_url:
-        return settings.dashboard.public_url
+        return checked_url(override, "--dashboard-url", UsageError)
+    public = settings.dashboard.public_url
+    if public:
+        if public == os.environ.get("PREFIXSCOPE_DASHBOARD_URL"):
+            return checked_url(public, "PREFIXSCOPE_DASHBOARD_URL", UsageError)
+        return checked_url(public, "dashboard.public_url")
     if "dashboard_url" in settings.alerts.model_fields_set:
-        return settings.alerts.dashboard_url
+        return checked_url(settings.alerts.dashboard_url, "alerts.dashboard_url")
     return os.environ.get(SERVED_URL_ENV) or settings.alerts.dashboard_url
 
 
