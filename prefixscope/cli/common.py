@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from prefixscope.core.bounds import escape_control
+from prefixscope.core.bounds import escape_control, escape_line
 from prefixscope.core.config import DEFAULT_DB_PATH
 from prefixscope.core.formatting import count_noun
 
@@ -30,7 +30,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable
 class SafeConsole(Console):
     """A rich Console that never passes control characters of the data to the terminal: text
     arguments and the cells, title and caption of a Table are shown with ANSI escapes, BEL, CR
-    and the like as ``\\x1b``-style escapes (:func:`prefixscope.core.bounds.escape_control`);
+    and the like as ``\\x1b``-style escapes (:func:`prefixscope.core.bounds.escape_control`;
+    in a cell also newlines and tabs, :func:`~prefixscope.core.bounds.escape_line`);
     rich's own styling is unaffected."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
@@ -47,7 +48,9 @@ def safe_renderable(obj: Any) -> Any:
     if isinstance(obj, Table):
         for column in obj.columns:
             column.header = safe_renderable(column.header)
-            column._cells = [safe_renderable(c) for c in column._cells]
+            # a cell is one line: a newline or tab of the data must not split the row
+            column._cells = [escape_line(c) if isinstance(c, str) else safe_renderable(c)
+                             for c in column._cells]
         obj.title = safe_renderable(obj.title) if obj.title is not None else None
         obj.caption = safe_renderable(obj.caption) if obj.caption is not None else None
     return obj
