@@ -89,14 +89,35 @@ def _ingest(db: str, run_dirs: list[Path]) -> list[dict[str, Any]]:
         return [ingest_run_dir(con, d).as_dict() for d in run_dirs]
 
 
-def _price(model: str, prices_file: str | None):
-    """The :class:`prefixscope.replay.compare.Price` of ``model`` from the price table file (``--prices``,
-    else ``[pricing] prices_file``), or None when the file or the model is missing."""
+def _price(model: str, prices_file: str | None, db: str | None = None):
+    """The :class:`prefixscope.replay.compare.Price` of ``model``, or None when nothing prices it.
+
+    With ``--prices FILE``: that file only. Else the price table the dashboard prices with, the
+    database's ``prices`` table (``store.queries.savings.price_table``: the loaded price file
+    including its shadow prices), then the ``[pricing] prices_file`` file.
+    """
+    from decimal import Decimal
+
     from prefixscope.ingest.prices import read_price_file
     from prefixscope.core.config import load_settings
     from prefixscope.core.errors import SourceUnavailable
     from prefixscope.replay.compare import Price
 
+    if prices_file is None and db is not None and Path(db).exists():
+        from prefixscope.store import db as store_db
+        from prefixscope.store.queries.savings import price_table
+
+        with store_db.reader(db) as con:
+            table = price_table(con)
+        for r in table[table["model"] == model].itertuples():
+            def dec(v):
+                return Decimal(str(v))
+            return Price(model=r.priced_as or r.model, currency=r.currency,
+                         input_per_mtok=dec(r.input_per_mtok),
+                         cached_input_per_mtok=dec(r.cached_input_per_mtok),
+                         cache_write_per_mtok=dec(r.cache_write_per_mtok),
+                         output_per_mtok=dec(r.output_per_mtok), shadow=bool(r.shadow),
+                         price_source=str(r.price_source or ""))
     path = prices_file or load_settings().pricing.prices_file
     try:
         rows = read_price_file(path)
@@ -266,7 +287,7 @@ def compare_cmd(
     for side in (res.a, res.b):
         _report_problems(side.problems, quiet=as_json)
         _check_nonempty(side, trace)
-    price = _price(price_as or res.a.model, prices)
+    price = _price(price_as or res.a.model, prices, db)
     from prefixscope.replay.compare import compare_runs
 
     doc = compare_runs(res.a.summary, res.b.summary, price=price,
@@ -280,7 +301,7 @@ def compare_cmd(
     if as_json:
         print_json(doc)
         return
-    _print_compare(doc)
+    _print_compare(doc, price_as or res.a.model)
 
 
 def chat_trace_cmd(
@@ -381,7 +402,7 @@ def register(groups: dict[str, typer.Typer]) -> None:
     groups["ingest"].command("replay-run")(ingest_replay_run_cmd)
 
 
-def _print_compare(doc: dict[str, Any]) -> None:
+def _print_compare(doc: dict[str, Any], price_model: str | None = None) -> None:
     a, b, d = doc["a"], doc["b"], doc["delta"]
     price = doc.get("price")
     rows = [("hit rate", _fmt_pct(a["hit_rate"]), _fmt_pct(b["hit_rate"]),
@@ -399,8 +420,9 @@ def _print_compare(doc: dict[str, Any]) -> None:
     for name, va, vb, vd in rows:
         out.print(f"{name:<24}{va:>16}{vb:>16}{vd:>16}", markup=False, highlight=False)
     if price is None:
-        out.print("cost: no price for this model in the price table (give --price-as MODEL)",
-                  markup=False, highlight=False)
+        out.print(f"cost: no price for {price_model or 'this model'} in the "
+                  "database's price table nor in the price file (give --price-as MODEL, or "
+                  "--prices FILE)", markup=False, highlight=False)
     else:
         kind = "shadow price" if price["shadow"] else "price"
         out.print(f"cost at the {kind} of {price['model']} ({price['price_source']})",
