@@ -214,7 +214,10 @@ def diagnose_cmd(
     request the earlier request with the longest common prefix (by the block-hash chain) and
     the first token that differs, maps it to the message and line (or the tools, or the
     template), names its kind, ranks breakers by lost tokens (counterfactual replay), and
-    replays a suggested layout. Prompt text is printed only here, never stored.
+    replays a suggested layout. Prompt text is printed only here, and written only to
+    suggested-layout.yaml under --out, whose patterns hold the start of each matched line (e.g.
+    "^Current date: ") as a literal: share that file as you would the trace. breakers.json and
+    the database (--ingest) keep no text (kinds, positions, counts, digests).
 
     Examples:
 
