@@ -93,7 +93,7 @@ def main() -> None:
 
     st.sidebar.markdown("### prefixscope")
     st.sidebar.caption(f"Database: `{db}`")
-    now_s = time.time()
+    now_s = data.clock()  # the clock of the cache periods (time.time; tests move it)
     values = {"models": [], "instances": [], "run_ids": [], "min_ts_unix_s": None,
               "max_ts_unix_s": None}
     try:

@@ -114,6 +114,17 @@ def quick_range(label: str, *, now_s: float) -> tuple[float | None, float | None
     return now_s - span, None
 
 
+def period_start_s(now_s: float) -> float:
+    """``now_s`` floored to the start of its cache period (``prefixscope.dashboard.data``'s
+    ``CACHE_TTL_S``, default 15 s), Unix seconds. Quick picks start from it, so every rerun
+    inside one period (a Live tick, a widget click) asks the same query and reads the cache;
+    a quick pick's start moves once per period (at most one TTL late)."""
+    from prefixscope.dashboard import data
+
+    ttl = max(float(data.CACHE_TTL_S), 1e-3)
+    return (float(now_s) // ttl) * ttl
+
+
 def default_range_label(max_ts_unix_s: float | None, *, now_s: float,
                         min_ts_unix_s: float | None = None) -> str:
     """``'all'`` when there is no data or the newest data is older than 24 h; ``'7d'`` when the
@@ -177,8 +188,8 @@ def sidebar(values: dict, *, now_s: float) -> Filters:
         if len(days) == 1:
             days = (days[0], days[0])
         start_s, end_s = custom_range(days[0], days[1])
-    else:
-        start_s, end_s = quick_range(label, now_s=now_s)
+    else:  # from the cache period's start: a rerun inside one period reads the cache
+        start_s, end_s = quick_range(label, now_s=period_start_s(now_s))
     models = st.sidebar.multiselect("Model", values.get("models") or [], key="filter_models",
                                     placeholder="All models")
     instances = st.sidebar.multiselect("Instance", values.get("instances") or [],
