@@ -79,6 +79,10 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
                progress: Callable[[str], None] | None = None) -> DemoReport:
     """Build the demo database at ``db_path`` from the bundled data, replacing it atomically.
 
+    The build goes to ``DB.building`` beside it (a stale one from an earlier run is removed
+    first); when the build fails or is interrupted (Ctrl-C), ``DB.building`` and its ``.wal``
+    are removed (the existing ``db_path`` is left as it was), and the error propagates.
+
     Args:
         db_path: destination DuckDB file (replaced when the build succeeds).
         work_dir: where replay outputs are written (default ``data/demo/`` beside the DB).
@@ -95,12 +99,32 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
     Raises:
         SourceUnavailable: the bundled data is missing (not a full clone).
     """
+    tmp = building_path(db_path)
+    try:
+        return _build_demo(db_path, work_dir=work_dir, with_replay=with_replay,
+                           with_story=with_story, end_unix_s=end_unix_s, progress=progress)
+    except BaseException:
+        for p in (tmp, Path(str(tmp) + ".wal")):
+            p.unlink(missing_ok=True)
+        raise
+
+
+def building_path(db_path: str) -> Path:
+    """Where :func:`build_demo` builds the database before it replaces ``db_path``:
+    ``DB.building`` beside it."""
+    dest = Path(db_path)
+    return dest.with_name(dest.name + ".building")
+
+
+def _build_demo(db_path: str, *, work_dir: str | None, with_replay: bool, with_story: bool,
+                end_unix_s: float | None, progress: Callable[[str], None] | None) -> DemoReport:
+    """:func:`build_demo` without the clean-up of a failed build."""
     t0 = time.monotonic()
     if not CAPTURES.is_dir():
         raise SourceUnavailable(f"bundled captures missing at {CAPTURES}: is this a full clone?")
     dest = Path(db_path)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".building")
+    tmp = building_path(db_path)
     for p in (tmp, Path(str(tmp) + ".wal")):
         if p.exists():
             p.unlink()

@@ -49,7 +49,7 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
         cutoffs = {"gateway_decisions": now - (ret.decision_days or ret.raw_days) * arc.DAY_S}
     rollup_before_s = min(now - ret.rollup_days * arc.DAY_S, before_s)
     location = to or ret.archive
-    if not location:
+    if not location and not dry_run:
         raise UsageError("no archive location: set [retention] archive in prefixscope.toml or "
                          "pass --to PATH (raw rows are deleted only after they are archived)")
     if not Path(db).exists():
@@ -88,10 +88,18 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
                     "rollup_rows_deleted": dropped})
         return
     verb = "would archive" if dry_run else "archived"
+    where = location or "(no archive location yet)"
     out.print(f"{db}: {verb} {len({d.day for d in days})} day(s) before {format_time(cutoff)} "
-              f"to {location}", markup=False, highlight=False)
+              f"to {where}", markup=False, highlight=False)
     for table, n in totals.items():
         out.print(f"  {table:<16} {count_noun(n, 'row')}", markup=False, highlight=False)
+    if dry_run and before is None and "raw_days" not in ret.model_fields_set:
+        out.print(f"  (cutoff: [retention] raw_days default, {ret.raw_days} days)",
+                  markup=False, highlight=False)
+    if not location:
+        out.print("note: a real run needs an archive location: set [retention] archive in "
+                  "prefixscope.toml or pass --to PATH (raw rows are deleted only after they are "
+                  "archived; docs/retention.md)", markup=False, highlight=False)
     if not dry_run:
         for table, n in dropped.items():
             out.print(f"  {table:<16} {count_noun(n, 'rollup row')} deleted (before "
