@@ -48,25 +48,44 @@ def url_path(rel: str) -> str:
 
 
 _FULL_RUN_KEY = "prefixscope.full_run_monotonic_s"
-_TICKS: dict[float, object] = {}
+_VERSION_KEY = "prefixscope.full_run_store_version"
+_TICKS: dict[tuple[float, str], object] = {}
+
+#: With Live on and nothing committed to the store, the page still re-runs this often (seconds):
+#: quick-pick ranges slide and "N min ago" ages move.
+LIVE_IDLE_RERUN_S = 60.0
 
 
-def live_ticker(every_s: float):
-    """A fragment that re-runs the whole app every ``every_s`` seconds (the cache TTL), so a
-    page left open shows new data: ``st.rerun(scope="app")`` keeps every widget's value
-    (selections, time range, window), unlike a browser reload. The ticker does nothing when
-    the app itself ran less than ``0.9 x every_s`` ago (the full run also runs the fragment)."""
+def live_rerun_due(*, since_full_run_s: float, every_s: float, version, last_version) -> bool:
+    """Whether a Live tick re-runs the whole app: the app ran at least ``0.9 x every_s`` seconds
+    ago and either the store changed since (``version`` != ``last_version``, from
+    ``prefixscope.dashboard.data.store_version``) or :data:`LIVE_IDLE_RERUN_S` passed. A tick
+    on an unchanged store redraws nothing (no greyed page)."""
+    if since_full_run_s < 0.9 * every_s:
+        return False
+    return version != last_version or since_full_run_s >= 0.9 * max(LIVE_IDLE_RERUN_S, every_s)
+
+
+def live_ticker(every_s: float, db: str):
+    """A fragment that re-runs the whole app every ``every_s`` seconds (the cache TTL) when
+    :func:`live_rerun_due` says so, so a page left open shows new data: ``st.rerun(scope="app")``
+    keeps every widget's value (selections, time range, window), unlike a browser reload. The
+    full run also runs the fragment (and then it does nothing)."""
     import streamlit as st
 
-    if every_s not in _TICKS:
+    from prefixscope.dashboard import data
+
+    if (every_s, db) not in _TICKS:
         @st.fragment(run_every=every_s)
         def _tick() -> None:
             last = st.session_state.get(_FULL_RUN_KEY, 0.0)
-            if time.monotonic() - last >= 0.9 * every_s:
+            if live_rerun_due(since_full_run_s=time.monotonic() - last, every_s=every_s,
+                              version=data.store_version(db),
+                              last_version=st.session_state.get(_VERSION_KEY)):
                 st.rerun(scope="app")
 
-        _TICKS[every_s] = _tick
-    return _TICKS[every_s]
+        _TICKS[(every_s, db)] = _tick
+    return _TICKS[(every_s, db)]
 
 
 def main() -> None:
@@ -115,9 +134,10 @@ def main() -> None:
     st.sidebar.caption(f"Results refresh every {data.CACHE_TTL_S:g} s"
                        + (" and the page follows on its own." if live else "; live is off."))
     st.session_state[_FULL_RUN_KEY] = time.monotonic()
+    st.session_state[_VERSION_KEY] = data.store_version(db)
     if live:
         with st.sidebar:
-            live_ticker(float(data.CACHE_TTL_S))()
+            live_ticker(float(data.CACHE_TTL_S), db)()
     for rel in missing:
         st.sidebar.caption(f"(page {rel} listed but not found)")
     nav.run()

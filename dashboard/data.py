@@ -83,6 +83,22 @@ def alert_threshold(model: str | None = None) -> float:
         return DEFAULT_THRESHOLD
 
 
+def store_version(db: str) -> tuple:
+    """What changes when a writer commits to the store at ``db``: ``(size, mtime_ns)`` of the
+    database file and of its ``.wal`` (DuckDB appends a commit to the WAL and a checkpoint
+    rewrites the file), None for a file that is not there. Two ``stat`` calls, no connection;
+    a reader never changes it. The Live ticker re-runs the page when it moves."""
+    out = []
+    for path in (db, db + ".wal"):
+        try:
+            st_ = os.stat(path)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st_.st_size, st_.st_mtime_ns))
+    return tuple(out)
+
+
 def min_query_tokens() -> int:
     """``[alerts] min_query_tokens`` (prompt tokens): under it a window of the Overview's hit-rate
     chart is low volume (``figures.hit_rate_over_time``); a broken config file gives the

@@ -67,3 +67,31 @@ def test_a_rerun_in_the_period_reads_the_cache(real_db, use_db, monkeypatch):
     at.run()
     ds.assert_clean(at)
     assert ds.metrics(at) == before and ds.chart_count(at) == charts
+
+
+def test_store_version_moves_with_a_commit_not_with_a_read(tmp_path):
+    from prefixscope.dashboard import data
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    db = ds.build_empty_db(tmp_path / "v.duckdb")
+    v0 = data.store_version(db)
+    assert v0[0] is not None
+    with store_db.reader(db) as con:
+        con.execute("SELECT count(*) FROM requests").fetchone()
+    assert data.store_version(db) == v0
+    with store_db.writer(db) as con:
+        ingest_usage_file(con, ds.PROBE_REQUESTS, instance=ds.BS32)
+    assert data.store_version(db) != v0
+    assert data.store_version(str(tmp_path / "none.duckdb")) == (None, None)
+
+
+def test_live_tick_reruns_only_for_new_data_or_after_the_idle_interval():
+    from prefixscope.dashboard.app import LIVE_IDLE_RERUN_S, live_rerun_due
+
+    v, w = ((1, 2), None), ((1, 3), None)
+    assert live_rerun_due(since_full_run_s=15.0, every_s=15.0, version=w, last_version=v)
+    assert not live_rerun_due(since_full_run_s=15.0, every_s=15.0, version=v, last_version=v)
+    assert not live_rerun_due(since_full_run_s=5.0, every_s=15.0, version=w, last_version=v)
+    assert live_rerun_due(since_full_run_s=LIVE_IDLE_RERUN_S, every_s=15.0, version=v,
+                          last_version=v)
