@@ -86,3 +86,29 @@ def test_requests_says_not_reported(na_db, use_db):
     text = " ".join(_all_text(at))
     assert "plain-b: cached tokens not reported by 1 of 1 requests (0.0% reported)" in text, text
     assert "plain-b / None" not in text
+
+
+@pytest.fixture(scope="module")
+def mixed_db(tmp_path_factory) -> str:
+    """The bundled vLLM captures (counters, 31 probe requests) plus the two requests above:
+    counters for one model, usage with and without cached counts for two others."""
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    d = tmp_path_factory.mktemp("mixed")
+    path = ds.build_real_db(d / "mixed.duckdb")
+    log = d / "na.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    with store_db.writer(path) as con:
+        ingest_usage_file(con, log)
+        con.execute("CHECKPOINT")
+    return path
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_every_page_renders_with_counters_and_unreported_usage(mixed_db, use_db, page):
+    at = ds.run_app(use_db(mixed_db), page,
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    bad = [t for t in _all_text(at) if BAD.search(t)]
+    assert not bad, bad
