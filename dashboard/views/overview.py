@@ -153,6 +153,14 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                 col.markdown(f"{fmt_pct(s.figures.hit_rate)}  \n:{colour}-badge[{s.status}]")
 
 
+#: Why these token figures can differ slightly from the Savings page's (docs/metrics.md).
+TOKENS_SOURCE_HELP = (
+    "From vLLM's counters (Δ queries and Δ hits between scrapes), else the usage log. The "
+    "Savings and Requests pages count the usage log's prompt and cached tokens: a counter "
+    "counts a request at the first scrape after it, so the requests after the range's last "
+    "scrape (or before its first) are in the usage log's figure and not yet in the counters' "
+    "(docs/metrics.md#two-sources-of-token-counts).")
+
 db = data.db_path()
 f = filters.current()
 st.title("Overview")
@@ -225,7 +233,9 @@ with data.guard(db):
                 border=True,
             )
             st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold)} "
-                        f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} tokens")
+                        f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} tokens "
+                        f"({'vLLM counters' if source == 'counters' else 'usage log'})",
+                        help=TOKENS_SOURCE_HELP)
             if model in latest.index:
                 last = latest.loc[model]
                 st.markdown(f"Latest {window_label} window: **{fmt_pct(last['hit_rate'])}** "

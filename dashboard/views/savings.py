@@ -185,7 +185,11 @@ with data.guard(db):
             "With cache": [fmt_money(v, c) for v, c in zip(priced["cost_with_cache"], priced["currency"])],
             "Saved": [fmt_money(v, c) for v, c in zip(priced["saved"], priced["currency"])],
             "Saved share": priced["saved_fraction"].map(fmt_pct),
-        }), caption="Price sources — " + "; ".join(
+        }), caption="Tokens from the usage log (each request's prompt and cached tokens; the "
+                    "Overview's come from vLLM's counters, which count a request at the first "
+                    "scrape after it, so they can differ by the traffic after the range's last "
+                    "scrape: docs/metrics.md#two-sources-of-token-counts). Price sources — "
+                    + "; ".join(
             f"{m}: {price_label(sh, src)}" for m, sh, src in
             zip(priced["model"], priced["shadow"], priced["price_source"])))
         notes = priced[priced["note"].notna()] if "note" in priced.columns else priced.iloc[0:0]
