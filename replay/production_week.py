@@ -28,9 +28,10 @@ The traffic (all times UTC, seeded, so a build is reproducible for a given ``end
    times between inputs. ``agent-32b`` (a coding agent, on ``gpu-b1``) replays real Claude
    Code conversations (``data/traces/kv-cache-tester``, :data:`AGENT_TRACES`) with their own
    inter-request times; their system prompt and tool blocks are shared by every session.
-2. Sessions arrive as a Poisson process whose rate follows the hour of day (peak 14-18 UTC)
-   and is lower on Saturday and Sunday.
-3. The release: from ``release_s`` (day 5 of the week, 09:30 UTC on ``gpu-a1``, 13:00 on
+2. Sessions arrive as a Poisson process whose rate follows the hour of day (peak 14-18 UTC),
+   the same curve every day: no calendar weekend dip, so the release day (day 5) carries a
+   normal day's traffic whatever weekday the demo is built on, and its miss cost steps up.
+3. The release: from ``release_s`` (day 5 of the week, 07:00 UTC on ``gpu-a1``, 09:30 on
    ``gpu-a2``) the coder's system prompt starts with ``Current time: YYYY-MM-DD HH:MM UTC``:
    its first block changes every minute, so vLLM's chained block hashes share nothing across
    minutes and the hit rate falls below 50%.
@@ -93,7 +94,7 @@ class InstanceSpec:
     Attributes:
         name, model: instance name (Prometheus ``instance``) and served model name.
         block_size: tokens per KV block; num_gpu_blocks: the pool (vLLM ``num_gpu_blocks``).
-        sessions_per_hour_peak: session arrival rate at the daily peak (weekdays).
+        sessions_per_hour_peak: session arrival rate at the daily peak (every day).
         prefill_tokens_per_s, prefill_base_s, tpot_s: the latency model (module docstring).
         release_hour_utc: hour (fractional) of day 5 at which the release reaches this
             instance, or None when the release does not touch it.
@@ -111,9 +112,9 @@ class InstanceSpec:
 
 
 INSTANCES: tuple[InstanceSpec, ...] = (
-    InstanceSpec("gpu-a1", CODER_MODEL, 16, 12_000, 150.0, 9_000.0, 0.025, 0.012, 9.5),
-    InstanceSpec("gpu-a2", CODER_MODEL, 16, 12_000, 120.0, 9_000.0, 0.025, 0.012, 13.0),
-    InstanceSpec("gpu-b1", AGENT_MODEL, 64, 16_000, 5.0, 6_000.0, 0.08, 0.030, None),
+    InstanceSpec("gpu-a1", CODER_MODEL, 16, 12_000, 122.0, 9_000.0, 0.025, 0.012, 7.0),
+    InstanceSpec("gpu-a2", CODER_MODEL, 16, 12_000, 97.0, 9_000.0, 0.025, 0.012, 9.5),
+    InstanceSpec("gpu-b1", AGENT_MODEL, 64, 16_000, 4.0, 6_000.0, 0.08, 0.030, None),
 )
 
 
@@ -159,13 +160,13 @@ def week_span(end_unix_s: float) -> tuple[float, float]:
 
 
 def rate_factor(ts_unix_s: float) -> float:
-    """Traffic level at a time, 0..1: a daily curve (trough 03 UTC, peak 14-18 UTC) times 0.35
-    on Saturday and Sunday."""
+    """Traffic level at a time, 0..1: a daily curve (trough 03 UTC, peak 14-18 UTC), the same
+    every day (no weekend dip: the release day must carry a normal day's traffic)."""
     dt = datetime.fromtimestamp(ts_unix_s, tz=timezone.utc)
     hour = dt.hour + dt.minute / 60.0
     daily = 0.08 + 0.92 * max(0.0, math.sin(math.pi * (hour - 5.0) / 16.0)) ** 1.5 \
         if 5.0 <= hour <= 21.0 else 0.08
-    return daily * (0.35 if dt.weekday() >= 5 else 1.0)
+    return daily
 
 
 def session_starts(rng: random.Random, start_s: float, end_s: float,

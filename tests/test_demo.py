@@ -141,3 +141,24 @@ def test_ttft_histogram_sums_the_stored_increases(demo_db, window_s, by):
 
     assert SERVING_END == STORY_END
     check_demo(demo_db[0], window_s=window_s, by=by)
+
+
+def test_open_the_dashboard_hint_works_without_the_venv_on_path(monkeypatch, tmp_path):
+    """Issue 14 leftover 3: `make demo` runs .venv/bin/prefixscope without activating the venv,
+    so the printed hint names that path; with the venv's bin on PATH, the bare name."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from prefixscope.cli.commands.demo import command_name
+
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "prefixscope").exists()
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)  # not under the venv: the absolute path
+    assert command_name() == str(bin_dir / "prefixscope")
+    monkeypatch.chdir(bin_dir.parent.parent)  # the repository: .venv/bin/prefixscope
+    assert command_name() == os.path.relpath(bin_dir / "prefixscope", bin_dir.parent.parent)
+    assert command_name().endswith("bin/prefixscope") and not command_name().startswith("/")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert command_name() == "prefixscope"

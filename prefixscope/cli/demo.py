@@ -200,7 +200,10 @@ def _build_demo(db_path: str, *, work_dir: str | None, with_replay: bool, with_s
              + (diag if diag is not None else "command not available"))
         if with_replay:
             # made last: the newest runs, which the run pickers show first
-            say("fix replay: the release day as recorded and with the fix")
+            from prefixscope.replay.production_week import CHAT_LOG_HOURS
+
+            say(f"fix replay: replaying the first {CHAT_LOG_HOURS:g} hours after the release on "
+                f"{STORY_INSTANCE} (day 5) as recorded and with the timestamp moved to the end")
             line = run_story_replays(str(tmp), work / "release-replays", story.chat_log, release)
             done(f"fix replay: {line}")
 

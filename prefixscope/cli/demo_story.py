@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,11 @@ def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None 
                  f"{m.rows_added:,} metric samples, {rate:.1%} of prompt tokens from cache")
             if iw.spec.name == STORY_INSTANCE:
                 report.chat_log = iw.chat_log
-    done(f"week {week.release_day} release: built in {built:.0f} s, "
+    released = ", ".join(
+        f"{datetime.fromtimestamp(iw.release_unix_s, tz=timezone.utc):%H:%M} UTC on {iw.spec.name}"
+        for iw in week.instances if iw.release_unix_s is not None)
+    done(f"the week is in the database (day 5, {week.release_day}: the release adds a "
+         f"timestamp to coder-7b's system prompt at {released}): built in {built:.0f} s, "
          f"ingested in {time.monotonic() - t0 - built:.0f} s")
     return report
 
