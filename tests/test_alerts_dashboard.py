@@ -62,7 +62,7 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     assert m["Status"] == "ALERT"  # coloured text, no emoji (fonts)
     assert m["ALERT lines"] == "1" and m["Stale sources"] == "1"
     report = at.dataframe[0].value
-    assert "12,000 of 100,000 prompt tokens from cache (12.0%): ALERT: check the top of the prompt" \
+    assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" \
         in report["Report line"].tolist()
     assert "STALE" in report["Status"].tolist()
     warnings = texts(at, "warning")

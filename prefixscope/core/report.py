@@ -22,9 +22,8 @@ Rules (docs/alerts.md, product-brief.md):
   STALE, NO DATA, OK.
 - **Threshold** of a model: ``[alerts] per_model_threshold[model]``, else
   ``[alerts] hit_rate_threshold`` (default :data:`DEFAULT_THRESHOLD`).
-- **The line**: ``608,000 of 644,000 prompt tokens from cache (94.4%): OK``; the percentage is
-  :func:`prefixscope.core.formatting.fmt_pct` (one decimal, the format of every page, table and
-  email figure; was the whole percent rounded down); ALERT adds ``: check the top of the prompt``.
+- **The line**: ``608,000 of 644,000 prompt tokens from cache (94%): OK``; the percentage is
+  rounded down (49.9% prints 49%); ALERT adds ``: check the top of the prompt``.
 """
 
 from __future__ import annotations
@@ -58,28 +57,6 @@ def percent_floor(cached_tokens: int, prompt_tokens: int) -> int:
         ZeroDivisionError: ``prompt_tokens`` is 0.
     """
     return (int(cached_tokens) * 100) // int(prompt_tokens)
-
-
-def line_pct(cached_tokens: int, prompt_tokens: int, below: float | None = None) -> str:
-    """The percentage in brackets of a report line: ``cached / prompt`` as
-    :func:`prefixscope.core.formatting.fmt_pct` (one decimal: ``608,000 / 644,000 -> '94.4%'``),
-    the same figure the dashboard, the tables and the email print next to it.
-
-    ``below``: the threshold (fraction) of an ALERT line; a rate just under it that one decimal
-    would round up to it gets more decimals, so that an ALERT never reads as the threshold
-    (``4,999 / 10,000`` under 0.5 -> ``'49.99%'``, not ``'50.0%'``).
-
-    Raises:
-        ZeroDivisionError: ``prompt_tokens`` is 0.
-    """
-    from prefixscope.core.formatting import fmt_pct
-
-    rate = int(cached_tokens) / int(prompt_tokens)
-    digits = 1
-    if below is not None and rate < below:
-        while digits < 6 and round(rate * 100, digits) >= below * 100:
-            digits += 1
-    return fmt_pct(rate, digits=digits)
 
 
 def percent(hit_rate: float) -> int:
@@ -140,7 +117,7 @@ def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float)
         raise ValueError("a report line needs prompt tokens")
     status = hit_status(cached_tokens, prompt_tokens, threshold)
     text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
-            f"({line_pct(cached_tokens, prompt_tokens, threshold)}): {status}")
+            f"({percent_floor(cached_tokens, prompt_tokens)}%): {status}")
     if status == ALERT:
         text += f": {ALERT_HINT}"
     elif status == INCONSISTENT:
@@ -173,7 +150,7 @@ def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshol
         return text
     head = f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache"
     if prompt_tokens > 0:
-        head += f" ({line_pct(cached_tokens, prompt_tokens)})"
+        head += f" ({percent_floor(cached_tokens, prompt_tokens)}%)"
     if status == NO_DATA:
         return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
     assert status == STALE, status

@@ -14,11 +14,9 @@ from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, out, print_
 REPORT_HELP = """Print, per model and overall, how many prompt tokens came from the prefix cache.
 
 One line per model and an overall line, e.g.
-"608,000 of 644,000 prompt tokens from cache (94.4%): OK", or below the threshold
-"0 of 644,000 prompt tokens from cache (0.0%): ALERT: check the top of the prompt".
-The percentage has one decimal, as on the dashboard (--json "hit_rate" is the exact
-fraction). The threshold is [alerts] hit_rate_threshold of the config file unless
---threshold is given. Without --start/--end the range is the 24 hours
+"608,000 of 644,000 prompt tokens from cache (94%): OK", or below the threshold
+"0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt".
+The percentage is rounded down. Without --start/--end the range is the 24 hours
 ending at the newest data point. Subcommands: 'report daily'.
 
 Examples:
