@@ -298,7 +298,9 @@ def test_a_change_that_rounds_to_zero_has_no_sign():
 
     assert fmt_pp(-0.0004) == "0.0 pp" and fmt_pp(0.0004) == "0.0 pp"
     assert fmt_pp(0.0123) == "+1.2 pp" and fmt_pp(-0.05) == "-5.0 pp"
-    assert _fmt_pp(-0.004) == "0 pp" and _fmt_pp(-0.33) == "-33 pp" and _fmt_pp(0.33) == "+33 pp"
+    # The email's changes are the dashboard's one decimal (never "-0.0 pp").
+    assert _fmt_pp(-0.0004) == "0.0 pp" and _fmt_pp(-0.004) == "-0.4 pp"
+    assert _fmt_pp(-0.33) == "-33.0 pp" and _fmt_pp(0.33) == "+33.0 pp"
 
 
 def test_low_volume_windows_are_hollow_and_off_the_line():
