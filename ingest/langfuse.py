@@ -8,6 +8,9 @@ exports write them (snake_case: ``start_time``, ``usage_details``, ``provided_mo
 
 Rules (Langfuse docs, "Token & Cost Tracking": usage types are mutually exclusive buckets):
 
+0. A record without an ``id`` and one of ``traceId``, ``type``, ``startTime`` (or their
+   snake_case names) is not a Langfuse observation (a usage log line, a chat...): quarantined
+   ``id: not a Langfuse observation ...``, never skipped in silence.
 1. Only ``GENERATION`` and ``EMBEDDING`` observations carry usage; other types, and
    generations without usage, are skipped.
 2. ``prompt_tokens`` = the sum of every ``usageDetails`` key containing ``input`` (``input``
@@ -35,6 +38,10 @@ from prefixscope.ingest.usage_rows import NOT_TEXT
 
 KIND = "langfuse"
 _USAGE_TYPES = frozenset({"GENERATION", "EMBEDDING"})
+#: Keys of which every Langfuse observation (API, UI or blob export) has one besides ``id``.
+_OBSERVATION_KEYS = ("traceId", "trace_id", "type", "startTime", "start_time")
+NOT_OBSERVATION = ("not a Langfuse observation (an id with a traceId, type or startTime): a "
+                   "line of another source")
 
 
 def _is_read(key: str) -> bool:
@@ -55,8 +62,14 @@ def observation_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None,
         The row, or None for an observation that is not a request with usage.
 
     Raises:
-        BadLine: no id or start time, or a usage value of the wrong type.
+        BadLine: not a Langfuse observation (rule 0), no id or start time, or a usage value of
+            the wrong type.
     """
+    if not rec.get("id") or not any(rec.get(k) for k in _OBSERVATION_KEYS):
+        # a JSON object of another source (a usage log line, a chat, a LiteLLM row...) is not
+        # skipped in silence: every line is ingested, skipped as a non-usage observation, or
+        # quarantined
+        raise BadLine("id", NOT_OBSERVATION)
     otype = str(rec.get("type") or "GENERATION").upper()
     if otype not in _USAGE_TYPES:
         return None
