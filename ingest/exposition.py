@@ -73,7 +73,9 @@ from prefixscope.ingest.bookkeeping import SourceOutcome as ScrapeOutcome  # one
 from prefixscope.core.bounds import (
     BINARY_REASON,
     BINARY_SAMPLE_BYTES,
+    COUNTER_OVER,
     LINE_TOO_LONG,
+    MAX_COUNTER_VALUE,
     MAX_ID_CHARS,
     MAX_LINE_BYTES,
     TIME_RANGE,
@@ -546,6 +548,8 @@ def normalise_sample(name: str, labels: dict[str, str], value: float, ts_unix_s:
         return SampleVerdict(field=name, reason=f"{spec.kind} value is not a finite number")
     if spec.kind in ("counter", "histogram") and value < 0:
         return SampleVerdict(field=name, reason=f"{spec.kind} value is negative")
+    if spec.kind in ("counter", "histogram") and value > MAX_COUNTER_VALUE:
+        return SampleVerdict(field=name, reason=f"{spec.kind} value is {COUNTER_OVER}")
     if spec.metric == "vllm:kv_cache_usage_perc" and not 0 <= value <= 1:
         return SampleVerdict(field=name, reason="a fraction outside 0 to 1")
     return SampleVerdict(spec=spec, labels=labels, ts_unix_s=ts_unix_s, value=value)

@@ -31,7 +31,7 @@ import math
 import time
 from datetime import datetime, timezone
 
-from prefixscope.core.bounds import TS_MAX_UNIX_S, TS_MIN_UNIX_S
+from prefixscope.core.bounds import MAX_COUNTER_VALUE, TS_MAX_UNIX_S, TS_MIN_UNIX_S
 from prefixscope.ingest.bookkeeping import Quarantined
 from prefixscope.ingest.exposition import (
     CONFIGURED_KEY,
@@ -151,7 +151,7 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
                                             name if name in SAMPLE_SPECS else None))
                 continue
             if fast is not None and TS_MIN_UNIX_S <= at < TS_MAX_UNIX_S \
-                    and math.isfinite(value) and (value >= 0 or not fast[2]) \
+                    and math.isfinite(value) and (0 <= value <= MAX_COUNTER_VALUE or not fast[2]) \
                     and (not fast[3] or 0 <= value <= 1):
                 kept.append((*fast[0], at, value, name))
                 continue

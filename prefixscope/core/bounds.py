@@ -49,6 +49,9 @@ MAX_ID_CHARS = 256
 MAX_COUNT = 2**62
 #: Largest token count of one request (2^32 - 1): 2^31 rows of it still sum within a BIGINT.
 MAX_TOKENS = 2**32 - 1
+#: Largest counter or histogram sample (2^53, the last exactly representable DOUBLE integer):
+#: a sum over 1,024 series of it still casts to a BIGINT.
+MAX_COUNTER_VALUE = float(2**53)
 #: Earliest and latest accepted time, Unix seconds: 1970-01-01 and 2100-01-01 UTC.
 TS_MIN_UNIX_S = 0.0
 TS_MAX_UNIX_S = 4102444800.0
@@ -62,6 +65,7 @@ TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels"
 ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
 COUNT_RANGE = "not an integer from 0 to 2^62"
 TOKENS_OVER = f"over {MAX_TOKENS:,} tokens (2^32 - 1)"
+COUNTER_OVER = f"over {int(MAX_COUNTER_VALUE):,} (2^53)"
 TIME_RANGE = "time is outside 1970-01-01 to 2100-01-01 UTC"
 NOT_FINITE = "not a finite number"
 DOCUMENT_TOO_LARGE = f"larger than {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)"

@@ -55,7 +55,9 @@ for name, ts in (("ts-1e20", "1e20"), ("ts-neg", "-5000"), ("ts-nan", "NaN"), ("
     CASES.append((f"counter-{name}", Q_LINE, f"{Q_SERIES} 11652.0 {ts}", (Q, TIME), -2))
 CASES += [
     ("counter-ts-valid", Q_LINE, f"{Q_SERIES} 11652.0 1795960930000", None, 0),
-    ("counter-2p63", Q_LINE, f"{Q_SERIES} 9223372036854775808", None, 0),
+    ("counter-2p53", Q_LINE, f"{Q_SERIES} 9007199254740992", None, 0),
+    ("counter-2p63", Q_LINE, f"{Q_SERIES} 9223372036854775808",
+     (Q, "counter value is over 9,007,199,254,740,992 (2^53)"), -2),
     ("counter-exemplar", Q_LINE, f'{Q_SERIES} 11652.0 # {{trace_id="abc"}} 1.0 0.001', None, 0),
     ("counter-exemplar-no-ts", Q_LINE, f'{Q_SERIES} 11652.0 # {{trace_id="abc"}} 1.0', None, 0),
     ("counter-unclosed-labels", Q_LINE,
