@@ -23,6 +23,26 @@ from prefixscope.dashboard import data
 from prefixscope.store import db as store_db
 
 
+def configured_timezone() -> tuple[str, str | None]:
+    """(the zone the daily report's days are read in, a warning or None): ``[alerts]
+    timezone`` when it is an IANA zone (``prefixscope.core.times.is_iana_zone``), else ``UTC``
+    with a warning naming the key (a broken config file: ``UTC`` without one, the page's
+    queries report the file)."""
+    from prefixscope.core.bounds import escape_control
+    from prefixscope.core.config import load_settings
+    from prefixscope.core.times import is_iana_zone
+
+    try:
+        name = load_settings().alerts.timezone
+    except Exception:  # a broken config file: the guard reports it on the page's queries
+        return "UTC", None
+    if is_iana_zone(name):
+        return name, None
+    shown = escape_control(name if len(name) <= 64 else name[:64] + "...")
+    return "UTC", (f"[alerts] timezone: unknown time zone '{shown}' (use an IANA name such as "
+                   "Europe/Berlin): days are read in UTC")
+
+
 @st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=64)
 def daily_report(db: str, *, day_iso: str, tz: str) -> dict:
     """``prefixscope.alerts.daily.build_daily_report(...).as_dict()`` of ``day_iso`` in ``tz`` with the

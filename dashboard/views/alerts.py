@@ -32,13 +32,14 @@ def status_badge(status: str) -> str:
 
 
 def _default_tz() -> str:
-    try:
-        from prefixscope.core.config import load_settings
+    """``[alerts] timezone`` (``prefixscope.dashboard.alerts_data.configured_timezone``): an
+    unknown zone is named in a warning and read as UTC."""
+    from prefixscope.dashboard.alerts_data import configured_timezone
 
-        return load_settings().alerts.timezone
-    except Exception:  # a broken config file: the page still opens (guard reports later)
-        return "UTC"
-
+    tz, problem = configured_timezone()
+    if problem:
+        st.warning(problem)
+    return tz
 
 def _rate(fig: dict | None) -> str:
     """A line's hit rate in the one percent format of the dashboard (:func:`fmt_pct`)."""

@@ -67,13 +67,14 @@ STRIP_DAYS = 14
 
 
 def _alerts_tz() -> str:
-    try:
-        from prefixscope.core.config import load_settings
+    """``[alerts] timezone`` (``prefixscope.dashboard.alerts_data.configured_timezone``): an
+    unknown zone is named in a warning and read as UTC."""
+    from prefixscope.dashboard.alerts_data import configured_timezone
 
-        return load_settings().alerts.timezone
-    except Exception:  # a broken config file: the guard reports it on the page's queries
-        return "UTC"
-
+    tz, problem = configured_timezone()
+    if problem:
+        st.warning(problem)
+    return tz
 
 def strip_days(start_s, end_s, first_ts, last_ts, tz: str) -> tuple[date, date] | None:
     """The local days the daily strip shows: from the range's start (else the first sample)

@@ -38,13 +38,14 @@ BASELINE_DAYS = 7
 
 
 def _alerts_tz() -> str:
-    try:
-        from prefixscope.core.config import load_settings
+    """``[alerts] timezone`` (``prefixscope.dashboard.alerts_data.configured_timezone``): an
+    unknown zone is named in a warning and read as UTC."""
+    from prefixscope.dashboard.alerts_data import configured_timezone
 
-        return load_settings().alerts.timezone
-    except Exception:
-        return "UTC"
-
+    tz, problem = configured_timezone()
+    if problem:
+        st.warning(problem)
+    return tz
 
 def regression_costs(db: str, f) -> None:
     """Per model whose latest days read ALERT (the daily report's rule, day by day): what the
