@@ -20,7 +20,7 @@ def demo_cmd(
     from prefixscope.cli.demo import build_demo
 
     out.print(f"building the demo database {db} (CPU-bound: about "
-              "2.5 minutes on a quiet 2-core machine, 6-7 on a busy one)",
+              "1 minute on a quiet 2-core machine, 6-7 on a busy one)",
               markup=False, highlight=False)
     report = build_demo(db, with_replay=not no_replay,
                         progress=lambda line: out.print(f"  {line}", markup=False,
