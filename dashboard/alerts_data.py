@@ -43,6 +43,15 @@ def configured_timezone() -> tuple[str, str | None]:
                    "Europe/Berlin): days are read in UTC")
 
 
+def page_timezone() -> str:
+    """The zone a page reads days in: :func:`configured_timezone`, its warning (if any) drawn on
+    the page."""
+    tz, problem = configured_timezone()
+    if problem:
+        st.warning(problem)
+    return tz
+
+
 @st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=64)
 def daily_report(db: str, *, day_iso: str, tz: str) -> dict:
     """``prefixscope.alerts.daily.build_daily_report(...).as_dict()`` of ``day_iso`` in ``tz`` with the

@@ -31,15 +31,6 @@ def status_badge(status: str) -> str:
     return f":{STATUS_COLOUR.get(status, 'gray')}-badge[{status}]"
 
 
-def _default_tz() -> str:
-    """``[alerts] timezone`` (``prefixscope.dashboard.alerts_data.configured_timezone``): an
-    unknown zone is named in a warning and read as UTC."""
-    from prefixscope.dashboard.alerts_data import configured_timezone
-
-    tz, problem = configured_timezone()
-    if problem:
-        st.warning(problem)
-    return tz
 
 def _rate(fig: dict | None) -> str:
     """A line's hit rate in the one percent format of the dashboard (:func:`fmt_pct`)."""
@@ -106,7 +97,7 @@ def opening_day(db: str, tz: str) -> tuple[date, str | None, date | None]:
 
 
 params = st.query_params
-tz_default = _default_tz() if _valid_tz(_default_tz()) else "UTC"
+tz_default = dashboard_data.page_timezone()  # an IANA zone (else UTC, with a warning)
 if "tz" in params:
     if _valid_tz(params["tz"]):
         tz_default = params["tz"]

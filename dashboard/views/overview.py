@@ -66,15 +66,6 @@ def _count_or_not_reported(x) -> str:
 STRIP_DAYS = 14
 
 
-def _alerts_tz() -> str:
-    """``[alerts] timezone`` (``prefixscope.dashboard.alerts_data.configured_timezone``): an
-    unknown zone is named in a warning and read as UTC."""
-    from prefixscope.dashboard.alerts_data import configured_timezone
-
-    tz, problem = configured_timezone()
-    if problem:
-        st.warning(problem)
-    return tz
 
 def strip_days(start_s, end_s, first_ts, last_ts, tz: str) -> tuple[date, date] | None:
     """The local days the daily strip shows: from the range's start (else the first sample)
@@ -105,7 +96,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
 
     if shown.empty:
         return
-    tz = _alerts_tz()
+    tz = alerts_data.page_timezone()
     try:
         ZoneInfo(tz)
     except Exception:

@@ -37,15 +37,6 @@ def price_label(shadow: object, source: object) -> str:
 BASELINE_DAYS = 7
 
 
-def _alerts_tz() -> str:
-    """``[alerts] timezone`` (``prefixscope.dashboard.alerts_data.configured_timezone``): an
-    unknown zone is named in a warning and read as UTC."""
-    from prefixscope.dashboard.alerts_data import configured_timezone
-
-    tz, problem = configured_timezone()
-    if problem:
-        st.warning(problem)
-    return tz
 
 def regression_costs(db: str, f) -> None:
     """Per model whose latest days read ALERT (the daily report's rule, day by day): what the
@@ -57,7 +48,7 @@ def regression_costs(db: str, f) -> None:
     from prefixscope.alerts.daily import DayStatus, DayWindow, Figures, alert_since, regression_cost
     from prefixscope.dashboard import alerts_data
 
-    tz = _alerts_tz()
+    tz = alerts_data.page_timezone()
     try:
         zone = ZoneInfo(tz)
     except Exception:

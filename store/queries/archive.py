@@ -415,6 +415,22 @@ def _day_text(day_start_s: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(day_start_s))
 
 
+
+def _table_folder(root: str, table: str) -> str:
+    """``<root>/<table>``, the folder one table's Parquet files go to, made when it is local.
+
+    Raises:
+        SourceUnavailable: the local folder cannot be made (its reason).
+    """
+    target = f"{root}/{table}"
+    if not is_remote(target):
+        try:
+            Path(target).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SourceUnavailable(f"cannot write the archive at {target}: "
+                                    f"{exc.strerror or exc}") from None
+    return target
+
 def _next_gen(con: duckdb.DuckDBPyConnection, table: str, day_start_s: float) -> int:
     row = con.execute("SELECT coalesce(max(gen) + 1, 0) FROM archive_parts WHERE tbl = ? "
                       "AND day = ?::DATE", [table, _day_text(day_start_s)]).fetchall()[0]
@@ -483,13 +499,7 @@ def archive_day(con: duckdb.DuckDBPyConnection, table: str, day_start_s: float,
                               ).fetchall()[0][0]
     gen = _next_gen(con, table, d0)
     excl = f" EXCLUDE ({', '.join(exclude)})" if exclude else ""
-    target = f"{root}/{table}"
-    if not is_remote(target):
-        try:
-            Path(target).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SourceUnavailable(f"cannot write the archive at {target}: "
-                                    f"{exc.strerror or exc}") from None
+    target = _table_folder(root, table)
     try:
         n, files = con.execute(
             f"COPY (SELECT *{excl}, DATE {_lit(day)} AS day, {gen} AS archive_gen FROM {table} "
@@ -614,13 +624,7 @@ def archive_range(con: duckdb.DuckDBPyConnection, table: str, start_s: float, en
         "AND day < ?::DATE GROUP BY ALL", [table, _day_text(d0), _day_text(d1)]).fetchall())
     gen_of = {day: int(gens.get(day, 0)) for day in per_day}
     excl = f" EXCLUDE ({', '.join(exclude)})" if exclude else ""
-    target = f"{root}/{table}"
-    if not is_remote(target):
-        try:
-            Path(target).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SourceUnavailable(f"cannot write the archive at {target}: "
-                                    f"{exc.strerror or exc}") from None
+    target = _table_folder(root, table)
     written = 0
     files: list[str] = []
     for gen in sorted(set(gen_of.values())):
