@@ -23,6 +23,7 @@ checkpoint make a second run add nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from typing import Annotated, Literal
@@ -239,6 +240,25 @@ def _insert_tagged(con: duckdb.DuckDBPyConnection, rows: list[tuple[str, tuple]]
                           [r for k, r in rows if k == "event"])
 
 
+#: Summary note when the file's last line has no newline and is not complete JSON.
+TAIL_LEFT_NOTE = ("the last line has no newline and is not complete JSON: left for the next "
+                  "ingest (a writer may still be writing it)")
+
+
+def complete_json_tail(tail: bytes) -> bool:
+    """Whether a final line without newline is read now: only when it is complete JSON (a
+    writer may still be writing it; then it is left for the next run and read whole once
+    finished). The same rule as ``ingest requests`` (``ingest/usage_read.py``). A line too
+    deeply nested to decode is left too (it cannot be told from a half-written one)."""
+    if not tail.strip():
+        return False
+    try:
+        msgspec.json.decode(tail)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
+
+
 def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
                           run_id: str | None = None) -> IngestSummary:
     """Ingest one gateway decision log; see :func:`ingest_decisions_file_detailed` (this
@@ -253,8 +273,9 @@ def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | o
 
     Everything new since the file's checkpoint is stored in one transaction with its
     quarantine entries, the new checkpoint and the ``ingest_runs`` record
-    (:func:`prefixscope.ingest.jsonl_driver.ingest_jsonl_tail`); a final line without newline is left for
-    the next run.
+    (:func:`prefixscope.ingest.jsonl_driver.ingest_jsonl_tail`). A final line without newline
+    is read when it is complete JSON (:func:`complete_json_tail`, the rule of ``ingest
+    requests``), else left for the next run and the summary's note says so.
 
     Args:
         con: read-write connection (migrated), not inside a transaction.
@@ -280,8 +301,15 @@ def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | o
 
     result = ingest_jsonl_tail(con, location, kind=KIND,
                                parse_chunk=line_parser(one_line, location=location),
-                               insert=_insert_tagged, batch_bytes=BATCH_BYTES)
+                               insert=_insert_tagged, batch_bytes=BATCH_BYTES,
+                               accept_tail=complete_json_tail)
     summary = result.summary
+    try:
+        size = os.stat(location).st_size
+    except OSError:
+        size = result.end.offset
+    if size > result.end.offset and not summary.note:  # a final line left for the next run
+        summary = dataclasses.replace(summary, note=TAIL_LEFT_NOTE)
     if summary.rows_quarantined and not summary.rows_read:
         first = result.problems[0]
         raise NothingIngested(

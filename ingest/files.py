@@ -51,19 +51,20 @@ class FilesResult:
         return sum(o.summary.rows_read for o in self.outcomes)
 
 
-def expand_paths(paths: Sequence[str], *, folders: bool) -> tuple[list[str], list[str]]:
-    """(files, errors): each path as a file; a folder is its sorted ``*.jsonl`` files when
-    ``folders``, else an error; a missing path is an error (``<path>: no such file``)."""
+def expand_paths(paths: Sequence[str], *, folders: bool, folder_glob: str = "*.jsonl"
+                 ) -> tuple[list[str], list[str]]:
+    """(files, errors): each path as a file; a folder is its sorted ``folder_glob`` files
+    when ``folders``, else an error; a missing path is an error (``<path>: no such file``)."""
     files: list[str] = []
     errors: list[str] = []
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            found = sorted(p.glob("*.jsonl"))
+            found = sorted(p.glob(folder_glob))
             if not folders:
                 errors.append(f"{given}: is a folder: give its .jsonl files (e.g. {p / '*.jsonl'})")
             elif not found:
-                errors.append(f"{given}: a folder without *.jsonl files")
+                errors.append(f"{given}: a folder without {folder_glob} files")
             else:
                 files.extend(str(x) for x in found)
         elif not p.exists():
@@ -74,7 +75,7 @@ def expand_paths(paths: Sequence[str], *, folders: bool) -> tuple[list[str], lis
 
 
 def ingest_files(db_path: str, paths: Sequence[str], ingest_one: IngestOne, *,
-                 folders: bool = False) -> FilesResult:
+                 folders: bool = False, folder_glob: str = "*.jsonl") -> FilesResult:
     """Ingest every file of ``paths`` with ``ingest_one``, each through its own batch writer
     (:func:`prefixscope.store.db.batch_writer`: the file is released between batches).
 
@@ -83,6 +84,7 @@ def ingest_files(db_path: str, paths: Sequence[str], ingest_one: IngestOne, *,
         paths: files, or folders of ``*.jsonl`` when ``folders``.
         ingest_one: the ingester of one file.
         folders: expand folders (else a folder is an error).
+        folder_glob: the files of a folder that are read (e.g. ``decisions*.jsonl``).
 
     Returns:
         :class:`FilesResult`. Raises nothing for a source: ``SourceUnavailable``,
@@ -91,7 +93,7 @@ def ingest_files(db_path: str, paths: Sequence[str], ingest_one: IngestOne, *,
     """
     from prefixscope.store import db as store_db
 
-    files, errors = expand_paths(paths, folders=folders)
+    files, errors = expand_paths(paths, folders=folders, folder_glob=folder_glob)
     result = FilesResult(errors=errors)
     for f in files:
         with store_db.batch_writer(db_path) as con:

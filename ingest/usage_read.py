@@ -214,7 +214,7 @@ def _complete_tail(tail: bytes) -> bool:
         return False
     try:
         msgspec.json.decode(tail)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # too deep: cannot tell it is whole
         return False
     return True
 

@@ -53,7 +53,7 @@ def test_ingest_decisions_missing_file_or_empty_folder_is_exit_4(cli, db_path, t
                         "--db", db_path])
     assert code == 4
     assert f"error: {tmp_path / 'nope.jsonl'}: no such file" in err
-    assert f"error: {tmp_path / 'empty'}: a folder without *.jsonl files" in err
+    assert f"error: {tmp_path / 'empty'}: a folder without decisions*.jsonl files" in err
     # a good file beside a missing one is still read
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps(_good_decision()) + "\n")

@@ -13,6 +13,11 @@ from prefixscope.core.formatting import count_noun
 from prefixscope.core.errors import NothingIngested
 
 
+#: The files of a folder that ``ingest decisions`` reads: the gateway's decision log and its
+#: rotations (``gateway/logs.py``: ``decisions.jsonl``, ``decisions.1.jsonl``, ...).
+DECISION_FILES = "decisions*.jsonl"
+
+
 def _nothing_new_note(source: str) -> str:
     """Why a readable file gave no record: empty, or read up to its end before (a tail)."""
     try:
@@ -24,7 +29,8 @@ def _nothing_new_note(source: str) -> str:
 
 def decisions_cmd(
     files: Annotated[list[str], typer.Argument(
-        help="Decision-log JSONL files (or folders of *.jsonl).")],
+        help="Decision-log JSONL files, or the gateway's log folder (its decisions*.jsonl "
+        "files: decisions.jsonl and its rotations; the usage files there are not read).")],
     db: DbOption = DB_DEFAULT,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", help="Run id for lines without one (default '': production).")] = None,
@@ -38,13 +44,20 @@ def decisions_cmd(
     Bad lines are quarantined with file, line and field (printed, and listed on the Data
     sources page); good lines are kept. Exit code 4 when nothing could be read.
 
-    Example: prefixscope ingest decisions logs/gateway-decisions.jsonl --db data/prefixscope.duckdb
+    A final line without newline is read when it is complete JSON, else left for the next
+    run (a writer may still be writing it), as `ingest requests` does.
+
+    Examples:
+
+      prefixscope ingest decisions logs/gateway/decisions.jsonl --db data/prefixscope.duckdb
+
+      prefixscope ingest decisions logs/gateway/   (decisions.jsonl, decisions.1.jsonl, ...)
     """
     from prefixscope.ingest.decisions import ingest_decisions_file_detailed
     from prefixscope.ingest.files import ingest_files, quarantined_dicts
 
     res = ingest_files(db, files, lambda con, f: ingest_decisions_file_detailed(
-        con, f, run_id=run_id), folders=True)
+        con, f, run_id=run_id), folders=True, folder_glob=DECISION_FILES)
     for e in res.errors:
         err.print(f"error: {e}", markup=False, highlight=False)
     if not res.outcomes:
