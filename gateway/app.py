@@ -45,6 +45,7 @@ import hmac
 import itertools
 import json
 import secrets
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -216,6 +217,8 @@ class Gateway:
         self.models: dict[str, ModelInfo] = {}
         self._rr = itertools.count()
         self._last_discovery = 0.0
+        #: per upstream base URL: the last discovery's outcome (:meth:`upstream_states`)
+        self.upstream_state: dict[str, dict[str, Any]] = {}
         self.client: httpx.AsyncClient | None = None
         self.usage_log: JsonlLog | None = None
         self.decision_log: JsonlLog | None = None
@@ -265,6 +268,50 @@ class Gateway:
         self.usage_log = JsonlLog(log_dir / "usage.jsonl", **kw)
         self.decision_log = JsonlLog(log_dir / "decisions.jsonl", **kw)
         await self.rediscover(force=True)
+        print(await self.startup_text(), file=sys.stderr, flush=True)
+
+    async def startup_text(self) -> str:
+        """The startup lines printed on stderr: listen address, mode, then per upstream what
+        discovery found (models, runtime and where its digest came from) or its error; a
+        stopped PUBLIC generation in mode ``public`` is a warning."""
+        c = self.cfg
+        lines = [f"prefixscope gateway: listening on http://{c.host}:{c.port} (mode {c.mode}, "
+                 f"instance {c.instance}), {len(c.upstreams)} upstream(s)"]
+        for st in self.upstream_states():
+            if st["ok"]:
+                src = ("declared in [gateway.declared]" if c.declared.runtime_digest
+                       else "GET /version + vllm:cache_config_info of /metrics")
+                lines.append(f"  upstream {st['url']}: ok, models {', '.join(st['models']) or '(none)'}"
+                             f"; runtime {st['runtime']} (runtime digest: {src})")
+            else:
+                lines.append(f"  upstream {st['url']}: UNREACHABLE: {st['error']} (requests get "
+                             "503 upstream_error until it answers; /health says unhealthy)")
+        for w in await self.warnings():
+            lines.append(f"  warning: {w}")
+        return "\n".join(lines)
+
+    async def warnings(self) -> list[str]:
+        """Operator warnings (startup line, ``/health``): PUBLIC stopped by an earlier
+        ``/admin/public/stop`` in mode ``public`` (one way: old generations are never
+        re-enabled, docs/gateway.md#rollout-and-rollback)."""
+        if self.cfg.mode != "public":
+            return []
+        try:
+            gen = await self.store.generation()
+        except STORE_ERRORS:
+            return ["the shared store did not answer: PUBLIC sharing state unknown"]
+        if gen.public_stopped:
+            return ["mode public, but PUBLIC sharing was stopped by an earlier "
+                    "/admin/public/stop saved in the state: requests use TENANT/PRINCIPAL "
+                    "scope only (one way; docs/gateway.md#rollout-and-rollback)"]
+        return []
+
+    def upstream_states(self) -> list[dict[str, Any]]:
+        """Per configured upstream, config order: ``url``, ``ok`` (the last discovery read its
+        ``/v1/models``), ``models``, ``runtime``, ``error`` (None when ok), ``checked_unix_s``."""
+        return [self.upstream_state.get(b.rstrip("/"), {
+            "url": b.rstrip("/"), "ok": False, "models": [], "runtime": None,
+            "error": "not checked yet", "checked_unix_s": None}) for b in self.cfg.upstreams]
 
     async def stop(self) -> None:
         """Flush and close the logs, the pool and the store (after in-flight requests ended)."""
@@ -291,19 +338,32 @@ class Gateway:
         return _Ctx()
 
     async def rediscover(self, *, force: bool = False) -> None:
-        """Re-read every upstream's models (at most every 5 s unless forced)."""
+        """Re-read every upstream's models (at most every 5 s unless forced; each upstream's
+        discovery bounded by :data:`DISCOVERY_TIMEOUT_S`); records each upstream's outcome in
+        :attr:`upstream_state`."""
         now = time.monotonic()
         if not force and now - self._last_discovery < 5.0:
             return
         self._last_discovery = now
         found: dict[str, ModelInfo] = {}
         for base in self.cfg.upstreams:
+            url = base.rstrip("/")
             try:
-                infos = await discover(self.client, base.rstrip("/"), self.cfg.declared,
-                                       self.cfg.block_size)
-            except (httpx.HTTPError, ValueError):
+                infos = await asyncio.wait_for(
+                    discover(self.client, url, self.cfg.declared, self.cfg.block_size),
+                    DISCOVERY_TIMEOUT_S)
+            except (httpx.HTTPError, ValueError, TimeoutError, asyncio.TimeoutError) as exc:
                 self.metrics.upstream_errors.labels("discovery").inc()
+                self.upstream_state[url] = {
+                    "url": url, "ok": False,
+                    "models": self.upstream_state.get(url, {}).get("models", []),
+                    "runtime": None, "error": _discovery_error(url, exc),
+                    "checked_unix_s": round(time.time(), 3)}
                 continue
+            self.upstream_state[url] = {
+                "url": url, "ok": True, "models": sorted(i.model for i in infos),
+                "runtime": infos[0].runtime if infos else None, "error": None,
+                "checked_unix_s": round(time.time(), 3)}
             for info in infos:
                 if info.model in found:
                     found[info.model].upstreams.extend(info.upstreams)
@@ -315,7 +375,16 @@ class Gateway:
     # ------------------------------------------------------------------ small endpoints
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "models": sorted(self.models)})
+        """``200 {"status": "ok", ...}`` when at least one upstream answered its last discovery
+        (re-checked at most every 5 s, :meth:`rediscover`), else ``503 {"status":
+        "unhealthy", ...}``; both with ``models``, ``upstreams`` (:meth:`upstream_states`)
+        and ``warnings``."""
+        await self.rediscover()
+        states = self.upstream_states()
+        ok = any(st["ok"] for st in states)
+        return JSONResponse({"status": "ok" if ok else "unhealthy", "models": sorted(self.models),
+                             "upstreams": states, "warnings": await self.warnings()},
+                            status_code=200 if ok else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         try:
@@ -375,6 +444,13 @@ class Gateway:
             tenant = body.get("tenant")
             if not isinstance(tenant, str) or not tenant:
                 return _error(400, "bad_request", "revoke needs a tenant (and optionally principal)")
+            force = body.get("force", False)
+            if not isinstance(force, bool):
+                return _error(400, "bad_request", "force must be true or false")
+            if not force and tenant not in self.auth.tenants():
+                return _error(404, "unknown_tenant", "no API key of the key file is for this "
+                              "tenant; a tenant that only comes through the trusted-proxy "
+                              "headers is revoked with \"force\": true")
             principal = body.get("principal")
             scope = "PRINCIPAL" if principal else "TENANT"
             ns = namespace_for(self.key, scope=scope, tenant_id=tenant, principal_id=principal)
@@ -496,6 +572,14 @@ class Gateway:
         if info is None:
             await self.rediscover()
             info = self.models.get(model)
+        if info is None:
+            # unknown only when an upstream answered and none serves it: every upstream down,
+            # or the one that served it before down -> 503 upstream_error with the reasons
+            down = [st for st in self.upstream_states() if not st["ok"]]
+            if down and (len(down) == len(self.cfg.upstreams)
+                         or any(model in st["models"] for st in down)):
+                return self._refuse(call, 503, "upstream_error", "no upstream that could serve "
+                                    "the model answered: " + "; ".join(st["error"] for st in down))
         if info is None:
             return self._refuse(call, 404, "unknown_model",
                                 f"model {model!r} is not served by any upstream"
@@ -816,6 +900,7 @@ class Gateway:
     async def _upstream_failed(self, send, call: _Call, exc: BaseException) -> None:
         kind = _kind(exc)
         call.error, call.status = kind, 502
+        self._last_discovery = 0.0  # the next /health or unknown model re-checks the upstreams
         self.metrics.upstream_errors.labels(kind).inc()
         what = {"upstream_timeout": "did not answer within the timeouts "
                 f"(connect {self.cfg.connect_timeout_s:g} s, read {self.cfg.read_timeout_s:g} s)",
@@ -955,6 +1040,23 @@ class Gateway:
                     "collision": "wrong_version_acceptance",
                     "generation": "old_generation_use"}[cls]
             m.labels(name).inc()
+
+
+#: Longest one upstream's discovery (``/v1/models``, ``/version``, ``/metrics``) may take.
+DISCOVERY_TIMEOUT_S = 5.0
+
+
+def _discovery_error(url: str, exc: BaseException) -> str:
+    """One line on why an upstream's discovery failed (no response body echoed)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{url}/v1/models answered HTTP {exc.response.status_code}"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, httpx.TimeoutException)):
+        return f"{url} did not answer within {DISCOVERY_TIMEOUT_S:g} s"
+    if isinstance(exc, httpx.ConnectError):
+        return f"{url} could not be reached (connection refused or no route)"
+    if isinstance(exc, ValueError):
+        return f"{url}/v1/models is not a JSON model list"
+    return f"{url}: {type(exc).__name__}"
 
 
 def _client_host(request: Request) -> str | None:

@@ -106,6 +106,10 @@ class Authenticator:
         self.h_tenant, self.h_principal = tenant_header.lower(), principal_header.lower()
         self.h_scope, self.h_epoch = scope_header.lower(), epoch_header.lower()
 
+    def tenants(self) -> frozenset[str]:
+        """The tenant ids of the API key file (trusted-proxy tenants are not known ahead)."""
+        return frozenset(e.tenant for e in self.api_keys.values())
+
     def _trusted(self, client_host: str | None) -> bool:
         if not client_host or not self.proxies:
             return False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from prefixscope.core.documents import DocumentError, parse_toml, read_document
 from prefixscope.core.errors import ConfigError
@@ -77,6 +77,24 @@ class GatewayConfig(BaseModel):
     workers: int = Field(1, ge=1, le=64)
     tokenize: Literal["off", "upstream"] = "off"
 
+    @field_validator("upstreams")
+    @classmethod
+    def _upstream_urls(cls, v: list[str]) -> list[str]:
+        """Each upstream is an ``http://`` or ``https://`` URL with a host (a vLLM base URL)."""
+        from urllib.parse import urlsplit
+
+        for u in v:
+            try:
+                parts = urlsplit(u)
+                parts.port  # noqa: B018 (raises ValueError on a bad port)
+            except ValueError:
+                parts = None
+            if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+                    or any(ch.isspace() for ch in u)):
+                raise ValueError(f"{u[:200]!r} is not an http:// or https:// URL with a host "
+                                 "(e.g. http://127.0.0.1:8000)")
+        return v
+
 
 def load_gateway_config(path: str | os.PathLike[str] | None = None, **overrides: object
                         ) -> GatewayConfig:
@@ -103,4 +121,5 @@ def load_gateway_config(path: str | os.PathLike[str] | None = None, **overrides:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "gateway"
-        raise ConfigError(f"{path or 'gateway config'}: [gateway] {where}: {first['msg']}") from None
+        raise ConfigError(f"{path or 'gateway config'}: [gateway] {where}: "
+                          f"{first['msg'].removeprefix('Value error, ')}") from None
