@@ -202,7 +202,10 @@ def uncounted_note(requests: int, prompt_tokens: int, *, counters_hit: int | Non
 
 def uncounted_note_of(figures: dict[str, int]) -> str | None:
     """:func:`uncounted_note` of the dict of
-    ``prefixscope.store.queries.requests.counters_and_requests``."""
+    ``prefixscope.store.queries.requests.counters_and_requests``; None when the selection has
+    no counters (nothing to leave out: the per-request figure is the only one)."""
+    if not figures["counter_query_tokens"]:
+        return None
     return uncounted_note(figures["uncounted_requests"], figures["uncounted_prompt_tokens"],
                           counters_hit=figures["counter_hit_tokens"],
                           counters_query=figures["counter_query_tokens"],

@@ -1003,6 +1003,25 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
     return ReportResult(_request_lines(con, lo, hi, threshold, run_ids), "requests", lo, hi)
 
 
+#: Kinds of ``runs`` whose rejected requests were sent with ``skip_reading_prefix_cache``: the
+#: replay model's (``replay/gateway.py``). Production and the live gateway are not among them.
+SKIP_READING_KINDS = ("replay-sim",)
+
+
+def _skip_reading_runs(con: duckdb.DuckDBPyConnection,
+                       run_ids: Sequence[str] | None) -> list[str]:
+    """The runs of ``run_ids`` (None = every run) of a kind in :data:`SKIP_READING_KINDS`."""
+    try:
+        rows = con.execute("SELECT run_id FROM runs WHERE list_contains(?::VARCHAR[], kind)",
+                           [list(SKIP_READING_KINDS)]).fetchall()
+    except duckdb.CatalogException:
+        return []
+    kinds = {r[0] for r in rows}
+    if run_ids is None:
+        return sorted(kinds)
+    return [r for r in run_ids if r in kinds]
+
+
 def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                           end_s: float | None = None, models: Sequence[str] | None = None,
                           instances: Sequence[str] | None = None,
@@ -1017,7 +1036,14 @@ def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | No
         ``{"requests": n, "prompt_tokens": Σ prompt_tokens, "cached_tokens": Σ cached_tokens}``
         over the usage rows (filters as :func:`request_hit_rate_totals`) joined to a reject
         decision on (run_id, request_id); zeros without any (or without the decisions table).
+        Only the rejects of the replay model's runs (``runs.kind = 'replay-sim'``,
+        :data:`SKIP_READING_KINDS`) count: the live gateway (production, run ``''``) sends a
+        reject with a salt unique to the request instead (``docs/gateway.md`` step 6), which
+        vLLM counts as a query like any other.
     """
+    run_ids = _skip_reading_runs(con, run_ids)
+    if not run_ids:
+        return {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0}
     where, params = _where(start_s, end_s, models, instances, run_ids, alias="r")
     try:
         lo = None if start_s is None else float(start_s) - 86400.0  # partners a day apart

@@ -1,0 +1,102 @@
+"""Live gateway traffic on the pages and in the CLI (session 6, new user's findings).
+
+The database is built from a real gateway (``prefixscope gateway`` in uvicorn) in front of the
+minimal loopback upstream (``tests/gateway_support.py``), its usage and decision logs ingested
+as ``ingest requests`` / ``ingest decisions`` read them: production traffic (run ``''``, no
+``runs`` row, no counters). Traffic: acme twice (miss, accept), a cache-epoch bump, acme again
+(reject, cache_epoch), globex once (miss); then three requests the gateway answers itself: a
+malformed body (400 bad_request), an unknown model (404 unknown_model), an oversized body (413
+too_large).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests import dashboard_support as ds
+from tests.gateway_support import CHAT, RunningGateway, gateway_config, headers_for, loopback_upstream
+
+#: The gateway's answers to the three refused requests.
+REFUSED = {"bad_request": 1, "too_large": 1, "unknown_model": 1}
+
+
+@pytest.fixture(scope="module")
+def live_db(tmp_path_factory):
+    from prefixscope.ingest.decisions import ingest_decisions_file
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    d = tmp_path_factory.mktemp("live_gw")
+    with loopback_upstream() as (app, _control):
+        gw = RunningGateway(gateway_config(d, app.url, max_body_bytes=4096,
+                                           read_timeout_s=5.0, connect_timeout_s=5.0))
+        try:
+            url = gw.url + "/v1/chat/completions"
+            acme, globex = headers_for("acme"), headers_for("globex")
+            for _ in range(2):
+                assert httpx.post(url, json=CHAT, headers=acme, timeout=10).status_code == 200
+            gw.admin("/admin/cache-epoch/bump")
+            assert httpx.post(url, json=CHAT, headers=acme, timeout=10).status_code == 200
+            assert httpx.post(url, json=CHAT, headers=globex, timeout=10).status_code == 200
+            js = {**acme, "content-type": "application/json"}
+            for body, status in ((b'{"model": "x", "messages": [', 400),
+                                 (json.dumps(dict(CHAT, model="nope")).encode(), 404),
+                                 (json.dumps(dict(CHAT, pad="x" * 8000)).encode(), 413)):
+                assert httpx.post(url, content=body, headers=js, timeout=10).status_code == status
+        finally:
+            gw.stop()
+    path = str(d / "live.duckdb")
+    with store_db.writer(path) as con:
+        assert ingest_usage_file(con, d / "logs" / "usage.jsonl").rows_added == 4
+        assert ingest_decisions_file(con, d / "logs" / "decisions.jsonl").rows_added == 8
+        con.execute("CHECKPOINT")
+    return path
+
+
+def test_live_data_has_no_skip_reading_note(live_db, cli):
+    """The live gateway sends a reject with an isolating salt, not skip_reading_prefix_cache,
+    and this database has no counters: no 'vLLM's counters leave out' note anywhere."""
+    code, out, err = cli(["hitrate", "--db", live_db, "--window", "1d"])
+    assert code == 0, err
+    assert "skip_reading" not in out and "note:" not in out
+    assert "(requests: usage logs" in out  # the per-request figure is the only one
+    code, out, err = cli(["report", "--db", live_db])
+    assert code == 0, err
+    assert "skip_reading" not in out and "note:" not in out
+    code, out, _ = cli(["report", "--db", live_db, "--json"])
+    assert json.loads(out)["note"] is None
+
+
+def test_live_data_uncounted_is_zero_even_with_a_reject(live_db):
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries import requests as q
+
+    with store_db.reader(live_db) as con:
+        assert con.execute("SELECT count(*) FROM gateway_decisions WHERE decision = 'reject'"
+                           ).fetchone()[0] == 1
+        got = q.uncounted_by_counters(con, run_ids=("",))
+        every = q.uncounted_by_counters(con, run_ids=None)
+    assert got == every == {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0}
+
+
+def test_scopes_page_on_live_data_has_no_note(live_db, use_db):
+    at = ds.run_app(use_db(live_db), "views/scopes.py")
+    ds.assert_clean(at)
+    assert not [t for t in ds.texts(at, "info") if "Two figures" in t or "skip_reading" in t]
+
+
+def test_no_note_without_counters():
+    """A replay run's rejects without any counters in the selection: nothing to leave out."""
+    from prefixscope.core.report import uncounted_note_of
+
+    figures = {"counter_hit_tokens": 0, "counter_query_tokens": 0, "request_cached_tokens": 10,
+               "request_prompt_tokens": 100, "uncounted_requests": 3,
+               "uncounted_prompt_tokens": 60}
+    assert uncounted_note_of(figures) is None
+    with_counters = dict(figures, counter_hit_tokens=10, counter_query_tokens=40)
+    assert uncounted_note_of(with_counters).endswith(
+        "vLLM's counters leave out the 60 prompt tokens of 3 rejected requests (sent with "
+        "skip_reading_prefix_cache), the per-request figure counts them")
