@@ -371,7 +371,8 @@ def request_latency_quantiles(db: str, *, column: str, start_s: float | None,
                               end_s: float | None, models: tuple[str, ...] | None = None,
                               instances: tuple[str, ...] | None = None,
                               run_ids: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """``prefixscope.store.queries.requests.request_latency_quantiles`` (hit / miss quantiles)."""
+    """``prefixscope.store.queries.requests.request_latency_quantiles`` (quantiles per
+    cached-share band: cold, partial, warm)."""
     return _request_query("request_latency_quantiles", db, models, instances, run_ids,
                           column=column, start_s=start_s, end_s=end_s)
 

@@ -410,37 +410,40 @@ def coverage_bars(df: pd.DataFrame, *, title: str = "Requests reporting cached_t
     return fig
 
 
-def latency_by_hit(df: pd.DataFrame, *, column: str = "ttft_ms",
-                   title: str = "Time to first token, hit vs miss") -> go.Figure:
-    """Latency of requests that hit the prefix cache beside those that missed: box plots drawn
-    from quantiles the store computed (no points: the browser never gets the requests).
+def latency_by_band(df: pd.DataFrame, *, column: str = "ttft_ms",
+                    title: str = "Time to first token by cached share") -> go.Figure:
+    """Latency per cached-share band (cold / partial / warm, the bands of :func:`ttft_by_band`):
+    box plots drawn from quantiles the store computed (no points: the browser never gets the
+    requests).
 
     Args:
-        df: rows of ``request_latency_quantiles``: ``outcome`` (``hit``: cached_tokens > 0,
-            ``miss``: cached_tokens = 0), ``requests``, ``p05_ms``, ``p25_ms``, ``p50_ms``,
-            ``p75_ms``, ``p95_ms``, ``mean_ms`` (milliseconds).
+        df: rows of ``prefixscope.store.queries.requests.request_latency_quantiles``: ``band``
+            (``cold``, ``partial``, ``warm``), ``requests``, ``p05_ms``, ``p25_ms``,
+            ``p50_ms``, ``p75_ms``, ``p95_ms``, ``mean_ms`` (milliseconds).
         column: ``ttft_ms`` or ``latency_ms`` (axis title and the empty note).
         title: figure title.
 
     Returns:
-        Up to two boxes (hit, miss): box = 25th-75th percentile, line = median, whiskers = 5th
-        and 95th percentile, dashed = mean; y in milliseconds.
+        Up to three boxes, cold, partial, warm, each named with its rule and request count
+        (``warm (≥ 80% cached), 1,234 requests``): box = 25th-75th percentile, line = median,
+        whiskers = 5th and 95th percentile, dashed = mean; y in milliseconds.
     """
-    if df.empty or "outcome" not in df.columns:
+    from prefixscope.store.queries.serving import TTFT_BANDS, ttft_band_label
+
+    if df.empty or "band" not in df.columns:
         return _empty(title, f"no request has {column} in this range")
     fig = go.Figure()
-    for outcome, name, colour in (("hit", "hit (cached_tokens > 0)", HIT_COLOUR),
-                                  ("miss", "miss (cached_tokens = 0)", MISS_COLOUR)):
-        g = df[df["outcome"] == outcome]
+    for band, _share in TTFT_BANDS:
+        g = df[df["band"] == band]
         if g.empty:
             continue
         r = g.iloc[0]
-        label = f"{name}, {int(r['requests']):,} requests"
+        label = f"{ttft_band_label(band)}, {int(r['requests']):,} requests"
         fig.add_trace(go.Box(
             x=[label], name=label, q1=[float(r["p25_ms"])], median=[float(r["p50_ms"])],
             q3=[float(r["p75_ms"])], lowerfence=[float(r["p05_ms"])],
             upperfence=[float(r["p95_ms"])], mean=[float(r["mean_ms"])], boxpoints=False,
-            marker_color=colour))
+            marker_color=BAND_COLOURS.get(band, PALETTE[0])))
     fig.update_layout(title=title + " (whiskers: 5th and 95th percentile)", showlegend=False,
                       **{k: v for k, v in _LAYOUT.items() if k != "legend"})
     fig.update_yaxes(title=f"{column.removesuffix('_ms')} (ms)", rangemode="tozero",

@@ -380,16 +380,38 @@ _SERIES_HEAD_LABELS = (
 #: sqrt(1.02) - 1 < 1% (docs/metrics.md "Latency quantiles").
 LATENCY_BIN_RATIO = 1.02
 LATENCY_BIN_SQL = ("CAST(floor(ln(CASE WHEN {v} > 0 THEN {v} END) / ln(1.02)) AS INTEGER)")
-#: ``latency_rollup_1d`` rows of the requests matched by ``{where}`` (on ``requests``).
-LATENCY_ROLLUP_SELECT_SQL = " UNION ALL ".join(
+#: Migration 77's rows (frozen: by outcome, ``hit`` = cached_tokens > 0); migration 78
+#: replaces the table by :data:`LATENCY_ROLLUP_SELECT_SQL`'s (by cached-share band).
+_LATENCY_ROLLUP_77_SELECT_SQL = " UNION ALL ".join(
     f"SELECT floor(ts_unix_s / 86400.0) * 86400.0 AS bucket_start_s, run_id, model, instance, "
     f"'{col}' AS measure, cached_tokens > 0 AS hit, "
     f"{LATENCY_BIN_SQL.format(v=col)} AS bin, count(*) AS requests, sum({col}) AS sum_ms, "
     f"min({col}) AS min_ms, max({col}) AS max_ms "
     f"FROM requests WHERE cached_tokens IS NOT NULL AND {col} IS NOT NULL AND ({{where}}) "
     f"GROUP BY ALL" for col in ("ttft_ms", "latency_ms"))
-LATENCY_ROLLUP_COLUMNS = ("bucket_start_s, run_id, model, instance, measure, hit, bin, requests, "
-                          "sum_ms, min_ms, max_ms")
+_LATENCY_ROLLUP_77_COLUMNS = ("bucket_start_s, run_id, model, instance, measure, hit, bin, "
+                              "requests, sum_ms, min_ms, max_ms")
+
+#: The cached-share band of a request (``cached_tokens / prompt_tokens``, compared without a
+#: division): ``cold`` < 10%, ``partial``, ``warm`` >= 80%; NULL without prompt tokens. The
+#: same rule as ``prefixscope.store.queries.serving.TTFT_BANDS`` / ``ttft_band_sql`` (the
+#: TTFT-by-band panels; tests/test_latency_bands.py checks they agree). Changing it needs a
+#: migration that rebuilds ``latency_rollup_1d``.
+LATENCY_BAND_SQL = ("CASE WHEN prompt_tokens > 0 THEN (CASE WHEN cached_tokens >= 0.8 * "
+                    "prompt_tokens THEN 'warm' WHEN cached_tokens >= 0.1 * prompt_tokens THEN "
+                    "'partial' ELSE 'cold' END) END")
+#: The band names of :data:`LATENCY_BAND_SQL`, in display order.
+LATENCY_BANDS = ("cold", "partial", "warm")
+#: ``latency_rollup_1d`` rows of the requests matched by ``{where}`` (on ``requests``).
+LATENCY_ROLLUP_SELECT_SQL = " UNION ALL ".join(
+    f"SELECT floor(ts_unix_s / 86400.0) * 86400.0 AS bucket_start_s, run_id, model, instance, "
+    f"'{col}' AS measure, {LATENCY_BAND_SQL} AS band, "
+    f"{LATENCY_BIN_SQL.format(v=col)} AS bin, count(*) AS requests, sum({col}) AS sum_ms, "
+    f"min({col}) AS min_ms, max({col}) AS max_ms "
+    f"FROM requests WHERE cached_tokens IS NOT NULL AND {col} IS NOT NULL AND ({{where}}) "
+    f"GROUP BY ALL" for col in ("ttft_ms", "latency_ms"))
+LATENCY_ROLLUP_COLUMNS = ("bucket_start_s, run_id, model, instance, measure, band, bin, "
+                          "requests, sum_ms, min_ms, max_ms")
 
 _LATENCY_ROLLUP = (
     # Per UTC day, run, model, instance, measure (ttft_ms or latency_ms), outcome (hit =
@@ -405,6 +427,32 @@ _LATENCY_ROLLUP = (
         instance        VARCHAR,
         measure         VARCHAR NOT NULL,  -- ttft_ms or latency_ms
         hit             BOOLEAN NOT NULL,  -- cached_tokens > 0 (else cached_tokens = 0)
+        bin             INTEGER,           -- floor(ln(ms) / ln(1.02)); NULL for ms <= 0
+        requests        BIGINT NOT NULL,
+        sum_ms          DOUBLE NOT NULL,
+        min_ms          DOUBLE NOT NULL,
+        max_ms          DOUBLE NOT NULL
+    )
+    """,
+    f"INSERT INTO latency_rollup_1d ({_LATENCY_ROLLUP_77_COLUMNS}) "
+    + _LATENCY_ROLLUP_77_SELECT_SQL.format(where="TRUE"),
+)
+
+_LATENCY_ROLLUP_BANDS = (
+    # Migration 77's table rebuilt with the cached-share band (LATENCY_BAND_SQL: cold /
+    # partial / warm, NULL without prompt tokens) in place of hit: the Requests page's latency
+    # panel uses the bands of the TTFT panels. A hit row cannot be split into bands, so the
+    # table is refilled from the stored requests; days already archived (docs/retention.md)
+    # are then read raw (latency_rollup_current is False) until rebuild_latency_rollup.
+    "DROP TABLE latency_rollup_1d",
+    """
+    CREATE TABLE latency_rollup_1d (
+        bucket_start_s  DOUBLE,            -- floor(ts_unix_s / 86400) * 86400 (UTC day)
+        run_id          VARCHAR NOT NULL,
+        model           VARCHAR,
+        instance        VARCHAR,
+        measure         VARCHAR NOT NULL,  -- ttft_ms or latency_ms
+        band            VARCHAR,           -- cold, partial, warm by cached share; NULL: no prompt tokens
         bin             INTEGER,           -- floor(ln(ms) / ln(1.02)); NULL for ms <= 0
         requests        BIGINT NOT NULL,
         sum_ms          DOUBLE NOT NULL,
@@ -688,4 +736,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(75, "5-minute scope and decision rollup", _SCOPE_ROLLUP),
     Migration(76, "series heads carry model and engine", _SERIES_HEAD_LABELS),
     Migration(77, "daily latency histogram rollup", _LATENCY_ROLLUP),
+    Migration(78, "latency histogram rollup by cached-share band", _LATENCY_ROLLUP_BANDS),
 )

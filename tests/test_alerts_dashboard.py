@@ -65,6 +65,17 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" \
         in report["Report line"].tolist()
     assert "STALE" in report["Status"].tolist()
+    # the sentence, hidden in the grid (it was cut at 1400 px), is shown whole under it
+    import re
+
+    shown = [ln for ln in texts(at, "markdown") if ln.startswith("- :")]
+    assert len(shown) == 1, shown  # one list, a bullet per line, values escaped
+    lines = re.sub(r"\\(.)", r"\1", shown[0]).split("\n")
+    assert lines == [
+        "- :orange-badge[STALE] **qwen-small**: 45,000 of 50,000 prompt tokens from cache (90%): "
+        "STALE: no scrape from vllm-b:8000 after 2026-11-28 09:30, scraped every 3600 s before",
+        "- :red-badge[ALERT] **tiny-llama**: 12,000 of 100,000 prompt tokens from cache (12%): "
+        "ALERT: check the top of the prompt"], lines
     warnings = texts(at, "warning")
     assert any("STALE: no scrape from `vllm-b:8000` (qwen-small)" in w for w in warnings)
     assert any("1 send(s) failed" in w and "team@example.com: connection refused" in w

@@ -112,19 +112,22 @@ def test_coverage_bars_red_below_full():
     assert "25% (1 of 4)" in bar.text
 
 
-def test_latency_by_hit_draws_store_quantiles_without_points():
-    q = pd.DataFrame({"outcome": ["hit", "miss"], "requests": [3, 1], "min_ms": [1.0, 9.0],
+def test_latency_by_band_draws_store_quantiles_without_points():
+    q = pd.DataFrame({"band": ["warm", "cold"], "requests": [3, 1], "min_ms": [1.0, 9.0],
                       "p05_ms": [1.5, 9.0], "p25_ms": [2.0, 9.0], "p50_ms": [3.0, 9.0],
                       "p75_ms": [4.0, 9.0], "p95_ms": [5.0, 9.0], "max_ms": [6.0, 9.0],
                       "mean_ms": [3.1, 9.0]})
-    fig = figures.latency_by_hit(q, column="latency_ms")
-    assert [t.name for t in fig.data] == ["hit (cached_tokens > 0), 3 requests",
-                                          "miss (cached_tokens = 0), 1 requests"]
-    box = fig.data[0]
+    fig = figures.latency_by_band(q, column="latency_ms")
+    # the TTFT panels' bands and legend names, in band order (cold first), no partial box
+    assert [t.name for t in fig.data] == ["cold (< 10% cached), 1 requests",
+                                          "warm (≥ 80% cached), 3 requests"]
+    assert [t.marker.color for t in fig.data] == [figures.BAND_COLOURS["cold"],
+                                                  figures.BAND_COLOURS["warm"]]
+    box = fig.data[1]
     assert (list(box.q1), list(box.median), list(box.q3)) == ([2.0], [3.0], [4.0])
     assert (list(box.lowerfence), list(box.upperfence)) == ([1.5], [5.0])
     assert box.boxpoints is False and box.y is None  # no per-request points are sent
-    empty = figures.latency_by_hit(q.iloc[0:0], column="ttft_ms")
+    empty = figures.latency_by_band(q.iloc[0:0], column="ttft_ms")
     assert len(empty.data) == 0 and "no request has ttft_ms" in empty.layout.annotations[0].text
 
 
@@ -149,7 +152,7 @@ def test_savings_figures_label_shadow_prices():
     lambda d: figures.request_hit_rate_histogram(d),
     lambda d: figures.request_hit_rate_over_time(d),
     lambda d: figures.coverage_bars(d),
-    lambda d: figures.latency_by_hit(d),
+    lambda d: figures.latency_by_band(d),
     lambda d: figures.savings_by_model_bars(d),
     lambda d: figures.savings_over_time(d),
 ])

@@ -97,3 +97,80 @@ def test_every_demo_page_tells_the_story(demo, browser, tmp_path):
     assert f"coder-7b: cost since {release_day}" in texts["savings"]
     assert re.search(r"coder-7b\s+on gpu-a1", texts["alerts"])  # the email's instance line
     assert len(list(SHOTS.glob("*.png"))) == len(ds.page_entries())
+
+
+#: Elements under ``root`` whose text is cut: wider content than box and the overflow hidden
+#: or ellipsised (Streamlit cuts st.metric labels this way).
+CUT_JS = """(root) => Array.from(root.querySelectorAll('*')).filter(e => {
+    const s = getComputedStyle(e);
+    return e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1 && (e.innerText || '').trim()
+        && (s.overflowX !== 'visible' || s.textOverflow === 'ellipsis');
+}).map(e => `${e.innerText.trim().slice(0, 80)} (${e.scrollWidth} > ${e.clientWidth} px)`)"""
+
+
+def _open(page, url: str, path: str, shot: str) -> None:
+    page.goto(f"{url}/{path}", wait_until="domcontentloaded")
+    ds.wait_for_streamlit(page, timeout_s=180)
+    page.wait_for_timeout(500)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    ds.screenshot_whole_page(page, SHOTS / shot, width=page.viewport_size["width"])
+
+
+def test_alerts_report_lines_are_shown_whole_at_1400_px(demo, browser, tmp_path):
+    """The daily report's sentence of every line is on the page whole and wrapped (the grid,
+    which cut it, hides that column), nothing in the lines' block is cut."""
+    from prefixscope.alerts.daily import build_daily_report
+    from prefixscope.core.config import load_settings
+    from prefixscope.store import db as store_db
+
+    db, report = demo
+    day = re.search(r"\(day 5, (\d{4}-\d\d-\d\d): the release", next(
+        s for s in report.steps if "the week is in the database" in s)).group(1)
+    with store_db.reader(db) as con:
+        import time
+        from datetime import date
+
+        lines = build_daily_report(con, day=date.fromisoformat(day), tz="UTC",
+                                   cfg=load_settings().alerts, now_unix_s=time.time()
+                                   ).as_dict()["lines"]
+    assert len(lines) == 4 and max(len(ln["text"]) for ln in lines) > 100
+    with ds.dashboard_server(db, log_path=tmp_path / "server.log") as url:
+        page = browser.new_page()
+        _open(page, url, f"alerts?day={day}&tz=UTC", "polish-alerts-1400.png")
+        block = page.locator(".st-key-alerts_report_lines")
+        assert block.count() == 1
+        text = " ".join(block.inner_text().split())
+        for ln in lines:
+            assert " ".join(ln["text"].split()) in text, (ln["text"], text)
+        assert re.search(r"ALERT\s+coder-7b on gpu-a1: [\d,]+ of [\d,]+ prompt tokens", text), text
+        assert block.evaluate(CUT_JS) == []
+        box = block.bounding_box()
+        main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+        assert box["x"] >= main["x"] and box["x"] + box["width"] <= main["x"] + main["width"]
+        # the grid no longer has the column that was cut (the download still has it)
+        headers = page.locator('[data-testid="stDataFrame"]').first.inner_text()
+        assert "Report line" not in headers and "Hit rate" in headers
+
+
+@pytest.mark.parametrize("width", [1400, 1280])
+def test_breakers_kpi_labels_are_not_cut(demo, browser, tmp_path, width):
+    """No KPI label of the Breakers page is cut at 1400 or 1280 px; the suggested layout's
+    KPI says its full wording in its help."""
+    db, _ = demo
+    with ds.dashboard_server(db, log_path=tmp_path / "server.log") as url:
+        page = browser.new_page()
+        page.set_viewport_size({"width": width, "height": 900})
+        _open(page, url, "breakers", f"polish-breakers-{width}.png")
+        labels = page.locator('[data-testid="stMetricLabel"]')
+        assert [" ".join(t.split()) for t in labels.all_inner_texts()] == [
+            "Hit rate as recorded", "With all fixes", "Missed prompt tokens", "Requests"]
+        for k in range(labels.count()):
+            assert labels.nth(k).evaluate(CUT_JS.replace("root.querySelectorAll('*')",
+                                                         "[root, ...root.querySelectorAll('*')]")
+                                          ) == [], labels.nth(k).inner_text()
+        help_icon = page.locator('[data-testid="stMetric"]').nth(1).locator(
+            '[data-testid="stTooltipHoverTarget"], [data-testid="stTooltipIcon"]').first
+        help_icon.hover()
+        tip = page.locator('[data-testid="stTooltipContent"]')
+        tip.wait_for(timeout=10_000)
+        assert tip.inner_text().startswith("If all fixable breakers were fixed: the suggested")

@@ -108,9 +108,10 @@ def test_aggregates_replace_per_request_rows(loaded):
         ["m2", 2, pytest.approx(0.55), pytest.approx(0.75), pytest.approx(0.95)]]
     assert bands["window_start_s"].tolist() == [base, base + 3600]
     lat = q.request_latency_quantiles(con, column="ttft_ms")
-    assert lat[["outcome", "requests", "min_ms", "p50_ms", "max_ms"]].values.tolist() == [
-        ["hit", 2, 10.0, 15.0, 20.0], ["miss", 1, 100.0, 100.0, 100.0]]
-    assert lat["p25_ms"].tolist() == [12.5, 100.0]
+    # by cached share: 900/1000 and 400/400 warm (>= 80%), 0/1000 cold (< 10%); no partial
+    assert lat[["band", "requests", "min_ms", "p50_ms", "max_ms"]].values.tolist() == [
+        ["cold", 1, 100.0, 100.0, 100.0], ["warm", 2, 10.0, 15.0, 20.0]]
+    assert lat["p25_ms"].tolist() == [100.0, 12.5]
     assert q.request_latency_quantiles(con, column="latency_ms").empty
     with pytest.raises(InvalidArgument):
         q.request_latency_quantiles(con, column="prompt_tokens")

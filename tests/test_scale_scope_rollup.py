@@ -18,6 +18,7 @@ from prefixscope.store import db as store_db
 from prefixscope.store.queries import requests as qr
 from prefixscope.store.queries import scope_rollup
 from prefixscope.store.queries import scopes as q
+from prefixscope.store.queries import serving
 from prefixscope.store.queries.decisions import DECISION_COLUMNS, insert_decision_rows
 from tests.store_support import (frames_equal, insert_requests_without_rollups, older_schema,
                                  request_row)
@@ -175,13 +176,20 @@ def _latency_close(con, column, **kw):
     exact = qr.request_latency_quantiles(con, column=column, exact=True, **kw)
     pd.testing.assert_frame_equal(a.drop(columns="mean_ms"), b.drop(columns="mean_ms"),
                                   check_dtype=False)
-    assert a[["outcome", "requests", "min_ms", "max_ms"]].values.tolist() == \
-        exact[["outcome", "requests", "min_ms", "max_ms"]].values.tolist()
+    assert a[["band", "requests", "min_ms", "max_ms"]].values.tolist() == \
+        exact[["band", "requests", "min_ms", "max_ms"]].values.tolist()
     assert a["mean_ms"].tolist() == pytest.approx(exact["mean_ms"].tolist(), rel=1e-9)
     bound = qr.LATENCY_QUANTILE_ERROR + 1e-9
     for col in ("p05_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms"):
         for est, true in zip(a[col], exact[col]):
             assert abs(est - true) <= bound * true, (col, est, true)
+    if column == "ttft_ms" and "start_s" in kw:
+        # the bands of the TTFT panel: one window holding the whole range gives, per band, the
+        # same requests and the same exact median (serving.ttft_by_band_window, by run)
+        panel = serving.ttft_by_band_window(con, window_s=1e10, by=(), **kw)
+        assert panel["band"].tolist() == exact["band"].tolist()
+        assert panel["requests"].tolist() == exact["requests"].tolist()
+        assert panel["p50_ms"].tolist() == pytest.approx(exact["p50_ms"].tolist(), rel=1e-12)
 
 
 def test_decisions_before_and_after_their_requests(con):

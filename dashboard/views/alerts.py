@@ -10,6 +10,7 @@ the sidebar filters do not apply: a report covers every model of one local day. 
 
 from __future__ import annotations
 
+import re
 from datetime import date, timedelta
 
 import pandas as pd
@@ -30,6 +31,25 @@ def status_badge(status: str) -> str:
     """The status as a coloured Markdown badge (text, no emoji)."""
     return f":{STATUS_COLOUR.get(status, 'gray')}-badge[{status}]"
 
+
+
+#: Characters Markdown (and Streamlit's ``:colour[...]`` directives) would read in a value.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()#+\-.!|<>~$:])")
+
+
+def md_text(text: str) -> str:
+    """``text`` with every Markdown-special character backslash-escaped (shown literally)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
+def report_line_markdown(ln: dict) -> str:
+    """One report line as wrapped Markdown: status badge, model (scope, instance) and the
+    email's sentence (values escaped): ALERT coder-7b on gpu-a1: 970,432 of ... from cache."""
+    where = "".join(f" {word} {md_text(ln[key])}" for word, key in (("scope", "scope"),
+                                                                      ("on", "instance"))
+                    if ln.get(key))
+    return (f"{status_badge(ln['status'])} **{md_text(ln['model'])}**{where}: "
+            f"{md_text(ln['text'])}")
 
 
 def _rate(fig: dict | None) -> str:
@@ -163,7 +183,11 @@ with data.guard(db):
             "Source": [{"metrics": "vLLM counters", "requests": "per-request usage"}.get(
                 ln["figures"]["source"], "no data") for ln in lines],
         })
-        show_table("alerts-1", table)
+        # the sentence is long: hidden in the grid (which cuts it at 1400 px; still in the
+        # download) and shown whole, wrapped, under the table
+        show_table("alerts-1", table, column_config={"Report line": None})
+        with st.container(key="alerts_report_lines"):
+            st.markdown("\n".join(f"- {report_line_markdown(ln)}" for ln in lines))
         with st.expander("The email, as it is sent", expanded=True):
             # st.html sanitizes; every value in the email body is already HTML-escaped
             st.html(dashboard_data.daily_email_html(db, day_iso=day.isoformat(), tz=tz))

@@ -3,7 +3,8 @@
 Every number and figure is an aggregate computed in DuckDB (issue 17: no per-request rows in
 pandas or in the browser): ``request_counts``, ``request_hit_rate_by_window`` (Σ cached ÷ Σ
 prompt tokens of the reporting requests, per window), ``request_hit_rate_bands`` (quantiles of
-per-request hit rate per window), ``request_latency_quantiles`` (hit vs miss),
+per-request hit rate per window), ``request_latency_quantiles`` (per cached-share band: cold,
+partial, warm, as the TTFT panel),
 ``cached_tokens_coverage`` and one page of ``newest_requests`` (LIMIT/OFFSET in the store),
 through ``prefixscope.dashboard.data``. Requests whose usage did not report cached tokens are never counted as 0:
 they lower the coverage instead (``docs/metrics.md``).
@@ -104,12 +105,14 @@ with data.guard(db):
         quantiles = data.request_latency_quantiles(db, column=column, start_s=f.start_s,
                                                    end_s=f.end_s, models=f.models,
                                                    instances=f.instances, run_ids=f.run_ids)
-        st.plotly_chart(figures.latency_by_hit(
-            quantiles, column=column, title=("Time to first token, hit vs miss"
+        st.plotly_chart(figures.latency_by_band(
+            quantiles, column=column, title=("Time to first token by cached share"
                                              if column == "ttft_ms" else
-                                             "Total latency, hit vs miss")),
+                                             "Total latency by cached share")),
             key=f"requests_{column.removesuffix('_ms')}")
-        st.caption("Quantiles from a histogram in log-spaced bins: each within "
+        st.caption("Bands by cached share, cached_tokens ÷ prompt_tokens, as in the TTFT "
+                   "panel (requests without prompt tokens left out). "
+                   "Quantiles from a histogram in log-spaced bins: each within "
                    f"{LATENCY_ERROR_PCT} of the exact value; count, min and max exact "
                    "(docs/metrics.md \"Latency quantiles\").")
 

@@ -27,8 +27,9 @@ from prefixscope.core.errors import InvalidArgument
 from prefixscope.core.report import format_report_line
 from prefixscope.store.queries import archive
 from prefixscope.store.queries import scope_rollup
-from prefixscope.store.schema import (LATENCY_BIN_RATIO, LATENCY_ROLLUP_COLUMNS,
-                                      LATENCY_ROLLUP_SELECT_SQL, REQUEST_KEY_SQL)
+from prefixscope.store.schema import (LATENCY_BAND_SQL, LATENCY_BANDS, LATENCY_BIN_RATIO,
+                                      LATENCY_ROLLUP_COLUMNS, LATENCY_ROLLUP_SELECT_SQL,
+                                      REQUEST_KEY_SQL)
 from prefixscope.store.sqlhelpers import bucket_split
 
 #: Columns a query may group by (identifiers cannot be bound as parameters: whitelist).
@@ -157,7 +158,7 @@ def _refresh_latency_rollup(con: duckdb.DuckDBPyConnection, batch: str, *, all_n
             where="TRUE")
         con.execute(f"""
             CREATE OR REPLACE TEMP TABLE _ps_lat AS
-            SELECT bucket_start_s, run_id, model, instance, measure, hit, bin,
+            SELECT bucket_start_s, run_id, model, instance, measure, band, bin,
                    sum(requests) AS requests, sum(sum_ms) AS sum_ms, min(min_ms) AS min_ms,
                    max(max_ms) AS max_ms
             FROM ({fresh} UNION ALL
@@ -548,8 +549,8 @@ def latency_rollup_current(con: duckdb.DuckDBPyConnection) -> bool:
 def _latency_bins(con: duckdb.DuckDBPyConnection, column: str, start_s: float | None,
                   end_s: float | None, models, instances, run_ids,
                   rollup: bool | None) -> tuple[str, list]:
-    """A subquery of histogram rows (``hit, bin, requests, sum_ms, min_ms, max_ms``) of the
-    reporting requests in the range: ``latency_rollup_1d`` rows for the whole UTC days inside
+    """A subquery of histogram rows (``band, bin, requests, sum_ms, min_ms, max_ms``; band
+    NULL for requests without prompt tokens) of the reporting requests in the range: ``latency_rollup_1d`` rows for the whole UTC days inside
     it and the requests of the part days binned on the fly; or every request binned on the fly
     (``rollup`` False, or None and not :func:`latency_rollup_current`). Both give the same
     bins."""
@@ -566,7 +567,7 @@ def _latency_bins(con: duckdb.DuckDBPyConnection, column: str, start_s: float | 
     gwhere, params = _where(None, None, models, instances, run_ids)
     mid, mid_params = split.whole_where("bucket_start_s")
     params = [*params, column, *mid_params]
-    cols = "hit, bin, requests, sum_ms, min_ms, max_ms"
+    cols = "band, bin, requests, sum_ms, min_ms, max_ms"
     parts = [f"SELECT {cols} FROM latency_rollup_1d WHERE {gwhere} AND measure = ? AND {mid}"]
     if split.head is not None:
         where, p = _where(start_s, None, models, instances, run_ids)
@@ -587,9 +588,12 @@ def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "
                               instances: Sequence[str] | None = None,
                               run_ids: Sequence[str] | None = None, exact: bool = False,
                               rollup: bool | None = None) -> pd.DataFrame:
-    """Latency of reporting requests that hit the prefix cache (cached_tokens > 0) and of
-    those that missed (cached_tokens = 0), as quantiles: the box plot's statistics computed in
-    DuckDB, never the rows.
+    """Latency of reporting requests per cached-share band (``cold`` < 10% of the prompt
+    from the cache, ``partial``, ``warm`` >= 80%: the bands of the TTFT panels,
+    ``prefixscope.store.queries.serving.TTFT_BANDS``, ``docs/metrics.md``), as quantiles: the
+    box plot's statistics computed in DuckDB, never the rows. A band by share, not
+    ``cached_tokens > 0``: a prefix that broke after the first block still caches that block.
+    Requests without prompt tokens (no share) are left out.
 
     By default the quantiles come from a histogram in log-spaced bins (factor
     :data:`~prefixscope.store.schema.LATENCY_BIN_RATIO` = 1.02; the daily rollup
@@ -608,9 +612,9 @@ def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "
             binned from ``requests`` (False); the same numbers.
 
     Returns:
-        Columns ``outcome`` (``hit``, ``miss``), ``requests``, ``min_ms``, ``p05_ms``,
-        ``p25_ms``, ``p50_ms``, ``p75_ms``, ``p95_ms``, ``max_ms``, ``mean_ms``; hit first;
-        an outcome without requests is absent.
+        Columns ``band`` (``cold``, ``partial``, ``warm``), ``requests``, ``min_ms``,
+        ``p05_ms``, ``p25_ms``, ``p50_ms``, ``p75_ms``, ``p95_ms``, ``max_ms``, ``mean_ms``;
+        bands in that order; a band without requests is absent.
 
     Raises:
         InvalidArgument: ``column`` is not ``ttft_ms`` or ``latency_ms``.
@@ -619,51 +623,54 @@ def request_latency_quantiles(con: duckdb.DuckDBPyConnection, *, column: str = "
         raise InvalidArgument(f"column must be ttft_ms or latency_ms, got {column!r}")
     names = ", ".join(f"q[{i + 1}] AS p{round(q * 100):02d}_ms"
                       for i, q in enumerate(LATENCY_QUANTILES))
+    order = "CASE band " + " ".join(f"WHEN '{n}' THEN {k}" for k, n in
+                                    enumerate(LATENCY_BANDS)) + " END"
     if exact:
         where, params = _where(start_s, end_s, models, instances, run_ids)
         qs = ", ".join(str(q) for q in LATENCY_QUANTILES)
         return con.execute(f"""
             WITH a AS (
-                SELECT CASE WHEN cached_tokens > 0 THEN 'hit' ELSE 'miss' END AS outcome,
+                SELECT {LATENCY_BAND_SQL} AS band,
                        count(*) AS requests, min({column}) AS min_ms, max({column}) AS max_ms,
                        avg({column}) AS mean_ms, quantile_cont({column}, [{qs}]) AS q
                 FROM {archive.relation(con, "requests", start_s, end_s)}
-                WHERE cached_tokens IS NOT NULL AND {column} IS NOT NULL AND {where}
+                WHERE cached_tokens IS NOT NULL AND {column} IS NOT NULL AND prompt_tokens > 0
+                  AND {where}
                 GROUP BY 1
             )
-            SELECT outcome, requests, min_ms, {names}, max_ms, mean_ms FROM a ORDER BY outcome
+            SELECT band, requests, min_ms, {names}, max_ms, mean_ms FROM a ORDER BY {order}
         """, params).df()
     bins, params = _latency_bins(con, column, start_s, end_s, models, instances, run_ids, rollup)
     qlist = "[" + ", ".join(repr(float(q)) for q in LATENCY_QUANTILES) + "]"
     return con.execute(f"""
         WITH h AS (
-            SELECT hit, coalesce(bin, -2147483648) AS k, sum(requests) AS n, sum(sum_ms) AS s,
+            SELECT band, coalesce(bin, -2147483648) AS k, sum(requests) AS n, sum(sum_ms) AS s,
                    min(min_ms) AS lo, max(max_ms) AS hi, bool_and(bin IS NULL) AS nonpos
-            FROM {bins} b GROUP BY hit, coalesce(bin, -2147483648)
+            FROM {bins} b WHERE band IS NOT NULL GROUP BY band, coalesce(bin, -2147483648)
         ), c AS (
-            SELECT hit, k, n, sum(n) OVER (PARTITION BY hit ORDER BY k) AS cum,
+            SELECT band, k, n, sum(n) OVER (PARTITION BY band ORDER BY k) AS cum,
                    CASE WHEN nonpos THEN (lo + hi) / 2
                         ELSE least(greatest(pow({LATENCY_BIN_RATIO}, k + 0.5), lo), hi) END AS rep
             FROM h
         ), g AS (
-            SELECT hit, sum(n) AS total, min(lo) AS min_ms, max(hi) AS max_ms,
+            SELECT band, sum(n) AS total, min(lo) AS min_ms, max(hi) AS max_ms,
                    sum(s) / sum(n) AS mean_ms
-            FROM h GROUP BY hit
+            FROM h GROUP BY band
         ), qs AS (
             SELECT g.*, qi, (total - 1) * ({qlist})[qi] AS pos
             FROM g, range(1, {len(LATENCY_QUANTILES) + 1}) t(qi)
         ), v AS (
-            SELECT qs.hit, qs.qi, any_value(qs.pos) AS pos,
+            SELECT qs.band, qs.qi, any_value(qs.pos) AS pos,
                    arg_min(c.rep, c.k) FILTER (WHERE c.cum > floor(qs.pos)) AS a,
                    arg_min(c.rep, c.k) FILTER (WHERE c.cum > ceil(qs.pos)) AS b
-            FROM qs JOIN c ON c.hit = qs.hit GROUP BY qs.hit, qs.qi
+            FROM qs JOIN c ON c.band = qs.band GROUP BY qs.band, qs.qi
         ), q AS (
-            SELECT hit, list(a + (b - a) * (pos - floor(pos)) ORDER BY qi) AS q FROM v
-            GROUP BY hit
+            SELECT band, list(a + (b - a) * (pos - floor(pos)) ORDER BY qi) AS q FROM v
+            GROUP BY band
         )
-        SELECT CASE WHEN g.hit THEN 'hit' ELSE 'miss' END AS outcome,
-               CAST(g.total AS BIGINT) AS requests, g.min_ms, {names}, g.max_ms, g.mean_ms
-        FROM g JOIN q USING (hit) ORDER BY outcome
+        SELECT band, CAST(g.total AS BIGINT) AS requests, g.min_ms, {names}, g.max_ms,
+               g.mean_ms
+        FROM g JOIN q USING (band) ORDER BY {order}
     """, params).df()
 
 
