@@ -13,7 +13,7 @@ What a vLLM Grafana board shows next to the prefix cache, per window (``docs/met
    bound).
 4. **TTFT from the usage log** (``requests.ttft_ms``): ``quantile_cont`` per window, split into
    bands of the cached share ``cached_tokens / prompt_tokens`` (:data:`TTFT_BANDS`: cold
-   < 10%, partial, warm >= 90%); requests without ``ttft_ms`` or ``cached_tokens`` are left
+   < 10%, partial, warm >= 80%); requests without ``ttft_ms`` or ``cached_tokens`` are left
    out.
 
 Every function returns one row per window and group, never a sample or a request.
