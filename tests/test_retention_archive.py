@@ -373,3 +373,43 @@ def test_object_storage_secret_sql_and_offline_httpfs_error(deployment, tmp_path
     with store_db.reader(path) as con:  # nothing was archived or deleted
         assert con.execute("SELECT count(*) FROM archive_parts").fetchone()[0] == 0
         assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 3000
+
+
+def test_a_second_root_is_refused_naming_the_first(deployment, tmp_path, capsys, monkeypatch):
+    """docs/retention.md: one archive root per database. After `--to A`, `--to B` is exit 2
+    naming A (dry run too) and archives nothing; `--new-root` archives to B; `--to` a file says
+    it is a file."""
+    monkeypatch.chdir(tmp_path)
+    path = _copy(deployment, tmp_path)
+    code, out, err = _cli("archive", "--db", str(path), "--to", "A", "--before", "2026-10-10",
+                          "--json", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["rows"]["requests"] > 0
+    with store_db.reader(path) as con:
+        assert arc.recorded_roots(con) == [str(tmp_path / "A")]  # absolute
+        parts = con.execute("SELECT count(*) FROM archive_parts").fetchone()[0]
+    for extra in ((), ("--dry-run",)):
+        code, out, err = _cli("archive", "--db", str(path), "--to", "B", "--before",
+                              "2026-10-12", *extra, capsys=capsys)
+        assert code == 2 and out == ""
+        assert err.startswith(f"error: {path} is already archived to {tmp_path / 'A'}: ")
+        assert "--new-root" in err
+    assert not (tmp_path / "B").exists()
+    with store_db.reader(path) as con:
+        assert con.execute("SELECT count(*) FROM archive_parts").fetchone()[0] == parts
+    # the same root, spelled differently, is the same root
+    code, out, err = _cli("archive", "--db", str(path), "--to", f"{tmp_path}/./A/", "--before",
+                          "2026-10-11", "--json", capsys=capsys)
+    assert code == 0, err
+    code, out, err = _cli("archive", "--db", str(path), "--to", "B", "--before", "2026-10-12",
+                          "--new-root", "--json", capsys=capsys)
+    assert code == 0, err
+    assert {d["table"] for d in json.loads(out)["days"]} >= {"requests"}
+    assert list((tmp_path / "B").rglob("*.parquet"))
+    with store_db.reader(path) as con:
+        assert arc.recorded_roots(con) == [str(tmp_path / "A"), str(tmp_path / "B")]
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, _, err = _cli("archive", "--db", str(path), "--to", "afile", "--new-root",
+                        capsys=capsys)
+    assert code == 3 and err.startswith("error: afile is a file, not a folder")

@@ -452,6 +452,13 @@ def prepare_target(location: str, opts: RemoteOptions | None = None,
             ensure_remote(con, root, opts)
         return root
     p = Path(root)
+    for q in (p, *p.parents):  # a file in the way: say so (mkdir says "File exists")
+        if q.exists() and not q.is_dir():
+            if q == p:
+                raise SourceUnavailable(f"{root} is a file, not a folder: --to (or [retention] "
+                                        "archive) names the archive folder")
+            raise SourceUnavailable(f"cannot write the archive at {root}: {q} is a file, "
+                                    "not a folder")
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".prefixscope-write-test-{os.getpid()}"
@@ -460,7 +467,23 @@ def prepare_target(location: str, opts: RemoteOptions | None = None,
     except OSError as exc:
         raise SourceUnavailable(f"cannot write the archive at {root}: "
                                 f"{exc.strerror or exc}") from None
-    return str(p)
+    return str(p.absolute())  # absolute: archive_parts' files read from any working folder
+
+
+def recorded_roots(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The archive roots ``archive_parts`` records for this database (oldest first; one
+    normally: ``docs/retention.md`` asks for one root per database)."""
+    rows = con.execute("SELECT location, min(archived_unix_s) FROM archive_parts "
+                       "GROUP BY location ORDER BY 2, 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def same_root(a: str, b: str) -> bool:
+    """True when two archive locations name the same root (folders compared as real absolute
+    paths, relative ones from the working folder; remote ones without a trailing ``/``)."""
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def archive_day(con: duckdb.DuckDBPyConnection, table: str, day_start_s: float,

@@ -21,10 +21,14 @@ ToOption = Annotated[str | None, typer.Option(
     "--to", help="Archive folder or s3://bucket/prefix (default: [retention] archive).")]
 DryRunOption = Annotated[bool, typer.Option(
     "--dry-run", help="Print the days and rows that would be archived; write nothing.")]
+NewRootOption = Annotated[bool, typer.Option(
+    "--new-root", help="Archive to a root other than the one this database already archived "
+                       "to (the days archived before stay where they are and are still read).")]
 
 
 def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOption = None,
-                dry_run: DryRunOption = False, as_json: JsonOption = False) -> None:
+                dry_run: DryRunOption = False, new_root: NewRootOption = False,
+                as_json: JsonOption = False) -> None:
     """Archive production requests, metric samples and gateway decisions of whole UTC days
     older than the retention as Parquet partitioned by day and model, delete them from the database once
     read back, and delete rollup rows older than [retention] rollup_days. Safe to re-run
@@ -61,6 +65,13 @@ def archive_cmd(db: DbOption = DB_DEFAULT, to: ToOption = None, before: BeforeOp
     cutoff = arc.day_floor(before_s)
     with store_db.writer(db, lock_timeout_s=settings.store.lock_timeout_s) as con:
         plan = arc.plan_days(con, cutoff, cutoffs)
+        if location and not new_root:
+            other = [r for r in arc.recorded_roots(con) if not arc.same_root(r, location)]
+            if other:
+                raise UsageError(
+                    f"{db} is already archived to {other[0]}: archive to it again (--to "
+                    f"{other[0]}) or pass --new-root to start a second root at {location} "
+                    "(one root per database, docs/retention.md)")
         arc.check_files([f for t in arc.ARCHIVED for f in arc.archived_files(con, t)])
         root = location if dry_run else arc.prepare_target(location, opts, con)
     done: list[arc.ArchivedDay] = []
