@@ -100,3 +100,20 @@ def test_no_note_without_counters():
     assert uncounted_note_of(with_counters).endswith(
         "vLLM's counters leave out the 60 prompt tokens of 3 rejected requests (sent with "
         "skip_reading_prefix_cache), the per-request figure counts them")
+
+
+def test_report_json_has_iso_times_beside_unix_seconds(live_db, cli):
+    """`report --json` gains `start`/`end` (ISO, as `hitrate --json`'s window_start); the old
+    fields stay."""
+    from prefixscope.core.times import format_time
+
+    code, out, err = cli(["report", "--db", live_db, "--json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["source"] == "requests"
+    assert doc["start"] == format_time(doc["start_unix_s"]) and doc["start"].endswith("Z")
+    assert doc["end"] == format_time(doc["end_unix_s"])
+    assert doc["start_unix_s"] < doc["end_unix_s"]
+    code, out, _ = cli(["report", "--db", live_db, "--start", "2020-01-01", "--json"])
+    doc = json.loads(out)
+    assert doc["start"] == "2020-01-01T00:00:00Z"

@@ -76,7 +76,10 @@ def report_cmd(
     if as_json:
         print_json({
             "source": result.source, "start_unix_s": result.start_s,
-            "end_unix_s": result.end_s, "threshold": threshold,
+            "end_unix_s": result.end_s,
+            "start": None if result.start_s is None else format_time(result.start_s),
+            "end": None if result.end_s is None else format_time(result.end_s),
+            "threshold": threshold,
             "lines": [{"model": ln.model, "cached_tokens": ln.cached_tokens,
                        "prompt_tokens": ln.prompt_tokens, "hit_rate": ln.hit_rate,
                        "status": ln.status, "text": ln.text, "requests": ln.requests,
