@@ -352,7 +352,8 @@ class Gateway:
                 infos = await asyncio.wait_for(
                     discover(self.client, url, self.cfg.declared, self.cfg.block_size),
                     DISCOVERY_TIMEOUT_S)
-            except (httpx.HTTPError, ValueError, TimeoutError, asyncio.TimeoutError) as exc:
+            except (httpx.HTTPError, ValueError, TypeError, AttributeError, TimeoutError,
+                    asyncio.TimeoutError) as exc:  # TypeError/AttributeError: not a model list
                 self.metrics.upstream_errors.labels("discovery").inc()
                 self.upstream_state[url] = {
                     "url": url, "ok": False,
@@ -1054,7 +1055,7 @@ def _discovery_error(url: str, exc: BaseException) -> str:
         return f"{url} did not answer within {DISCOVERY_TIMEOUT_S:g} s"
     if isinstance(exc, httpx.ConnectError):
         return f"{url} could not be reached (connection refused or no route)"
-    if isinstance(exc, ValueError):
+    if isinstance(exc, (ValueError, TypeError, AttributeError)):
         return f"{url}/v1/models is not a JSON model list"
     return f"{url}: {type(exc).__name__}"
 

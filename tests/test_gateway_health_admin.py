@@ -179,3 +179,23 @@ def test_a_stopped_public_generation_is_a_warning_at_restart(tmp_path, upstream,
         assert h.json()["warnings"][0].startswith("mode public, but PUBLIC sharing was stopped")
     finally:
         gw.stop()
+
+
+def test_an_upstream_that_is_not_vllm_is_named_unhealthy_not_a_crash(tmp_path, capsys):
+    from starlette.applications import Starlette
+
+    async def models(request):
+        return JSONResponse(["not", "a", "model", "list"])
+
+    other = RunningApp(Starlette(routes=[Route("/v1/models", models)]))
+    try:
+        gw = RunningGateway(gateway_config(tmp_path, other.url))
+        try:
+            assert (f"upstream {other.url}: UNREACHABLE: {other.url}/v1/models is not a JSON "
+                    "model list") in capsys.readouterr().err
+            r = httpx.get(gw.url + "/health", timeout=10)
+            assert r.status_code == 503 and r.json()["status"] == "unhealthy"
+        finally:
+            gw.stop()
+    finally:
+        other.stop()
