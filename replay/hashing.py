@@ -275,14 +275,16 @@ def pickle_block_head(body_size: int, parent_size: int) -> bytes:
             + bytes((parent_size,)))
 
 
-_TEMPLATES: dict[tuple[int, bytes, bytes], tuple[Any, Any]] = {}
+_TEMPLATES: dict[tuple[int, bytes, bytes, bool], tuple[Any, Any]] = {}
 
 
-def _templates(nb: int, block_size: int, prefix: bytes, suffix: bytes) -> tuple[Any, Any]:
+def _templates(nb: int, block_size: int, prefix: bytes, suffix: bytes,
+               uniform: bool = False) -> tuple[Any, Any]:
     """Record and mask arrays of at least ``nb`` blocks with the constant bytes filled in:
     prefix and suffix in the records; prefix, suffix and opcode bytes kept in the mask. Cached
-    per layout and grown by doubling (bounded by the longest request seen)."""
-    key = (block_size, prefix, suffix)
+    per layout and grown by doubling (bounded by the longest request seen). ``uniform``: every
+    opcode is BININT (``J``) in the records, the mask is not used."""
+    key = (block_size, prefix, suffix, uniform)
     got = _TEMPLATES.get(key)
     if got is not None and len(got[0]) >= nb:
         return got
@@ -301,6 +303,8 @@ def _templates(nb: int, block_size: int, prefix: bytes, suffix: bytes) -> tuple[
         rec["suf"] = np.void(suffix)
         keep["suf"] = np.void(b"\x01" * len(suffix))
     keep["tok"]["op"] = 1
+    if uniform:
+        rec["tok"]["op"] = 0x4A
     _TEMPLATES[key] = rec, keep
     return rec, keep
 
@@ -325,6 +329,27 @@ def pickle_int_opcodes(
         that is ``prefix + opcodes of its tokens + suffix``; None when an id is not an int in
         ``[-2**31, 2**31)`` (the caller then uses ``pickle.dumps``).
     """
+    enc = _encode_opcodes(token_ids, block_size, prefix, suffix)
+    if enc is None:
+        return None
+    stream, ends, size = enc
+    if size:  # the uniform tail: blocks of ``size`` bytes up to the end of the stream
+        o = ends[-1] if ends else 0
+        ends = [*ends, *range(o + size, len(stream) + 1, size)]
+    return stream, ends
+
+
+def _encode_opcodes(
+    token_ids: Sequence[int], block_size: int, prefix: bytes, suffix: bytes,
+) -> tuple[bytes, list[int], int] | None:
+    """:func:`pickle_int_opcodes` in a compact form: ``(stream, ends, size)`` where ``ends``
+    covers the first blocks only and every later block has ``size`` bytes (0: none later).
+
+    The later blocks are the uniform tail: from the block after the last one holding a token in
+    ``[0, 65536)``, every token is a BININT (``J`` + 4 bytes; hash-id traces, whose synthetic
+    ids are mostly above 65535), so those blocks are written without the opcode-class mask:
+    ``prefix + (J, 4 value bytes) * block_size + suffix`` each, the same bytes.
+    """
     global _REC, _OPS, _KEEP
     n = len(token_ids)
     nb = n // block_size
@@ -338,6 +363,20 @@ def pickle_int_opcodes(
         _OPS = np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
         _KEEP = np.array([0x01, 0x0101, 0x01010101], np.uint32)  # value bytes kept per class
     u = np.frombuffer(raw, "<u4", m).reshape(nb, block_size)  # negatives >= 2**31: BININT
+    # Blocks from k on hold BININT tokens only (k: after the last block with a smaller token).
+    small = u.reshape(m) <= 0xFFFF
+    k = (m - int(small[::-1].argmax()) - 1) // block_size + 1 if small.any() else 0
+    size = 5 * block_size + len(prefix) + len(suffix) if k < nb else 0
+    tail = b""
+    if size:
+        rec_t = _templates(nb - k, block_size, prefix, suffix, uniform=True)[0]
+        rec = rec_t[:nb - k].view(np.uint8).copy().view(rec_t.dtype)
+        rec["tok"]["v"] = u[k:]
+        tail = rec.tobytes()
+        if k == 0:
+            return tail, [], size
+        u = u[:k]
+        nb = k
     c1 = (u > 0xFF).view(np.uint8)
     c2 = (u > 0xFFFF).view(np.uint8)
     cls = c1 + c2  # 0: BININT1, 1: BININT2, 2: BININT
@@ -363,7 +402,7 @@ def pickle_int_opcodes(
     else:  # float32 sums of small ints are exact: at most 3 * 8192 per block
         ends = (extra.astype(np.float32) @ np.ones(block_size, np.float32)).astype(np.int64)
     ends += 2 * block_size + len(prefix) + len(suffix)
-    return stream, ends.cumsum().tolist()
+    return (stream + tail if tail else stream), ends.cumsum().tolist(), size
 
 
 def int_block_hash(digest: bytes) -> int:
@@ -447,7 +486,7 @@ class BlockHasher:
         if (self._layout is not None and hi - lo >= _MIN_FAST_BLOCKS * bs
                 and (start > 0 or self.extra_first is None) and type(token_ids) in _FAST_TYPES):
             # From the first unkeyed block to the end: the partial tail is ignored.
-            enc = pickle_int_opcodes(token_ids if lo == 0 else token_ids[lo:], bs, *self._layout)
+            enc = _encode_opcodes(token_ids if lo == 0 else token_ids[lo:], bs, *self._layout)
             if enc is not None:
                 self._chain_from_opcodes(keys, *enc)
                 return
@@ -483,7 +522,7 @@ class BlockHasher:
             return
         if self._layout is not None and len(tt) - i >= _MIN_FAST_BLOCKS * bs:
             # A salted first block (above), then the rest through the vectorised path.
-            enc = pickle_int_opcodes(tt[i:], bs, *self._layout)
+            enc = _encode_opcodes(tt[i:], bs, *self._layout)
             if enc is not None:
                 self._chain_from_opcodes(keys, *enc)
                 return
@@ -520,11 +559,12 @@ class BlockHasher:
             parent = fn((parent, tt[j:j + bs], extra_rest))
             append(parent)
 
-    def _chain_from_opcodes(self, keys: list[Hashable], stream: bytes, ends: list[int]) -> None:
+    def _chain_from_opcodes(self, keys: list[Hashable], stream: bytes, ends: list[int],
+                            size: int = 0) -> None:
         """Append the chained digests of the blocks whose bodies are in ``stream`` (block ``i``
-        spans ``ends[i-1]:ends[i]``, see :func:`pickle_int_opcodes` with this layout's prefix and
-        suffix); the parent of the first is ``keys[-1]`` (NONE_HASH when ``keys`` is empty), and
-        no block has extra keys.
+        spans ``ends[i-1]:ends[i]``, then blocks of ``size`` bytes to the end of the stream: see
+        :func:`_encode_opcodes` with this layout's prefix and suffix); the parent of the first
+        is ``keys[-1]`` (NONE_HASH when ``keys`` is empty), and no block has extra keys.
 
         Each digest is ``hash(head + parent + body)``, which is ``hash(pickle.dumps((parent,
         tokens, None), protocol=5))`` (:func:`pickle_block_layout`); the head is fed once to a
@@ -544,6 +584,14 @@ class BlockHasher:
             parent = h.digest()
             append(parent)
             o0 = o1
+        if size:
+            copy = (started.get(size) or self._start(size)).copy
+            for o in range(o0, len(stream), size):
+                h = copy()
+                h.update(parent)
+                h.update(stream[o:o + size])
+                parent = h.digest()
+                append(parent)
 
     def _digest(self, data: bytes) -> bytes:
         """The digest of already serialised bytes (SHA-256 or xxh3-128, this hasher's)."""

@@ -247,3 +247,27 @@ def test_sha256_path_uses_hashlib_digests():
     BlockHasher(algo="xxhash", block_size=16, seed="1").extend(xk, tokens)
     xroot = none_hash("xxhash", "1")
     assert xk[0] == xxhash.xxh3_128_digest(pickle.dumps((xroot, tuple(tokens[:16]), None), 5))
+
+
+# Hash-id traces: mostly BININT tokens (ids * 512 + offset), a few smaller ones early or late.
+binint_tokens = st.one_of(st.integers(65536, 2**31 - 1), st.integers(-(2**31), -1))
+
+
+@SETTINGS
+@given(bs=st.sampled_from([1, 4, 16, 17, 64]), data=st.data())
+def test_uniform_binint_tail_is_what_pickle_writes(bs, data):
+    # Blocks after the last token below 65536 take the uniform path (J + 4 bytes each).
+    nb = data.draw(st.integers(1, 8))
+    tokens = data.draw(st.lists(binint_tokens, min_size=nb * bs, max_size=nb * bs + bs - 1))
+    for _ in range(data.draw(st.integers(0, 3))):  # a few short tokens anywhere (or none)
+        tokens[data.draw(st.integers(0, len(tokens) - 1))] = data.draw(st.integers(0, 65535))
+    parent = data.draw(st.binary(min_size=32, max_size=32))
+    prefix, suffix = pickle_block_layout(bs)
+    stream, ends = pickle_int_opcodes(tokens, bs, prefix, suffix)
+    assert len(ends) == nb and ends[-1] == len(stream)
+    starts = [0, *ends[:-1]]
+    got = [pickle_block_head(e - s, 32) + parent + stream[s:e] for s, e in zip(starts, ends)]
+    assert got == pickled_blocks(parent, tokens[:nb * bs], bs)
+    keys: list = []
+    BlockHasher(block_size=bs, seed="5").extend(keys, tokens)
+    assert keys == reference_hashes(tokens, bs, "sha256", None, "5")
