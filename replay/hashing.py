@@ -44,6 +44,7 @@ import os
 import pickle
 import struct
 from array import array
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -339,8 +340,18 @@ def pickle_int_opcodes(
     return stream, ends
 
 
+def pack_int32(token_ids: Sequence[int]) -> bytes | None:
+    """The ids as little-endian int32 (4 bytes each), or None when one is not an int in
+    ``[-2**31, 2**31)``. One to one on that range: equal bytes mean equal ids."""
+    try:
+        return struct.pack(f"<{len(token_ids)}i", *token_ids)
+    except (struct.error, TypeError):
+        return None
+
+
 def _encode_opcodes(
-    token_ids: Sequence[int], block_size: int, prefix: bytes, suffix: bytes,
+    token_ids: Sequence[int] | None, block_size: int, prefix: bytes, suffix: bytes,
+    raw: bytes | None = None, skip_blocks: int = 0,
 ) -> tuple[bytes, list[int], int] | None:
     """:func:`pickle_int_opcodes` in a compact form: ``(stream, ends, size)`` where ``ends``
     covers the first blocks only and every later block has ``size`` bytes (0: none later).
@@ -349,20 +360,25 @@ def _encode_opcodes(
     ``[0, 65536)``, every token is a BININT (``J`` + 4 bytes; hash-id traces, whose synthetic
     ids are mostly above 65535), so those blocks are written without the opcode-class mask:
     ``prefix + (J, 4 value bytes) * block_size + suffix`` each, the same bytes.
+
+    ``raw``: the ids already packed by :func:`pack_int32` (``token_ids`` is then not read);
+    ``skip_blocks``: leading full blocks left out (the stream starts at the next one).
     """
     global _REC, _OPS, _KEEP
-    n = len(token_ids)
-    nb = n // block_size
+    if raw is None:
+        raw = pack_int32(token_ids)  # all of them: cheaper than slicing off the tail first
+        if raw is None:
+            return None
+    nb = len(raw) // 4 // block_size - skip_blocks
+    if nb <= 0:
+        return b"", [], 0
     m = nb * block_size
-    try:  # all of them: cheaper than slicing off the tail first
-        raw = struct.pack(f"<{n}i", *token_ids)
-    except (struct.error, TypeError):
-        return None
     if _REC is None:
         _REC = np.dtype([("op", "u1"), ("v", "<u4")])  # packed: 5 bytes per token
         _OPS = np.array([0x4B, 0x4D, 0x4A], np.uint8)  # BININT1, BININT2, BININT
         _KEEP = np.array([0x01, 0x0101, 0x01010101], np.uint32)  # value bytes kept per class
-    u = np.frombuffer(raw, "<u4", m).reshape(nb, block_size)  # negatives >= 2**31: BININT
+    # Negatives are >= 2**31 as u4: BININT.
+    u = np.frombuffer(raw, "<u4", m, 4 * block_size * skip_blocks).reshape(nb, block_size)
     # Blocks from k on hold BININT tokens only (k: after the last block with a smaller token).
     small = u.reshape(m) <= 0xFFFF
     k = (m - int(small[::-1].argmax()) - 1) // block_size + 1 if small.any() else 0
@@ -413,6 +429,88 @@ def int_block_hash(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
+class PrefixMemo:
+    """Digests of recent prompts, reused for a later prompt's leading blocks (exact).
+
+    A block's digest depends only on the hasher (algorithm, seed, extra keys: one ``tag`` per
+    :class:`BlockHasher`) and the tokens from the start of the prompt to the end of the block,
+    so a prompt whose first ``j`` blocks of int32 ids are byte-equal to an earlier prompt's has
+    the same first ``j`` digests: multi-turn conversations resend their history, and only the
+    new blocks need hashing. Candidates are found through checkpoint blocks (every
+    ``checkpoint``-th block, keyed by position and token bytes) and then compared token by
+    token from the start (numpy), so a reused digest always has an equal prefix behind it.
+
+    Args:
+        max_blocks: the remembered prompts (their int32 bytes and digest lists) cover at most
+            this many blocks (about 80 MB at the default, fewer when the digests are also the
+            cache's keys); the oldest are forgotten first. Only speed depends on it.
+        checkpoint: blocks between two checkpoints (32 blocks of 16 tokens: one Mooncake id).
+    """
+
+    __slots__ = ("max_blocks", "checkpoint", "_index", "_records", "_blocks", "_tags")
+
+    def __init__(self, max_blocks: int = 1 << 18, checkpoint: int = 32) -> None:
+        self.max_blocks = max_blocks
+        self.checkpoint = checkpoint
+        self._index: dict[tuple[int, int, bytes], tuple[bytes, list[bytes]]] = {}
+        self._records: deque[tuple[int, int, tuple[bytes, list[bytes]]]] = deque()
+        self._blocks = 0
+        self._tags = 0
+
+    def new_tag(self) -> int:
+        """A namespace for one hasher's digests."""
+        self._tags += 1
+        return self._tags
+
+    def lookup(self, tag: int, raw: bytes, block_size: int) -> list[bytes]:
+        """The digests of the longest run of leading full blocks of ``raw`` (int32 ids, see
+        :func:`pack_int32`) equal to a remembered prompt's under ``tag``; may be empty."""
+        nb = len(raw) // (4 * block_size)
+        c, w, index = self.checkpoint, 4 * block_size, self._index
+        best: list[bytes] = []
+        a = None
+        j = c - 1
+        while j < nb:
+            rec = index.get((tag, j, raw[j * w:(j + 1) * w]))
+            if rec is None:
+                break
+            if a is None:
+                a = np.frombuffer(raw, np.uint32)
+            b = np.frombuffer(rec[0], np.uint32)
+            m = min(len(a), len(b))
+            differ = a[:m] != b[:m]
+            same = int(differ.argmax()) if differ.any() else m  # equal leading tokens
+            got = min(same // block_size, len(rec[1]))
+            if got <= j:
+                break
+            if got > len(best):
+                best = rec[1][:got]
+            j = got + (c - 1 - got) % c  # the next checkpoint at or after block ``got``
+        return best
+
+    def remember(self, tag: int, raw: bytes, digests: list[bytes], block_size: int) -> None:
+        """Remember a prompt (``raw``: its int32 ids) and the digests of its full blocks."""
+        nb = len(digests)
+        c = self.checkpoint
+        if nb < c:
+            return
+        w, index = 4 * block_size, self._index
+        rec = (raw, digests[:nb])
+        for j in range(c - 1, nb, c):
+            index[(tag, j, raw[j * w:(j + 1) * w])] = rec
+        self._records.append((tag, block_size, rec))
+        self._blocks += nb
+        while self._blocks > self.max_blocks:
+            old_tag, old_bs, old = self._records.popleft()
+            self._blocks -= len(old[1])
+            ow = 4 * old_bs
+            r = old[0]
+            for j in range(c - 1, len(old[1]), c):
+                key = (old_tag, j, r[j * ow:(j + 1) * ow])
+                if index.get(key) is old:
+                    del index[key]
+
+
 class BlockHasher:
     """Computes a request's block keys incrementally, as vLLM's request block hasher does.
 
@@ -425,7 +523,7 @@ class BlockHasher:
     """
 
     __slots__ = ("algo", "block_size", "extra_first", "extra_rest", "_fn", "_root", "_fast",
-                 "_layout", "_started")
+                 "_layout", "_started", "_memo", "_tag")
 
     def __init__(
         self,
@@ -436,10 +534,12 @@ class BlockHasher:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         lora_path: str | None = None,
+        memo: PrefixMemo | None = None,
     ) -> None:
         check_algo(algo)
         if block_size < 1:
             raise SimulationError(f"block_size must be >= 1, got {block_size}")
+        self._memo = self._tag = None
         self.algo = algo
         self.block_size = block_size
         self.extra_first = block_extra_keys(
@@ -465,6 +565,8 @@ class BlockHasher:
             self._layout = pickle_block_layout(block_size)
             # Body size -> a hash object already fed the block head for that size (on demand).
             self._started: dict[int, Any] = {}
+            if memo is not None and self.extra_first is None:
+                self._memo, self._tag = memo, memo.new_tag()
 
     def extend(self, keys: list[Hashable], token_ids: Sequence[int], offset: int = 0) -> None:
         """Append to ``keys`` the keys of every full block not yet in ``keys``.
@@ -486,10 +588,23 @@ class BlockHasher:
         if (self._layout is not None and hi - lo >= _MIN_FAST_BLOCKS * bs
                 and (start > 0 or self.extra_first is None) and type(token_ids) in _FAST_TYPES):
             # From the first unkeyed block to the end: the partial tail is ignored.
-            enc = _encode_opcodes(token_ids if lo == 0 else token_ids[lo:], bs, *self._layout)
-            if enc is not None:
-                self._chain_from_opcodes(keys, *enc)
-                return
+            if start == 0 and self._memo is not None:
+                # A whole prompt: its leading blocks equal to an earlier prompt's reuse its
+                # digests (PrefixMemo), the rest is hashed and the prompt remembered.
+                raw = pack_int32(token_ids)
+                if raw is not None:
+                    memo = self._memo
+                    keys += memo.lookup(self._tag, raw, bs)
+                    self._chain_from_opcodes(keys, *_encode_opcodes(
+                        None, bs, *self._layout, raw=raw, skip_blocks=len(keys)))
+                    memo.remember(self._tag, raw, keys, bs)
+                    return
+            else:
+                enc = _encode_opcodes(token_ids if lo == 0 else token_ids[lo:], bs,
+                                      *self._layout)
+                if enc is not None:
+                    self._chain_from_opcodes(keys, *enc)
+                    return
         # Slices of a tuple are tuples: one copy per block below.
         tt = tuple(token_ids) if lo == 0 and hi == len(token_ids) else tuple(token_ids[lo:hi])
         if self._fast:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixscope.core.errors import SimulationError
-from prefixscope.replay.hashing import BlockHasher, check_algo
+from prefixscope.replay.hashing import BlockHasher, PrefixMemo, check_algo
 from prefixscope.replay.kv_cache_manager import KVCacheManager, SimRequest, cdiv
 from prefixscope.replay.observed_clock import run_observed
 from prefixscope.replay.scheduler import EngineStats, run_concurrent, run_sequential
@@ -161,6 +161,8 @@ class _RequestFactory:
             None if config.num_gpu_blocks is None else config.num_gpu_blocks - 1
         )
         self._hashers: dict[tuple[str | None, str | None, str | None], BlockHasher] = {}
+        # Digests of recent prompts, shared by this run's hashers (bounded; exact reuse).
+        self._memo = PrefixMemo() if config.hash_algo in ("sha256", "xxhash") else None
 
     def _hasher(self, tr: TraceRequest) -> BlockHasher:
         key = (tr.cache_salt, tr.lora_name, tr.lora_path)
@@ -172,6 +174,7 @@ class _RequestFactory:
             h = self._hashers[key] = BlockHasher(
                 algo=c.hash_algo, block_size=c.block_size, seed=c.hash_seed,
                 cache_salt=tr.cache_salt, lora_name=tr.lora_name, lora_path=tr.lora_path,
+                memo=self._memo,
             )
         return h
 

@@ -271,3 +271,52 @@ def test_uniform_binint_tail_is_what_pickle_writes(bs, data):
     keys: list = []
     BlockHasher(block_size=bs, seed="5").extend(keys, tokens)
     assert keys == reference_hashes(tokens, bs, "sha256", None, "5")
+
+
+@SETTINGS
+@given(bs=st.sampled_from([1, 2, 4, 16]), checkpoint=st.sampled_from([1, 2, 3, 32]),
+       max_blocks=st.sampled_from([4, 40, 1 << 18]), data=st.data())
+def test_prefix_memo_reuses_only_equal_prefixes(bs, checkpoint, max_blocks, data):
+    # Prompts built from a few shared stems, each extended, cut or changed in one token: the
+    # memo's digests must be those of the per-block definition, prompt after prompt, and for
+    # two hashers (a salted one never uses the memo) sharing one memo without mixing.
+    memo = hashing.PrefixMemo(max_blocks, checkpoint)
+    plain = BlockHasher(block_size=bs, seed="9", memo=memo)
+    other = BlockHasher(block_size=bs, seed="8", memo=memo)
+    salted = BlockHasher(block_size=bs, seed="9", cache_salt="s", memo=memo)
+    stems = data.draw(st.lists(st.lists(int32_tokens, min_size=bs * 4, max_size=bs * 12),
+                               min_size=1, max_size=3))
+    for _ in range(data.draw(st.integers(1, 8))):
+        tokens = list(data.draw(st.sampled_from(stems)))
+        edit = data.draw(st.sampled_from(["extend", "cut", "change", "same"]))
+        if edit == "extend":
+            tokens += data.draw(st.lists(int32_tokens, max_size=bs * 6))
+        elif edit == "cut":
+            tokens = tokens[:data.draw(st.integers(0, len(tokens)))]
+        elif edit == "change" and tokens:
+            i = data.draw(st.integers(0, len(tokens) - 1))
+            tokens[i] = data.draw(int32_tokens.filter(lambda t, old=tokens[i]: t != old))
+        if data.draw(st.booleans()):
+            stems.append(tokens)
+        hasher = data.draw(st.sampled_from([plain, other, salted]))
+        seed = "8" if hasher is other else "9"
+        salt = "s" if hasher is salted else None
+        keys: list = []
+        hasher.extend(keys, tokens)
+        assert keys == reference_hashes(tokens, bs, "sha256", salt, seed)
+    assert memo._blocks <= max_blocks
+
+
+def test_prefix_memo_reuses_a_conversation_history():
+    # A second turn resends the first turn's prompt: its first blocks come from the memo.
+    memo = hashing.PrefixMemo()
+    h = BlockHasher(block_size=16, memo=memo)
+    turn1 = [70000 + i for i in range(16 * 70)]
+    turn2 = turn1 + [90000 + i for i in range(16 * 10)]
+    k1: list = []
+    h.extend(k1, turn1)
+    assert memo.lookup(h._tag, hashing.pack_int32(turn2), 16) == k1  # 70 blocks, found at 31, 63
+    k2: list = []
+    h.extend(k2, turn2)
+    assert k2[:70] == k1 and k2 == reference_hashes(turn2, 16)
+    assert all(a is b for a, b in zip(k1, k2))  # the same digest objects: not recomputed
