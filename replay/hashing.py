@@ -442,7 +442,8 @@ class PrefixMemo:
 
     Args:
         max_blocks: the remembered prompts (their int32 bytes and digest lists) cover at most
-            this many blocks (about 80 MB at the default, fewer when the digests are also the
+            this many blocks (at most about 40 MB at the default: 64 bytes of ids, a list slot
+            and a 32-byte digest object per block, fewer when the digests are also the
             cache's keys); the oldest are forgotten first. Only speed depends on it.
         checkpoint: blocks between two checkpoints (32 blocks of 16 tokens: one Mooncake id).
     """
