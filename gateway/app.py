@@ -44,9 +44,11 @@ import hashlib
 import hmac
 import itertools
 import json
+import logging
 import secrets
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prefixscope.core.bounds import TOO_DEEP, escape_line, json_too_deep
 from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record, lookup_key
 from prefixscope.core.identity import (
     PUBLIC,
@@ -92,7 +95,10 @@ HANDLE_HEADER = "x-prefixscope-cache-handle"
 REQUEST_ID_HEADER = "x-prefixscope-request-id"
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "te",
                   "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"})
-_HOP_B = frozenset(h.encode() for h in _HOP)
+# not passed on from the upstream: hop-by-hop headers, and date and server, which uvicorn
+# writes on every response itself (passing the upstream's gave two of each)
+_DROP = _HOP | {"date", "server"}
+_HOP_B = frozenset(h.encode() for h in _DROP)
 _VERSION_FIELDS = ("model_digest", "tokenizer_digest", "runtime_digest", "adapter_digest",
                    "prompt_bundle_digest", "toolset_digest", "content_digest", "policy_revision")
 
@@ -115,6 +121,7 @@ _encode = msgspec.json.Encoder().encode
 #: What the upstream client raises for a failed or cut upstream request.
 _UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
 _DISCONNECTED = object()  # _prepare: the client went away while sending its body
+_log = logging.getLogger("prefixscope.gateway")
 
 
 def _error_body(code: str, message: str) -> bytes:
@@ -126,10 +133,16 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
                         status_code=status)
 
 
+#: Refusals after which the connection is closed: the rest of the body is not read.
+_CLOSE_AFTER = frozenset({408, 413})
+
+
 async def _send_error(send, status: int, code: str, message: str) -> None:
     body = _error_body(code, message)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status in _CLOSE_AFTER:  # uvicorn closes the connection after this response
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -407,7 +420,7 @@ class Gateway:
                 self.metrics.upstream_errors.labels(_kind(exc)).inc()
                 return _error(502, _kind(exc), f"upstream /v1/models failed: {type(exc).__name__}")
             return Response(r.content, status_code=r.status_code, headers={
-                k: v for k, v in r.headers.items() if k.lower() not in _HOP})
+                k: v for k, v in r.headers.items() if k.lower() not in _DROP})
         await self.rediscover()
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "owned_by": "vllm"} for m in sorted(self.models)]})
@@ -520,9 +533,33 @@ class Gateway:
             if prepared is _DISCONNECTED:
                 return
             await self._forward(scope, receive, send, hdrs, call, *prepared)
+        except Exception as exc:  # noqa: BLE001 (a bug: a JSON 500 and a record, no traceback)
+            await self._internal_error(send, call, exc)
         finally:
             if not call.finished:
                 await self._finish_shielded(call)
+
+    async def _internal_error(self, send, call: _Call, exc: Exception) -> None:
+        """An unexpected exception while serving ``call``: one log line (the exception type
+        and the frames, escaped onto one line; never the exception's text, which may quote the
+        prompt), ``error: internal_error`` on the decision record, and a JSON 500 to the client
+        (an SSE error event when its stream had begun)."""
+        frames = " | ".join(f"{f.filename}:{f.lineno} in {f.name}"
+                            for f in traceback.extract_tb(exc.__traceback__))
+        _log.error("%s", escape_line(f"gateway: request {call.rid} failed: "
+                                     f"{type(exc).__name__} at {frames}"))
+        started = call.streaming
+        call.error, call.status = "internal_error", call.status if started else 500
+        message = (f"the gateway failed on this request ({type(exc).__name__}); its log has "
+                   f"the details under request id {call.rid}")
+        try:
+            if started:
+                await send({"type": "http.response.body",
+                            "body": _sse_error("internal_error", message)})
+            else:
+                await _send_error(send, 500, "internal_error", message)
+        except Exception:  # noqa: BLE001 (the response had begun or the client is gone)
+            pass
 
     def _namespace(self, auth: AuthContext) -> str:
         key = (auth.scope, auth.tenant_id, auth.principal_id)
@@ -541,30 +578,57 @@ class Gateway:
         model info, stream, strip_usage)."""
         chunks, size = [], 0
         limit = self.cfg.max_body_bytes
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                call.error, call.status = "client_disconnected", 499
-                return _DISCONNECTED
-            chunk = msg.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > limit:
-                    return self._refuse(call, 413, "too_large",
-                                        f"request body above {limit} bytes")
-                chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
+        try:
+            # the whole body within client_body_timeout_s (a stalled or 1 B/s client, a
+            # Content-Length above what is sent): 408 and the connection closed
+            async with asyncio.timeout(self.cfg.client_body_timeout_s):
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        call.error, call.status = "client_disconnected", 499
+                        return _DISCONNECTED
+                    chunk = msg.get("body", b"")
+                    if chunk:
+                        size += len(chunk)
+                        if size > limit:
+                            return self._refuse(call, 413, "too_large",
+                                                f"request body above {limit} bytes")
+                        chunks.append(chunk)
+                    if not msg.get("more_body", False):
+                        break
+        except TimeoutError:
+            return self._refuse(call, 408, "client_timeout", "the request body did not arrive "
+                                f"within client_body_timeout_s ({self.cfg.client_body_timeout_s:g} s)")
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        # the ingester's bound (prefixscope.core.bounds): msgspec recurses, so a body nested
+        # 100,000 deep would raise RecursionError; the check is one bracket count in the
+        # common case
+        if (await asyncio.get_running_loop().run_in_executor(None, json_too_deep, raw)
+                if len(raw) >= _DIGEST_THREAD_BYTES else json_too_deep(raw)):
+            return self._refuse(call, 400, "bad_request", f"body is {TOO_DEEP}")
         try:
             body = _decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError):
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             return self._refuse(call, 400, "bad_request", "body is not valid JSON")
         if not isinstance(body, dict):
             return self._refuse(call, 400, "bad_request", "body must be a JSON object")
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return self._refuse(call, 400, "bad_request", "model: missing or not a string")
+        # vLLM's pydantic models coerce "yes" to a stream; the gateway must agree with the
+        # upstream on whether this is a stream, so only JSON booleans (or null) pass
+        stream = body.get("stream")
+        if stream is not None and type(stream) is not bool:
+            return self._refuse(call, 400, "bad_request", "stream: must be a boolean")
+        so = body.get("stream_options")
+        if so is not None:
+            if type(so) is not dict:
+                return self._refuse(call, 400, "bad_request",
+                                    "stream_options: must be an object")
+            iu = so.get("include_usage")
+            if iu is not None and type(iu) is not bool:
+                return self._refuse(call, 400, "bad_request",
+                                    "stream_options.include_usage: must be a boolean")
         try:
             prompt = extract(call.endpoint, body)
         except BadBody as exc:
@@ -599,12 +663,10 @@ class Gateway:
             call.register = []
             call.salt_applied = False
             salt = f"ps1-iso-{self._id_prefix}-{call.rid}"
-        stream = body.get("stream") is True or (bool(body.get("stream"))
-                                                and not isinstance(body.get("stream"), str))
+        stream = stream is True
         strip_usage = False
         if stream and call.endpoint in ("chat", "completions"):
-            so = body.get("stream_options")
-            strip_usage = not isinstance(so, dict) or not so.get("include_usage")
+            strip_usage = so is None or not so.get("include_usage")
         if self._tokenize_for(call):
             call.tokens_task = asyncio.ensure_future(self._tokenize(info, call, body))
         return _rewrite(raw, body, salt, strip_usage), info, stream, strip_usage
@@ -865,9 +927,11 @@ class Gateway:
             self.metrics.upstream_errors.labels("upstream_dropped").inc()
             await send({"type": "http.response.body", "body": _sse_error(
                 "upstream_dropped", "the upstream closed the stream before its end")})
-        except BaseException:
+        except asyncio.CancelledError:
             call.error = call.error or "client_disconnected"
             raise
+        except Exception as exc:  # noqa: BLE001 (a bug: an error event, recorded as such)
+            await self._internal_error(send, call, exc)
         finally:
             watcher.cancel()
             call.usage = usage or None

@@ -74,6 +74,9 @@ class GatewayConfig(BaseModel):
     admin_allow_remote: bool = False
     metrics_namespace_labels: int = Field(0, ge=0, le=1000)
     shutdown_grace_s: float = Field(30.0, ge=0.0)
+    client_header_timeout_s: float = Field(10.0, gt=0.0)
+    client_body_timeout_s: float = Field(30.0, gt=0.0)
+    max_connections: int = Field(2048, ge=1)
     workers: int = Field(1, ge=1, le=64)
     tokenize: Literal["off", "upstream"] = "off"
 

@@ -63,15 +63,94 @@ def build_gateway(cfg: GatewayConfig, *, faults: Faults | None = None) -> Gatewa
                    faults=faults)
 
 
-def _uvicorn_config(app, cfg: GatewayConfig):
+def header_timeout_protocol(timeout_s: float, on_timeout=None):
+    """uvicorn's httptools HTTP protocol with a deadline on the request headers, which uvicorn
+    does not have (its ``timeout_keep_alive`` only covers the idle time between requests).
+
+    A connection's request line and headers must arrive within ``timeout_s`` of the connection
+    being made (first request) or of the request's first byte (later keep-alive requests);
+    else the gateway answers ``408 client_timeout`` and closes it (a slowloris client trickling
+    one header a second, or a half-open connection that never sends, holds nothing for long).
+    ``on_timeout()`` is called for each (the metric). The timer is one ``call_later`` per
+    request, cancelled when the headers are complete.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    body = (b'{"error":{"message":"the request headers did not arrive within '
+            b'client_header_timeout_s (%s s)","type":"gateway_error","code":"client_timeout"}}'
+            % f"{timeout_s:g}".encode())
+
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
+        _header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+
+        def on_headers_complete(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                # a pipelined request's headers while the previous answer is still being
+                # sent: look again later, never write into that answer
+                self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+                return
+            if on_timeout is not None:
+                on_timeout()
+            head = [b"HTTP/1.1 408 Request Timeout\r\n"]
+            for name, value in self.server_state.default_headers:
+                head.extend([name, b": ", value, b"\r\n"])
+            head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
+                        b"connection: close\r\n\r\n" % len(body))
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
+
+    return HeaderTimeoutProtocol
+
+
+def _uvicorn_config(app, cfg: GatewayConfig, *, on_header_timeout=None):
+    """The uvicorn configuration of a gateway: see ``docs/gateway.md#slow-clients`` for the
+    client timeouts and the connection cap."""
     import uvicorn
 
     # proxy_headers off: the client address is the TCP peer (trusted proxies are the gateway's
-    # own rule, gateway/auth.py); uvloop and httptools when installed (uvicorn's "auto")
+    # own rule, gateway/auth.py); uvloop (uvicorn's "auto") and httptools with a header
+    # deadline (header_timeout_protocol); limit_concurrency: above max_connections open
+    # connections (or requests in flight) a new request is answered 503 at once
     return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                           access_log=False, lifespan="on", proxy_headers=False,
-                          loop="auto", http="auto", backlog=4096,
+                          loop="auto", backlog=4096,
+                          http=header_timeout_protocol(cfg.client_header_timeout_s,
+                                                       on_header_timeout),
+                          limit_concurrency=cfg.max_connections,
                           timeout_graceful_shutdown=int(cfg.shutdown_grace_s) or None)
+
+
+def make_server(gw: Gateway, cfg: GatewayConfig):
+    """The uvicorn server of gateway ``gw`` (``server.run()`` serves until SIGTERM/SIGINT)."""
+    import uvicorn
+
+    return uvicorn.Server(_uvicorn_config(
+        gw.app, cfg, on_header_timeout=gw.metrics.child(gw.metrics.client_errors,
+                                                        "client_timeout").inc))
 
 
 def tune_gc() -> None:
@@ -114,12 +193,10 @@ def check_workers(cfg: GatewayConfig) -> None:
 def _worker_main(cfg_json: str, index: int, sock) -> None:
     """One worker process (spawned, ``PROMETHEUS_MULTIPROC_DIR`` inherited): its gateway on
     the shared listening socket."""
-    import uvicorn
-
     cfg = worker_config(GatewayConfig.model_validate_json(cfg_json), index)
     gw = build_gateway(cfg)
     tune_gc()
-    uvicorn.Server(_uvicorn_config(gw.app, cfg)).run(sockets=[sock])
+    make_server(gw, cfg).run(sockets=[sock])
 
 
 def serve(cfg: GatewayConfig) -> None:
@@ -133,13 +210,11 @@ def serve(cfg: GatewayConfig) -> None:
     streams); if one worker dies the others are stopped and this exits non-zero (let the
     service manager restart it).
     """
-    import uvicorn
-
     check_workers(cfg)
     if cfg.workers == 1:
         gw = build_gateway(cfg)
         tune_gc()
-        uvicorn.Server(_uvicorn_config(gw.app, cfg)).run()
+        make_server(gw, cfg).run()
         return
     build_gateway(cfg)  # fail here, once, on a bad key file or inventory
     metrics_dir = tempfile.mkdtemp(prefix="prefixscope-gw-metrics-")

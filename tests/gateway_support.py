@@ -22,7 +22,7 @@ import httpx
 from prefixscope.gateway.app import Faults
 from prefixscope.gateway.auth import key_digest
 from prefixscope.gateway.config import GatewayConfig, load_gateway_config
-from prefixscope.gateway.server import build_gateway
+from prefixscope.gateway.server import build_gateway, make_server
 
 TENANTS = {"acme": "key-acme-0123456789", "globex": "key-globex-0123456789"}
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -69,15 +69,13 @@ class RunningGateway:
     """The gateway served by uvicorn in a thread; ``stop()`` is a graceful shutdown."""
 
     def __init__(self, cfg: GatewayConfig, *, faults: Faults | None = None) -> None:
-        import uvicorn
-
         self.cfg = cfg
         self.gw = build_gateway(cfg, faults=faults)
         self.port = cfg.port or free_port()
-        config = uvicorn.Config(self.gw.app, host="127.0.0.1", port=self.port,
-                                log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=int(cfg.shutdown_grace_s) or None)
-        self.server = uvicorn.Server(config)
+        # the server `prefixscope gateway` runs (uvloop, the header deadline, the connection
+        # cap, the shutdown grace), on a loopback port
+        self.server = make_server(self.gw, cfg.model_copy(update={"host": "127.0.0.1",
+                                                                  "port": self.port}))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

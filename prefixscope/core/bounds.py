@@ -70,7 +70,9 @@ TIME_RANGE = "time is outside 1970-01-01 to 2100-01-01 UTC"
 NOT_FINITE = "not a finite number"
 DOCUMENT_TOO_LARGE = f"larger than {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)"
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+# a JSON string, as an unrolled loop (runs of plain bytes matched at once: about 15x faster
+# than an alternation per character on a prompt full of code)
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
@@ -78,13 +80,17 @@ def json_too_deep(raw: bytes | str, limit: int = MAX_DEPTH) -> bool:
     """True when the JSON text ``raw`` nests arrays/objects deeper than ``limit``.
 
     Fast path: fewer than ``limit`` opening brackets in all (one pass at memchr speed). Else
-    brackets inside strings are ignored and the running depth is tracked exactly.
+    brackets inside strings are ignored (again a count first) and the running depth is
+    tracked exactly. Cost of the slow path: about 6 ms for 270 KB of code in a prompt.
     """
     b = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if b.count(b"[") + b.count(b"{") <= limit:
         return False
+    bare = _STRINGS.sub(b'""', b)
+    if bare.count(b"[") + bare.count(b"{") <= limit:  # the brackets were inside strings
+        return False
     depth = 0
-    for m in _BRACKETS.finditer(_STRINGS.sub(b'""', b)):
+    for m in _BRACKETS.finditer(bare):
         if m.group() in (b"[", b"{"):
             depth += 1
             if depth > limit:

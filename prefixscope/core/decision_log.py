@@ -32,6 +32,9 @@ ERROR_CODES = (
     "upstream_dropped",   # the upstream closed a stream before its end
     "client_disconnected",  # the client went away before the answer was complete
     "upstream_status",    # the upstream answered 4xx (its body is passed through)
+    "client_timeout",     # the client did not send its whole body within client_body_timeout_s
+    "gateway_shutdown",   # the gateway stopped (SIGTERM) and its grace period ran out
+    "internal_error",     # a bug in the gateway (a JSON 500 / an SSE error event, one log line)
 )
 
 
