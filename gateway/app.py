@@ -201,6 +201,8 @@ class _Call:
     message: str = ""
     tokens_task: asyncio.Future | None = None
     blocks: bytes | None = None
+    task: asyncio.Task | None = None  # the request's task (cut at the shutdown deadline)
+    resp: Any = None  # the upstream answer being streamed
 
 
 class Gateway:
@@ -236,6 +238,8 @@ class Gateway:
         self.usage_log: JsonlLog | None = None
         self.decision_log: JsonlLog | None = None
         self.in_flight = 0
+        self._calls: dict[int, _Call] = {}  # requests in flight, for the shutdown deadline
+        self._drain_timer: asyncio.TimerHandle | None = None
         # request ids and isolating salts: a random per-process prefix and a counter (unique,
         # and cheaper than uuid4/urandom per request)
         self._id_prefix = secrets.token_hex(6)
@@ -328,6 +332,8 @@ class Gateway:
 
     async def stop(self) -> None:
         """Flush and close the logs, the pool and the store (after in-flight requests ended)."""
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         for log in (self.usage_log, self.decision_log):
             if log is not None:
                 log.close()
@@ -525,6 +531,8 @@ class Gateway:
         call.scope = auth.scope
         call.ns = self._namespace(auth)
         self.in_flight += 1
+        call.task = asyncio.current_task()
+        self._calls[id(call)] = call
         try:
             prepared = await self._prepare(receive, hdrs, call)
             if prepared is None:  # refused; call.error/status set
@@ -535,9 +543,42 @@ class Gateway:
             await self._forward(scope, receive, send, hdrs, call, *prepared)
         except Exception as exc:  # noqa: BLE001 (a bug: a JSON 500 and a record, no traceback)
             await self._internal_error(send, call, exc)
+        except asyncio.CancelledError:
+            if call.error != "gateway_shutdown":
+                raise
+            # cut by drain() at the shutdown deadline (a request that is not a stream)
+            call.task.uncancel()
+            call.status = 503
+            try:
+                await _send_error(send, 503, "gateway_shutdown", self._shutdown_message())
+            except Exception:  # noqa: BLE001 (the response had begun or the client is gone)
+                pass
         finally:
+            self._calls.pop(id(call), None)
             if not call.finished:
                 await self._finish_shielded(call)
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun (uvicorn accepts no new connection): requests still in flight
+        ``grace_s`` from now are ended by the gateway, a stream with an SSE error event
+        ``gateway_shutdown`` and a request waiting for its answer with ``503
+        gateway_shutdown``; their decision (and usage) records say ``gateway_shutdown``."""
+        self._grace_s = grace_s
+        self._drain_timer = asyncio.get_running_loop().call_later(grace_s, self._cut_in_flight)
+
+    def _shutdown_message(self) -> str:
+        return (f"the gateway is shutting down and the request did not finish within "
+                f"shutdown_grace_s ({getattr(self, '_grace_s', self.cfg.shutdown_grace_s):g} s)")
+
+    def _cut_in_flight(self) -> None:
+        for call in list(self._calls.values()):
+            if call.finished:
+                continue
+            call.error = "gateway_shutdown"
+            if call.resp is not None:  # a stream: its read ends, _stream sends the event
+                call.resp.close()
+            elif call.task is not None:
+                call.task.cancel()
 
     async def _internal_error(self, send, call: _Call, exc: Exception) -> None:
         """An unexpected exception while serving ``call``: one log line (the exception type
@@ -873,6 +914,7 @@ class Gateway:
             resp.close()  # wakes the read below; sends to a gone client are no-ops
 
         watcher = asyncio.ensure_future(watch())
+        call.resp = resp
         buf = b""
         anthropic = call.endpoint == "messages"
         usage: dict = {}
@@ -920,6 +962,10 @@ class Gateway:
                 "upstream_timeout", "the upstream stopped sending within the read timeout "
                 f"({self.cfg.read_timeout_s:g} s)")})
         except _UPSTREAM_ERRORS:
+            if call.error == "gateway_shutdown":  # cut by drain(): the client is told why
+                await send({"type": "http.response.body", "body": _sse_error(
+                    "gateway_shutdown", self._shutdown_message())})
+                return
             if gone:
                 call.error = call.error or "client_disconnected"
                 return
@@ -934,6 +980,7 @@ class Gateway:
             await self._internal_error(send, call, exc)
         finally:
             watcher.cancel()
+            call.resp = None
             call.usage = usage or None
             await self._finish_shielded(call)
 

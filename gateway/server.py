@@ -1,7 +1,8 @@
 """Build a :class:`~prefixscope.gateway.app.Gateway` from its configuration and serve it with
 uvicorn (graceful shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections, lets
-in-flight requests and streams finish for up to ``shutdown_grace_s``, then the app's lifespan
-flushes and fsyncs the logs and saves the in-process state)."""
+in-flight requests and streams finish for up to ``shutdown_grace_s``; the gateway ends what is
+still running then (:func:`make_server`, ``Gateway.drain``), then the app's lifespan flushes and
+fsyncs the logs and saves the in-process state)."""
 
 from __future__ import annotations
 
@@ -141,14 +142,31 @@ def _uvicorn_config(app, cfg: GatewayConfig, *, on_header_timeout=None):
                           http=header_timeout_protocol(cfg.client_header_timeout_s,
                                                        on_header_timeout),
                           limit_concurrency=cfg.max_connections,
-                          timeout_graceful_shutdown=int(cfg.shutdown_grace_s) or None)
+                          # the gateway ends what is left at shutdown_grace_s itself
+                          # (Gateway.drain); uvicorn's own cancellation is only a backstop
+                          timeout_graceful_shutdown=cfg.shutdown_grace_s + SHUTDOWN_BACKSTOP_S)
+
+
+#: Seconds after ``shutdown_grace_s`` at which uvicorn cancels whatever is still running
+#: (the gateway has ended every request at ``shutdown_grace_s``; this only catches a bug).
+SHUTDOWN_BACKSTOP_S = 5.0
 
 
 def make_server(gw: Gateway, cfg: GatewayConfig):
-    """The uvicorn server of gateway ``gw`` (``server.run()`` serves until SIGTERM/SIGINT)."""
+    """The uvicorn server of gateway ``gw`` (``server.run()`` serves until SIGTERM/SIGINT).
+
+    On shutdown it stops accepting connections and calls ``gw.drain(shutdown_grace_s)``:
+    requests and streams still in flight at the deadline are ended by the gateway (an SSE
+    ``gateway_shutdown`` event or a ``503``, records saying so), then the lifespan flushes the
+    logs."""
     import uvicorn
 
-    return uvicorn.Server(_uvicorn_config(
+    class GatewayServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            gw.drain(cfg.shutdown_grace_s)
+            await super().shutdown(sockets)
+
+    return GatewayServer(_uvicorn_config(
         gw.app, cfg, on_header_timeout=gw.metrics.child(gw.metrics.client_errors,
                                                         "client_timeout").inc))
 
