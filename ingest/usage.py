@@ -289,7 +289,13 @@ def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_q
     the earlier batches): ``n -> IngestSummary``."""
     notes = []
     if read == 0 and n_quarantined == 0 and skipped == 0:
-        notes.append("no new lines since the last ingest" if start.offset else "empty file")
+        try:
+            size = os.stat(location).st_size
+        except OSError:
+            size = start.offset
+        notes.append("the last line has no newline and is not complete JSON: left for the next "
+                     "ingest (a writer may still be writing it)" if size > start.offset else
+                     "no new lines since the last ingest" if start.offset else "empty file")
     if skipped:
         notes.append(f"{skipped} lines skipped (blank, or stream chunks without usage)")
     note = "; ".join(notes) or None

@@ -85,6 +85,12 @@ def test_a_half_written_last_line_is_left_whole_for_the_next_run(cli, db_path, t
     assert "1 record, 1 added, 0 already present, 0 quarantined" in out
     assert "note: the last line has no newline and is not complete JSON: left for the next " \
            "ingest" in out
+    use = tmp_path / "usage.jsonl"  # ingest requests: the same rule, the same note
+    use.write_text(json.dumps(_usage("u-1"))[:40])
+    code, out, err = cli(["ingest", "requests", use, "--db", db_path])
+    assert code == 0, err
+    assert "note: the last line has no newline and is not complete JSON" in out
+    assert _count(db_path, "SELECT count(*) FROM requests") == 0
     assert _count(db_path, "SELECT count(*) FROM gateway_decisions") == 1
     with dec.open("a") as fh:  # the writer finishes the line
         fh.write(line[40:] + "\n")
@@ -108,6 +114,8 @@ def test_a_deep_json_file_without_newline_on_a_new_database_says_why(cli, db_pat
     code, out, err = cli(["ingest", "requests", deep, "--db", db_path])  # was a RecursionError
     assert "Traceback" not in err and "RecursionError" not in err
     assert code == 0, err
+    assert "note: the last line has no newline and is not complete JSON" in out  # not "empty"
+    assert "empty file" not in out
     # once finished (a newline), the line is quarantined, never stored
     with deep.open("a") as fh:
         fh.write("\n")
