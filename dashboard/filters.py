@@ -275,6 +275,23 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
     return tuple(picked)
 
 
+def refused_text(refused) -> str | None:
+    """The "Refused / errors" line of Scopes and Rejections from
+    ``prefixscope.store.queries.scopes.refused_by_reason`` rows (``error, requests``): the
+    requests the engine never answered, left out of the hit rates and miss counts; None when
+    there are none. Pure."""
+    from prefixscope.core.formatting import fmt_int
+
+    if refused is None or len(refused) == 0:
+        return None
+    total = int(refused["requests"].sum())
+    by = ", ".join(f"{e} {fmt_int(int(n))}" for e, n in zip(refused["error"], refused["requests"]))
+    noun = "request" if total == 1 else "requests"
+    return (f"Refused / errors: {fmt_int(total)} {noun} ({by}) never reached the engine (the "
+            "gateway answered them itself, or the upstream failed); they are left out of the "
+            "hit rates and the request and miss counts here (docs/metrics.md#refused-requests).")
+
+
 #: What Scopes, Rejections and Invariants say when no gateway decision is stored in the range.
 NO_DECISIONS = ("No data in this range — no gateway decisions stored. Put `prefixscope gateway` in "
                 "front of vLLM (it writes the decision log; docs/gateway.md) and ingest it with "

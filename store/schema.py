@@ -737,4 +737,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(76, "series heads carry model and engine", _SERIES_HEAD_LABELS),
     Migration(77, "daily latency histogram rollup", _LATENCY_ROLLUP),
     Migration(78, "latency histogram rollup by cached-share band", _LATENCY_ROLLUP_BANDS),
+    Migration(80, "scope rollup: refused requests apart", (
+        # scope_rollup_5m gains the grouping column `refused` (store/scope_sql.py: the error
+        # of a decision without a usage row) and is rebuilt, so that the pages leave refused
+        # requests out of hit rates and miss counts.
+        "ALTER TABLE scope_rollup_5m ADD COLUMN IF NOT EXISTS refused VARCHAR",
+        "DELETE FROM scope_rollup_5m",
+        scope_sql.ROLLUP_FILL_SQL,
+    )),
 )

@@ -39,6 +39,11 @@ def sql_list(values) -> str:
     return "[" + ", ".join(f"'{v}'" for v in vals) + "]::VARCHAR[]"
 
 
+#: ``refused``: the decision's ``error`` (``prefixscope.core.decision_log.ERROR_CODES``) when
+#: the request has no usage row: it never got an answer from the engine (the gateway answered
+#: 400/404/413 itself, or the upstream failed, ``gateway/app.py``). Such rows are left out of
+#: the hit rates and the request, accept, reject and miss counts and counted apart as
+#: "Refused / errors" (``docs/metrics.md#refused-requests``). NULL otherwise.
 #: The join's rows from ``{source}`` (a FROM clause with aliases ``d`` = gateway_decisions and
 #: ``r`` = requests, possibly narrowed and with its own WHERE).
 ROWS_SQL = """
@@ -50,6 +55,7 @@ ROWS_SQL = """
            COALESCE(d.scope, r.scope, 'UNSCOPED') AS scope,
            COALESCE(d.namespace_digest, r.tenant_digest) AS namespace_digest,
            d.decision, d.first_mismatch, d.reasons,
+           CASE WHEN d.error IS NOT NULL AND r.request_id IS NULL THEN d.error END AS refused,
            d.candidate_cached_tokens, d.accepted_cached_tokens, d.candidate_request_id,
            r.prompt_tokens, r.cached_tokens,
            d.request_id IS NOT NULL AS has_decision, r.request_id IS NOT NULL AS has_usage,
@@ -97,7 +103,8 @@ CLASS_SQL = f"""CASE
 ROLLUP_S = 300.0
 BUCKET_SQL = "floor(ts_unix_s / 300.0) * 300.0"
 #: Grouping columns of a rollup row besides its bucket.
-ROLLUP_DIMS = ("run_id", "model", "scope", "namespace_digest", "decision", "first_mismatch")
+ROLLUP_DIMS = ("run_id", "model", "scope", "namespace_digest", "decision", "first_mismatch",
+               "refused")
 ROLLUP_COLUMNS = (
     "bucket_start_s", *ROLLUP_DIMS, "requests", "usage_rows", "reported_requests",
     "prompt_tokens", "reported_prompt_tokens", "cached_tokens", "accepted_cached_tokens",
@@ -131,6 +138,7 @@ ROLLUP_DDL = """
         namespace_digest         VARCHAR,
         decision                 VARCHAR,          -- accept, reject, miss; NULL = no decision
         first_mismatch           VARCHAR,
+        refused                  VARCHAR,          -- error code of a decision without usage
         requests                 BIGINT NOT NULL,  -- rows of the join
         usage_rows               BIGINT NOT NULL,  -- of them with a requests row
         reported_requests        BIGINT NOT NULL,  -- cached_tokens reported (0 included)

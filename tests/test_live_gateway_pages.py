@@ -117,3 +117,41 @@ def test_report_json_has_iso_times_beside_unix_seconds(live_db, cli):
     code, out, _ = cli(["report", "--db", live_db, "--start", "2020-01-01", "--json"])
     doc = json.loads(out)
     assert doc["start"] == "2020-01-01T00:00:00Z"
+
+
+def test_refused_requests_are_counted_apart(live_db):
+    """The three requests the gateway answered itself are not traffic: out of the request and
+    miss counts, in refused_by_reason by code; the rollup and the join agree."""
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries import scopes as q
+
+    with store_db.reader(live_db) as con:
+        for rollup in (None, False):
+            refused = q.refused_by_reason(con, run_ids=[""], rollup=rollup)
+            assert dict(zip(refused["error"], refused["requests"])) == REFUSED
+            t = q.hit_rate_by_scope_totals(con, by=("scope",), run_ids=[""], rollup=rollup)
+            assert t[["requests", "accepts", "rejects", "misses", "refused_requests"]
+                     ].values.tolist() == [[4, 1, 1, 2, 3]]
+            assert (t["reported_prompt_tokens"].sum(), t["cached_tokens"].sum()) == (
+                t["prompt_tokens"].sum(), t["cached_tokens"].sum())
+            m = q.miss_breakdown_by_window(con, window_s=86400, run_ids=[""], rollup=rollup)
+            assert (m["ordinary_miss_requests"].sum(), m["accepts"].sum(),
+                    m["other_reject_requests"].sum()) == (2, 1, 1)
+            r = q.rejections_by_reason_window(con, window_s=86400, run_ids=[""], rollup=rollup)
+            assert r["rejects"].sum() == 1
+
+
+def test_pages_show_refused_apart(live_db, use_db):
+    db = use_db(live_db)
+    at = ds.run_app(db, "views/scopes.py")
+    ds.assert_clean(at)
+    table = at.dataframe[0].value
+    assert sum(int(x) for x in table["Requests"]) == 4  # acme 3, globex 1
+    assert sum(int(x) for x in table["No candidate"]) == 2
+    want = ("Refused / errors: 3 requests (bad_request 1, too_large 1, unknown_model 1) never "
+            "reached the engine")
+    assert any(c.startswith(want) for c in ds.texts(at, "caption"))
+    at = ds.run_app(db, "views/rejections.py")
+    ds.assert_clean(at)
+    assert ds.metrics(at)["Ordinary misses"] == "2"
+    assert any(c.startswith(want) for c in ds.texts(at, "caption"))

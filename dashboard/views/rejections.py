@@ -36,6 +36,9 @@ with data.guard(db):
     if decided == 0:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
+    refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
+    if refused:
+        st.caption(refused)
     reasons = data.query(db, "scopes", "rejections_by_reason_window", window_s=window_s, **common)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Rejected requests", fmt_int(reasons["rejects"].sum() if not reasons.empty else 0),
@@ -43,7 +46,8 @@ with data.guard(db):
     c2.metric("Version-mismatch misses", fmt_int(misses["version_mismatch_requests"].sum()),
               border=True, help=CLASS_HELP["version"])
     c3.metric("Ordinary misses", fmt_int(misses["ordinary_miss_requests"].sum()), border=True,
-              help="Requests for which no candidate object existed.")
+              help="Requests for which no candidate object existed (refused requests, which never "
+              "reached the engine, are counted apart).")
     c4.metric("Candidate tokens refused",  # a plain count: "185,760 tokens" was cut at 1400 px
               fmt_int(reasons["lost_candidate_tokens"].sum() if not reasons.empty else 0),
               border=True, help="Prompt tokens: Σ candidate_cached_tokens of the rejected "

@@ -35,6 +35,9 @@ with data.guard(db):
     if scoped.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
+    refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
+    if refused:
+        st.caption(refused)
     note = data.uncounted_note(db, **common)  # the picked runs, whole, as every figure here
     if note:
         st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")

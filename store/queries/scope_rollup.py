@@ -17,7 +17,7 @@ from __future__ import annotations
 import duckdb
 
 from prefixscope.store.queries import archive
-from prefixscope.store.scope_sql import (BUCKET_SQL, ON_KEY, ROLLUP_COLUMNS, ROLLUP_S,
+from prefixscope.store.scope_sql import (BUCKET_SQL, ON_KEY, ROLLUP_COLUMNS, ROLLUP_DIMS, ROLLUP_S,
                                          ROLLUP_SELECT_SQL, ROWS_SQL)
 
 _COLS = ", ".join(ROLLUP_COLUMNS)
@@ -64,7 +64,8 @@ def _recompute(con: duckdb.DuckDBPyConnection, *, untimed: bool) -> None:
 _USAGE_ONLY_SQL = (
     f"SELECT {BUCKET_SQL} AS bucket_start_s, run_id, model, COALESCE(scope, 'UNSCOPED') AS scope, "
     "tenant_digest AS namespace_digest, CAST(NULL AS VARCHAR) AS decision, "
-    "CAST(NULL AS VARCHAR) AS first_mismatch, count(*) AS requests, count(*) AS usage_rows, "
+    "CAST(NULL AS VARCHAR) AS first_mismatch, CAST(NULL AS VARCHAR) AS refused, "
+    "count(*) AS requests, count(*) AS usage_rows, "
     "count(cached_tokens) AS reported_requests, "
     "CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens, "
     "CAST(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT) "
@@ -75,7 +76,8 @@ _USAGE_ONLY_SQL = (
     " AS miss_tokens, "
     + ", ".join(f"CAST(0 AS BIGINT) AS {n}" for n in ROLLUP_COLUMNS[-4:])
     + " FROM {rows} GROUP BY ALL")
-_SUMMED = ROLLUP_COLUMNS[7:]  # every measure adds (counts, and sums that are NULL when empty)
+_NDIMS = 1 + len(ROLLUP_DIMS)  # bucket_start_s and the grouping columns
+_SUMMED = ROLLUP_COLUMNS[_NDIMS:]  # every measure adds (counts, and sums that are NULL when empty)
 
 
 def _add_usage_only(con: duckdb.DuckDBPyConnection, batch: str) -> None:
@@ -96,7 +98,7 @@ def _add_usage_only(con: duckdb.DuckDBPyConnection, batch: str) -> None:
         sums = ", ".join(f"sum({c}) AS {c}" for c in _SUMMED)
         con.execute(f"""
             CREATE OR REPLACE TEMP TABLE _ps_scope_merged AS
-            SELECT {', '.join(ROLLUP_COLUMNS[:7])}, {sums}
+            SELECT {', '.join(ROLLUP_COLUMNS[:_NDIMS])}, {sums}
             FROM (SELECT {_COLS} FROM _ps_scope_fresh UNION ALL
                   SELECT {_COLS} FROM scope_rollup_5m WHERE {in_buckets})
             GROUP BY ALL

@@ -130,8 +130,8 @@ def _by(by: Sequence[str]) -> list[str]:
 
 
 _AGG = """
-    count(*) AS requests,
-    count(*) FILTER (WHERE has_decision) AS decided_requests,
+    count(*) FILTER (WHERE refused IS NULL) AS requests,
+    count(*) FILTER (WHERE has_decision AND refused IS NULL) AS decided_requests,
     count(*) FILTER (WHERE cached_tokens IS NOT NULL) AS reported_requests,
     COALESCE(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
     COALESCE(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0)::BIGINT
@@ -139,9 +139,10 @@ _AGG = """
     COALESCE(sum(cached_tokens), 0)::BIGINT AS cached_tokens,
     COALESCE(sum(accepted_cached_tokens), 0)::BIGINT AS accepted_cached_tokens,
     COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS candidate_cached_tokens,
-    count(*) FILTER (WHERE decision = 'accept') AS accepts,
-    count(*) FILTER (WHERE decision = 'reject') AS rejects,
-    count(*) FILTER (WHERE decision = 'miss') AS misses
+    count(*) FILTER (WHERE decision = 'accept' AND refused IS NULL) AS accepts,
+    count(*) FILTER (WHERE decision = 'reject' AND refused IS NULL) AS rejects,
+    count(*) FILTER (WHERE decision = 'miss' AND refused IS NULL) AS misses,
+    count(*) FILTER (WHERE refused IS NOT NULL) AS refused_requests
 """
 _RATE = """, cached_tokens AS saved_prefill_tokens,
     CASE WHEN reported_prompt_tokens > 0
@@ -153,18 +154,23 @@ _RATE = """, cached_tokens AS saved_prefill_tokens,
 _ROLLUP_COLS = ", ".join(scope_sql.ROLLUP_COLUMNS)
 #: The measures of :data:`_AGG` summed over rollup-shaped rows.
 _FAGG = """
-    CAST(COALESCE(sum(requests), 0) AS BIGINT) AS requests,
-    CAST(COALESCE(sum(requests) FILTER (WHERE decision IS NOT NULL), 0) AS BIGINT)
-        AS decided_requests,
+    CAST(COALESCE(sum(requests) FILTER (WHERE refused IS NULL), 0) AS BIGINT) AS requests,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision IS NOT NULL AND refused IS NULL), 0)
+         AS BIGINT) AS decided_requests,
     CAST(COALESCE(sum(reported_requests), 0) AS BIGINT) AS reported_requests,
     COALESCE(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
     COALESCE(sum(reported_prompt_tokens), 0)::BIGINT AS reported_prompt_tokens,
     COALESCE(sum(cached_tokens), 0)::BIGINT AS cached_tokens,
     COALESCE(sum(accepted_cached_tokens), 0)::BIGINT AS accepted_cached_tokens,
     COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS candidate_cached_tokens,
-    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'accept'), 0) AS BIGINT) AS accepts,
-    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'reject'), 0) AS BIGINT) AS rejects,
-    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'miss'), 0) AS BIGINT) AS misses
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'accept' AND refused IS NULL), 0)
+         AS BIGINT) AS accepts,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'reject' AND refused IS NULL), 0)
+         AS BIGINT) AS rejects,
+    CAST(COALESCE(sum(requests) FILTER (WHERE decision = 'miss' AND refused IS NULL), 0)
+         AS BIGINT) AS misses,
+    CAST(COALESCE(sum(requests) FILTER (WHERE refused IS NOT NULL), 0) AS BIGINT)
+        AS refused_requests
 """
 
 
@@ -325,7 +331,7 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
         sql = f"""
             WITH w AS (SELECT {window_start} AS window_start_s, *,
                               {scope_sql.CLASS_SQL} AS reason_class
-                       FROM {fsql} WHERE decision = 'reject')
+                       FROM {fsql} WHERE decision = 'reject' AND refused IS NULL)
             SELECT window_start_s, window_start_s + ? AS window_end_s,
                    first_mismatch AS reason, reason_class,
                    CAST(sum(requests) AS BIGINT) AS rejects,
@@ -340,7 +346,8 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
-                   FROM ({_base(con, start_s, end_s, where)}) WHERE decision = 'reject')
+                   FROM ({_base(con, start_s, end_s, where)})
+                   WHERE decision = 'reject' AND refused IS NULL)
         SELECT window_start_s, window_start_s + ? AS window_end_s,
                first_mismatch AS reason, reason_class, count(*) AS rejects,
                COALESCE(sum(candidate_cached_tokens), 0)::BIGINT AS lost_candidate_tokens
@@ -379,7 +386,8 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         t = "COALESCE(sum({}) FILTER (WHERE {}), 0)::BIGINT"
         sql = f"""
             WITH w AS (SELECT {window_start} AS window_start_s, *,
-                              {scope_sql.CLASS_SQL} AS reason_class FROM {fsql})
+                              {scope_sql.CLASS_SQL} AS reason_class FROM {fsql}
+                       WHERE refused IS NULL)
             SELECT window_start_s, window_start_s + ? AS window_end_s,
                    {n.format("decision = 'miss'")} AS ordinary_miss_requests,
                    {t.format("miss_tokens", "decision IS DISTINCT FROM 'reject'")}
@@ -403,7 +411,7 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
-                   FROM ({_base(con, start_s, end_s, where)}))
+                   FROM ({_base(con, start_s, end_s, where)}) WHERE refused IS NULL)
         SELECT window_start_s, window_start_s + ? AS window_end_s,
                count(*) FILTER (WHERE decision = 'miss') AS ordinary_miss_requests,
                COALESCE(sum(prompt_tokens - cached_tokens) FILTER (
@@ -424,6 +432,33 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     return con.execute(sql, p).df()
 
 
+def refused_by_reason(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                      end_s: float | None = None, run_ids: Sequence[str] | None = None,
+                      models: Sequence[str] | None = None,
+                      instances: Sequence[str] | None = None,
+                      rollup: bool | None = None) -> pd.DataFrame:
+    """Requests that never got an answer from the engine (a decision with an ``error`` and no
+    usage row: the gateway refused them, 400/404/413, or the upstream failed), by error code:
+    the "Refused / errors" the pages show apart from hit rates and miss counts (``rollup`` as
+    in :func:`hit_rate_by_scope_window`).
+
+    Returns:
+        Columns ``error`` (``prefixscope.core.decision_log.ERROR_CODES``), ``requests``; most
+        first, then by code. No row when there are none.
+    """
+    dims = dict(run_ids=run_ids, models=models, instances=instances)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, **dims)
+    if facts is not None:
+        fsql, params = facts
+        rows = f"SELECT refused, requests AS n FROM {fsql}"
+    else:
+        where, params = _filters(start_s=start_s, end_s=end_s, **dims)
+        rows = f"SELECT refused, 1 AS n FROM ({_base(con, start_s, end_s, where)})"
+    return con.execute(f"""
+        SELECT refused AS error, CAST(sum(n) AS BIGINT) AS requests FROM ({rows})
+        WHERE refused IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1""", params).df()
+
+
 def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                             end_s: float | None = None, run_ids: Sequence[str] | None = None,
                             limit: int = 10, rollup: bool | None = None) -> pd.DataFrame:
@@ -441,12 +476,14 @@ def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | 
         fsql, params = facts
         groups = f"""SELECT namespace_digest, scope, decision, first_mismatch,
                             sum(requests) AS n, sum(candidate_cached_tokens) AS c
-                     FROM {fsql} WHERE namespace_digest IS NOT NULL GROUP BY ALL"""
+                     FROM {fsql} WHERE namespace_digest IS NOT NULL AND refused IS NULL
+                     GROUP BY ALL"""
     else:
         where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
         groups = f"""SELECT namespace_digest, scope, decision, first_mismatch, count(*) AS n,
                             sum(candidate_cached_tokens) AS c
-                     FROM ({_base(con, start_s, end_s, where)}) WHERE namespace_digest IS NOT NULL GROUP BY ALL"""
+                     FROM ({_base(con, start_s, end_s, where)})
+                     WHERE namespace_digest IS NOT NULL AND refused IS NULL GROUP BY ALL"""
     rej = "decision = 'reject'"
     sql = f"""
         WITH g AS ({groups})
