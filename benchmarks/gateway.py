@@ -374,8 +374,10 @@ def wait_http(url: str, timeout_s: float = 60) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
-def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str = "memory"
-                  ) -> tuple[subprocess.Popen, str]:
+def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str = "memory",
+                  trace: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """``prefixscope gateway`` on ``upstream`` (or, with ``trace``, the instrumented one of
+    ``benchmarks/gateway_trace.py`` writing its trace there when stopped)."""
     from prefixscope.gateway.auth import key_digest
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -388,8 +390,11 @@ def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str 
         f'hmac_key_file = "{workdir / "hmac.key"}"\napi_keys_file = "{workdir / "keys.toml"}"\n'
         f'log_dir = "{workdir / "logs"}"\nread_timeout_s = 120.0\npool_size = 256\n'
         + (f'workers = {workers}\nstore = "{store}"\n' if workers > 1 else ""))
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefixscope"), "gateway",
-                             "--config", str(workdir / "gateway.toml")],
+    cmd = ([sys.executable, str(ROOT / "benchmarks" / "gateway_trace.py"),
+            str(workdir / "gateway.toml"), str(trace)] if trace is not None
+           else [str(Path(sys.executable).parent / "prefixscope"), "gateway",
+                 "--config", str(workdir / "gateway.toml")])
+    proc = subprocess.Popen(cmd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health")
@@ -430,6 +435,25 @@ def pin(pids: list[int], cpus: set[int]) -> None:
             pass
 
 
+def realtime(pids: list[int], on: bool) -> None:
+    """Every thread of ``pids`` to SCHED_FIFO priority 10 (``on``) or back to SCHED_OTHER:
+    the machine's other processes (SCHED_OTHER) can then no longer keep them waiting for a
+    CPU, so the run measures the gateway, not the machine's load (``--realtime``; root or
+    CAP_SYS_NICE; the kernel's RT throttling still leaves 5% of each CPU to the others)."""
+    policy, param = ((os.SCHED_FIFO, os.sched_param(10)) if on
+                     else (os.SCHED_OTHER, os.sched_param(0)))
+    for p in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{p}/task")]
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                os.sched_setscheduler(t, policy, param)
+            except OSError:
+                pass
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] if s else float("nan")
@@ -463,6 +487,8 @@ def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, r
                 lat, wall, fails, spans = run_arrivals(base, offsets, pool=concurrency * 2)
             c1 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
             a = acc[label]
+            if label == "gateway":
+                a.setdefault("spans", []).extend(spans)
             a["lat"] += lat
             a["wall"] += wall
             a["fails"] += fails
@@ -491,10 +517,57 @@ def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, r
     out["added_p50_ms"] = round(out["gateway"]["p50_ms"] - out["direct"]["p50_ms"], 2)
     out["added_p99_ms"] = round(out["gateway"]["p99_ms"] - out["direct"]["p99_ms"], 2)
     out["throughput_ratio"] = round(out["gateway"]["req_per_s"] / out["direct"]["req_per_s"], 3)
+    out["_gateway_spans"] = acc["gateway"].get("spans", [])
     gw_ms = out["gateway"]["cpu_ms_per_request"]["gateway"]
     out["gateway_cpu_ms_per_request"] = gw_ms
     out["gateway_bound_floor_ms"] = round(concurrency * gw_ms / gateway_cpus, 2)
     return out
+
+
+def trace_report(trace: dict, results: list[dict], spans: dict[str, list]) -> None:
+    """Print, per paced run, the event-loop stalls of the gateway (``benchmarks/gateway_trace.py``)
+    that its slowest 1% of requests went through, and what happened during each: the loop
+    thread's own CPU, other threads' CPU, run-queue wait (waiting for a CPU), collections, log
+    batches, new connections."""
+    lags = trace["lags"]
+
+    def during(kind: str, lo: float, hi: float) -> list:
+        return [e for e in trace[kind] if lo - 0.001 <= (e[0] if isinstance(e, list) else e) <= hi]
+
+    for r in results:
+        key = f"{r['upstream']}-{r['arrivals']}"
+        sp = spans.get(key) or []
+        if not r["upstream"].startswith("paced") or not sp:
+            continue
+        lo, hi = min(s for s, _ in sp), max(e for _, e in sp)
+        mine = [x for x in lags if lo <= x["t"] <= hi]
+        lat = sorted(e - s for s, e in sp)
+        p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+        slow = [(s, e) for s, e in sp if e - s >= p99]
+        hit = {id(x): x for s, e in slow for x in mine
+               if x["t"] < e and x["t"] + 0.001 + x["lag_ms"] / 1000 > s}
+        print(f"trace {key}: {len(mine)} loop lags > 2 ms during the gateway rounds "
+              f"(> 5 ms: {sum(x['lag_ms'] > 5 for x in mine)}, > 10 ms: "
+              f"{sum(x['lag_ms'] > 10 for x in mine)}, sum {sum(x['lag_ms'] for x in mine):.1f} "
+              f"ms); gc {len(during('gc', lo, hi))} collections "
+              f"({sum(g[1] for g in during('gc', lo, hi)):.1f} ms), log batches "
+              f"{len(during('drains', lo, hi))} (slowest "
+              f"{max([d[1] for d in during('drains', lo, hi)] or [0]):.1f} ms), upstream connects "
+              f"{len(during('upstream_connects', lo, hi))}, accepts {len(during('accepts', lo, hi))}"
+              f"; slowest 1%: {len(slow)} requests >= {p99 * 1000:.1f} ms met {len(hit)} of them")
+        for x in sorted(mine, key=lambda x: -x["lag_ms"])[:8]:
+            a, b = x["t"], x["t"] + 0.001 + x["lag_ms"] / 1000
+            g = during("gc", a, b)
+            d = during("drains", a, b)
+            print(f"  lag {x['lag_ms']:7.1f} ms at +{a - lo:7.3f} s: loop thread CPU "
+                  f"{x['loop_cpu_ms']:.1f} ms, all threads {x['proc_cpu_ms']:.1f} ms, run-queue "
+                  f"wait {x['runqueue_wait_ms']:.1f} ms, faults {x['major_faults']} major "
+                  f"{x['minor_faults']} minor, switches {x['voluntary_switches']} voluntary "
+                  f"{x['involuntary_switches']} involuntary; gc {[(q[2], q[1]) for q in g]}, log "
+                  f"batches {[(q[2], q[3], q[1]) for q in d]}, upstream connects "
+                  f"{len(during('upstream_connects', a, b))}, accepts "
+                  f"{len(during('accepts', a, b))}; slow requests in it "
+                  f"{sum(1 for s, e in slow if s < b and e > a)}")
 
 
 def main() -> None:
@@ -519,6 +592,16 @@ def main() -> None:
                     help="gateway worker processes (more than 1: a redis-server is started)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     ap.add_argument("--no-vllm", action="store_true", help="skip the real CPU server")
+    ap.add_argument("--realtime", action="store_true",
+                    help="paced runs: client, upstream and gateway on SCHED_FIFO (root), so "
+                         "the machine's other processes cannot hold them off a CPU")
+    ap.add_argument("--no-loopback", action="store_true",
+                    help="skip the at-once loopback rows (paced runs and vLLM only)")
+    ap.add_argument("--trace", type=Path, metavar="DIR",
+                    help="run the paced gateway instrumented (benchmarks/gateway_trace.py: "
+                         "loop lags, gc, log batches, new connections), write the trace and "
+                         "the request spans to DIR and print which stalls the slowest "
+                         "requests met")
     ap.add_argument("--vllm-requests", type=int, default=96)
     ap.add_argument("--vllm-concurrency", type=int, default=8)
     args = ap.parse_args()
@@ -546,14 +629,16 @@ def main() -> None:
             store = redis.url
             if pinned:
                 pin([redis.proc.pid], rest)
-        def loopback(gap_ms: float, label: str) -> tuple[subprocess.Popen, str, subprocess.Popen, str]:
+        def loopback(gap_ms: float, label: str, trace: Path | None = None
+                     ) -> tuple[subprocess.Popen, str, subprocess.Popen, str]:
             port = free_port()
             up_proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port),
                                         str(gap_ms)])
             procs.append(up_proc)
             up = f"http://127.0.0.1:{port}"
             wait_http(up + "/v1/models")
-            gw, gw_url = start_gateway(up, tmp / label, workers=args.workers, store=store)
+            gw, gw_url = start_gateway(up, tmp / label, workers=args.workers, store=store,
+                                       trace=trace)
             procs.append(gw)
             if pinned:
                 pin([up_proc.pid], rest)
@@ -561,12 +646,19 @@ def main() -> None:
             return up_proc, up, gw, gw_url
 
         up_proc, up, gw, gw_url = loopback(0.0, "loopback")
-        for conc in args.concurrency:
+        for conc in ([] if args.no_loopback else args.concurrency):
             results.append(compare("loopback", up, gw_url, n=args.requests, concurrency=conc,
                                    rounds=args.rounds, upstream_pids=[up_proc.pid],
                                    gateway_pid=gw.pid, gateway_cpus=len(gw_cpus)))
         if args.paced_gap_ms > 0:
-            up_proc, up, gw, gw_url = loopback(args.paced_gap_ms, "paced")
+            trace_file = None
+            if args.trace is not None:
+                args.trace.mkdir(parents=True, exist_ok=True)
+                trace_file = args.trace / "gateway-trace.json"
+            up_proc, up, gw, gw_url = loopback(args.paced_gap_ms, "paced", trace_file)
+            rt_pids = [os.getpid(), up_proc.pid, *tree_pids(gw.pid)]
+            if args.realtime:
+                realtime(rt_pids, True)
             results.append(compare(f"paced{args.paced_gap_ms:g}", up, gw_url,
                                    n=args.paced_requests, concurrency=args.paced_concurrency,
                                    rounds=args.rounds, upstream_pids=[up_proc.pid],
@@ -578,6 +670,8 @@ def main() -> None:
                                        upstream_pids=[up_proc.pid], gateway_pid=gw.pid,
                                        gateway_cpus=len(gw_cpus), arrivals=process,
                                        stream_s=8 * args.paced_gap_ms / 1000))
+            if args.realtime:
+                realtime(rt_pids, False)
         if not args.no_vllm:
             from tests.vllm_support import ServerConfig, start_server
 
@@ -602,8 +696,15 @@ def main() -> None:
         if redis is not None:
             redis.stop()
     load_after = os.getloadavg()
+    spans = {f"{r['upstream']}-{r['arrivals']}": r.pop("_gateway_spans") for r in results}
+    if args.trace is not None:
+        (args.trace / "spans.json").write_text(json.dumps(spans))
+        trace_report(json.loads((args.trace / "gateway-trace.json").read_text()), results,
+                     spans)
     layout = (f"gateway on CPU {sorted(gw_cpus)}, client+upstream on CPU {sorted(rest)}"
               if pinned else "not pinned")
+    if args.realtime:
+        layout += "; paced runs on SCHED_FIFO"
     print(f"{ncpu} CPUs ({layout}); gateway workers {args.workers}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"{'upstream':9} {'arrivals':8} {'conc':>4} {'path':8} {'p50 ms':>9} {'p99 ms':>9} "
@@ -628,6 +729,7 @@ def main() -> None:
                  if r["upstream"] == "loopback" and r["concurrency"] > 1 else "") + kind)
     print("GATEWAY_BENCH " + json.dumps({"results": results, "cpus": ncpu, "pinned": pinned,
                                          "workers": args.workers,
+                                         "realtime": args.realtime,
                                          "loadavg_before": [round(x, 2) for x in load_before],
                                          "loadavg_after": [round(x, 2) for x in load_after]}))
 
