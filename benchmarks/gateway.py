@@ -375,7 +375,8 @@ def wait_http(url: str, timeout_s: float = 60) -> None:
 
 
 def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str = "memory",
-                  trace: Path | None = None) -> tuple[subprocess.Popen, str]:
+                  trace: Path | None = None, exe: str | None = None
+                  ) -> tuple[subprocess.Popen, str]:
     """``prefixscope gateway`` on ``upstream`` (or, with ``trace``, the instrumented one of
     ``benchmarks/gateway_trace.py`` writing its trace there when stopped)."""
     from prefixscope.gateway.auth import key_digest
@@ -392,7 +393,7 @@ def start_gateway(upstream: str, workdir: Path, *, workers: int = 1, store: str 
         + (f'workers = {workers}\nstore = "{store}"\n' if workers > 1 else ""))
     cmd = ([sys.executable, str(ROOT / "benchmarks" / "gateway_trace.py"),
             str(workdir / "gateway.toml"), str(trace)] if trace is not None
-           else [str(Path(sys.executable).parent / "prefixscope"), "gateway",
+           else [exe or str(Path(sys.executable).parent / "prefixscope"), "gateway",
                  "--config", str(workdir / "gateway.toml")])
     proc = subprocess.Popen(cmd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -461,25 +462,33 @@ def pct(xs: list[float], q: float) -> float:
 
 def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, rounds: int,
             upstream_pids: list[int], gateway_pid: int, gateway_cpus: int,
-            arrivals: str = "closed", stream_s: float = 0.0) -> dict:
+            arrivals: str = "closed", stream_s: float = 0.0,
+            baseline: tuple[str, int] | None = None) -> dict:
     """Alternating rounds direct / gateway; latencies, rates and CPU per request.
+
+    ``baseline``: (URL, pid) of a second gateway (``--baseline-gateway``, another install,
+    e.g. the main branch before a change), measured as a third path in the same rounds:
+    ``out["baseline"]``, its added latencies and CPU per request beside this one's.
 
     ``arrivals``: ``closed`` (``concurrency`` back-to-back request loops, all starting at once:
     with an upstream of fixed stream length they stay in phase, the synchronised worst case) or
     ``poisson`` / ``constant`` (open loop at ``concurrency / stream_s`` requests/s, so that
     ``concurrency`` streams of ``stream_s`` seconds are open on average by Little's law; round
     r uses the same seeded schedule on both paths)."""
-    for base in (direct, gateway):  # warm connections, discovery, the registry
+    paths = [("direct", direct, gateway_pid), ("gateway", gateway, gateway_pid)]
+    if baseline is not None:
+        paths.append(("baseline", baseline[0], baseline[1]))
+    for _, base, _ in paths:  # warm connections, discovery, the registry
         run_load(base, concurrency * 2, concurrency)
     acc = {p: {"lat": [], "wall": 0.0, "fails": 0, "busy": 0.0, "peak": 0,
                "cpu": {"client": 0.0, "upstream": 0.0, "gateway": 0.0}}
-           for p in ("direct", "gateway")}
+           for p, _, _ in paths}
     rate = concurrency / stream_s if arrivals != "closed" else 0.0
     for r in range(rounds):
         offsets = (arrival_schedule(n // rounds, rate, arrivals, seed=r)
                    if arrivals != "closed" else [])
-        for label, base in (("direct", direct), ("gateway", gateway)):
-            gw_pids = tree_pids(gateway_pid)
+        for label, base, pid in paths:  # direct: the gateway's idle CPU
+            gw_pids = tree_pids(pid)
             c0 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
             if arrivals == "closed":
                 lat, wall, fails, spans = run_load(base, n // rounds, concurrency)
@@ -517,6 +526,12 @@ def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, r
     out["added_p50_ms"] = round(out["gateway"]["p50_ms"] - out["direct"]["p50_ms"], 2)
     out["added_p99_ms"] = round(out["gateway"]["p99_ms"] - out["direct"]["p99_ms"], 2)
     out["throughput_ratio"] = round(out["gateway"]["req_per_s"] / out["direct"]["req_per_s"], 3)
+    if baseline is not None:
+        out["baseline_added_p50_ms"] = round(out["baseline"]["p50_ms"] - out["direct"]["p50_ms"], 2)
+        out["baseline_added_p99_ms"] = round(out["baseline"]["p99_ms"] - out["direct"]["p99_ms"], 2)
+        out["baseline_throughput_ratio"] = round(out["baseline"]["req_per_s"]
+                                                 / out["direct"]["req_per_s"], 3)
+        out["baseline_gateway_cpu_ms_per_request"] = out["baseline"]["cpu_ms_per_request"]["gateway"]
     out["_gateway_spans"] = acc["gateway"].get("spans", [])
     gw_ms = out["gateway"]["cpu_ms_per_request"]["gateway"]
     out["gateway_cpu_ms_per_request"] = gw_ms
@@ -563,7 +578,7 @@ def trace_report(trace: dict, results: list[dict], spans: dict[str, list]) -> No
                   f"{x['loop_cpu_ms']:.1f} ms, all threads {x['proc_cpu_ms']:.1f} ms, run-queue "
                   f"wait {x['runqueue_wait_ms']:.1f} ms, faults {x['major_faults']} major "
                   f"{x['minor_faults']} minor, switches {x['voluntary_switches']} voluntary "
-                  f"{x['involuntary_switches']} involuntary; gc {[(q[2], q[1]) for q in g]}, log "
+                  f"{x['involuntary_switches']} involuntary, steal {x['steal_ticks']}; gc {[(q[2], q[1]) for q in g]}, log "
                   f"batches {[(q[2], q[3], q[1]) for q in d]}, upstream connects "
                   f"{len(during('upstream_connects', a, b))}, accepts "
                   f"{len(during('accepts', a, b))}; slow requests in it "
@@ -592,6 +607,10 @@ def main() -> None:
                     help="gateway worker processes (more than 1: a redis-server is started)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     ap.add_argument("--no-vllm", action="store_true", help="skip the real CPU server")
+    ap.add_argument("--baseline-gateway", metavar="PREFIXSCOPE",
+                    help="the prefixscope executable of another install (e.g. main before a "
+                         "change): its gateway is measured as a third path in the same rounds "
+                         "(loopback and paced runs)")
     ap.add_argument("--realtime", action="store_true",
                     help="paced runs: client, upstream and gateway on SCHED_FIFO (root), so "
                          "the machine's other processes cannot hold them off a CPU")
@@ -629,6 +648,8 @@ def main() -> None:
             store = redis.url
             if pinned:
                 pin([redis.proc.pid], rest)
+        baseline: list = [None]  # (URL, pid) of the --baseline-gateway of the current upstream
+
         def loopback(gap_ms: float, label: str, trace: Path | None = None
                      ) -> tuple[subprocess.Popen, str, subprocess.Popen, str]:
             port = free_port()
@@ -643,33 +664,44 @@ def main() -> None:
             if pinned:
                 pin([up_proc.pid], rest)
                 pin(tree_pids(gw.pid), gw_cpus)
+            if args.baseline_gateway:
+                bl, bl_url = start_gateway(up, tmp / f"{label}-baseline", workers=args.workers,
+                                           store=store, exe=args.baseline_gateway)
+                procs.append(bl)
+                if pinned:
+                    pin(tree_pids(bl.pid), gw_cpus)
+                baseline[0] = (bl_url, bl.pid)
             return up_proc, up, gw, gw_url
 
         up_proc, up, gw, gw_url = loopback(0.0, "loopback")
         for conc in ([] if args.no_loopback else args.concurrency):
             results.append(compare("loopback", up, gw_url, n=args.requests, concurrency=conc,
                                    rounds=args.rounds, upstream_pids=[up_proc.pid],
-                                   gateway_pid=gw.pid, gateway_cpus=len(gw_cpus)))
+                                   gateway_pid=gw.pid, gateway_cpus=len(gw_cpus),
+                                   baseline=baseline[0]))
         if args.paced_gap_ms > 0:
             trace_file = None
             if args.trace is not None:
                 args.trace.mkdir(parents=True, exist_ok=True)
                 trace_file = args.trace / "gateway-trace.json"
             up_proc, up, gw, gw_url = loopback(args.paced_gap_ms, "paced", trace_file)
-            rt_pids = [os.getpid(), up_proc.pid, *tree_pids(gw.pid)]
+            rt_pids = [os.getpid(), up_proc.pid, *tree_pids(gw.pid),
+                       *(tree_pids(baseline[0][1]) if baseline[0] else [])]
             if args.realtime:
                 realtime(rt_pids, True)
             results.append(compare(f"paced{args.paced_gap_ms:g}", up, gw_url,
                                    n=args.paced_requests, concurrency=args.paced_concurrency,
                                    rounds=args.rounds, upstream_pids=[up_proc.pid],
-                                   gateway_pid=gw.pid, gateway_cpus=len(gw_cpus)))
+                                   gateway_pid=gw.pid, gateway_cpus=len(gw_cpus),
+                                   baseline=baseline[0]))
             for process in (args.arrivals if args.stagger else []):
                 results.append(compare(f"paced{args.paced_gap_ms:g}", up, gw_url,
                                        n=args.paced_requests,
                                        concurrency=args.paced_concurrency, rounds=args.rounds,
                                        upstream_pids=[up_proc.pid], gateway_pid=gw.pid,
                                        gateway_cpus=len(gw_cpus), arrivals=process,
-                                       stream_s=8 * args.paced_gap_ms / 1000))
+                                       stream_s=8 * args.paced_gap_ms / 1000,
+                                       baseline=baseline[0]))
             if args.realtime:
                 realtime(rt_pids, False)
         if not args.no_vllm:
@@ -711,7 +743,9 @@ def main() -> None:
           f"{'req/s':>8} {'open mean/max':>13} {'CPU ms/req: client':>19} {'upstream':>9} "
           f"{'gateway':>8}")
     for r in results:
-        for label in ("direct", "gateway"):
+        for label in ("direct", "gateway", "baseline"):
+            if label not in r:
+                continue
             d = r[label]
             c = d["cpu_ms_per_request"]
             opened = f"{d['open_streams_mean']:.1f}/{d['open_streams_max']}"
@@ -727,6 +761,12 @@ def main() -> None:
               f"gateway CPU {r['gateway_cpu_ms_per_request']:.3f} ms/request"
               + (f", saturated floor {r['gateway_bound_floor_ms']:.2f} ms"
                  if r["upstream"] == "loopback" and r["concurrency"] > 1 else "") + kind)
+        if "baseline" in r:
+            print(f"{'':9} {'':8} {'':>4} baseline: added p50 {r['baseline_added_p50_ms']:+.2f} ms, "
+                  f"p99 {r['baseline_added_p99_ms']:+.2f} ms, throughput "
+                  f"{r['baseline_throughput_ratio']:.2f}x; gateway CPU "
+                  f"{r['baseline_gateway_cpu_ms_per_request']:.3f} ms/request (this one "
+                  f"{r['gateway_cpu_ms_per_request']:.3f})")
     print("GATEWAY_BENCH " + json.dumps({"results": results, "cpus": ncpu, "pinned": pinned,
                                          "workers": args.workers,
                                          "realtime": args.realtime,

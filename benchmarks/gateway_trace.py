@@ -8,7 +8,8 @@ Run as ``python benchmarks/gateway_trace.py CONFIG OUT.json``: the gateway of ``
   ``LAG_MS`` late is recorded with what the loop thread did meanwhile: its own CPU time
   (``time.thread_time``), the process's CPU time (all threads) and the kernel's run-queue
   wait of the loop thread (``/proc/self/task/TID/schedstat``: time runnable but not running,
-  i.e. waiting for a CPU), its page faults and context switches (``getrusage``);
+  i.e. waiting for a CPU), its page faults and context switches (``getrusage``) and the machine's steal time (the
+  hypervisor running something else, ``/proc/stat``, 10 ms ticks);
 - **gc callbacks**: every collection (generation, duration, objects collected);
 - the **log writer's** batches (start, duration of write + fsync, lines, rotations);
 - **new connections**: upstream connects of the pool and accepted client connections.
@@ -123,12 +124,17 @@ def _install(out: Path) -> None:
             r = resource.getrusage(resource.RUSAGE_THREAD)
             return r.ru_majflt, r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw
 
-        state = {"t": pc(), "th": time.thread_time(), "pr": time.process_time(),
+        stat_fd = os.open("/proc/stat", os.O_RDONLY)
+
+        def steal() -> int:  # the machine's steal time (hypervisor), USER_HZ ticks
+            return int(os.pread(stat_fd, 256, 0).split(b"\n", 1)[0].split()[8])
+
+        state = {"st": steal(), "t": pc(), "th": time.thread_time(), "pr": time.process_time(),
                  "sc": sched(), "gc": 0, "ru": ru()}
 
         def tick() -> None:
             now = pc()
-            th, pr, sc, u = time.thread_time(), time.process_time(), sched(), ru()
+            th, pr, sc, u, st = time.thread_time(), time.process_time(), sched(), ru(), steal()
             lag = (now - state["t"] - 0.001) * 1000
             if lag > LAG_MS:
                 TRACE["lags"].append({
@@ -142,8 +148,9 @@ def _install(out: Path) -> None:
                     # preempted)
                     "major_faults": u[0] - state["ru"][0], "minor_faults": u[1] - state["ru"][1],
                     "voluntary_switches": u[2] - state["ru"][2],
-                    "involuntary_switches": u[3] - state["ru"][3]})
-            state.update(t=now, th=th, pr=pr, sc=sc, gc=len(TRACE["gc"]), ru=u)
+                    "involuntary_switches": u[3] - state["ru"][3],
+                    "steal_ticks": st - state["st"]})
+            state.update(t=now, th=th, pr=pr, sc=sc, gc=len(TRACE["gc"]), ru=u, st=st)
             loop.call_later(0.001, tick)
 
         loop.call_later(0.001, tick)

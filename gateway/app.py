@@ -171,7 +171,7 @@ def _rewrite(raw: bytes, body: dict, salt: str, add_usage: bool) -> bytes:
     return end[:-1] + extra + b"}"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     """Per-request state collected for the records."""
 
@@ -798,12 +798,16 @@ class Gateway:
                 call.register.append((k, StoredObject(expected[i], 0, call.rid, handle)))
         if isolated:
             return f"ps1-iso-{self._id_prefix}-{call.rid}"  # unique to this request
-        generation = sha256_hex("\x00".join(
-            [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
-             str(self.cfg.policy_revision), str(current)]))
-        skey = (call.scope, ns, gen.cache_epoch, info.runtime_digest, generation)
+        # the salt remembered by everything it derives from (the generation digest is
+        # computed on a miss only)
+        skey = (call.scope, ns, gen.cache_epoch, info.runtime_digest, info.model_digest,
+                info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
+                self.cfg.policy_revision, current)
         salt = self._salt_cache.get(skey)
         if salt is None:
+            generation = sha256_hex("\x00".join(
+                [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
+                 str(self.cfg.policy_revision), str(current)]))
             salt = derive_salt(self.key, scope=call.scope, namespace=ns,
                                cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
                                generation=generation)
@@ -1139,6 +1143,8 @@ class Gateway:
         exp, cand = call.expected, call.candidate
         if verdict.outcome == "accept" and cand is not None and exp is not None:
             c = cand.identity
+            if c == exp:  # every field equal (the usual accept): none of the three can hold
+                return
             if c.scope != exp.scope or c.namespace != exp.namespace:
                 m.labels("cross_scope_acceptance").inc()
             if any(getattr(c, f) != getattr(exp, f) for f in _VERSION_FIELDS):
