@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -460,6 +461,27 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] if s else float("nan")
 
 
+#: Collections in this process (the client) while a round is measured: generation -> (count,
+#: longest ms). A full collection here walks every object of the client and stalls every
+#: request in flight, whichever path it measures (round 5 in docs/benchmarks.md).
+CLIENT_GC: dict[int, list] = {}
+_gc_t0 = [0.0, False]  # start of the running collection, measuring now
+
+
+def _client_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_t0[0] = time.perf_counter()
+    elif _gc_t0[1]:
+        ms = (time.perf_counter() - _gc_t0[0]) * 1000
+        c = CLIENT_GC.setdefault(info["generation"], [0, 0.0])
+        c[0] += 1
+        c[1] = max(c[1], ms)
+
+
+gc.callbacks.append(_client_gc)
+CLIENT_GC_ON = False  # --client-gc: leave the client's collector on during the rounds
+
+
 def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, rounds: int,
             upstream_pids: list[int], gateway_pid: int, gateway_cpus: int,
             arrivals: str = "closed", stream_s: float = 0.0,
@@ -489,12 +511,22 @@ def compare(name: str, direct: str, gateway: str, *, n: int, concurrency: int, r
                    if arrivals != "closed" else [])
         for label, base, pid in paths:  # direct: the gateway's idle CPU
             gw_pids = tree_pids(pid)
+            # the client's own collector off while a round is measured (collected before it):
+            # a full collection of the client stalls every request in flight for 20-40 ms
+            gc.collect()
+            if not CLIENT_GC_ON:
+                gc.disable()
+            _gc_t0[1] = True
             c0 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
-            if arrivals == "closed":
-                lat, wall, fails, spans = run_load(base, n // rounds, concurrency)
-            else:
-                lat, wall, fails, spans = run_arrivals(base, offsets, pool=concurrency * 2)
-            c1 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
+            try:
+                if arrivals == "closed":
+                    lat, wall, fails, spans = run_load(base, n // rounds, concurrency)
+                else:
+                    lat, wall, fails, spans = run_arrivals(base, offsets, pool=concurrency * 2)
+            finally:
+                c1 = (time.process_time(), cpu_s(upstream_pids), cpu_s(gw_pids))
+                _gc_t0[1] = False
+                gc.enable()
             a = acc[label]
             if label == "gateway":
                 a.setdefault("spans", []).extend(spans)
@@ -611,6 +643,9 @@ def main() -> None:
                     help="the prefixscope executable of another install (e.g. main before a "
                          "change): its gateway is measured as a third path in the same rounds "
                          "(loopback and paced runs)")
+    ap.add_argument("--client-gc", action="store_true",
+                    help="leave the benchmark client's garbage collector on during the measured "
+                         "rounds (before round 5 it was; its full collections stall the client)")
     ap.add_argument("--realtime", action="store_true",
                     help="paced runs: client, upstream and gateway on SCHED_FIFO (root), so "
                          "the machine's other processes cannot hold them off a CPU")
@@ -627,6 +662,8 @@ def main() -> None:
     if args.serve_upstream:
         serve_upstream(int(args.serve_upstream[0]), args.serve_upstream[1])
         return
+    global CLIENT_GC_ON
+    CLIENT_GC_ON = args.client_gc
     ncpu = len(os.sched_getaffinity(0))
     pinned = ncpu >= 2 and not args.no_pin
     cpus = sorted(os.sched_getaffinity(0))
@@ -738,7 +775,9 @@ def main() -> None:
     if args.realtime:
         layout += "; paced runs on SCHED_FIFO"
     print(f"{ncpu} CPUs ({layout}); gateway workers {args.workers}; load average "
-          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; client collections during "
+          f"the rounds (generation: count, longest ms) "
+          f"{ {g: (c, round(ms, 1)) for g, (c, ms) in sorted(CLIENT_GC.items())} }")
     print(f"{'upstream':9} {'arrivals':8} {'conc':>4} {'path':8} {'p50 ms':>9} {'p99 ms':>9} "
           f"{'req/s':>8} {'open mean/max':>13} {'CPU ms/req: client':>19} {'upstream':>9} "
           f"{'gateway':>8}")
@@ -770,6 +809,7 @@ def main() -> None:
     print("GATEWAY_BENCH " + json.dumps({"results": results, "cpus": ncpu, "pinned": pinned,
                                          "workers": args.workers,
                                          "realtime": args.realtime,
+                                         "client_gc": {str(g): c for g, c in CLIENT_GC.items()},
                                          "loadavg_before": [round(x, 2) for x in load_before],
                                          "loadavg_after": [round(x, 2) for x in load_after]}))
 
