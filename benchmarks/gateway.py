@@ -723,7 +723,8 @@ def main() -> None:
                 trace_file = args.trace / "gateway-trace.json"
             up_proc, up, gw, gw_url = loopback(args.paced_gap_ms, "paced", trace_file)
             rt_pids = [os.getpid(), up_proc.pid, *tree_pids(gw.pid),
-                       *(tree_pids(baseline[0][1]) if baseline[0] else [])]
+                       *(tree_pids(baseline[0][1]) if baseline[0] else []),
+                       *([redis.proc.pid] if redis is not None else [])]
             if args.realtime:
                 realtime(rt_pids, True)
             results.append(compare(f"paced{args.paced_gap_ms:g}", up, gw_url,
