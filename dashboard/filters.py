@@ -228,11 +228,26 @@ def window_picker(key: str, labels: Sequence[str], *, default: str, help: str | 
     return label, WINDOWS_S[label]
 
 
-def run_option_label(run_id: str, label: object, kind: object, created_unix_s: object) -> str:
+def _is_time(x: object) -> bool:
+    return isinstance(x, (int, float)) and x == x
+
+
+def run_option_label(run_id: str, label: object, kind: object, created_unix_s: object, *,
+                     first_ts_unix_s: object = None, last_ts_unix_s: object = None) -> str:
     """How a run reads in a run picker: ``label · kind · created YYYY-MM-DD HH:MM`` (the run id
-    when it has no label); pure."""
+    when it has no label); a run without a ``runs`` row (production traffic from the live
+    gateway, ``run_id`` ``''``) reads ``production (gateway) · from <first> to <last>`` from
+    the span of its decisions when given (it has no creation time: the ingest time is not
+    the traffic's); pure."""
     from prefixscope.core.formatting import fmt_time
 
+    if not (isinstance(kind, str) and kind) and _is_time(first_ts_unix_s) \
+            and _is_time(last_ts_unix_s):
+        name = "production (gateway)" if run_id == "" else run_id
+        return (f"{name} · from {fmt_time(float(first_ts_unix_s))} "
+                f"to {fmt_time(float(last_ts_unix_s))}")
+    if run_id == "" and not (isinstance(label, str) and label):
+        label = PRODUCTION_RUN_LABEL
     name = label if isinstance(label, str) and label else run_id
     parts = [name]
     if isinstance(kind, str) and kind:
@@ -248,7 +263,8 @@ def default_runs(run_ids: Sequence[str], *, n: int) -> list[str]:
 
 
 def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
-               help: str | None = None) -> tuple[str, ...]:
+               help: str | None = None, default: Sequence[str] | None = None
+               ) -> tuple[str, ...]:
     """A searchable picker of every run in ``runs`` (newest first), for the pages that show
     one run or compare chosen runs (Replay, Scopes, Rejections, Invariants).
 
@@ -258,6 +274,7 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
         key: the widget key (the selection survives reruns and the live refresh).
         default_n: how many of the newest runs are picked at first.
         label, help: the widget's label and help text.
+        default: the runs picked at first (else the ``default_n`` newest).
 
     Returns:
         The picked run ids (empty when the user cleared the picker).
@@ -265,10 +282,17 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
     import streamlit as st
 
     ids = [str(r) for r in runs["run_id"]]
-    names = {str(r): run_option_label(str(r), lab, kind, made) for r, lab, kind, made in
-             zip(runs["run_id"], runs["label"], runs["kind"], runs["created_unix_s"])}
+    n = len(runs)
+    firsts = runs["first_ts_unix_s"] if "first_ts_unix_s" in runs else [None] * n
+    lasts = runs["last_ts_unix_s"] if "last_ts_unix_s" in runs else [None] * n
+    names = {str(r): run_option_label(str(r), lab, kind, made, first_ts_unix_s=a,
+                                      last_ts_unix_s=b)
+             for r, lab, kind, made, a, b in
+             zip(runs["run_id"], runs["label"], runs["kind"], runs["created_unix_s"], firsts,
+                 lasts)}
     picked = st.multiselect(
-        label, ids, default=default_runs(ids, n=default_n), key=key,
+        label, ids, default=list(default) if default else default_runs(ids, n=default_n),
+        key=key,
         format_func=lambda r: names.get(r, r), placeholder="Type to search the runs",
         help=help or f"All {len(ids):,} runs, newest first; type to search. Each run is shown "
                      "whole (the sidebar's time range does not cut it).")
@@ -320,7 +344,17 @@ def pick_decision_runs(db: str, *, key: str, empty: str = NO_DECISIONS) -> tuple
     if runs.empty:
         st.info(empty, icon=":material/info:")
         st.stop()
-    picked = run_picker(runs, key=key, label="Run (or runs to compare)")
+    ids = [str(r) for r in runs["run_id"]]
+    side = current().run_ids  # the sidebar's Run (None: all runs)
+    wanted = [r for r in ids if side is not None and r in side]
+    picked = run_picker(runs, key=key, label="Run (or runs to compare)",
+                        default=wanted or None)
+    if side is not None and set(picked) != set(side):
+        missing = [run_label(r) for r in side if r not in ids]
+        why = (f"the sidebar's run {', '.join(missing)} has no gateway decisions"
+               if missing and not wanted else "picked here")
+        st.caption(f"Showing {', '.join(run_label(r) for r in picked) or 'no run'} "
+                   f"({why}); the sidebar's Run is {', '.join(run_label(r) for r in side)}.")
     if not picked:
         st.info("Pick at least one run.", icon=":material/info:")
         st.stop()

@@ -48,6 +48,7 @@ def live_db(tmp_path_factory):
                 assert httpx.post(url, content=body, headers=js, timeout=10).status_code == status
         finally:
             gw.stop()
+    (d / "logs_dir.txt").write_text(str(d / "logs"))
     path = str(d / "live.duckdb")
     with store_db.writer(path) as con:
         assert ingest_usage_file(con, d / "logs" / "usage.jsonl").rows_added == 4
@@ -155,3 +156,57 @@ def test_pages_show_refused_apart(live_db, use_db):
     ds.assert_clean(at)
     assert ds.metrics(at)["Ordinary misses"] == "2"
     assert any(c.startswith(want) for c in ds.texts(at, "caption"))
+
+
+def test_live_run_reads_production_gateway_with_its_span(live_db, use_db):
+    """The picker's option for live gateway traffic: the span of its decisions, not an empty
+    name and the ingest time."""
+    from prefixscope.core.formatting import fmt_time
+    from prefixscope.store import db as store_db
+
+    with store_db.reader(live_db) as con:
+        lo, hi = con.execute("SELECT min(ts_unix_s), max(ts_unix_s) FROM gateway_decisions"
+                             ).fetchone()
+    at = ds.run_app(use_db(live_db), "views/rejections.py")
+    ds.assert_clean(at)
+    picker = at.multiselect(key="rejections_runs")
+    assert picker.value == [""]
+    assert picker.format_func("") == f"production (gateway) · from {fmt_time(lo)} to {fmt_time(hi)}"
+
+
+def test_page_picker_follows_the_sidebar_run(live_db, tmp_path, use_db):
+    """Two runs with decisions: the page's picker starts with the sidebar's Run, and says so
+    when the user picks another."""
+    import shutil
+    from pathlib import Path
+
+    from prefixscope.ingest.decisions import ingest_decisions_file
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    logs = Path(Path(live_db).parent / "logs_dir.txt").read_text()
+    db = str(tmp_path / "two.duckdb")
+    shutil.copy(live_db, db)
+    for name in ("usage.jsonl", "decisions.jsonl"):  # copies under run "other"
+        lines = [json.loads(x) for x in (Path(logs) / name).read_text().splitlines() if x]
+        (tmp_path / name).write_text("".join(
+            json.dumps({**x, "run_id": "other"} if "run_id" in x else x) + "\n" for x in lines))
+    with store_db.writer(db) as con:
+        assert ingest_usage_file(con, tmp_path / "usage.jsonl", run_id="other").rows_added == 4
+        assert ingest_decisions_file(con, tmp_path / "decisions.jsonl",
+                                     run_id="other").rows_added == 8
+        con.execute("CHECKPOINT")
+    db = use_db(db)
+    at = ds.run_app(db, "views/scopes.py")
+    ds.assert_clean(at)
+    assert at.multiselect(key="filter_runs").value == [""]  # the sidebar: production
+    assert at.multiselect(key="scopes_runs").value == [""]  # the page follows it
+
+    def pick_other(at):
+        at.multiselect(key="filter_runs").set_value(["other"])
+    at = ds.run_app(db, "views/scopes.py", setup=pick_other)
+    ds.assert_clean(at)
+    assert at.multiselect(key="scopes_runs").value == ["other"]
+    at.multiselect(key="scopes_runs").set_value([""]).run()
+    assert any(c.startswith("Showing production (picked here); the sidebar's Run is other")
+               for c in ds.texts(at, "caption"))

@@ -189,7 +189,9 @@ def run_list(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = No
 
     Returns:
         Columns ``run_id, kind, label, created_unix_s`` (kind/label NULL for a decision run
-        without a ``runs`` row).
+        without a ``runs`` row); with ``with_decisions`` also ``first_ts_unix_s`` and
+        ``last_ts_unix_s``, the span of the run's decisions (Unix s; archived days from their
+        UTC day's start / end).
     """
     where, params = ["TRUE"], []
     if kinds is not None:
@@ -202,10 +204,13 @@ def run_list(con: duckdb.DuckDBPyConnection, *, kinds: Sequence[str] | None = No
         decided = "SELECT run_id, ts_unix_s FROM gateway_decisions"
         if archive.archived_rows(con, "gateway_decisions"):  # production decisions archived
             decided += (" UNION ALL SELECT '', max(epoch(day::TIMESTAMP)) + 86400 FROM "
+                        "archive_parts WHERE tbl = 'gateway_decisions'"
+                        " UNION ALL SELECT '', min(epoch(day::TIMESTAMP)) FROM "
                         "archive_parts WHERE tbl = 'gateway_decisions'")
         base = ("SELECT d.run_id, r.kind, r.label, coalesce(r.created_unix_s, d.last_ts) AS "
-                "created_unix_s FROM (SELECT run_id, max(ts_unix_s) AS last_ts FROM "
-                f"({decided}) GROUP BY run_id) d LEFT JOIN runs r USING (run_id)")
+                "created_unix_s, d.first_ts AS first_ts_unix_s, d.last_ts AS last_ts_unix_s "
+                "FROM (SELECT run_id, min(ts_unix_s) AS first_ts, max(ts_unix_s) AS last_ts "
+                f"FROM ({decided}) GROUP BY run_id) d LEFT JOIN runs r USING (run_id)")
     return con.execute(
         f"SELECT * FROM ({base}) WHERE {' AND '.join(where)} "
         "ORDER BY created_unix_s DESC NULLS LAST, run_id", params).df()
