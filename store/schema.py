@@ -13,7 +13,8 @@ Reserved numbers, one owner each, so that parallel work never collides:
 40-49 first contact (issue 14: alert_sends.claimed_by),
 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency),
 70-79 production scale (issue 17: 70 stored counter increases, 71-72 rollups, 73 retention and
-archive, 75 scope rollup, 76 series heads with model and engine, 77 latency histogram rollup). Columns documented in
+archive, 75 scope rollup, 76 series heads with model and engine, 77 latency histogram rollup,
+78 latency rollup by cached-share band, 79 requests without the primary-key index). Columns documented in
 ``docs/schema.md``.
 
 Conventions: times are ``*_unix_s`` DOUBLE (UTC seconds); token counts BIGINT; NULL means
@@ -205,6 +206,51 @@ _REQUESTS_KEY = (
     f"SELECT {_REQUESTS_COLUMNS}, {REQUEST_KEY_SQL} FROM requests",
     "DROP TABLE requests",
     "ALTER TABLE requests_m9 RENAME TO requests",
+)
+
+_REQUESTS_UNINDEXED = (
+    # Migration 79: request_key loses its PRIMARY KEY (DuckDB's ART index), keeps NOT NULL and
+    # the CHECK. The index cost 3.5 us per inserted row on a fresh table and 7 us at 10 M
+    # stored rows (insert plus COMMIT); the writers in store/queries/requests.py now skip a
+    # stored or repeated key themselves: an anti-join of each batch's keys against the stored
+    # ones (0.1 us per stored row and transaction), in the batch's write transaction
+    # (docs/benchmarks.md "Usage-log ingest without the index"). DuckDB cannot drop a primary
+    # key: the table is rebuilt with the same columns in the same order, rows copied.
+    f"""
+    CREATE TABLE requests_m79 (
+        run_id              VARCHAR NOT NULL DEFAULT '',
+        request_id          VARCHAR NOT NULL,
+        source_id           VARCHAR NOT NULL,
+        line                BIGINT,
+        ts_unix_s           DOUBLE,
+        ts_estimated        BOOLEAN NOT NULL DEFAULT FALSE,
+        model               VARCHAR,
+        instance            VARCHAR,
+        endpoint            VARCHAR,
+        usage_shape         VARCHAR,
+        prompt_tokens       BIGINT,
+        cached_tokens       BIGINT,
+        cache_write_tokens  BIGINT,
+        completion_tokens   BIGINT,
+        ttft_ms             DOUBLE,
+        latency_ms          DOUBLE,
+        scope               VARCHAR,
+        tenant_digest       VARCHAR,
+        flags               VARCHAR,
+        cache_write_1h_tokens BIGINT,
+        request_key         UUID NOT NULL CHECK (request_key = {REQUEST_KEY_SQL}),
+        provider            VARCHAR
+    )
+    """,
+    f"INSERT INTO requests_m79 ({_REQUESTS_COLUMNS}, request_key, provider) "
+    f"SELECT {_REQUESTS_COLUMNS}, request_key, provider FROM requests",
+    "DROP TABLE requests",
+    "ALTER TABLE requests_m79 RENAME TO requests",
+    # One row that every transaction inserting into requests updates first: a second
+    # connection's insert transaction open at the same time fails on it (DuckDB's write-write
+    # conflict) instead of both passing the key check before either commits.
+    "CREATE TABLE requests_writer (id INTEGER PRIMARY KEY, transactions BIGINT NOT NULL)",
+    "INSERT INTO requests_writer VALUES (1, 0)",
 )
 
 _METRIC_SAMPLES_COLUMNS = (
@@ -737,6 +783,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(76, "series heads carry model and engine", _SERIES_HEAD_LABELS),
     Migration(77, "daily latency histogram rollup", _LATENCY_ROLLUP),
     Migration(78, "latency histogram rollup by cached-share band", _LATENCY_ROLLUP_BANDS),
+    Migration(79, "requests without the primary-key index (the writers skip stored keys)",
+              _REQUESTS_UNINDEXED),
     Migration(80, "scope rollup: refused requests apart", (
         # scope_rollup_5m gains the grouping column `refused` (store/scope_sql.py: the error
         # of a decision without a usage row) and is rebuilt, so that the pages leave refused

@@ -255,6 +255,30 @@ _SUM_FACTS = """
 """
 
 
+#: The staged batch: its rows with their ``request_key`` (a temporary table: memory only).
+_STAGED = "_ps_new_requests"
+
+
+def _stage(con: duckdb.DuckDBPyConnection, name: str, columns: str, *, ordinal: bool) -> None:
+    """Claim the ``requests`` write for this transaction (:func:`_claim_writer`) and stage
+    the registered batch ``name`` with each row's key (and its position ``_ps_ord`` when
+    ``ordinal``) in the temporary table :data:`_STAGED`."""
+    _claim_writer(con)
+    ordc = ", _ps_ord" if ordinal else ""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_STAGED} AS "
+                f"SELECT {columns}, {REQUEST_KEY_SQL} AS request_key{ordc} FROM {name}")
+
+
+def _claim_writer(con: duckdb.DuckDBPyConnection) -> None:
+    """Update the one row of ``requests_writer`` (migration 79) in the caller's transaction.
+    The key check reads the committed keys and the transaction's own: two write transactions
+    open at the same time (two connections of one process; two processes cannot open the file
+    for writing) would each miss the other's keys. Both update this row, so DuckDB fails the
+    second with a write-write conflict (``duckdb.TransactionException``), and one of them
+    rolls back: a key is never stored twice."""
+    con.execute("UPDATE requests_writer SET transactions = transactions + 1 WHERE id = 1")
+
+
 def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
     """Insert an Arrow batch of request rows; rows whose (run_id, request_id) is stored are
     skipped (also repeats inside the batch: the first is kept). The per-minute rollup
@@ -262,8 +286,11 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
     transaction, as are the scope rollup's minutes (``scope_rollup_5m``,
     :mod:`prefixscope.store.queries.scope_rollup`); the daily latency histogram
     (``latency_rollup_1d``) gains the batch's counts when every row was new, else its days
-    are recomputed. The pair is checked through
-    ``request_key`` (:data:`prefixscope.store.schema.REQUEST_KEY_SQL`, computed here).
+    are recomputed. The pair is checked through ``request_key``
+    (:data:`prefixscope.store.schema.REQUEST_KEY_SQL`, computed here): an anti-join of the
+    batch's keys against the stored ones, in the caller's transaction (``requests`` has no
+    index since migration 79; :func:`_claim_writer` keeps two open transactions from both
+    passing it).
 
     Args:
         batch: Arrow table whose columns are ``columns`` (comma-separated ``requests`` columns,
@@ -271,45 +298,73 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
 
     Returns:
         Rows added.
+
+    Raises:
+        duckdb.TransactionException: another connection's open transaction is writing
+            ``requests`` (roll back, then try again).
     """
+    import numpy as np
+
     name = "_prefixscope_request_batch"
     con.register(name, batch)
+    ordered = name + "_ord"
+    con.register(ordered, batch.append_column("_ps_ord", pa.array(np.arange(batch.num_rows))))
     try:
+        _stage(con, ordered, columns, ordinal=True)
         row = con.execute(
             f"INSERT INTO requests ({columns}, request_key) "
-            f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name} ON CONFLICT DO NOTHING").fetchone()
+            f"SELECT {columns}, request_key FROM {_STAGED} n WHERE NOT EXISTS "
+            f"(SELECT 1 FROM requests r WHERE r.request_key = n.request_key) "
+            f"QUALIFY row_number() OVER (PARTITION BY request_key ORDER BY _ps_ord) = 1"
+        ).fetchone()
+        con.execute(f"DROP TABLE {_STAGED}")
         _refresh_rollup(con, name)
         added = int(row[0]) if row else 0
         _refresh_latency_rollup(con, name, all_new=added == batch.num_rows)
         scope_rollup.refresh_for_requests(con, name, all_new=added == batch.num_rows)
     finally:
+        con.unregister(ordered)
         con.unregister(name)
-    return int(row[0]) if row else 0
+    return added
 
 
 def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns: str) -> int:
-    """Insert an Arrow batch of request rows that are all expected to be new (plain INSERT,
-    about twice as fast as :func:`insert_request_rows` on DuckDB 1.x-2.x), and maintain the
-    rollups (per-minute requests, daily latency histogram, per-minute scopes).
+    """Insert an Arrow batch of request rows that are all expected to be new, and maintain the
+    rollups (per-minute requests, daily latency histogram, per-minute scopes). The keys are
+    checked first (any stored, any repeated in the batch: two aggregates over the staged
+    batch, cheaper than :func:`insert_request_rows`' filtered insert), then inserted as they
+    are.
 
     Returns:
         Rows added (= the batch's rows).
 
     Raises:
         duckdb.ConstraintException: a (run_id, request_id) already exists or repeats in the
-            batch (its ``request_key`` does); the caller's
-            transaction is then aborted and must be rolled back (then use
-            :func:`insert_request_rows`).
+            batch (its ``request_key`` does); nothing was inserted, but the caller's
+            transaction should be rolled back (then use :func:`insert_request_rows`).
+        duckdb.TransactionException: as :func:`insert_request_rows`.
     """
     name = "_prefixscope_request_batch"
     con.register(name, batch)
-    row = con.execute(  # on failure the view stays registered; the next register replaces it
-        f"INSERT INTO requests ({columns}, request_key) "
-        f"SELECT {columns}, {REQUEST_KEY_SQL} FROM {name}").fetchone()
-    _refresh_rollup(con, name)
-    _refresh_latency_rollup(con, name, all_new=True)
-    scope_rollup.refresh_for_requests(con, name, all_new=True)
-    con.unregister(name)
+    try:
+        _stage(con, name, columns, ordinal=False)
+        stored = con.execute(f"SELECT count(*) FROM {_STAGED} WHERE request_key IN "
+                             "(SELECT request_key FROM requests)").fetchone()[0]
+        distinct = con.execute(f"SELECT count(DISTINCT request_key) FROM {_STAGED}"
+                               ).fetchone()[0]
+        if stored or distinct != batch.num_rows:
+            con.execute(f"DROP TABLE {_STAGED}")
+            raise duckdb.ConstraintException(
+                f"requests: {stored} keys of the batch are stored, "
+                f"{batch.num_rows - distinct} repeat inside it")
+        row = con.execute(f"INSERT INTO requests ({columns}, request_key) "
+                          f"SELECT {columns}, request_key FROM {_STAGED}").fetchone()
+        con.execute(f"DROP TABLE {_STAGED}")
+        _refresh_rollup(con, name)
+        _refresh_latency_rollup(con, name, all_new=True)
+        scope_rollup.refresh_for_requests(con, name, all_new=True)
+    finally:
+        con.unregister(name)
     return int(row[0]) if row else 0
 
 
