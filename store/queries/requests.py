@@ -309,22 +309,22 @@ def insert_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, columns
     con.register(name, batch)
     ordered = name + "_ord"
     con.register(ordered, batch.append_column("_ps_ord", pa.array(np.arange(batch.num_rows))))
-    try:
-        _stage(con, ordered, columns, ordinal=True)
-        row = con.execute(
-            f"INSERT INTO requests ({columns}, request_key) "
-            f"SELECT {columns}, request_key FROM {_STAGED} n WHERE NOT EXISTS "
-            f"(SELECT 1 FROM requests r WHERE r.request_key = n.request_key) "
-            f"QUALIFY row_number() OVER (PARTITION BY request_key ORDER BY _ps_ord) = 1"
-        ).fetchone()
-        con.execute(f"DROP TABLE {_STAGED}")
-        _refresh_rollup(con, name)
-        added = int(row[0]) if row else 0
-        _refresh_latency_rollup(con, name, all_new=added == batch.num_rows)
-        scope_rollup.refresh_for_requests(con, name, all_new=added == batch.num_rows)
-    finally:
-        con.unregister(ordered)
-        con.unregister(name)
+    # on failure the views stay registered (an aborted transaction refuses to unregister
+    # them); the next call's register replaces them
+    _stage(con, ordered, columns, ordinal=True)
+    row = con.execute(
+        f"INSERT INTO requests ({columns}, request_key) "
+        f"SELECT {columns}, request_key FROM {_STAGED} n WHERE NOT EXISTS "
+        f"(SELECT 1 FROM requests r WHERE r.request_key = n.request_key) "
+        f"QUALIFY row_number() OVER (PARTITION BY request_key ORDER BY _ps_ord) = 1"
+    ).fetchone()
+    con.execute(f"DROP TABLE {_STAGED}")
+    con.unregister(ordered)
+    _refresh_rollup(con, name)
+    added = int(row[0]) if row else 0
+    _refresh_latency_rollup(con, name, all_new=added == batch.num_rows)
+    scope_rollup.refresh_for_requests(con, name, all_new=added == batch.num_rows)
+    con.unregister(name)
     return added
 
 
@@ -345,26 +345,23 @@ def insert_new_request_rows(con: duckdb.DuckDBPyConnection, batch: pa.Table, col
         duckdb.TransactionException: as :func:`insert_request_rows`.
     """
     name = "_prefixscope_request_batch"
-    con.register(name, batch)
-    try:
-        _stage(con, name, columns, ordinal=False)
-        stored = con.execute(f"SELECT count(*) FROM {_STAGED} WHERE request_key IN "
-                             "(SELECT request_key FROM requests)").fetchone()[0]
-        distinct = con.execute(f"SELECT count(DISTINCT request_key) FROM {_STAGED}"
-                               ).fetchone()[0]
-        if stored or distinct != batch.num_rows:
-            con.execute(f"DROP TABLE {_STAGED}")
-            raise duckdb.ConstraintException(
-                f"requests: {stored} keys of the batch are stored, "
-                f"{batch.num_rows - distinct} repeat inside it")
-        row = con.execute(f"INSERT INTO requests ({columns}, request_key) "
-                          f"SELECT {columns}, request_key FROM {_STAGED}").fetchone()
+    con.register(name, batch)  # on failure it stays registered; the next register replaces it
+    _stage(con, name, columns, ordinal=False)
+    stored = con.execute(f"SELECT count(*) FROM {_STAGED} WHERE request_key IN "
+                         "(SELECT request_key FROM requests)").fetchone()[0]
+    distinct = con.execute(f"SELECT count(DISTINCT request_key) FROM {_STAGED}").fetchone()[0]
+    if stored or distinct != batch.num_rows:
         con.execute(f"DROP TABLE {_STAGED}")
-        _refresh_rollup(con, name)
-        _refresh_latency_rollup(con, name, all_new=True)
-        scope_rollup.refresh_for_requests(con, name, all_new=True)
-    finally:
-        con.unregister(name)
+        raise duckdb.ConstraintException(
+            f"requests: {stored} keys of the batch are stored, "
+            f"{batch.num_rows - distinct} repeat inside it")
+    row = con.execute(f"INSERT INTO requests ({columns}, request_key) "
+                      f"SELECT {columns}, request_key FROM {_STAGED}").fetchone()
+    con.execute(f"DROP TABLE {_STAGED}")
+    _refresh_rollup(con, name)
+    _refresh_latency_rollup(con, name, all_new=True)
+    scope_rollup.refresh_for_requests(con, name, all_new=True)
+    con.unregister(name)
     return int(row[0]) if row else 0
 
 
