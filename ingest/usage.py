@@ -4,7 +4,7 @@ The accepted shapes and their normalisation (inclusive ``prompt_tokens``, NULL v
 ``cached_tokens``, the cache read/write split, privacy) are in :mod:`prefixscope.ingest.usage_shapes`;
 reading a file from its checkpoint into Arrow batches (in forked parser processes for large
 files) is :mod:`prefixscope.ingest.usage_read`. This module writes: each batch goes to DuckDB with
-``INSERT`` (``ON CONFLICT DO NOTHING`` once a key repeats), committed together with its
+``INSERT`` once its keys are checked (only the new keys once one repeats), committed together with its
 quarantine entries and the file checkpoint (``ingest/bookkeeping.py``), so a crash repeats
 nothing and a second run adds nothing.
 """
@@ -64,8 +64,8 @@ def save_usage_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple] | pa.Table
     ``requests``; rows whose (run_id, request_id) exists are skipped. Runs inside the caller's
     transaction. Returns the number of rows added.
 
-    With ``assume_new`` a plain INSERT is used (faster); it raises
-    ``duckdb.ConstraintException`` on any existing key, after which the caller rolls back and
+    With ``assume_new`` the keys are checked and the rows inserted as they are (faster); it
+    raises ``duckdb.ConstraintException`` on any stored or repeated key, after which the caller rolls back and
     calls again without ``assume_new``."""
     table = rows if isinstance(rows, pa.Table) else rows_to_arrow(rows)
     if table.num_rows == 0:
@@ -76,9 +76,9 @@ def save_usage_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple] | pa.Table
 
 class _Inserter:
     """The ``requests`` inserter for :func:`prefixscope.ingest.jsonl_driver.commit_batch`: rows from new
-    lines are nearly always new keys, so a plain ``INSERT`` is tried first; on a repeated key
-    the batch is rolled back (:class:`~ingest.jsonl_driver.RetryBatch`) and this and every
-    later batch use ``ON CONFLICT DO NOTHING``."""
+    lines are nearly always new keys, so the checked plain ``INSERT`` is tried first; on a
+    stored or repeated key the batch is rolled back (:class:`~ingest.jsonl_driver.RetryBatch`)
+    and this and every later batch insert only the keys not stored."""
 
     def __init__(self) -> None:
         self.assume_new = True
@@ -118,9 +118,9 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     Each batch is committed in one transaction with its quarantine entries and the new
     checkpoint (offset, line, fingerprint), the last one also with the ``ingest_runs`` record
     (:func:`prefixscope.ingest.jsonl_driver.commit_batch`; this module keeps its own file reading, which
-    parses regions in processes straight from the file). Safe to run twice: the primary key
-    ``request_key`` (a 128-bit digest of ``(run_id, request_id)``, migration 9) and the
-    checkpoint make a second run add nothing.
+    parses regions in processes straight from the file). Safe to run twice: the key check on
+    ``request_key`` (a 128-bit digest of ``(run_id, request_id)``, migrations 9 and 79) and
+    the checkpoint make a second run add nothing.
 
     Args:
         con: a read-write, migrated connection, not inside a transaction; a
@@ -255,7 +255,7 @@ def _paced(batches, pacer: _Pacer):
     """Parsed batches regrouped into transactions of about ``pacer.want`` rows plus quarantined
     lines: consecutive batches are merged up to it; a batch with more rows is split, its first
     parts committed without a checkpoint (the stored one stays: a crash re-reads them, and the
-    primary key drops what was stored), its last part carrying its checkpoint and quarantine
+    key check drops what was stored), its last part carrying its checkpoint and quarantine
     entries. Checkpoints advance in file order; memory stays at the parsed batches held."""
     tables: list[pa.Table] = []
     quarantined: list[Quarantined] = []

@@ -483,8 +483,8 @@ class _NoMap:
 
 
 #: Rows per transaction when parsing in processes: parsed regions are merged up to this many
-#: rows before their insert (DuckDB inserts into the primary-key index about 40% faster in
-#: batches of 200,000 rows than of 45,000; see docs/benchmarks.md "Usage-log ingest").
+#: rows before their insert (each transaction pays a key check, its rollup updates and a
+#: commit; see docs/benchmarks.md "Usage-log ingest").
 INSERT_ROWS = 200_000
 
 

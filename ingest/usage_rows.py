@@ -4,7 +4,7 @@ Those sources normalise a record to a dict of ``requests`` columns (the rules of
 :mod:`prefixscope.ingest.usage_shapes`: inclusive prompt, NULL = not reported, digests only),
 plus ``provider`` (migration 60). This module turns such dicts into the same Arrow batch the
 usage-log reader builds and inserts it with the same writer
-(``store/queries/requests.py``: ``request_key``, ``ON CONFLICT DO NOTHING``), so every source
+(``store/queries/requests.py``: ``request_key``, stored keys skipped), so every source
 lands in one table under one rule.
 """
 
