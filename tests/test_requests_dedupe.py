@@ -1,4 +1,4 @@
-"""Migration 78: ``requests`` has no primary-key index; its writers (store/queries/requests.py)
+"""Migration 79: ``requests`` has no primary-key index; its writers (store/queries/requests.py)
 skip a stored or repeated ``request_key`` with an anti-join in the batch's transaction. Nothing
 ingested is lost or counted twice: re-ingest, the same request in two files, repeats inside one
 batch (the first kept), after archiving, an old database migrated with its rows, and two write
@@ -181,11 +181,11 @@ def test_after_archiving_stored_days_still_skip_their_keys(db_path, tmp_path):
         assert int(t.requests[0]) == 110
 
 
-def test_migration_78_keeps_rows_columns_and_uniqueness(db_path, monkeypatch, tmp_path):
+def test_migration_79_keeps_rows_columns_and_uniqueness(db_path, monkeypatch, tmp_path):
     rows = [_row("", f"chatcmpl-{i:04x}", i, prompt=i) for i in range(1, 41)] + \
         [_row("a", "bc", 41), _row("ab", "c", 42)]
-    with older_schema(db_path, monkeypatch, before=78) as con:
-        assert 77 in store_db.migrate(con)
+    with older_schema(db_path, monkeypatch, before=79) as con:
+        assert 78 in store_db.migrate(con)
         assert [r[0] for r in con.execute("DESCRIBE requests").fetchall() if r[3] == "PRI"] \
             == ["request_key"]
         # as the writer of that time: ON CONFLICT on the index, then the rollups
@@ -200,7 +200,7 @@ def test_migration_78_keeps_rows_columns_and_uniqueness(db_path, monkeypatch, tm
         rollup = con.execute("SELECT * FROM request_rollup_1m ORDER BY ALL").fetchall()
     con = store_db.connect(db_path)
     try:
-        assert store_db.migrate(con) == [78]
+        assert store_db.migrate(con) == [79]
     finally:
         con.close()
     with store_db.writer(db_path) as con:  # read back from the file
@@ -221,7 +221,7 @@ def test_migration_78_keeps_rows_columns_and_uniqueness(db_path, monkeypatch, tm
         assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 43
         assert _pairs_unique(con)
         assert store_db.migrate(con) == []
-        assert [m.number for m in MIGRATIONS][-1] == 78
+        assert max(m.number for m in MIGRATIONS) == 79
 
 
 def test_parallel_parse_of_a_big_file_with_repeats(db_path, tmp_path, monkeypatch):
