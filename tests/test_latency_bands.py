@@ -98,7 +98,7 @@ def db_at_77(db_path, monkeypatch):
 def test_migration_78_rebuilds_the_rollup_by_band(db_at_77):
     con = store_db.connect(db_at_77)
     try:
-        assert store_db.migrate(con) == [78, 79]  # 79: requests without the index
+        assert store_db.migrate(con)[:1] == [78]  # and any later ones
         cols = [r[0] for r in con.execute("DESCRIBE latency_rollup_1d").fetchall()]
         assert "band" in cols and "hit" not in cols
         assert sorted(r[0] for r in con.execute(

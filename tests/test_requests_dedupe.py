@@ -200,7 +200,7 @@ def test_migration_79_keeps_rows_columns_and_uniqueness(db_path, monkeypatch, tm
         rollup = con.execute("SELECT * FROM request_rollup_1m ORDER BY ALL").fetchall()
     con = store_db.connect(db_path)
     try:
-        assert store_db.migrate(con) == [79]
+        assert store_db.migrate(con)[:1] == [79]  # and any later ones
     finally:
         con.close()
     with store_db.writer(db_path) as con:  # read back from the file
@@ -221,7 +221,7 @@ def test_migration_79_keeps_rows_columns_and_uniqueness(db_path, monkeypatch, tm
         assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 43
         assert _pairs_unique(con)
         assert store_db.migrate(con) == []
-        assert max(m.number for m in MIGRATIONS) == 79
+        assert 79 in [m.number for m in MIGRATIONS]
 
 
 def test_parallel_parse_of_a_big_file_with_repeats(db_path, tmp_path, monkeypatch):
