@@ -210,3 +210,32 @@ def test_page_picker_follows_the_sidebar_run(live_db, tmp_path, use_db):
     at.multiselect(key="scopes_runs").set_value([""]).run()
     assert any(c.startswith("Showing production (picked here); the sidebar's Run is other")
                for c in ds.texts(at, "caption"))
+
+
+def test_page_says_why_it_shows_another_run_than_the_sidebar(live_db, tmp_path, use_db):
+    """The demo's case: the sidebar's Run is production, which has usage rows but no decision;
+    the page shows the run with decisions and says why."""
+    from pathlib import Path
+
+    from prefixscope.ingest.decisions import ingest_decisions_file
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    logs = Path(Path(live_db).parent / "logs_dir.txt").read_text()
+    for name in ("usage.jsonl", "decisions.jsonl"):
+        lines = [json.loads(x) for x in (Path(logs) / name).read_text().splitlines() if x]
+        (tmp_path / name).write_text("".join(
+            json.dumps({**x, "run_id": "other"} if "run_id" in x else x) + "\n" for x in lines))
+    db = str(tmp_path / "side.duckdb")
+    with store_db.writer(db) as con:
+        assert ingest_usage_file(con, Path(logs) / "usage.jsonl").rows_added == 4  # production
+        assert ingest_usage_file(con, tmp_path / "usage.jsonl", run_id="other").rows_added == 4
+        assert ingest_decisions_file(con, tmp_path / "decisions.jsonl",
+                                     run_id="other").rows_added == 8
+        con.execute("CHECKPOINT")
+    at = ds.run_app(use_db(db), "views/scopes.py")
+    ds.assert_clean(at)
+    assert at.multiselect(key="filter_runs").value == [""]
+    assert at.multiselect(key="scopes_runs").value == ["other"]
+    assert ("Showing other (the sidebar's run production has no gateway decisions); the "
+            "sidebar's Run is production.") in ds.texts(at, "caption")
