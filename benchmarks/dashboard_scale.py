@@ -22,10 +22,12 @@ Then, in one run:
    <= 3x). The dashboard's RSS (its whole process group, sampled every 0.2 s) at its peak
    (target <= 1 GB).
 
-Databases go to a temporary folder under /tmp, deleted at the end (``--keep`` keeps them).
+Databases go to a temporary folder under /tmp, deleted at the end (``--keep`` keeps them;
+``--workdir DIR`` builds them in DIR, or re-uses the ``small.duckdb`` / ``big.duckdb`` already
+there, and keeps them). ``--pages Scopes,Rejections`` times only those pages (by title).
 
     .venv/bin/python benchmarks/dashboard_scale.py [--requests 10000000] [--repeat 3]
-        [--no-browser] [--keep]
+        [--no-browser] [--keep] [--workdir DIR] [--pages TITLE,...]
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def panel_queries():
     production run, default windows: 1 h; savings 1 d)."""
     from prefixscope.store.queries import ingest as qi
     from prefixscope.store.queries import metrics as qm
+    from prefixscope.store.queries import replay as qrp
     from prefixscope.store.queries import requests as qr
     from prefixscope.store.queries import savings as qs
     from prefixscope.store.queries import scopes as qg
@@ -93,6 +96,11 @@ def panel_queries():
          lambda c: qg.rejections_by_reason_window(c, window_s=900, **rng, **run)),
         ("rejections", "top_rejected_namespaces",
          lambda c: qg.top_rejected_namespaces(c, limit=10, **rng, **run)),
+        ("scopes", "uncounted_note: counters_and_requests",
+         lambda c: qr.counters_and_requests(c, **rng, **run)),
+        ("scopes", "run_list(with_decisions)",
+         lambda c: qrp.run_list(c, with_decisions=True)),
+        ("rejections", "gateway_events", lambda c: qg.gateway_events(c, **rng, **run)),
         ("invariants", "invariant_counts", lambda c: qg.invariant_counts(c, **rng, **run)),
         ("invariants", "invariant_violations(cross_scope)",
          lambda c: qg.invariant_violations(c, invariant="cross_scope_acceptance", **rng, **run)),
@@ -183,7 +191,8 @@ def _wait_done(page, title: str, timeout_s: float = 600.0) -> float:
     raise TimeoutError("the page kept running")
 
 
-def time_pages(db: str, workdir: Path) -> tuple[dict[str, float], int, list[str]]:
+def time_pages(db: str, workdir: Path, only: set[str] | None = None
+               ) -> tuple[dict[str, float], int, list[str]]:
     """Render every page once to warm the server, then time each (cache expired).
     Returns (seconds per page, peak RSS bytes of the server, exception/error texts)."""
     from playwright.sync_api import sync_playwright
@@ -212,6 +221,8 @@ def time_pages(db: str, workdir: Path) -> tuple[dict[str, float], int, list[str]
         th = threading.Thread(target=sample, daemon=True)
         th.start()
         entries = ds.page_entries()
+        if only:
+            entries = [entries[0]] + [e for e in entries[1:] if e[1] in only]
         with sync_playwright() as p:
             ctx = p.chromium.launch_persistent_context(
                 str(workdir / f"profile-{Path(db).stem}"), executable_path=ds.CHROMIUM,
@@ -226,7 +237,7 @@ def time_pages(db: str, workdir: Path) -> tuple[dict[str, float], int, list[str]
                         page.goto(f"{url}/{ds.page_url_path(rel, first=(i == 0))}",
                                   wait_until="domcontentloaded")
                         took = (time.perf_counter() - t0) + _wait_done(page, title)
-                        if measure:
+                        if measure and (not only or title in only):
                             times[title] = took
                             for sel in ('[data-testid="stException"]',
                                         '[data-testid="stAlertContentError"]'):
@@ -246,17 +257,29 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--workdir", help="build in (or re-use the databases of) this folder; kept")
+    ap.add_argument("--pages", help="comma-separated page titles to time (default: every page)")
     args = ap.parse_args()
+    only = {t.strip() for t in args.pages.split(",")} if args.pages else None
 
     from tests.scale_support import build_deployment
 
-    work = Path(tempfile.mkdtemp(prefix="prefixscope-scale-", dir="/tmp"))
+    if args.workdir:
+        work = Path(args.workdir)
+        work.mkdir(parents=True, exist_ok=True)
+        args.keep = True
+    else:
+        work = Path(tempfile.mkdtemp(prefix="prefixscope-scale-", dir="/tmp"))
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, load {os.getloadavg()}")
     try:
         sizes = {"small": (1_000, 3600.0), "big": (args.requests, 15.0)}
         dbs = {}
         for name, (n, scrape) in sizes.items():
             path = work / f"{name}.duckdb"
+            if path.exists() and args.workdir:
+                print(f"re-using {path} ({path.stat().st_size / 1e6:,.0f} MB)")
+                dbs[name] = str(path)
+                continue
             t = time.perf_counter()
             rows = build_deployment(path, requests=n, scrape_s=scrape)
             print(f"built {name}: {rows['requests']:,} requests, {rows['metric_samples']:,} "
@@ -278,8 +301,8 @@ def main() -> int:
         print(f"load after queries: {os.getloadavg()}")
 
         if not args.no_browser:
-            p_small, rss_small, bad_small = time_pages(dbs["small"], work)
-            p_big, rss_big, bad_big = time_pages(dbs["big"], work)
+            p_small, rss_small, bad_small = time_pages(dbs["small"], work, only)
+            p_big, rss_big, bad_big = time_pages(dbs["big"], work, only)
             print(f"\n{'page (range all, warmed, cache expired)':40s} {'small s':>8s} "
                   f"{'big s':>8s} {'big/small':>10s}")
             worst_p = 0.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -65,6 +66,92 @@ def line_mode(points: int) -> str:
     """Plotly ``mode`` of a line of ``points`` windows: ``lines+markers`` up to
     :data:`MAX_MARKERS`, else ``lines`` (the hover still names each window)."""
     return "lines+markers" if points <= MAX_MARKERS else "lines"
+
+
+#: Most windows of one bar chart drawn as bars (one SVG shape per bar and series); a chart of
+#: more windows (30 days at 15 minutes are 2,880) draws each series as a stepped area (stacked
+#: bars) or a stepped line (bars side by side): one SVG path a series, the same value in every
+#: window, a window without a row drawn as 0 (:func:`stepped_traces`; 17,000 bars made the
+#: Rejections page of a 10 M-request month take seconds to draw: benchmarks/dashboard_scale.py).
+MAX_BARS = 400
+
+
+def _cells(*columns) -> np.ndarray:
+    """``customdata`` of a trace: one row per point, one column per argument (an object array:
+    plotly validates it in one step, a list of tuples element by element)."""
+    n = len(columns[0]) if columns else 0
+    out = np.empty((n, len(columns)), dtype=object)
+    for k, col in enumerate(columns):
+        out[:, k] = np.asarray(col, dtype=object)
+    return out
+
+
+def stepped(windows: int) -> bool:
+    """Whether a bar chart of ``windows`` distinct windows is drawn stepped
+    (:data:`MAX_BARS`)."""
+    return windows > MAX_BARS
+
+
+def window_grid(df: pd.DataFrame, *, series: str | None, columns: Sequence[str],
+                window_s: float) -> tuple[pd.Series, dict[str, pd.DataFrame]]:
+    """Rows of ``df`` (``window_start_s``, ``series``, ``columns``) on every window from the first
+    to the last start, ``window_s`` apart, a window without a row 0.
+
+    Args:
+        df: rows with ``window_start_s`` (Unix seconds, whole windows apart), ``series`` and
+            ``columns`` (numbers; several rows of one window and series are summed).
+
+    Returns:
+        (window starts, Unix seconds; ``{column: frame}``, one frame per column with a column
+        per value of ``series`` (the one column ``""`` when ``series`` is None), one row per
+        window).
+    """
+    starts = df["window_start_s"].astype("float64")
+    lo = float(starts.min())
+    k = ((starts - lo) / float(window_s)).round().astype("int64")
+    n = int(k.max()) + 1 if len(k) else 0
+    keys = df[series].astype(str) if series is not None else pd.Series("", index=df.index)
+    codes, names = pd.factorize(keys, sort=True)
+    grid = pd.Series(lo + float(window_s) * np.arange(n), name="window_start_s")
+    out = {}
+    for col in columns:
+        v = pd.to_numeric(df[col]).fillna(0).to_numpy()
+        wide = np.zeros((n, len(names)), dtype=v.dtype)
+        np.add.at(wide, (k.to_numpy(), codes), v)
+        out[col] = pd.DataFrame(wide, columns=[str(x) for x in names])
+    return grid, out
+
+
+def stepped_traces(starts_s: pd.Series, values: pd.DataFrame, *, window_s: float,
+                   stack: bool, names: dict[str, str] | None = None,
+                   colours: dict[str, str] | None = None,
+                   custom: dict[str, Sequence[pd.DataFrame]] | None = None,
+                   hovertemplate: str, order: Sequence[str] | None = None) -> list[go.Scatter]:
+    """The stepped form of a bar chart (:data:`MAX_BARS`): one ``go.Scatter`` per column of
+    ``values`` (in ``order``, default the columns' order), points at the windows' middles
+    (:func:`window_x`) joined by steps that change half-way between two middles, i.e. at the
+    windows' edges (``line_shape="hvh"``); ``stack``: stacked areas (``stackgroup``), else
+    lines. Each point's hover as the bars': ``customdata`` = the frames of ``custom[column]``
+    (their column of the same name) then the window's start (:func:`window_from`).
+
+    Args:
+        starts_s: window starts, Unix seconds, one per row of ``values`` (from
+            :func:`window_grid`).
+        values: the bar heights, one column per series.
+    """
+    x = window_x(starts_s, window_s)
+    start_text = window_from(starts_s)
+    traces = []
+    for col in (order if order is not None else list(values.columns)):
+        colour = (colours or {}).get(col)
+        extra = [f[col] if col in f.columns else 0 for f in (custom or {}).get(col, ())]
+        traces.append(go.Scatter(
+            x=x, y=values[col], name=(names or {}).get(col, col), mode="lines",
+            line=dict(shape="hvh", color=colour, width=1 if stack else 1.5),
+            fillcolor=colour if stack else None, stackgroup="bars" if stack else None,
+            hoveron="points", customdata=_cells(*extra, start_text),
+            hovertemplate=hovertemplate))
+    return traces
 
 
 def window_x(starts_s: pd.Series, window_s: float | None) -> pd.Series:
@@ -634,7 +721,16 @@ def scope_saved_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
             ``saved_prefill_tokens``.
     """
     fig = go.Figure()
-    for scope in [s for s in SCOPE_ORDER if s in set(df["scope"])]:
+    scopes = [s for s in SCOPE_ORDER if s in set(df["scope"])]
+    if stepped(df["window_start_s"].nunique()):
+        starts, wide = window_grid(df, series="scope", columns=("saved_prefill_tokens",),
+                                   window_s=window_s)
+        fig.add_traces(stepped_traces(
+            starts, wide["saved_prefill_tokens"], window_s=window_s, stack=True,
+            colours=SCOPE_COLOURS, order=scopes,
+            hovertemplate="window from %{customdata[0]} UTC<br>%{y:,} tokens"
+                          "<extra>%{fullData.name}</extra>"))
+    for scope in scopes if not fig.data else ():
         g = df[df["scope"] == scope].sort_values("window_start_s")
         fig.add_trace(go.Bar(x=window_x(g["window_start_s"], window_s),
                              y=g["saved_prefill_tokens"], name=scope,
@@ -658,11 +754,21 @@ def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
             ``lost_candidate_tokens``.
     """
     fig = go.Figure()
-    for reason, g in df.sort_values("window_start_s").groupby("reason", sort=True):
+    hover = ("window from %{customdata[1]} UTC<br>%{y:,} rejects, %{customdata[0]:,} candidate "
+             "tokens<extra>%{fullData.name}</extra>")
+    if not df.empty and stepped(df["window_start_s"].nunique()):
+        starts, wide = window_grid(df, series="reason",
+                                   columns=("rejects", "lost_candidate_tokens"), window_s=window_s)
+        names = sorted(wide["rejects"].columns)
+        fig.add_traces(stepped_traces(
+            starts, wide["rejects"], window_s=window_s, stack=True, order=names,
+            custom={n: [wide["lost_candidate_tokens"]] for n in names}, hovertemplate=hover))
+    for reason, g in (() if fig.data else
+                      df.sort_values("window_start_s").groupby("reason", sort=True)):
         fig.add_trace(go.Bar(x=window_x(g["window_start_s"], window_s), y=g["rejects"],
                              name=str(reason), width=_bar_width_ms(window_s),
-                             customdata=list(zip(g["lost_candidate_tokens"],
-                                                 window_from(g["window_start_s"]))),
+                             customdata=_cells(g["lost_candidate_tokens"],
+                                               window_from(g["window_start_s"])),
                              hovertemplate="window from %{customdata[1]} UTC<br>%{y:,} rejects, "
                                            "%{customdata[0]:,} candidate tokens"
                                            "<extra>%{fullData.name}</extra>"))
@@ -680,14 +786,26 @@ def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
             ``version_mismatch_requests``, ``other_reject_requests``.
     """
     fig = go.Figure()
-    x = window_x(df["window_start_s"], window_s)
-    width = _bar_width_ms(window_s) / 3  # three bars side by side, centred on the middle
-    for k, (col, name, colour) in enumerate((
-            ("ordinary_miss_requests", "ordinary miss (no candidate)", "#9ecae1"),
-            ("version_mismatch_requests", "version-mismatch miss", "#ff7f0e"),
-            ("other_reject_requests", "other rejection", "#d62728"))):
+    kinds = (("ordinary_miss_requests", "ordinary miss (no candidate)", "#9ecae1"),
+             ("version_mismatch_requests", "version-mismatch miss", "#ff7f0e"),
+             ("other_reject_requests", "other rejection", "#d62728"))
+    if not df.empty and stepped(df["window_start_s"].nunique()):
+        cols = [c for c, _, _ in kinds]
+        starts, wide = window_grid(df, series=None, columns=cols, window_s=window_s)
+        values = pd.DataFrame({c: wide[c][""] for c in cols})
+        for trace, (_, name, _) in zip(stepped_traces(
+                starts, values, window_s=window_s, stack=False,
+                names={c: n for c, n, _ in kinds}, colours={c: k for c, _, k in kinds},
+                hovertemplate="window from %{customdata[0]} UTC<br>%{y:,} requests"), kinds):
+            trace.hovertemplate += f"<extra>{name}</extra>"
+            fig.add_trace(trace)
+    else:
+        x = window_x(df["window_start_s"], window_s)
+        start_text = window_from(df["window_start_s"])
+        width = _bar_width_ms(window_s) / 3  # three bars side by side, centred on the middle
+    for k, (col, name, colour) in enumerate(() if fig.data else kinds):
         fig.add_trace(go.Bar(x=x, y=df[col], name=name, marker_color=colour, width=width,
-                             offset=(k - 1.5) * width, customdata=window_from(df["window_start_s"]),
+                             offset=(k - 1.5) * width, customdata=start_text,
                              hovertemplate="window from %{customdata} UTC<br>%{y:,} requests"
                                            f"<extra>{name}</extra>"))
     fig.update_layout(barmode="overlay",

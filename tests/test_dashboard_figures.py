@@ -166,7 +166,7 @@ def test_every_figure_function_documents_its_columns():
     import inspect
 
     for name, fn in inspect.getmembers(figures, inspect.isfunction):
-        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from", "line_mode", "wrap_label"):
+        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from", "line_mode", "wrap_label", "stepped", "stepped_traces"):
             continue
         doc = inspect.getdoc(fn) or ""
         assert "df:" in doc or "requests:" in doc or "bands:" in doc, f"figures.{name} does not document its DataFrame"
@@ -353,3 +353,39 @@ def test_log_axis_leaves_zero_windows_out():
     lin = figures.window_lines(df, series={"per_s": ""}, window_s=60, title="Prompt tokens",
                                y_title="tokens/s")
     assert list(lin.data[0].y) == [120.0, 0.0, 95.0]  # a linear axis keeps its 0
+
+
+def test_long_bar_charts_are_drawn_stepped_with_the_same_numbers():
+    """A 30-day range at a 15-minute window: no SVG bar per window (17,000 on the Rejections
+    page at 10 M requests), one stepped path per series, the same value in every window and 0
+    in a window without a row; a short chart keeps its bars."""
+    n = 2880
+    t0 = 1.8e9
+    starts = [t0 + 900 * i for i in range(n) if i % 7 != 3]  # windows 3, 10, ...: no row
+    reasons = pd.DataFrame({"window_start_s": starts * 2,
+                            "reason": ["model_digest"] * len(starts) + ["cache_epoch"] * len(starts),
+                            "rejects": list(range(len(starts))) * 2,
+                            "lost_candidate_tokens": [10 * i for i in range(len(starts))] * 2})
+    fig = figures.rejection_reasons_figure(reasons, window_s=900)
+    assert [t.type for t in fig.data] == ["scatter", "scatter"]
+    assert [t.name for t in fig.data] == ["cache_epoch", "model_digest"]
+    assert all(t.stackgroup == "bars" and t.line.shape == "hvh" for t in fig.data)
+    tr = fig.data[1]
+    assert len(tr.y) == n and sum(tr.y) == reasons["rejects"].sum() / 2
+    assert list(tr.y[:6]) == [0, 1, 2, 0, 3, 4] and tr.y[10] == 0  # windows 3 and 10: no row
+    assert list(tr.customdata[4]) == [30, pd.Timestamp(t0 + 4 * 900, unit="s").strftime("%Y-%m-%d %H:%M")]
+    assert pd.Timestamp(tr.x[4]) == pd.Timestamp(t0 + 4 * 900 + 450, unit="s")  # the middle
+    misses = pd.DataFrame({"window_start_s": starts, "ordinary_miss_requests": 5,
+                           "version_mismatch_requests": 2, "other_reject_requests": 1})
+    fig = figures.miss_breakdown_figure(misses, window_s=900)
+    assert [t.type for t in fig.data] == ["scatter"] * 3
+    assert all(t.stackgroup is None and len(t.y) == n for t in fig.data)
+    assert [sum(t.y) for t in fig.data] == [5 * len(starts), 2 * len(starts), len(starts)]
+    scoped = pd.DataFrame({"window_start_s": starts, "scope": "TENANT", "saved_prefill_tokens": 3})
+    fig = figures.scope_saved_figure(scoped, window_s=900)
+    assert [(t.type, t.name, sum(t.y)) for t in fig.data] == [("scatter", "TENANT", 3 * len(starts))]
+    assert fig.data[0].fillcolor == figures.SCOPE_COLOURS["TENANT"]
+    # at most MAX_BARS windows: bars, as before
+    short = reasons[reasons["window_start_s"] < t0 + 900 * 300]
+    assert {t.type for t in figures.rejection_reasons_figure(short, window_s=900).data} == {"bar"}
+    assert figures.stepped(figures.MAX_BARS + 1) and not figures.stepped(figures.MAX_BARS)
