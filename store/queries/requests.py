@@ -1084,7 +1084,8 @@ def _skip_reading_runs(con: duckdb.DuckDBPyConnection,
 def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                           end_s: float | None = None, models: Sequence[str] | None = None,
                           instances: Sequence[str] | None = None,
-                          run_ids: Sequence[str] | None = ("",)) -> dict[str, int]:
+                          run_ids: Sequence[str] | None = ("",),
+                          rollup: bool | None = None) -> dict[str, int]:
     """Requests that the per-request figure counts and vLLM's counters leave out: those a cache
     gateway rejected (``gateway_decisions.decision = 'reject'``), which it forwards with
     ``skip_reading_prefix_cache`` so that they read no cached block; vLLM does not count such a
@@ -1099,10 +1100,27 @@ def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | No
         :data:`SKIP_READING_KINDS`) count: the live gateway (production, run ``''``) sends a
         reject with a salt unique to the request instead (``docs/gateway.md`` step 6), which
         vLLM counts as a query like any other.
+        Without a model or instance filter, the whole 5-minute buckets of the range from the
+        scope rollup when it is current and the parts at either end from the join
+        (:func:`prefixscope.store.queries.scopes.rejected_usage_totals`; ``rollup`` None =
+        then, False = the join only); with one, from the join (the rollup's model is the
+        decision's, and it has no instance).
     """
     run_ids = _skip_reading_runs(con, run_ids)
     if not run_ids:
         return {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0}
+    if models is None and instances is None:
+        from prefixscope.store.queries.scopes import rejected_usage_totals
+
+        got = rejected_usage_totals(con, start_s=start_s, end_s=end_s, run_ids=run_ids,
+                                    rollup=rollup)
+        if got is not None:
+            out, parts = got
+            for lo, hi in parts:
+                part = uncounted_by_counters(con, start_s=lo, end_s=hi, run_ids=run_ids,
+                                             rollup=False)
+                out = {k: out[k] + part[k] for k in out}
+            return out
     where, params = _where(start_s, end_s, models, instances, run_ids, alias="r")
     try:
         lo = None if start_s is None else float(start_s) - 86400.0  # partners a day apart
@@ -1112,7 +1130,7 @@ def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | No
             f" FROM {archive.relation(con, 'requests', start_s, end_s)} r "
             f"JOIN {archive.relation(con, 'gateway_decisions', lo, hi)} d"
             " ON d.run_id = r.run_id AND d.request_id = r.request_id"
-            f" WHERE d.decision = 'reject' AND {where}", params).fetchone()
+            f" WHERE d.decision = 'reject' AND {where}", params).fetchall()[0]
     except duckdb.CatalogException:
         return {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0}
     return {"requests": int(row[0]), "prompt_tokens": int(row[1]), "cached_tokens": int(row[2])}
