@@ -701,8 +701,8 @@ def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: fl
         fig.add_trace(go.Scatter(
             x=window_x(g["window_start_s"], window_s), y=g["hit_rate"], mode=line_mode(len(g)),
             name=str(name), line=dict(color=(colours or {}).get(str(name))),
-            customdata=list(zip(g["cached_tokens"], g["reported_prompt_tokens"],
-                                window_from(g["window_start_s"]))),
+            customdata=_cells(g["cached_tokens"], g["reported_prompt_tokens"],
+                              window_from(g["window_start_s"])),
             hovertemplate="window from %{customdata[2]} UTC<br>%{y:.1%} "
                           "(%{customdata[0]:,} of %{customdata[1]:,} tokens)"
                           "<extra>%{fullData.name}</extra>"))
