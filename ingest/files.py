@@ -2,7 +2,7 @@
 decisions``, ``ingest kv-events FILE...`` and ``ingest otlp FILE...``.
 
 Rules (docs/ingest.md): every path given is tried; a path that cannot be read (missing, a
-folder where files are wanted, a folder without ``*.jsonl``, unreadable) or a file whose new
+folder where files are wanted, a folder without the ``*.jsonl`` it reads, unreadable) or a file whose new
 lines were all quarantined is an error message and the other paths are still read; each file
 is ingested through one :func:`prefixscope.store.db.batch_writer`: the database file is open
 only while a batch (rows, quarantine entries and checkpoint, one transaction) is written and

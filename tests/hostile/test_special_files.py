@@ -35,7 +35,7 @@ WORDS = {
 }
 FOLDER_WORDS = {
     "requests": "is a folder: give its .jsonl files",
-    "decisions": "a folder without *.jsonl files",
+    "decisions": "a folder without decisions*.jsonl files",
     "kv-events": "is a folder: give its .jsonl files",
     "metrics": "not a regular file: it is a folder",
     "sim-token-ids": "is a directory: only kv-cache-tester traces can be directories",
