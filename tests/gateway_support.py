@@ -101,6 +101,35 @@ class RunningGateway:
         return r.json()
 
 
+def start_gateway_cli(tmp_path: Path, upstream_url: str, settings: str, *,
+                      timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+    """Start the real ``prefixscope gateway --config`` in a subprocess (stderr piped) with a
+    fresh port, the secrets of :func:`write_secrets` and the extra ``[gateway]`` TOML lines
+    ``settings``; wait until ``/health`` answers 200. Returns (process, base URL); the caller
+    stops the process."""
+    import sys
+
+    secrets = write_secrets(tmp_path / "secrets")
+    port = free_port()
+    (tmp_path / "gw.toml").write_text(
+        f'[gateway]\nupstreams = ["{upstream_url}"]\nport = {port}\nmode = "tenant"\n'
+        + settings + "".join(f'{k} = "{v}"\n' for k, v in secrets.items()))
+    exe = str(Path(sys.executable).parent / "prefixscope")
+    proc = subprocess.Popen([exe, "gateway", "--config", str(tmp_path / "gw.toml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.2)
+
+
 def headers_for(tenant: str, *, suffix: str = "") -> dict[str, str]:
     return {"authorization": f"Bearer {TENANTS[tenant]}{suffix}"}
 

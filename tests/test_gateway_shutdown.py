@@ -18,11 +18,10 @@ import httpx
 
 from tests.gateway_support import (
     CHAT,
-    free_port,
     headers_for,
     loopback_upstream,
     read_jsonl,
-    write_secrets,
+    start_gateway_cli,
 )
 
 PREFIXSCOPE = str(Path(sys.executable).parent / "prefixscope")
@@ -30,26 +29,10 @@ GRACE_S = 2.0
 
 
 def _start(tmp_path: Path, upstream_url: str) -> tuple[subprocess.Popen, str]:
-    secrets = write_secrets(tmp_path / "secrets")
-    port = free_port()
-    (tmp_path / "gw.toml").write_text(
-        f'[gateway]\nupstreams = ["{upstream_url}"]\nport = {port}\nmode = "tenant"\n'
+    return start_gateway_cli(
+        tmp_path, upstream_url,
         f'log_dir = "{tmp_path / "logs"}"\nfsync_interval_s = 5.0\n'
-        f'shutdown_grace_s = {GRACE_S}\nread_timeout_s = 60\n'
-        + "".join(f'{k} = "{v}"\n' for k, v in secrets.items()))
-    proc = subprocess.Popen([PREFIXSCOPE, "gateway", "--config", str(tmp_path / "gw.toml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.2)
+        f'shutdown_grace_s = {GRACE_S}\nread_timeout_s = 60\n')
 
 
 def _sigterm_during(tmp_path, control, body: dict) -> tuple[httpx.Response, float, str]:

@@ -21,10 +21,10 @@ from tests.gateway_support import (
     ADMIN_TOKEN,
     CHAT,
     RedisServer,
-    free_port,
     headers_for,
     loopback_upstream,
     read_jsonl,
+    start_gateway_cli,
     write_secrets,
 )
 PREFIXSCOPE = str(Path(sys.executable).parent / "prefixscope")
@@ -59,26 +59,11 @@ def test_two_workers_share_registry_gate_and_metrics_in_redis(tmp_path):
 def _two_workers(tmp_path, upstream_url: str, redis_url: str) -> None:
     proc = None
     try:
-        secrets = write_secrets(tmp_path / "secrets")
-        port = free_port()
         logs = tmp_path / "logs"
-        (tmp_path / "gw.toml").write_text(
-            f'[gateway]\nupstreams = ["{upstream_url}"]\nport = {port}\nmode = "tenant"\n'
-            f'store = "{redis_url}"\nworkers = 2\nlog_dir = "{logs}"\nfsync_interval_s = 0.05\n'
-            + "".join(f'{k} = "{v}"\n' for k, v in secrets.items()))
-        proc = subprocess.Popen([PREFIXSCOPE, "gateway", "--config", str(tmp_path / "gw.toml")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = start_gateway_cli(
+            tmp_path, upstream_url,
+            f'store = "{redis_url}"\nworkers = 2\nlog_dir = "{logs}"\nfsync_interval_s = 0.05\n')
         deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "gateway workers did not start"
-            time.sleep(0.2)
         assert len(_workers(proc.pid)) == 2
         # /health may come from the first worker up: wait until both have built their gateway
         # (each opens its logs then), so a loaded machine cannot leave one still starting.
