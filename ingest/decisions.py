@@ -32,7 +32,8 @@ import duckdb
 import msgspec
 
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
-from prefixscope.ingest.jsonl_driver import BadLine, ingest_jsonl_tail, line_parser
+from prefixscope.ingest.jsonl_driver import (BadLine, complete_json_tail, ingest_jsonl_tail,
+                                             line_parser)
 from prefixscope.core.bounds import MAX_COUNT, MAX_TOKENS, TIME_RANGE, TOKENS_OVER, time_ok
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
 from prefixscope.core.decision_log import ERROR_CODES
@@ -245,20 +246,6 @@ TAIL_LEFT_NOTE = ("the last line has no newline and is not complete JSON: left f
                   "ingest (a writer may still be writing it)")
 
 
-def complete_json_tail(tail: bytes) -> bool:
-    """Whether a final line without newline is read now: only when it is complete JSON (a
-    writer may still be writing it; then it is left for the next run and read whole once
-    finished). The same rule as ``ingest requests`` (``ingest/usage_read.py``). A line too
-    deeply nested to decode is left too (it cannot be told from a half-written one)."""
-    if not tail.strip():
-        return False
-    try:
-        msgspec.json.decode(tail)
-    except (msgspec.DecodeError, RecursionError):
-        return False
-    return True
-
-
 def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
                           run_id: str | None = None) -> IngestSummary:
     """Ingest one gateway decision log; see :func:`ingest_decisions_file_detailed` (this
@@ -274,7 +261,8 @@ def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | o
     Everything new since the file's checkpoint is stored in one transaction with its
     quarantine entries, the new checkpoint and the ``ingest_runs`` record
     (:func:`prefixscope.ingest.jsonl_driver.ingest_jsonl_tail`). A final line without newline
-    is read when it is complete JSON (:func:`complete_json_tail`, the rule of ``ingest
+    is read when it is complete JSON
+    (:func:`prefixscope.ingest.jsonl_driver.complete_json_tail`, the rule of ``ingest
     requests``), else left for the next run and the summary's note says so.
 
     Args:

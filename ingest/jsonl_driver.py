@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import duckdb
+import msgspec
 
 from prefixscope.ingest.bookkeeping import (
     FINGERPRINT_BYTES,
@@ -382,6 +383,20 @@ class bounded_line_runs:  # noqa: N801 - used as an iterator
                 skipping, pending = len(pending), b""
             yield data, len(data)
         self.tail = pending if not skipping else b""
+
+
+def complete_json_tail(tail: bytes) -> bool:
+    """Whether a file's final line without a newline is read now: only when it is complete
+    JSON (a writer may still be writing it; then it is left for the next run and read whole
+    once finished). The one rule of ``ingest requests`` and ``ingest decisions``. A line too
+    deeply nested to decode is left too (it cannot be told from a half-written one)."""
+    if not tail.strip():
+        return False
+    try:
+        msgspec.json.decode(tail)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 def ingest_jsonl_tail(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,

@@ -25,6 +25,7 @@ from prefixscope.ingest.jsonl_driver import (
     _BOM,
     LONG_LINE,
     bounded_line_runs,
+    complete_json_tail,
     open_source_file,
 )
 from prefixscope.ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
@@ -207,18 +208,6 @@ def _open(path: str | os.PathLike[str]):
         raise SourceUnavailable(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
-def _complete_tail(tail: bytes) -> bool:
-    """A final line without a newline counts only when it is complete JSON (a writer may still
-    be writing it); it is then read, otherwise left for the next run."""
-    if not tail.strip():
-        return False
-    try:
-        msgspec.json.decode(tail)
-    except (msgspec.DecodeError, RecursionError):  # too deep: cannot tell it is whole
-        return False
-    return True
-
-
 def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: str,
                 run_id: str = "", instance: str | None = None, default_model: str | None = None,
                 batch_rows: int = BATCH_ROWS) -> Iterator[UsageBatch]:
@@ -259,7 +248,7 @@ def fetch_usage(path: str | os.PathLike[str], *, start: Checkpoint, source_id: s
                 line_no += len(part)
                 yield UsageBatch(rows, quarantined, skipped, Checkpoint(offset, line_no, None))
         tail = runs.tail
-        chunk_end = bool(tail) and _complete_tail(tail)
+        chunk_end = bool(tail) and complete_json_tail(tail)
         if lines or chunk_end:
             n_bytes = _file_bytes(lines)
             if chunk_end:
@@ -439,7 +428,7 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
             # an unfinished last line is read only when short enough to be a record
             pending = mm[offset:size] if 0 < size - offset <= MAX_LINE_BYTES else b""
         yield from drain(0)
-    if pending and _complete_tail(pending):
+    if pending and complete_json_tail(pending):
         rows, quarantined, skipped = _parse_lines_arrow([pending], line_no, ctx)
         yield UsageBatch(rows, quarantined, skipped,
                          Checkpoint(offset + len(pending), line_no + 1, None))
