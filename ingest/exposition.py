@@ -861,22 +861,37 @@ def ingest_exposition(con: duckdb.DuckDBPyConnection, source: str, *, instance: 
 
 
 def nothing_error(outcomes: Sequence[ScrapeOutcome], errors: Sequence[str]) -> NothingIngested:
-    """The error for "no source gave a kept sample", listing each source's reason."""
-    reasons = list(errors) + [f"{o.summary.source}: {o.summary.note or 'nothing kept'}"
-                              for o in outcomes if o.summary.rows_read == 0]
+    """The error for "no source gave a kept sample", listing each source's reason: its
+    quarantined lines (how many and the first, ``file:line: field: reason``) when it had any,
+    else its note (e.g. :data:`NOTHING_NOTE`)."""
+    reasons = list(errors) + [_nothing_reason(o) for o in outcomes if o.summary.rows_read == 0]
     return NothingIngested("nothing could be read: " + "; ".join(reasons))
+
+
+def _nothing_reason(outcome: ScrapeOutcome) -> str:
+    from prefixscope.core.errors import problem_text
+
+    s = outcome.summary
+    if s.rows_quarantined and outcome.problems:
+        q = outcome.problems[0]
+        return (f"{s.source}: every line quarantined ({s.rows_quarantined:,}; the first: "
+                f"{problem_text(q.location, q.line, q.reason, q.field)})")
+    return f"{s.source}: {s.note or 'nothing kept'}"
 
 
 def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None = None,
                    at_unix_s: float | None = None,
                    label_key: bytes | None | str = CONFIGURED_KEY,
                    on_warning: Callable[[str], None] | None = None,
+                   raise_when_nothing: bool = True,
                    ) -> tuple[list[ScrapeOutcome], list[str]]:
     """One scrape of every source, each stored in its own short write transaction.
 
     ``label_key`` as in :func:`ingest_exposition`, read once before the first source. Every
     source is read and parsed first; :func:`process_overlaps` messages go to ``on_warning``
     (the samples are stored all the same), then each scrape is stored.
+    ``raise_when_nothing=False`` returns even when nothing was kept (the CLI prints every
+    source's quarantined lines first, then raises :func:`nothing_error` itself).
 
     Returns:
         ``(outcomes, errors)``: one :class:`ScrapeOutcome` per readable source in the given
@@ -907,7 +922,7 @@ def ingest_sources(db_path: str, sources: Sequence[str], *, instance: str | None
     for read, kind in reads:
         with store_db.writer(db_path) as con:
             outcomes.append(ScrapeOutcome(save_samples(con, read, kind=kind), read.problems))
-    if not any(o.summary.rows_read > 0 for o in outcomes):
+    if raise_when_nothing and not any(o.summary.rows_read > 0 for o in outcomes):
         raise nothing_error(outcomes, errors)
     return outcomes, errors
 

@@ -330,23 +330,47 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: str, *,
     return result.summary, result.problems
 
 
-def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str | None = None
+def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str | None = None,
+                          raise_when_nothing: bool = True
                           ) -> tuple[list[FileOutcome], list[str]]:
     """Store several captures, each in its own short write transaction
     (:func:`prefixscope.ingest.files.ingest_files`).
+
+    ``raise_when_nothing=False`` returns even then (the CLI prints the quarantined lines
+    first, then raises :func:`nothing_read_error` itself).
 
     Returns:
         ``(outcomes, errors)``: one outcome per readable file, one message per unreadable one.
 
     Raises:
-        NothingIngested: no file could be read, or none held a single good line.
+        NothingIngested: no file could be read, or none held a single good line
+            (:func:`nothing_read_error`).
     """
     res = ingest_files(db_path, files, lambda con, f: _ingest_file(con, f, instance=instance))
     outcomes, errors = res.outcomes, res.errors
-    if not outcomes or all(o.summary.rows_read == 0 and o.problems for o in outcomes):
-        reasons = errors + [f"{o.summary.source}: every line quarantined" for o in outcomes]
-        raise NothingIngested("nothing could be read: " + "; ".join(reasons))
+    if raise_when_nothing:
+        error = nothing_read_error(outcomes, errors)
+        if error is not None:
+            raise error
     return outcomes, errors
+
+
+def nothing_read_error(outcomes: Sequence[FileOutcome], errors: Sequence[str]
+                       ) -> NothingIngested | None:
+    """The error of a KV-event file ingest that read nothing (None when some file gave a good
+    line or only had nothing new): each unreadable file's message, and for each file whose
+    lines were all quarantined how many and the first (``file:line: field: reason``)."""
+    from prefixscope.core.errors import problem_text
+
+    if outcomes and not all(o.summary.rows_read == 0 and o.problems for o in outcomes):
+        return None
+    reasons = list(errors)
+    for o in outcomes:
+        q = o.problems[0]
+        reasons.append(f"{o.summary.source}: every line quarantined "
+                       f"({o.summary.rows_quarantined:,}; the first: "
+                       f"{problem_text(q.location, q.line, q.reason, q.field)})")
+    return NothingIngested("nothing could be read: " + "; ".join(reasons))
 
 
 def endpoint_instance(endpoint: str) -> str:

@@ -343,6 +343,7 @@ def _save_query_range(con, read) -> ScrapeOutcome:
 def ingest_query_range_files(db_path: str, paths: Sequence[str], *,
                              instance_label: str = "instance", step_s: float | None = None,
                              label_key: bytes | None | str = CONFIGURED_KEY,
+                             raise_when_nothing: bool = True,
                              ) -> tuple[list[ScrapeOutcome], list[str]]:
     """``prefixscope ingest query-range FILE...``: every saved Prometheus range response of
     ``paths`` through :func:`ingest_query_range_file`'s rules, each in its own short write
@@ -352,6 +353,8 @@ def ingest_query_range_files(db_path: str, paths: Sequence[str], *,
         db_path: the DuckDB file (created and migrated when absent).
         paths: saved ``/api/v1/query_range`` (or range-vector ``/api/v1/query``) bodies.
         instance_label, step_s, label_key: as :func:`ingest_query_range_file`.
+        raise_when_nothing: False returns even when nothing was kept (the caller reports the
+            outcomes, then raises :func:`~prefixscope.ingest.exposition.nothing_error`).
 
     Returns:
         ``(outcomes, errors)``: one :class:`ScrapeOutcome` per readable file in the given order
@@ -378,6 +381,6 @@ def ingest_query_range_files(db_path: str, paths: Sequence[str], *,
             continue
         with store_db.writer(db_path) as con:
             outcomes.append(_save_query_range(con, read))
-    if not any(o.summary.rows_read > 0 for o in outcomes):
+    if raise_when_nothing and not any(o.summary.rows_read > 0 for o in outcomes):
         raise nothing_error(outcomes, errors)
     return outcomes, errors

@@ -111,9 +111,11 @@ def metrics_cmd(
                 out.print(f"instance {name}: the folder of the saved files (one series per "
                           "server; --instance names it)", markup=False, highlight=False)
         outcomes, errors = ingest_sources(
-            db, sources, instance=instance, at_unix_s=at_unix_s,
+            db, sources, instance=instance, at_unix_s=at_unix_s, raise_when_nothing=False,
             on_warning=lambda m: err.print(f"warning: {m}", markup=False, highlight=False))
-        _report(outcomes, errors, as_json=as_json)
+        _report(outcomes, errors, as_json=as_json)  # the reasons first, even when all are bad
+        if not any(o.summary.rows_read > 0 for o in outcomes):
+            raise nothing_error(outcomes, errors)
         return
     if at is not None:
         raise UsageError("--at stamps saved files; it cannot be used with --every")
@@ -188,10 +190,14 @@ def query_range_cmd(
     """
     from prefixscope.ingest.prometheus_api import ingest_query_range_files
 
+    from prefixscope.ingest.exposition import nothing_error
+
     outcomes, errors = ingest_query_range_files(
-        db, files, instance_label=instance_label,
+        db, files, instance_label=instance_label, raise_when_nothing=False,
         step_s=parse_duration(step) if step is not None else None)
-    _report(outcomes, errors, as_json=as_json)
+    _report(outcomes, errors, as_json=as_json)  # the reasons first, even when all are bad
+    if not any(o.summary.rows_read > 0 for o in outcomes):
+        raise nothing_error(outcomes, errors)
 
 
 def kv_events_cmd(
@@ -229,8 +235,12 @@ def kv_events_cmd(
     if files and zmq is not None:
         raise UsageError("give either files or --zmq, not both")
     if zmq is None:
-        outcomes, errors = kv_events.ingest_kv_event_files(db, files or [], instance=instance)
-        _report(outcomes, errors, as_json=as_json, printer=_print_kv)
+        outcomes, errors = kv_events.ingest_kv_event_files(db, files or [], instance=instance,
+                                                           raise_when_nothing=False)
+        _report(outcomes, errors, as_json=as_json, printer=_print_kv)  # the reasons first
+        nothing = kv_events.nothing_read_error(outcomes, errors)
+        if nothing is not None:
+            raise nothing
         return
     with _stop_on_sigterm() as stop:
         outcome = kv_events.subscribe(
