@@ -43,8 +43,24 @@ def page_files() -> list[Path]:
 
 def url_path(rel: str) -> str:
     """The URL path of a page: its file name without ``.py`` (``/data_sources``). The first page
-    is also the default page, served at ``/``."""
+    is the default page, served at ``/``; its own path (``/overview``) opens it too
+    (:func:`default_page_alias`)."""
     return Path(rel).stem
+
+
+def default_page_alias(default_page, entry: tuple[str, str, str]):
+    """A hidden page at the default page's own URL path (``/overview``) that switches to the
+    default page (served at ``/``), keeping the query parameters: every page opens by its file
+    name, the first one too. Streamlit serves a ``default=True`` page only at ``/``."""
+    import streamlit as st
+
+    rel, title, icon = entry
+
+    def _open_default() -> None:
+        st.switch_page(default_page, query_params=st.query_params.to_dict())
+
+    return st.Page(_open_default, title=title, icon=icon, url_path=url_path(rel),
+                   visibility="hidden")
 
 
 _FULL_RUN_KEY = "prefixscope.full_run_monotonic_s"
@@ -107,7 +123,9 @@ def main() -> None:
             missing.append(rel)
             continue
         pages.append(st.Page(str(path), title=title, icon=icon, default=(i == 0),
-                             url_path=None if i == 0 else url_path(rel)))
+                             url_path="" if i == 0 else url_path(rel)))
+    if pages and (_HERE / PAGES[0][0]).is_file():
+        pages.append(default_page_alias(pages[0], PAGES[0]))
     nav = st.navigation(pages)
 
     st.sidebar.markdown("### prefixscope")
