@@ -226,3 +226,59 @@ def test_residency_dash_comes_with_its_reason(tmp_path, use_db):
     assert any(c.startswith("— no vLLM residency histograms for this run: start vLLM with "
                             "`--kv-cache-metrics`") for c in captions), captions
     assert not any("no KV events" in c for c in captions)
+
+
+def test_residency_runs_names_the_runs_holding_data(two_sources_db):
+    from prefixscope.store.queries.residency import residency_runs
+
+    with store_db.reader(two_sources_db) as con:
+        runs = residency_runs(con)
+        stored = con.execute("SELECT count(*) FROM kv_events").fetchone()[0]
+        samples = con.execute("SELECT count(*) FROM metric_samples WHERE run_id = ? AND metric "
+                              "LIKE 'vllm:kv_block_%_seconds_count'", [CAPTURE_RUN]).fetchone()[0]
+        none = residency_runs(con, instances=["gpu-a1"])
+    assert stored > 0 and samples > 0
+    assert runs.to_dict("records") == [
+        {"run_id": CAPTURE_RUN, "kv_events": stored, "histogram_samples": samples}]
+    assert none.empty  # production's instance holds no residency data
+
+
+def test_residency_empty_state_names_the_run_that_holds_the_kv_events(two_sources_db, use_db):
+    """The demo's case: its KV events belong to the capture run, the sidebar starts on
+    production; on the range 'all' the page names the capture run instead of asking to ingest
+    what is stored."""
+    from prefixscope.store.queries.residency import residency_runs
+
+    db = use_db(two_sources_db)
+    at = ds.run_app(db, "views/residency.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    assert at.multiselect(key="filter_runs").value == [""]
+    with store_db.reader(two_sources_db) as con:
+        r = residency_runs(con).iloc[0]
+    infos = ds.texts(at, "info")
+    assert len(infos) == 1, infos
+    assert infos[0].startswith("No KV residency data in this range for the selected run. ")
+    assert (f"Stored outside this selection: {int(r['kv_events']):,} KV events and "
+            f"{int(r['histogram_samples']):,} residency histogram samples under the run "
+            f"`{CAPTURE_RUN}`. Pick it in the sidebar's **Run** filter") in infos[0]
+    assert "ingest its KV events" not in infos[0]
+    # picked: the data shows and no pointer elsewhere
+    at = ds.run_app(db, "views/residency.py", setup=lambda a: (
+        a.radio(key="filter_range").set_value("all"),
+        a.multiselect(key="filter_runs").set_value([CAPTURE_RUN])))
+    ds.assert_clean(at)
+    assert "Median block lifetime" in ds.metrics(at)
+    assert not any("Stored outside this selection" in t
+                   for t in ds.texts(at, "info") + ds.texts(at, "caption"))
+
+
+def test_residency_empty_store_still_says_how_to_ingest(tmp_path, use_db):
+    db = ds.build_empty_db(tmp_path / "empty.duckdb")
+    at = ds.run_app(use_db(db), "views/residency.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("all"))
+    ds.assert_clean(at)
+    infos = ds.texts(at, "info")
+    assert any(i.startswith("No KV residency data in this range.") and "ingest its KV events"
+               in i for i in infos), infos
+    assert not any("Stored outside" in i for i in infos)

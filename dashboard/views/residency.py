@@ -38,6 +38,30 @@ NO_EVENTS = ("no KV events for this run: start vLLM with `--kv-events-config "
              "them (`prefixscope ingest kv-events --zmq tcp://HOST:5557`).")
 
 
+def other_runs_note(runs: pd.DataFrame, selected) -> str:
+    """What the runs outside the selection hold (``store.queries.residency.residency_runs``
+    rows; ``selected`` = the sidebar's run ids, None = all): ``591 KV events and 9 residency
+    histogram samples are stored under the run `vllm-cpu-0.32`: pick it in the sidebar's Run
+    filter (or clear the filter for every run).`` Empty when no other run holds any."""
+    if selected is None or runs.empty:
+        return ""
+    other = runs[~runs["run_id"].isin(list(selected))]
+    other = other[(other["kv_events"] > 0) | (other["histogram_samples"] > 0)]
+    if other.empty:
+        return ""
+    parts = []
+    for _, r in other.iterrows():
+        what = []
+        if r["kv_events"]:
+            what.append(f"{fmt_int(r['kv_events'])} KV events")
+        if r["histogram_samples"]:
+            what.append(f"{fmt_int(r['histogram_samples'])} residency histogram samples")
+        parts.append(f"{' and '.join(what)} under the run `{filters.run_label(r['run_id'])}`")
+    runs_word = "it" if len(parts) == 1 else "one of them"
+    return (f"Stored outside this selection: {'; '.join(parts)}. Pick {runs_word} in the "
+            "sidebar's **Run** filter (or clear the filter for every run).")
+
+
 def fmt_s(x) -> str:
     """Seconds for a person: ``850 ms``, ``12.3 s``, ``4.2 min``, ``1.5 h``; ``—`` for none."""
     if x is None or pd.isna(x):
@@ -81,8 +105,17 @@ with data.guard(db):
     events = data.query(db, "residency", "kv_event_lifetimes", start_s=f.start_s,
                         end_s=f.end_s, instances=f.instances, run_ids=f.run_ids).iloc[0]
     have_hist = not hist.empty and float(hist["total"].fillna(0).max()) > 0
+    elsewhere = ""
+    if not have_hist or events["evicted"] == 0:
+        elsewhere = other_runs_note(
+            data.query(db, "residency", "residency_runs", start_s=f.start_s, end_s=f.end_s,
+                       models=f.models, instances=f.instances), f.run_ids)
     if not have_hist and events["evicted"] == 0:
-        st.info(EMPTY, icon=":material/info:")
+        if elsewhere:
+            st.info(f"No KV residency data in this range for the selected run. {elsewhere}",
+                    icon=":material/filter_alt:")
+        else:
+            st.info(EMPTY, icon=":material/info:")
         st.stop()
 
     rows = []
@@ -110,6 +143,8 @@ with data.guard(db):
         st.caption(f"— {NO_HISTOGRAMS}")
     if events["evicted"] == 0:
         st.caption(f"— {NO_EVENTS}")
+    if elsewhere:
+        st.caption(elsewhere)
     show_table("residency-summary", pd.DataFrame(rows), caption=(
                "Histogram quantiles are interpolated inside vLLM's buckets (as Prometheus "
                "histogram_quantile); the KV-event figures are exact over the paired events. "

@@ -173,3 +173,53 @@ def kv_event_lifetimes(con: duckdb.DuckDBPyConnection, *, start_s: float | None 
         "evicted": int(row[0]), "unpaired": int(row[1]), "mean_s": row[2], "p50_s": row[3],
         "p90_s": row[4], "max_s": row[5],
         "buckets": [(float(le), int(c)) for le, c in counts]}])
+
+
+def residency_runs(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                   end_s: float | None = None, models: Sequence[str] | None = None,
+                   instances: Sequence[str] | None = None) -> pd.DataFrame:
+    """Which runs hold residency data in a range: what the Residency page names when the
+    sidebar's Run selection has none (a capture's KV events stored under its own run).
+
+    Args:
+        start_s, end_s: KV events with ``start_s <= batch_ts_unix_s < end_s`` and residency
+            samples with ``start_s <= ts_unix_s < end_s`` (Unix s; None = open).
+        models: filter of the histogram samples (KV events carry no model). instances:
+            filter of both (None = all).
+
+    Returns:
+        One row per run with any: ``run_id`` (``''`` = production), ``kv_events`` (KV events
+        of the instances the run owns, by :func:`kv_event_lifetimes`' rule: an instance no run
+        names is production's), ``histogram_samples`` (``_count`` samples of
+        :data:`RESIDENCY_METRICS`); ordered by ``kv_events + histogram_samples`` descending,
+        then run id. Counts only, never per-event rows.
+    """
+    ev_where = ["batch_ts_unix_s >= coalesce(?, -1e300)", "batch_ts_unix_s < coalesce(?, 1e300)"]
+    ev_params: list = [start_s, end_s]
+    h_where = ["ts_unix_s >= coalesce(?, -1e300)", "ts_unix_s < coalesce(?, 1e300)",
+               "metric IN (SELECT unnest(?))"]
+    h_params: list = [start_s, end_s, [m + "_count" for m in RESIDENCY_METRICS]]
+    if instances is not None:
+        ev_where.append("instance IN (SELECT unnest(?))")
+        ev_params.append(list(instances))
+    for col, vals in (("model", models), ("instance", instances)):
+        if vals is not None:
+            h_where.append(f"{col} IN (SELECT unnest(?))")
+            h_params.append(list(vals))
+    return con.execute(f"""
+        WITH owned AS (SELECT instance, run_id FROM metric_series_head
+                       UNION SELECT instance, run_id FROM request_rollup_1m
+                       WHERE instance IS NOT NULL),
+        ev AS (SELECT instance, count(*) AS n FROM kv_events
+               WHERE {" AND ".join(ev_where)} GROUP BY instance),
+        ev_run AS (SELECT coalesce(o.run_id, '') AS run_id, sum(ev.n) AS kv_events
+                   FROM ev LEFT JOIN owned o USING (instance) GROUP BY 1),
+        h AS (SELECT run_id, count(*) AS histogram_samples
+              FROM {archive.relation(con, "metric_samples", start_s, end_s)}
+              WHERE {" AND ".join(h_where)} GROUP BY run_id)
+        SELECT coalesce(ev_run.run_id, h.run_id) AS run_id,
+               CAST(coalesce(ev_run.kv_events, 0) AS BIGINT) AS kv_events,
+               CAST(coalesce(h.histogram_samples, 0) AS BIGINT) AS histogram_samples
+        FROM ev_run FULL OUTER JOIN h ON ev_run.run_id = h.run_id
+        ORDER BY kv_events + histogram_samples DESC, run_id
+    """, ev_params + h_params).df()
