@@ -44,15 +44,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from prefixscope.core.bounds import MAX_TOKENS, TOKENS_OVER, TOO_DEEP, json_too_deep
+from prefixscope.core.errors import invalid_json_reason
 
 #: Total input (inclusive of cache reads and writes, rule 2).
 INPUT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt",
@@ -347,17 +348,20 @@ def decode_json(body: bytes | str | dict) -> ExportTraceServiceRequest:
     of the collector's file exporter) -> request. Unknown fields are ignored.
 
     Raises:
-        OtlpDecodeError: not JSON, not an object, or not of the OTLP trace schema.
+        OtlpDecodeError: not JSON (``not valid JSON: <decoder's message> (byte N)``, the words
+            of ``ingest requests``; NaN and Infinity are not JSON), not an object, or not of
+            the OTLP trace schema.
     """
     if isinstance(body, dict):
         obj = body
     else:
         if json_too_deep(body):  # checked before any decoder: they recurse (issue 12)
             raise OtlpDecodeError(TOO_DEEP)
-        try:
-            obj = json.loads(body)
-        except ValueError as exc:
-            raise OtlpDecodeError(f"not valid JSON: {type(exc).__name__}") from None
+        raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+        try:  # msgspec, as ingest requests: NaN/Infinity are not JSON, offsets are named
+            obj = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise OtlpDecodeError(invalid_json_reason(exc, raw)) from None
     if not isinstance(obj, dict):
         raise OtlpDecodeError("not a JSON object")
     req = ExportTraceServiceRequest()

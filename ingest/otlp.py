@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 
+from prefixscope.core.bounds import LINE_TOO_LONG, MAX_LINE_BYTES
 from prefixscope.ingest.bookkeeping import (
     IngestSummary,
     Quarantined,
@@ -105,10 +106,21 @@ def _looks_like_other_signal(line: bytes) -> bool:
         b'"resourceProfiles"' in head
 
 
+def _looks_like_export(line: bytes) -> bool:
+    """True when a line starts as the file exporter writes an export (``{"resourceSpans":``
+    first): only such a line may be longer than the shared 1 MiB bound."""
+    return b'"resourceSpans"' in line[:64]
+
+
 def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str],
                      opts: SpanOptions = SpanOptions(), *,
                      keep_problems: int = 100) -> TailResult:
     """Ingest what is new in a collector file-exporter file (OTLP/JSON, one request a line).
+
+    Lines are bounded as every JSONL ingester's (``prefixscope.core.bounds``: 1 MiB, 64
+    levels, the same reasons as ``ingest requests``), except that a line starting as an
+    export (``{"resourceSpans": ...``) may be up to :data:`MAX_EXPORT_LINE_BYTES` (a
+    collector batch of thousands of spans is several MiB).
 
     Returns:
         The driver's :class:`~prefixscope.ingest.jsonl_driver.TailResult`: ``rows_read`` counts
@@ -120,6 +132,8 @@ def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str
     source_id = source_id_for(KIND_FILE, str(path))
 
     def line_rows(raw: bytes) -> LineRows:
+        if len(raw) > MAX_LINE_BYTES and not _looks_like_export(raw):
+            raise BadLine(None, LINE_TOO_LONG)  # the shared bound, for what is no export
         try:
             req = decode_json(raw)
         except OtlpDecodeError as exc:

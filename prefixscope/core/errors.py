@@ -21,7 +21,7 @@ def problem_text(source: str, line: int | None, reason: str, field: str | None =
     return f"{where}: {field}: {reason}" if field else f"{where}: {reason}"
 
 
-def invalid_json_reason(exc: ValueError) -> str:
+def invalid_json_reason(exc: ValueError, raw: bytes | None = None) -> str:
     """The reason for a JSON decode error, the same words whichever decoder failed:
     ``not valid JSON: <decoder's message> (byte N)``.
 
@@ -31,9 +31,20 @@ def invalid_json_reason(exc: ValueError) -> str:
             ``msgspec.DecodeError`` (its message already ends in ``(byte N)`` where it knows
             the offset, e.g. ``JSON is malformed: trailing characters (byte 8)``).
 
+        raw: the bytes that failed to decode, when the caller has them: an invalid UTF-8
+            sequence (msgspec: ``Invalid UTF-8 encoded string``, no offset) then gets the
+            ``(byte N)`` of its first bad byte.
+
     Returns:
         The reason; it quotes no input text (only the decoder's description and an offset).
     """
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{NOT_JSON}: Invalid UTF-8 encoded string (byte {exc.start})"
+    if raw is not None and "(byte " not in str(exc) and "UTF-8" in str(exc):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return f"{NOT_JSON}: {exc} (byte {bad.start})"
     if isinstance(exc, json.JSONDecodeError):
         line_start = exc.doc.rfind("\n", 0, exc.pos) + 1
         offset = len(exc.doc[line_start:exc.pos].encode("utf-8", "surrogatepass"))
