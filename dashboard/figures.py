@@ -56,6 +56,30 @@ def _time_range(starts_s: pd.Series, window_s: float | None) -> list | None:
     return [pd.Timestamp(lo, unit="s").to_pydatetime(), pd.Timestamp(hi, unit="s").to_pydatetime()]
 
 
+def _span_range(starts_s: pd.Series, window_s: float, span_s: tuple[float, float] | None
+               ) -> list | None:
+    """The x range of a chart of one run (or of the runs picked to compare): the windows from
+    the one holding the span's first time to the one holding its last (and any window of
+    ``starts_s`` beyond), half a window of margin either side, as naive UTC datetimes; so a
+    run is drawn over its own span, not the store's, and a span of seconds on its windows'
+    axis (not ``00:37:29.999 … 00:37:30.0005``). Without ``span_s``, :func:`_time_range`.
+
+    Args:
+        starts_s: the chart's window starts, Unix seconds (may be empty).
+        window_s: the window length, seconds.
+        span_s: (first, last) time of the run(s), Unix seconds (``run_list`` with decisions).
+    """
+    if span_s is None or not window_s:
+        return _time_range(starts_s, window_s)
+    w = float(window_s)
+    lo = math.floor(float(span_s[0]) / w) * w
+    hi = math.floor(float(span_s[1]) / w) * w
+    if not starts_s.empty:
+        lo, hi = min(lo, float(starts_s.min())), max(hi, float(starts_s.max()))
+    return [pd.Timestamp(lo - 0.5 * w, unit="s").to_pydatetime(),
+            pd.Timestamp(hi + 1.5 * w, unit="s").to_pydatetime()]
+
+
 #: Most points of one line drawn with a marker on each; a longer line is drawn as a line only
 #: (thousands of SVG markers made a 30-day page at a 15-minute window take seconds to draw in the
 #: browser: benchmarks/dashboard_scale.py).
@@ -689,12 +713,14 @@ SCOPE_COLOURS = {"PUBLIC": "#2ca02c", "TENANT": "#1f77b4", "PRINCIPAL": "#9467bd
 
 
 def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: float,
-                colours: dict[str, str] | None = None) -> go.Figure:
+                      colours: dict[str, str] | None = None,
+                      span_s: tuple[float, float] | None = None) -> go.Figure:
     """Hit rate per window, one line per value of ``series``.
 
     Args:
         df: ``hit_rate_by_scope_window`` rows: ``window_start_s``, ``series``, ``hit_rate``,
             ``cached_tokens``, ``reported_prompt_tokens``.
+        span_s: the shown run's (first, last) time, Unix s: the x range (:func:`_span_range`).
     """
     fig = go.Figure()
     for name, g in df.sort_values("window_start_s").groupby(series, sort=True):
@@ -708,17 +734,22 @@ def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: fl
                           "<extra>%{fullData.name}</extra>"))
     fig.update_layout(title=f"{title} per {fmt_window(window_s)}", yaxis=dict(
         title="hit rate", tickformat=".0%", range=[0, 1.02]), xaxis_title="time (UTC)",
-        margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+        margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22),
+        showlegend=True)  # one series (one reason) is named too
+    fig.update_xaxes(range=_span_range(df["window_start_s"] if not df.empty else
+                                      pd.Series(dtype="float64"), window_s, span_s))
     return fig
 
 
-def scope_saved_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
+def scope_saved_figure(df: pd.DataFrame, *, window_s: float,
+                       span_s: tuple[float, float] | None = None) -> go.Figure:
     """Saved prefill tokens (= cached tokens) per window, stacked by scope in
     :data:`SCOPE_ORDER`.
 
     Args:
         df: ``hit_rate_by_scope_window`` rows: ``window_start_s``, ``scope``,
             ``saved_prefill_tokens``.
+        span_s: the shown run's (first, last) time, Unix s: the x range (:func:`_span_range`).
     """
     fig = go.Figure()
     scopes = [s for s in SCOPE_ORDER if s in set(df["scope"])]
@@ -740,18 +771,23 @@ def scope_saved_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
                                            "<extra>%{fullData.name}</extra>"))
     fig.update_layout(barmode="stack", title=f"Saved prefill tokens per {fmt_window(window_s)}",
                       yaxis_title="tokens", xaxis_title="time (UTC)",
-                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22),
+        showlegend=True)  # one series (one reason) is named too
+    fig.update_xaxes(range=_span_range(df["window_start_s"] if not df.empty else
+                                      pd.Series(dtype="float64"), window_s, span_s))
     return fig
 
 
 # Rejections page
 
-def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
+def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float,
+                             span_s: tuple[float, float] | None = None) -> go.Figure:
     """Rejected requests per window, stacked by first mismatching field.
 
     Args:
         df: ``rejections_by_reason_window`` rows: ``window_start_s``, ``reason``, ``rejects``,
             ``lost_candidate_tokens``.
+        span_s: the shown run's (first, last) time, Unix s: the x range (:func:`_span_range`).
     """
     fig = go.Figure()
     hover = ("window from %{customdata[1]} UTC<br>%{y:,} rejects, %{customdata[0]:,} candidate "
@@ -774,16 +810,21 @@ def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
                                            "<extra>%{fullData.name}</extra>"))
     fig.update_layout(barmode="stack", title=f"Rejections by reason per {fmt_window(window_s)}",
                       yaxis_title="requests", xaxis_title="time (UTC)",
-                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22),
+        showlegend=True)  # one series (one reason) is named too
+    fig.update_xaxes(range=_span_range(df["window_start_s"] if not df.empty else
+                                      pd.Series(dtype="float64"), window_s, span_s))
     return fig
 
 
-def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
+def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float,
+                          span_s: tuple[float, float] | None = None) -> go.Figure:
     """Ordinary misses, version-mismatch misses and other rejections per window.
 
     Args:
         df: ``miss_breakdown_by_window`` rows: ``window_start_s``, ``ordinary_miss_requests``,
             ``version_mismatch_requests``, ``other_reject_requests``.
+        span_s: the shown run's (first, last) time, Unix s: the x range (:func:`_span_range`).
     """
     fig = go.Figure()
     kinds = (("ordinary_miss_requests", "ordinary miss (no candidate)", "#9ecae1"),
@@ -811,7 +852,10 @@ def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float) -> go.Figure:
     fig.update_layout(barmode="overlay",
                       title=f"Version-mismatch misses beside ordinary misses per {fmt_window(window_s)}",
                       yaxis_title="requests", xaxis_title="time (UTC)",
-                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22))
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.22),
+        showlegend=True)  # one series (one reason) is named too
+    fig.update_xaxes(range=_span_range(df["window_start_s"] if not df.empty else
+                                      pd.Series(dtype="float64"), window_s, span_s))
     return fig
 
 

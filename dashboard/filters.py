@@ -36,7 +36,14 @@ STALE_AFTER_S = 86400.0
 PRODUCTION_RUN_LABEL = "production"
 _STATE_KEY = "prefixscope.filters"
 #: The window lengths a page offers (label -> seconds); each page picks its labels.
-WINDOWS_S: dict[str, float] = {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
+WINDOWS_S: dict[str, float] = {"10s": 10.0, "1m": 60.0, "5m": 300.0, "15m": 900.0,
+                               "1h": 3600.0, "1d": 86400.0}
+#: The windows a run shorter than :data:`SHORT_RUN_S` is also offered (:func:`run_windows`):
+#: read from the join, not the 5-minute rollup, so only for short runs.
+SHORT_WINDOWS = ("10s", "1m")
+SHORT_RUN_S = 3600.0
+#: Most windows the default window of a short run gives (:func:`run_windows`).
+SHORT_RUN_WINDOWS = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,15 +224,50 @@ def current() -> Filters:
     return Filters(start_s=None, end_s=None, range_label="all")
 
 
-def window_picker(key: str, labels: Sequence[str], *, default: str, help: str | None = None
-                  ) -> tuple[str, float]:
+def window_picker(key: str, labels: Sequence[str], *, default: str, help: str | None = None,
+                  span_s: tuple[float, float] | None = None) -> tuple[str, float]:
     """The page's "Window" radio over ``labels`` (keys of :data:`WINDOWS_S`), starting on
-    ``default``; returns (label, seconds)."""
+    ``default``; with ``span_s`` (the shown run's span) the choices of :func:`run_windows`;
+    returns (label, seconds)."""
     import streamlit as st
+
+    labels, default = run_windows(span_s, labels, default=default)
 
     label = st.radio("Window", list(labels), index=list(labels).index(default), horizontal=True,
                      key=key, help=help)
     return label, WINDOWS_S[label]
+
+
+def run_windows(span_s: tuple[float, float] | None, labels: Sequence[str], *, default: str
+                ) -> tuple[tuple[str, ...], str]:
+    """The window choices of a page showing a run over ``span_s`` (Unix s, first and last
+    time; None = unknown): a run shorter than :data:`SHORT_RUN_S` (a live gateway run of a few
+    minutes) also gets :data:`SHORT_WINDOWS` and starts on the shortest window giving at most
+    :data:`SHORT_RUN_WINDOWS` windows over the span, so its charts read as several windows,
+    not one bar filling the plot; longer runs keep
+    ``labels`` and ``default``. Pure.
+
+    Returns:
+        (labels, default label).
+    """
+    labels = tuple(labels)
+    if span_s is None or float(span_s[1]) - float(span_s[0]) >= SHORT_RUN_S:
+        return labels, default
+    span = max(0.0, float(span_s[1]) - float(span_s[0]))
+    labels = tuple(w for w in SHORT_WINDOWS if w not in labels) + labels
+    return labels, next(w for w in labels if span / WINDOWS_S[w] <= SHORT_RUN_WINDOWS)
+
+
+def run_span(runs, picked: Sequence[str]) -> tuple[float, float] | None:
+    """The span (Unix s, first and last decision) of the ``picked`` runs of a
+    ``run_list(with_decisions=True)`` frame ``runs``: from the first run's start to the last
+    run's end; None when none is known. Pure."""
+    rows = runs[runs["run_id"].astype(str).isin([str(r) for r in picked])]
+    first = rows["first_ts_unix_s"].dropna() if "first_ts_unix_s" in rows else []
+    last = rows["last_ts_unix_s"].dropna() if "last_ts_unix_s" in rows else []
+    if len(first) == 0 or len(last) == 0:
+        return None
+    return float(first.min()), float(last.max())
 
 
 def _is_time(x: object) -> bool:

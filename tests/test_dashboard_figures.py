@@ -275,7 +275,21 @@ def test_replay_run_figures():
 def test_window_lengths_are_declared_once():
     from prefixscope.dashboard.filters import WINDOWS_S
 
-    assert WINDOWS_S == {"5m": 300.0, "15m": 900.0, "1h": 3600.0, "1d": 86400.0}
+    assert WINDOWS_S == {"10s": 10.0, "1m": 60.0, "5m": 300.0, "15m": 900.0, "1h": 3600.0,
+                         "1d": 86400.0}
+
+
+def test_short_runs_get_short_windows():
+    """A gateway run of minutes gets 10 s / 1 m windows and starts on one giving at most 60
+    windows; a run of an hour or more keeps the page's windows (read from the rollup)."""
+    from prefixscope.dashboard.filters import run_windows
+
+    page = ("5m", "15m", "1h", "1d")
+    assert run_windows((0.0, 454.0), page, default="15m") == (("10s", "1m", *page), "10s")
+    assert run_windows((0.0, 1800.0), page, default="15m") == (("10s", "1m", *page), "1m")
+    assert run_windows((5.0, 5.0), page, default="15m") == (("10s", "1m", *page), "10s")
+    assert run_windows((0.0, 3600.0), page, default="15m") == (page, "15m")
+    assert run_windows(None, page, default="15m") == (page, "15m")
 
 
 def test_long_lines_are_drawn_without_markers():

@@ -27,9 +27,13 @@ st.caption("A rejection is a candidate hit whose identity did not match (any fie
 
 with data.guard(db):
     picked = filters.pick_decision_runs(db, key="rejections_runs", empty=EMPTY)
+    # the picked runs' own span and rows (production traffic = its gateway run, as on Scopes)
+    span = filters.run_span(data.query(db, "replay", "run_list", with_decisions=True), picked)
     common = dict(start_s=None, end_s=None, run_ids=picked)
-    label, window_s = filters.window_picker("rejections_window", ("5m", "15m", "1h", "1d"), default="15m")
-    misses = data.query(db, "scopes", "miss_breakdown_by_window", window_s=window_s, **common)
+    rows = dict(common, decided_production=True)
+    label, window_s = filters.window_picker("rejections_window", ("5m", "15m", "1h", "1d"),
+                                            default="15m", span_s=span)
+    misses = data.query(db, "scopes", "miss_breakdown_by_window", window_s=window_s, **rows)
     decided = (misses[["ordinary_miss_requests", "version_mismatch_requests",
                        "other_reject_requests", "accepts"]].to_numpy().sum()
                if not misses.empty else 0)
@@ -39,7 +43,7 @@ with data.guard(db):
     refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
     if refused:
         st.caption(refused)
-    reasons = data.query(db, "scopes", "rejections_by_reason_window", window_s=window_s, **common)
+    reasons = data.query(db, "scopes", "rejections_by_reason_window", window_s=window_s, **rows)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Rejected requests", fmt_int(reasons["rejects"].sum() if not reasons.empty else 0),
               border=True)
@@ -53,10 +57,10 @@ with data.guard(db):
               border=True, help="Prompt tokens: Σ candidate_cached_tokens of the rejected "
               "requests (an upper bound unless the gateway tokenizes: candidate_tokens_basis "
               "exact, docs/gateway.md).")
-    st.plotly_chart(figures.rejection_reasons_figure(reasons, window_s=window_s), key="rejections_reasons")
-    st.plotly_chart(figures.miss_breakdown_figure(misses, window_s=window_s), key="rejections_misses")
+    st.plotly_chart(figures.rejection_reasons_figure(reasons, window_s=window_s, span_s=span), key="rejections_reasons")
+    st.plotly_chart(figures.miss_breakdown_figure(misses, window_s=window_s, span_s=span), key="rejections_misses")
     st.subheader("Top namespaces by rejections")
-    top = data.query(db, "scopes", "top_rejected_namespaces", limit=10, **common)
+    top = data.query(db, "scopes", "top_rejected_namespaces", limit=10, **rows)
     show_table("rejections-1", top[["namespace_digest", "scope", "requests", "rejects"]].assign(
         reject_fraction=top["reject_fraction"].map(fmt_pct), top_reason=top["top_reason"],
         lost_candidate_tokens=top["lost_candidate_tokens"]), key="rejections_top")

@@ -28,9 +28,13 @@ st.caption("Hit rate = Σ cached_tokens ÷ Σ prompt_tokens (requests that repor
 
 with data.guard(db):
     picked = filters.pick_decision_runs(db, key="scopes_runs", empty=EMPTY)
+    # the picked runs' own span and rows: production traffic (run '') is its gateway run, the
+    # requests with a decision, not the usage rows of the rest of production traffic
+    span = filters.run_span(data.query(db, "replay", "run_list", with_decisions=True), picked)
     common = dict(start_s=None, end_s=None, run_ids=picked, models=f.models,
                   instances=f.instances)
-    totals = data.query(db, "scopes", "hit_rate_by_scope_totals", by=("scope",), **common)
+    rows = dict(common, decided_production=True)
+    totals = data.query(db, "scopes", "hit_rate_by_scope_totals", by=("scope",), **rows)
     scoped = totals[totals["scope"] != "UNSCOPED"] if not totals.empty else totals
     if scoped.empty:
         st.info(EMPTY, icon=":material/info:")
@@ -38,7 +42,8 @@ with data.guard(db):
     refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
     if refused:
         st.caption(refused)
-    note = data.uncounted_note(db, **common)  # the picked runs, whole, as every figure here
+    note = data.uncounted_note(db, **dict(  # the picked runs over their span, as every figure
+        common, **({"start_s": span[0], "end_s": span[1] + 1e-3} if span and "" in picked else {})))
     if note:
         st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")
     cols = st.columns(len(scoped))
@@ -51,25 +56,27 @@ with data.guard(db):
         col.metric(f"{row['scope']} saved prefill tokens", fmt_tokens(row["saved_prefill_tokens"]),
                    border=True, help="Σ cached_tokens reported by the engine.")
 
-    label, window_s = filters.window_picker("scopes_window", ("5m", "15m", "1h", "1d"), default="15m")
-    by_scope = data.query(db, "scopes", "hit_rate_by_scope_window", window_s=window_s, by=("scope",), **common)
+    label, window_s = filters.window_picker("scopes_window", ("5m", "15m", "1h", "1d"), default="15m",
+                                          span_s=span)
+    by_scope = data.query(db, "scopes", "hit_rate_by_scope_window", window_s=window_s, by=("scope",), **rows)
     left, right = st.columns(2)
     with left:
         st.plotly_chart(figures.scope_rate_figure(by_scope, series="scope", title="Hit rate by scope",
-                                    window_s=window_s, colours=figures.SCOPE_COLOURS), key="scopes_rate")
+                                    window_s=window_s, colours=figures.SCOPE_COLOURS, span_s=span),
+                        key="scopes_rate")
     with right:
-        st.plotly_chart(figures.scope_saved_figure(by_scope, window_s=window_s), key="scopes_saved")
+        st.plotly_chart(figures.scope_saved_figure(by_scope, window_s=window_s, span_s=span), key="scopes_saved")
 
-    ns_totals = data.query(db, "scopes", "hit_rate_by_scope_totals", by=("scope", "namespace_digest"), **common)
+    ns_totals = data.query(db, "scopes", "hit_rate_by_scope_totals", by=("scope", "namespace_digest"), **rows)
     ns_totals = ns_totals[ns_totals["namespace_digest"].notna()]
     top = ns_totals.head(TOP_NAMESPACES)
     by_ns = data.query(db, "scopes", "hit_rate_by_scope_window", window_s=window_s,
-                 by=("scope", "namespace_digest"), **common)
+                 by=("scope", "namespace_digest"), **rows)
     by_ns = by_ns[by_ns["namespace_digest"].isin(set(top["namespace_digest"]))].copy()
     by_ns["namespace"] = by_ns["scope"] + " " + by_ns["namespace_digest"]
     st.plotly_chart(figures.scope_rate_figure(by_ns, series="namespace",
                                 title=f"Hit rate by namespace digest (top {len(top)} by volume)",
-                                window_s=window_s), key="scopes_ns_rate")
+                                window_s=window_s, span_s=span), key="scopes_ns_rate")
     st.subheader("By namespace digest")
     show_table("scopes-1", pd.DataFrame({
         "Scope": ns_totals["scope"],

@@ -48,6 +48,13 @@ from prefixscope.store.sqlhelpers import bucket_split, window_start_sql
 
 GROUPABLE = ("scope", "namespace_digest", "model", "instance", "run_id")
 
+#: The rows of the gateway run of production traffic (``run_id`` ``''``): the requests with a
+#: gateway decision (refused ones included: they have one), the selection whose span
+#: ``run_list(with_decisions=True)`` gives; the usage rows of other production traffic (no
+#: decision, scope ``UNSCOPED``) are not that run's. Other runs are kept whole. A condition on
+#: the joined rows and on ``scope_rollup_5m`` alike (``decision`` NULL = no decision).
+DECIDED_PRODUCTION_SQL = "(run_id <> '' OR decision IS NOT NULL)"
+
 #: How far apart a request's decision and usage row may lie in time and still be joined when
 #: one of them is archived: the archive is read this much beyond the range on either side.
 PAIR_SKEW_S = 86400.0
@@ -82,9 +89,12 @@ _CLASS_PARAMS = [CROSS_SCOPE_REASONS, VERSION_REASONS, GENERATION_REASONS]
 def _filters(*, start_s: float | None, end_s: float | None, run_ids: Sequence[str] | None,
              models: Sequence[str] | None = None, instances: Sequence[str] | None = None,
              scopes: Sequence[str] | None = None,
-             namespaces: Sequence[str] | None = None) -> tuple[str, list[Any]]:
+             namespaces: Sequence[str] | None = None,
+             decided_production: bool = False) -> tuple[str, list[Any]]:
     parts = ["TRUE"]
     params: list[Any] = []
+    if decided_production:  # the gateway run of production traffic: its decided requests only
+        parts.append(DECIDED_PRODUCTION_SQL)
     if start_s is not None:
         parts.append("ts_unix_s >= ?")
         params.append(float(start_s))
@@ -269,7 +279,8 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                              instances: Sequence[str] | None = None,
                              scopes: Sequence[str] | None = None,
                              namespaces: Sequence[str] | None = None,
-                             origin_s: float = 0.0, rollup: bool | None = None) -> pd.DataFrame:
+                             origin_s: float = 0.0, rollup: bool | None = None,
+                             decided_production: bool = False) -> pd.DataFrame:
     """Hit rate and saved prefill tokens by scope (and/or namespace digest) per time window.
 
     Args:
@@ -278,6 +289,9 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         rollup: read the 5-minute rollup (``scope_rollup_5m``; None = when it is current,
             ``window_s`` and ``origin_s`` are whole 5 minutes and no instance is filtered or
             grouped by; False = the join itself). Both give the same numbers.
+        decided_production: of production traffic (run ``''``) only the requests with a
+            gateway decision, the gateway run (:data:`DECIDED_PRODUCTION_SQL`; the Scopes and
+            Rejections pages); other runs whole. The same keyword on every query of the pages.
 
     Returns:
         Columns ``window_start_s, window_end_s, <by...>, requests, decided_requests,
@@ -293,7 +307,7 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
     cols = _by(by)
     dims = dict(run_ids=run_ids, models=models, instances=instances, scopes=scopes,
-                namespaces=namespaces)
+                namespaces=namespaces, decided_production=decided_production)
     sel = "".join(f", {c}" for c in cols)
     facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, window_s=window_s,
                    origin_s=origin_s, by=cols, **dims)
@@ -331,12 +345,13 @@ def hit_rate_by_scope_totals(con: duckdb.DuckDBPyConnection, *, start_s: float |
                              instances: Sequence[str] | None = None,
                              scopes: Sequence[str] | None = None,
                              namespaces: Sequence[str] | None = None,
-                             rollup: bool | None = None) -> pd.DataFrame:
+                             rollup: bool | None = None,
+                             decided_production: bool = False) -> pd.DataFrame:
     """As :func:`hit_rate_by_scope_window` over the whole range: one row per group, largest
     ``prompt_tokens`` first."""
     cols = _by(by)
     dims = dict(run_ids=run_ids, models=models, instances=instances, scopes=scopes,
-                namespaces=namespaces)
+                namespaces=namespaces, decided_production=decided_production)
     sel = ", ".join(cols)
     facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, by=cols, **dims)
     if facts is not None:
@@ -359,7 +374,8 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
                                 run_ids: Sequence[str] | None = None,
                                 scopes: Sequence[str] | None = None,
                                 namespaces: Sequence[str] | None = None,
-                                origin_s: float = 0.0, rollup: bool | None = None
+                                origin_s: float = 0.0, rollup: bool | None = None,
+                                decided_production: bool = False
                                 ) -> pd.DataFrame:
     """Rejected candidates per window and first mismatching field (``rollup`` as in
     :func:`hit_rate_by_scope_window`).
@@ -372,7 +388,8 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
     if not window_s or window_s <= 0:
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
     facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, window_s=window_s,
-                   origin_s=origin_s, run_ids=run_ids, scopes=scopes, namespaces=namespaces)
+                   origin_s=origin_s, run_ids=run_ids, scopes=scopes, namespaces=namespaces,
+                   decided_production=decided_production)
     if facts is not None:
         fsql, fparams = facts
         window_start, window_params = window_start_sql("bucket_start_s", window_s=window_s,
@@ -389,7 +406,7 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
         """
         return con.execute(sql, [*window_params, *fparams, float(window_s)]).df()
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
-                             namespaces=namespaces)
+                             namespaces=namespaces, decided_production=decided_production)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
     sql = f"""
@@ -411,7 +428,8 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                              run_ids: Sequence[str] | None = None,
                              scopes: Sequence[str] | None = None,
                              namespaces: Sequence[str] | None = None,
-                             origin_s: float = 0.0, rollup: bool | None = None) -> pd.DataFrame:
+                             origin_s: float = 0.0, rollup: bool | None = None,
+                             decided_production: bool = False) -> pd.DataFrame:
     """Version-mismatch misses beside ordinary misses, per window (``rollup`` as in
     :func:`hit_rate_by_scope_window`).
 
@@ -426,7 +444,8 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     if not window_s or window_s <= 0:
         raise InvalidArgument(f"window_s must be positive, got {window_s}")
     facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, window_s=window_s,
-                   origin_s=origin_s, run_ids=run_ids, scopes=scopes, namespaces=namespaces)
+                   origin_s=origin_s, run_ids=run_ids, scopes=scopes, namespaces=namespaces,
+                   decided_production=decided_production)
     if facts is not None:
         fsql, fparams = facts
         window_start, window_params = window_start_sql("bucket_start_s", window_s=window_s,
@@ -454,7 +473,7 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
         """
         return con.execute(sql, [*window_params, *fparams, float(window_s)]).df()
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, scopes=scopes,
-                             namespaces=namespaces)
+                             namespaces=namespaces, decided_production=decided_production)
     window_start, window_params = window_start_sql("ts_unix_s", window_s=window_s,
                                                    origin_s=origin_s)
     sql = f"""
@@ -510,7 +529,8 @@ def refused_by_reason(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
 
 def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                             end_s: float | None = None, run_ids: Sequence[str] | None = None,
-                            limit: int = 10, rollup: bool | None = None) -> pd.DataFrame:
+                            limit: int = 10, rollup: bool | None = None,
+                            decided_production: bool = False) -> pd.DataFrame:
     """Namespaces with the most rejected candidates (``rollup`` as in
     :func:`hit_rate_by_scope_window`).
 
@@ -520,7 +540,8 @@ def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | 
         as frequent, the first in alphabetical order), ``lost_candidate_tokens``. Most rejects
         first (then by namespace digest and scope), at most ``limit`` rows.
     """
-    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids,
+                   decided_production=decided_production)
     if facts is not None:
         fsql, params = facts
         groups = f"""SELECT namespace_digest, scope, decision, first_mismatch,
@@ -528,7 +549,8 @@ def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | 
                      FROM {fsql} WHERE namespace_digest IS NOT NULL AND refused IS NULL
                      GROUP BY ALL"""
     else:
-        where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+        where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids,
+                                 decided_production=decided_production)
         groups = f"""SELECT namespace_digest, scope, decision, first_mismatch, count(*) AS n,
                             sum(candidate_cached_tokens) AS c
                      FROM ({_base(con, start_s, end_s, where)})
