@@ -103,7 +103,8 @@ def test_overview_on_real_data(real_db, use_db):
     assert totals.to_dict("records") == [{
         "Model": ds.MODEL, "Hit rate": "50.2%", "Status": "OK", "Hit tokens": "21,408",
         "Query tokens": "42,645", "First sample": "2026-11-29 14:01 UTC",
-        "Last sample": "2026-11-29 14:06 UTC", "Legacy names": "no"}]
+        "Last sample": "2026-11-29 14:06 UTC", "Legacy names": "no",
+        "Source": "vLLM counters"}]
     config = tables[1].value.set_index("Instance")
     assert config.loc[ds.BS32, "GPU blocks"] == "16,384"
     assert config.loc[ds.KVEVENTS, "GPU blocks"] == "160"

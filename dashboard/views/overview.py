@@ -30,6 +30,22 @@ def status_badge(hit_tokens, query_tokens, threshold: float) -> str:
     return f":{colour}-badge[{word}]"
 
 
+#: How a KPI card, the table and the banner name where a figure comes from.
+COUNTERS = "vLLM counters"
+USAGE_LOG = "usage log"
+#: The daily statuses' ``source`` values (``alerts.daily``) -> the words above.
+DAY_SOURCE = {"metrics": COUNTERS, "counters": COUNTERS, "requests": USAGE_LOG}
+
+
+def why_text(model: str, diagnosed: bool) -> str:
+    """The banner's pointer to a cause: the Breakers page when it holds a diagnosis of
+    ``model`` (``store.queries.breakers.top_breaker_by_model``), else how to get one."""
+    if diagnosed:
+        return "Why: the Breakers page"
+    return (f"No diagnosis of `{model}` yet: `prefixscope diagnose <log> --model {model} "
+            "--ingest` puts one on the Breakers page")
+
+
 REQUESTS_SOURCE = ("No vLLM counters for this selection: these figures are **per request**, from the "
                    "usage logs (Σ cached_tokens ÷ Σ prompt_tokens of the requests that reported "
                    "cached tokens; docs/metrics.md#per-request-hit-rate-and-coverage).")
@@ -115,15 +131,21 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                           figures=Figures(r["source"], r["prompt_tokens"], r["cached_tokens"],
                                           r["hit_rate"]),
                           threshold=r["threshold"], status=r["status"]) for r in rows]
-    for model, first in sorted(alert_since(statuses).items()):
+    alerting = alert_since(statuses)
+    diagnosed = (data.query(db, "breakers", "top_breaker_by_model", models=sorted(alerting))
+                 if alerting else {})
+    for model, first in sorted(alerting.items()):
         run = [s for s in statuses if s.model == model and s.day >= first.day]
         days = ", ".join(f"{fmt_pct(s.figures.hit_rate)} on {s.day:%m-%d}" for s in run)
+        sources = sorted({DAY_SOURCE.get(s.figures.source, str(s.figures.source)) for s in run})
         total = shown[shown["model"] == model]
-        whole = (f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])}: the days "
-                 "before still count in it." if not total.empty else "")
+        whole = (f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])} "
+                 f"({total['source'].iloc[0]}): the days before still count in it."
+                 if not total.empty else "")
         st.warning(f":red-badge[ALERT] **{model} below {fmt_pct(first.threshold)} since "
-                   f"{first.day.isoformat()}** (daily hit rate: {days}).{whole} Why: the "
-                   "Breakers page; the day's report: Alerts.", icon=":material/trending_down:")
+                   f"{first.day.isoformat()}** (daily hit rate from the {' and '.join(sources)}: "
+                   f"{days}).{whole} {why_text(model, model in diagnosed)}; the day's report: "
+                   "Alerts.", icon=":material/trending_down:")
     st.markdown(f"**Daily status** (days in {tz}, as the daily report: Δhits ÷ Δqueries of "
                 "each day from the counters, else the usage log)")
     seen = sorted({s.day for s in statuses})
@@ -188,12 +210,35 @@ with data.guard(db):
         totals = as_counter_columns(data.request_hit_rate_totals(
             db, start_s=f.start_s, end_s=f.end_s, by=("model",), models=f.models,
             instances=f.instances, run_ids=f.run_ids))
+        totals = totals.assign(source=USAGE_LOG)
     else:
         per_model = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s,
                                             window_s=window_s, by=("model",), models=f.models,
                                             instances=f.instances, run_ids=f.run_ids)
         totals = data.hit_rate_totals(db, start_s=f.start_s, end_s=f.end_s, by=("model",),
                                       models=f.models, instances=f.instances, run_ids=f.run_ids)
+        totals = totals.assign(source=COUNTERS)
+        # models with only usage-log data in the selection (a gateway in front of an engine
+        # whose /metrics is not scraped): their card and table row from the usage log, as the
+        # daily strip's banner reads them
+        counted = set(totals.loc[totals["query_tokens"].fillna(0) > 0, "model"])
+        logged = as_counter_columns(data.request_hit_rate_totals(
+            db, start_s=f.start_s, end_s=f.end_s, by=("model",), models=f.models,
+            instances=f.instances, run_ids=f.run_ids))
+        logged = logged[~logged["model"].isin(counted)
+                        & (logged["query_tokens"].fillna(0) > 0)]
+        if not logged.empty:
+            totals = pd.concat([totals[~totals["model"].isin(set(logged["model"]))],
+                                logged.assign(source=USAGE_LOG)], ignore_index=True)
+            logged_windows = as_counter_columns(data.request_hit_rate_by_window(
+                db, start_s=f.start_s, end_s=f.end_s, window_s=window_s, by=("model",),
+                models=sorted(logged["model"]), instances=f.instances, run_ids=f.run_ids))
+            per_model = pd.concat([per_model, logged_windows], ignore_index=True)
+            st.info("No vLLM counters for " + ", ".join(f"`{m}`" for m in sorted(logged["model"]))
+                    + " in this selection: " + ("its" if len(logged) == 1 else "their")
+                    + " figures below are per request, from the usage log (Σ cached_tokens ÷ "
+                    "Σ prompt_tokens; docs/metrics.md#per-request-hit-rate-and-coverage); the "
+                    "charts draw the counters.", icon=":material/receipt_long:")
 
     if bool(windows["legacy"].fillna(False).any()):
         st.info("Some of this data comes from the legacy metric names `vllm:gpu_prefix_cache_queries`"
@@ -226,7 +271,7 @@ with data.guard(db):
             )
             st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold)} "
                         f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} tokens "
-                        f"({'vLLM counters' if source == 'counters' else 'usage log'})",
+                        f"({row['source']})",
                         help=TOKENS_SOURCE_HELP)
             if model in latest.index:
                 last = latest.loc[model]
@@ -316,6 +361,7 @@ with data.guard(db):
             "First sample": totals["first_ts_unix_s"].map(fmt_time),
             "Last sample": totals["last_ts_unix_s"].map(fmt_time),
             "Legacy names": totals["legacy"].fillna(False).astype(bool),
+            "Source": totals["source"],
         }))
 
     st.subheader("Cache configuration")
