@@ -225,6 +225,13 @@ def parse_line(raw: bytes, *, source_id: str = "", line: int = 0,
         return "decision", _decision_row(_dec_decision.decode(raw), source_id=source_id,
                                          line=line, run_id=run_id)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        # msgspec checks UTF-8 only in the strings it reads (an unknown key may come first)
+        # and names no offset: say so with the first bad byte
+        if isinstance(exc, msgspec.ValidationError) or "UTF-8" in str(exc):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise _Bad(None, invalid_json_reason(bad)) from None
         raise _msgspec_error(exc) from None
 
 

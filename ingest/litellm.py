@@ -46,6 +46,12 @@ _ENDPOINTS = {"completion": "chat", "acompletion": "chat", "text_completion": "c
               "responses": "responses", "aresponses": "responses"}
 
 
+#: Reason for a line without LiteLLM's token columns that holds a top-level ``usage`` object
+#: (an OpenAI-style response, whose counts are not read here: ``ingest requests`` reads them).
+NOT_SPEND_LOG = ("no prompt token count: not a LiteLLM spend-log row (it has a top-level usage "
+                 "object, as a provider response has: ingest requests reads those)")
+
+
 def tokens(value: Any, field: str) -> int | None:
     """A token count from JSON or CSV text: int, integral float, digits; None for null/''.
 
@@ -171,6 +177,8 @@ def spendlog_to_row(rec: dict[str, Any], *, hmac_key: bytes | None = None, run_i
     if completion is None:
         completion = tokens(rec.get("completion_tokens"), "completion_tokens")
     if prompt is None:
+        if isinstance(rec.get("usage"), dict):  # a provider response, not a spend-log row
+            raise BadLine("prompt_tokens", NOT_SPEND_LOG)
         raise BadLine("prompt_tokens", "no prompt token count")
     read = _first_reported(
         (usage.get("cache_read_input_tokens"), "metadata.usage_object.cache_read_input_tokens"),

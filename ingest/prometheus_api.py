@@ -277,17 +277,31 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
     return ScrapeOutcome(total, tuple(problems))
 
 
+#: The reason for an empty saved answer (the word of the JSONL ingesters' note).
+EMPTY_FILE = ("empty file (a saved answer is the JSON body of /api/v1/query_range or "
+              "/api/v1/query)")
+
+
 def read_query_range_file(path: str) -> list[dict]:
     """The ``data.result`` series of a saved Prometheus ``/api/v1/query_range`` (or range-vector
     ``/api/v1/query``) response body, a JSON file (``curl .../api/v1/query_range?... > FILE``).
 
     Raises:
-        SourceUnavailable: the file cannot be read. ParseError: not JSON, not a successful
-            response, or its ``resultType`` is not ``matrix``.
+        SourceUnavailable: the file cannot be read. ParseError: empty (``empty file``), not
+            JSON, not a successful response, or its ``resultType`` is not ``matrix``.
     """
+    import os
+    import stat
+
     from prefixscope.core.documents import load_json_file
     from prefixscope.core.errors import ParseError
 
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None  # load_json_file names why it cannot be read
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == 0:
+        raise ParseError(str(path), None, EMPTY_FILE)
     doc = load_json_file(path)
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, dict) or doc.get("status") != "success":

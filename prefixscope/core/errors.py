@@ -32,19 +32,20 @@ def invalid_json_reason(exc: ValueError, raw: bytes | None = None) -> str:
             the offset, e.g. ``JSON is malformed: trailing characters (byte 8)``).
 
         raw: the bytes that failed to decode, when the caller has them: an invalid UTF-8
-            sequence (msgspec: ``Invalid UTF-8 encoded string``, no offset) then gets the
-            ``(byte N)`` of its first bad byte.
+            sequence (msgspec: ``Invalid UTF-8 encoded string``, no offset) is then
+            ``not valid JSON: not UTF-8 text (byte N)`` with its first bad byte, as a
+            :class:`UnicodeDecodeError` is (the wording of the KV-event and trace readers).
 
     Returns:
         The reason; it quotes no input text (only the decoder's description and an offset).
     """
     if isinstance(exc, UnicodeDecodeError):
-        return f"{NOT_JSON}: Invalid UTF-8 encoded string (byte {exc.start})"
+        return f"{NOT_JSON}: not UTF-8 text (byte {exc.start})"
     if raw is not None and "(byte " not in str(exc) and "UTF-8" in str(exc):
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as bad:
-            return f"{NOT_JSON}: {exc} (byte {bad.start})"
+            return f"{NOT_JSON}: not UTF-8 text (byte {bad.start})"
     if isinstance(exc, json.JSONDecodeError):
         line_start = exc.doc.rfind("\n", 0, exc.pos) + 1
         offset = len(exc.doc[line_start:exc.pos].encode("utf-8", "surrogatepass"))

@@ -54,7 +54,8 @@ CASES = [
     ("deep", DEEP, {"otlp": TOO_DEEP, "requests": TOO_DEEP}),
     ("nan", NAN, {"otlp": NAN_REASON, "requests": NAN_REASON}),
     ("infinity", INF, {"otlp": INF_REASON, "requests": INF_REASON}),
-    ("invalid-utf8", BAD_UTF8, {"otlp": UTF8 + " (byte 8)", "requests": UTF8}),
+    ("invalid-utf8", BAD_UTF8, {"otlp": "not valid JSON: not UTF-8 text (byte 8)",
+                                "requests": UTF8}),
 ]
 GOOD = {"otlp": _otlp, "requests": _chat}
 
