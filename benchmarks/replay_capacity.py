@@ -57,7 +57,7 @@ def replay_once(reqs: list, config: SimConfig) -> dict:
             inside[0] += time.thread_time() - t
 
     gc.collect()
-    run = simulate(reqs, config)  # builds the empty cache before the clock
+    run = simulate(reqs, config, read_ahead=True)  # builds the empty cache before the clock
     block_pool.BlockPool.run_alone = timed
     try:
         r0 = resource.getrusage(resource.RUSAGE_THREAD)

@@ -109,7 +109,7 @@ def run_ours(reqs: list, config: SimConfig, repeat: int) -> tuple[list[int], flo
     hits: list[int] = []
     for _ in range(repeat):
         gc.collect()
-        run = simulate(reqs, config)
+        run = simulate(reqs, config, read_ahead=True)  # as `replay sim` (replay/runner.py)
         c0, w0 = time.thread_time(), time.perf_counter()
         hits = [r.cached_tokens for r in run]
         best_cpu = min(best_cpu, time.thread_time() - c0)

@@ -93,7 +93,7 @@ def replay_gateway_trace(trace: MultiTenantTrace, *, key: bytes, run_id: str | N
     segments = []
     for reqs in lifetimes:
         if reqs:
-            segments.append((reqs, list(simulate(reqs, cfg))))
+            segments.append((reqs, list(simulate(reqs, cfg, read_ahead=True))))
     return GatewayReplay(decisions, events, segments, cfg)
 
 

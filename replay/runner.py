@@ -189,7 +189,7 @@ def run_sim(spec: SimRunSpec, out_dir: str | os.PathLike[str] | None = None, *,
                       output_tokens=spec.output_tokens, strict=spec.strict, layout=layout,
                       limit=spec.limit)
     config = spec.sim_config()
-    run = simulate(read.requests, config)
+    run = simulate(read.requests, config, read_ahead=True)  # consumed whole: batches
     out.mkdir(parents=True, exist_ok=True)
     metrics_dir = out / "metrics"
     if metrics_dir.is_dir():
