@@ -164,7 +164,7 @@ def test_requests_on_real_data(real_db, use_db):
                     setup=lambda a: a.radio(key="filter_range").set_value("all"))
     ds.assert_clean(at)
     assert ds.metrics(at) == {"Requests": "31", "Requests with cached-token counts": "31",
-                              "Requests with a hit": "16"}
+                              "Requests with any cached block": "16"}
     assert not ds.texts(at, "warning")  # full coverage: no --enable-prompt-tokens-details hint
     assert ds.chart_count(at) == 4  # histogram, coverage, over time, latency by hit/miss
     hist = ds.charts(at)["Per-request hit rate"]["data"][0]

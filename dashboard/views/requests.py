@@ -4,7 +4,7 @@ Every number and figure is an aggregate computed in DuckDB (issue 17: no per-req
 pandas or in the browser): ``request_counts``, ``request_hit_rate_by_window`` (Σ cached ÷ Σ
 prompt tokens of the reporting requests, per window), ``request_hit_rate_bands`` (quantiles of
 per-request hit rate per window), ``request_latency_quantiles`` (per cached-share band: cold,
-partial, warm, as the TTFT panel),
+partial, warm, as the TTFT panel; one panel per model, and the band counts under the cards),
 ``cached_tokens_coverage`` and one page of ``newest_requests`` (LIMIT/OFFSET in the store),
 through ``prefixscope.dashboard.data``. Requests whose usage did not report cached tokens are never counted as 0:
 they lower the coverage instead (``docs/metrics.md``).
@@ -25,6 +25,25 @@ def _count(x) -> int:
     return 0 if pd.isna(x) else int(x)
 
 PAGE_ROWS = 500
+#: At most this many per-model latency panels (the sidebar's Model filter picks others).
+MAX_LATENCY_PANELS = 4
+
+
+def band_counts_text(quantiles: pd.DataFrame, column: str) -> str:
+    """The warm / partial / cold request counts of ``request_latency_quantiles`` rows (the
+    rollup's counts per cached-share band, ``store.queries.serving.TTFT_BANDS``): ``By the share
+    of the prompt from the cache: **warm** (≥ 80% cached) 16 · ... of the 31 requests with a
+    latency``."""
+    from prefixscope.store.queries.serving import TTFT_BANDS, ttft_band_label
+
+    n = {b: int(quantiles.loc[quantiles["band"] == b, "requests"].sum())
+         for b, _ in TTFT_BANDS} if not quantiles.empty else {b: 0 for b, _ in TTFT_BANDS}
+    what = "a time to first token" if column == "ttft_ms" else "a latency"
+    parts = " · ".join(f"**{ttft_band_label(b).split(' ', 1)[0]}** "
+                       f"{ttft_band_label(b).split(' ', 1)[1]} {fmt_int(n[b])}"
+                       for b, _ in reversed(TTFT_BANDS))
+    return (f"By the share of the prompt from the cache (the TTFT bands' rule): {parts}, of "
+            f"the {fmt_int(sum(n.values()))} reporting requests with {what}.")
 LATENCY_ERROR_PCT = f"{data.latency_quantile_error():.1%}"
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
          "usage.jsonl`, or widen the time range.")
@@ -69,8 +88,18 @@ with data.guard(db):
               help="Requests whose usage carried the field "
                    "`usage.prompt_tokens_details.cached_tokens` (a count of 0 included); the "
                    "others lower the coverage, never the hit rate.")
-    c3.metric("Requests with a hit", fmt_int(counts["hit_requests"]), border=True,
-              help="Reporting requests with cached_tokens > 0.")
+    c3.metric("Requests with any cached block", fmt_int(counts["hit_requests"]), border=True,
+              help="Reporting requests with cached_tokens > 0: one cached block (16 tokens of "
+                   "a 2,000-token prompt) counts. The warm / partial / cold counts under the "
+                   "cards say how much of each prompt came from the cache.")
+    column = ("ttft_ms" if counts["with_ttft"] else
+              "latency_ms" if counts["with_latency"] else None)
+    pooled = None
+    if column is not None:
+        pooled = data.request_latency_quantiles(db, column=column, start_s=f.start_s,
+                                                end_s=f.end_s, models=f.models,
+                                                instances=f.instances, run_ids=f.run_ids)
+        st.markdown(band_counts_text(pooled, column))
 
     left, right = st.columns(2)
     with left:
@@ -94,22 +123,35 @@ with data.guard(db):
             run_ids=f.run_ids), window_s=window_s), key="requests_ttft_bands")
         st.caption(data.ttft_bands_caption())
 
-    column = ("ttft_ms" if counts["with_ttft"] else
-              "latency_ms" if counts["with_latency"] else None)
     if column is None:
         st.caption("No time to first token or latency recorded for these requests.")
     else:
         if column == "latency_ms":
             st.caption("No time to first token was recorded for these requests; total latency "
                        "shown instead (it includes decoding, which the cache does not shorten).")
-        quantiles = data.request_latency_quantiles(db, column=column, start_s=f.start_s,
-                                                   end_s=f.end_s, models=f.models,
+        title = ("Time to first token by cached share" if column == "ttft_ms" else
+                 "Total latency by cached share")
+        models = sorted({m for m in coverage["model"] if isinstance(m, str)})
+        if len(models) <= 1:
+            st.plotly_chart(figures.latency_by_band(pooled, column=column, title=title),
+                            key=f"requests_{column.removesuffix('_ms')}")
+        else:
+            # one panel per model: pooled, a big model's warm requests sit above a small
+            # model's cold ones and the bands read inverted
+            shown_models = models[:MAX_LATENCY_PANELS]
+            st.caption(f"One panel per model ({len(models)} in this selection): pooled, their "
+                       "latencies would mix (a larger model's warm requests can be slower than "
+                       "a smaller one's cold requests)."
+                       + (f" The first {MAX_LATENCY_PANELS} are shown; pick others in the "
+                          "sidebar's Model filter." if len(models) > MAX_LATENCY_PANELS else ""))
+            cols = st.columns(2)
+            for i, model in enumerate(shown_models):
+                q = data.request_latency_quantiles(db, column=column, start_s=f.start_s,
+                                                   end_s=f.end_s, models=(model,),
                                                    instances=f.instances, run_ids=f.run_ids)
-        st.plotly_chart(figures.latency_by_band(
-            quantiles, column=column, title=("Time to first token by cached share"
-                                             if column == "ttft_ms" else
-                                             "Total latency by cached share")),
-            key=f"requests_{column.removesuffix('_ms')}")
+                cols[i % 2].plotly_chart(
+                    figures.latency_by_band(q, column=column, title=f"{title} · {model}"),
+                    key=f"requests_{column.removesuffix('_ms')}_{i}")
         st.caption("Bands by cached share, cached_tokens ÷ prompt_tokens, as in the TTFT "
                    "panel (requests without prompt tokens left out). "
                    "Quantiles from a histogram in log-spaced bins: each within "
