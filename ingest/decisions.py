@@ -261,7 +261,8 @@ def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLik
 
 
 def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str],
-                                   *, run_id: str | None = None
+                                   *, run_id: str | None = None,
+                                   raise_when_nothing: bool = True
                                    ) -> tuple[IngestSummary, list[Quarantined]]:
     """Ingest one gateway decision log (JSONL) into ``gateway_decisions``/``gateway_events``.
 
@@ -277,6 +278,8 @@ def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | o
         path: the JSONL file; read from its checkpoint when ingested before.
         run_id: for lines without ``run_id`` (default ``''``: production traffic). Replay
             decision logs carry the replay's run id so they join its usage rows.
+        raise_when_nothing: False returns even when every new line was quarantined (the CLI
+            prints them first, then fails with :func:`all_quarantined_message`).
 
     Returns:
         (:class:`IngestSummary`, the lines this call quarantined, file order);
@@ -305,9 +308,16 @@ def ingest_decisions_file_detailed(con: duckdb.DuckDBPyConnection, path: str | o
         size = result.end.offset
     if size > result.end.offset and not summary.note:  # a final line left for the next run
         summary = dataclasses.replace(summary, note=TAIL_LEFT_NOTE)
-    if summary.rows_quarantined and not summary.rows_read:
-        first = result.problems[0]
-        raise NothingIngested(
-            f"{location}: all {summary.rows_quarantined} lines quarantined; first at line "
-            f"{first.line}{' field ' + first.field if first.field else ''}: {first.reason}")
+    if raise_when_nothing and summary.rows_quarantined and not summary.rows_read:
+        raise NothingIngested(all_quarantined_message(summary, result.problems))
     return summary, list(result.problems)
+
+
+def all_quarantined_message(summary: IngestSummary, problems: list[Quarantined]) -> str:
+    """``<file>: all N lines quarantined; the first: file:line: field: reason`` for a decision
+    log whose new lines were all quarantined (``problems``: at least the first of them)."""
+    from prefixscope.core.errors import problem_text
+
+    first = problems[0]
+    return (f"{summary.source}: all {summary.rows_quarantined:,} lines quarantined; the first: "
+            f"{problem_text(first.location, first.line, first.reason, first.field)}")

@@ -89,7 +89,7 @@ def test_ingest_decisions_goes_on_after_a_file_whose_lines_were_all_quarantined(
     good.write_text(json.dumps(_good_decision()) + "\n")
     code, out, err = cli(["ingest", "decisions", bad, good, "--db", db_path])
     assert code == 0, err
-    assert f"error: {bad}: all 2 lines quarantined; first at line 1: not valid JSON" in err
+    assert f"error: {bad}: all 2 lines quarantined; the first: {bad}:1: not valid JSON" in err
     assert f"{good}: 1 record, 1 added" in out
     code, out, err = cli(["ingest", "decisions", bad, "--db", tmp_path / "other.duckdb"])
     assert code == 4

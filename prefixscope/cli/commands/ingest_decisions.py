@@ -53,23 +53,28 @@ def decisions_cmd(
 
       prefixscope ingest decisions logs/gateway/   (decisions.jsonl, decisions.1.jsonl, ...)
     """
-    from prefixscope.ingest.decisions import ingest_decisions_file_detailed
+    from prefixscope.ingest.decisions import (all_quarantined_message,
+                                              ingest_decisions_file_detailed)
     from prefixscope.ingest.files import ingest_files, quarantined_dicts
 
     res = ingest_files(db, files, lambda con, f: ingest_decisions_file_detailed(
-        con, f, run_id=run_id), folders=True, folder_glob=DECISION_FILES)
+        con, f, run_id=run_id, raise_when_nothing=False),
+        folders=True, folder_glob=DECISION_FILES)
     for e in res.errors:
         err.print(f"error: {e}", markup=False, highlight=False)
     if not res.outcomes:
-        why = (f"every line of the {res.failed:,} file(s) was quarantined (see above)"
-               if res.failed else f"{len(res.errors)} source(s) could not be read (see above)")
-        raise NothingIngested(f"no decision could be read: {why}")
+        raise NothingIngested(f"no decision could be read: {len(res.errors)} source(s) could "
+                              "not be read (see above)")
+    # a file whose new lines were all quarantined fails, after its lines are printed
+    all_bad = [o for o in res.outcomes if o.summary.rows_quarantined and not o.summary.rows_read]
     summaries = [o.summary for o in res.outcomes]
     per_source = [quarantined_dicts(o.problems) for o in res.outcomes]
     problems = [q for mine in per_source for q in mine]
     if as_json:  # one summary per source, with its quarantined lines (docs/ingest.md)
         print_json([{**s.as_dict(), "quarantined": mine}
                     for s, mine in zip(summaries, per_source, strict=True)])
+        print_quarantined(problems)
+        _fail_when_all_bad(all_bad, len(res.outcomes), all_quarantined_message)
         return
     for s in summaries:
         out.print(f"{s.source}: {count_noun(s.rows_read, 'record')}, {s.rows_added:,} added, "
@@ -80,6 +85,17 @@ def decisions_cmd(
         if note:
             out.print(f"  note: {note}", markup=False, highlight=False)
     print_quarantined(problems)
+    _fail_when_all_bad(all_bad, len(res.outcomes), all_quarantined_message)
+
+
+def _fail_when_all_bad(all_bad, outcomes: int, message) -> None:
+    """``error: <file>: all N lines quarantined; the first: ...`` per such file (stderr); exit
+    4 when every file read was such a file."""
+    for o in all_bad:
+        err.print(f"error: {message(o.summary, o.problems)}", markup=False, highlight=False)
+    if all_bad and len(all_bad) == outcomes:
+        raise NothingIngested(f"no decision could be read: every line of the {len(all_bad):,} "
+                              "file(s) was quarantined (see above)")
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
