@@ -214,7 +214,7 @@ class ReportLine:
         figures: the day's :class:`Figures` (source ``none`` with zeros when nothing came in).
         threshold: the OK/ALERT boundary used, fraction.
         status: OK, ALERT, NO DATA or STALE.
-        text: the report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
+        text: the report line, e.g. ``608,000 of 644,000 prompt tokens from cache (94.4%): OK``.
         prev_day, prev_week: figures of the previous day / same weekday a week earlier, same
             source, or None.
         change_prev_day, change_prev_week: hit-rate differences (fractions), None when either

@@ -109,7 +109,7 @@ def _detail(ln: ReportLine) -> str:
     if ln.figures.restarts:
         parts.append(f"{ln.figures.restarts} restart(s)")
     if ln.figures.coverage is not None and ln.figures.coverage < 1:
-        parts.append(f"{ln.figures.coverage:.0%} of requests reported cached tokens")
+        parts.append(f"{fmt_pct(ln.figures.coverage)} of requests reported cached tokens")
     return "; ".join(parts)
 
 

@@ -45,7 +45,7 @@ def test_prints_the_report(cli, daily_db, tmp_path):
                           "--tz", "UTC", "--config", cfg])
     assert code == 0, err
     assert "prefixscope daily report for 2026-11-28 (UTC" in out
-    assert "tiny-llama  608,000 of 644,000 prompt tokens from cache (94%): OK" in out
+    assert "tiny-llama  608,000 of 644,000 prompt tokens from cache (94.4%): OK" in out
     assert "Dashboard: http://dash.local:8501/alerts?day=2026-11-28&tz=UTC" in out
     assert "sent to" not in out
 
@@ -115,7 +115,7 @@ def test_dry_run_without_recipients_renders_the_report(cli, daily_db, tmp_path):
     code, out, err = cli(["report", "daily", "--db", daily_db, "--date", "2026-11-28",
                           "--config", cfg, "--dry-run", "--eml-dir", eml])
     assert code == 0, err
-    assert "tiny-llama  608,000 of 644,000 prompt tokens from cache (94%): OK" in out
+    assert "tiny-llama  608,000 of 644,000 prompt tokens from cache (94.4%): OK" in out
     assert ("dry run, no recipients configured ([alerts] recipients, recipients_by_model or "
             "recipients_by_scope): nothing would be sent; the email would be: "
             "[prefixscope] OK tiny-llama 94.4% hit rate 2026-11-28, written to ") in out

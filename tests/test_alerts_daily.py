@@ -52,7 +52,7 @@ def test_ok_day_reads_the_users_line(con, tmp_path):
     rep = _report(con)
     line = _line(rep)
     assert line.status == OK
-    assert line.text == "608,000 of 644,000 prompt tokens from cache (94%): OK"
+    assert line.text == "608,000 of 644,000 prompt tokens from cache (94.4%): OK"
     assert line.figures.source == "metrics"
     assert (line.figures.cached_tokens, line.figures.prompt_tokens) == (608_000, 644_000)
     assert rep.status == OK
@@ -64,7 +64,7 @@ def test_alert_day_reads_the_users_line(con, tmp_path):
     src.day(con, DAY, queries=644_000, hits=0, every_h=2)
     line = _line(_report(con))
     assert line.status == ALERT
-    assert line.text == "0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt"
+    assert line.text == "0 of 644,000 prompt tokens from cache (0.0%): ALERT: check the top of the prompt"
 
 
 def test_ok_and_alert_lines_equal_the_report_command_lines(con, tmp_path):
@@ -73,12 +73,12 @@ def test_ok_and_alert_lines_equal_the_report_command_lines(con, tmp_path):
 
     src = _source(tmp_path)
     src.day(con, DAY - timedelta(days=1), queries=1_000, hits=0, every_h=12)
-    src.day(con, DAY, queries=12_345, hits=6_172, every_h=4)  # 49.99%: ALERT, printed 49%
+    src.day(con, DAY, queries=12_345, hits=6_172, every_h=4)  # 49.99%: ALERT, printed 50.0% (the pages' format)
     w = DayWindow.of(DAY, "UTC")
     theirs = [ln for ln in report_lines(con, start_s=w.start_s, end_s=w.end_s, threshold=0.5)
               if ln.model == MODEL]
     ours = _line(_report(con))
-    assert ours.status == ALERT and "(49%)" in ours.text
+    assert ours.status == ALERT and "(50.0%)" in ours.text
     assert [ours.text] == [ln.text for ln in theirs]
 
 
@@ -113,7 +113,7 @@ def test_cold_restart_with_one_queried_token_is_no_data_not_alert(con, tmp_path)
         src.scrape(con, local_ts(DAY, 23 + minute / 60))
     line = _line(_report(con))
     assert line.status == NO_DATA
-    assert line.text == ("0 of 1 prompt tokens from cache (0%): NO DATA: under 1,000 prompt "
+    assert line.text == ("0 of 1 prompt tokens from cache (0.0%): NO DATA: under 1,000 prompt "
                          "tokens in the day")
     assert _report(con).status == NO_DATA
 
@@ -148,7 +148,7 @@ def test_source_that_stopped_mid_day_is_stale(con, tmp_path):
     line = _line(rep)
     assert line.status == STALE
     assert "no scrape from vllm-a:8000 after 2026-11-28 14:00, scraped every 900 s before" in line.text
-    assert line.text.startswith("850,000 of 900,000 prompt tokens from cache (94%): STALE")
+    assert line.text.startswith("850,000 of 900,000 prompt tokens from cache (94.4%): STALE")
     (s,) = rep.stale_sources
     assert s.median_gap_s == 900 and s.stale_after_s == 3600  # max(900, 4 x 900)
     assert rep.status == STALE
@@ -247,7 +247,7 @@ def test_scope_lines_and_namespaces_that_fell_most(con, tmp_path):
     assert _line(rep, scope="PUBLIC").status == OK
     tenant = _line(rep, scope="TENANT")
     assert tenant.status == ALERT
-    assert tenant.text == "400 of 4,000 prompt tokens from cache (10%): ALERT: check the top of the prompt"
+    assert tenant.text == "400 of 4,000 prompt tokens from cache (10.0%): ALERT: check the top of the prompt"
     assert tenant.change_prev_day == pytest.approx(-0.85)
     assert [(c.tenant_digest, round(c.change, 2)) for c in rep.fell_namespaces] == [("bbbb2222", -0.85)]
     # scope lines follow their model line
@@ -331,7 +331,7 @@ def test_report_json_has_no_raw_tenant_ids(con, tmp_path):
 def test_legal_research_example_line_and_savings(con, tmp_path):
     """The product brief's example: a 32,000-token prefix, 20 questions of 200 tokens, 500-token
     answers, the first a miss; Rs 0.10 / 0.02 / 0.40 per 1,000 input / cached / output tokens.
-    The day reads 608,000 of 644,000 (94%): OK, and saves Rs 68.40 - Rs 19.76 = Rs 48.64."""
+    The day reads 608,000 of 644,000 (94.4%): OK, and saves Rs 68.40 - Rs 19.76 = Rs 48.64."""
     from prefixscope.ingest.prices import load_prices
     from tests.alerts_support import usage_line
 
@@ -345,7 +345,7 @@ def test_legal_research_example_line_and_savings(con, tmp_path):
              for i in range(20)]
     ingest_usage_lines(con, tmp_path / "legal.jsonl", lines)
     line = _line(_report(con), "legal-research")
-    assert line.text == "608,000 of 644,000 prompt tokens from cache (94%): OK"
+    assert line.text == "608,000 of 644,000 prompt tokens from cache (94.4%): OK"
     assert line.currency == "INR" and line.shadow_price is False
     assert line.cost_without_cache == pytest.approx(68.40)
     assert line.saved == pytest.approx(48.64)

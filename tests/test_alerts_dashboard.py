@@ -62,7 +62,7 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     assert m["Status"] == "ALERT"  # coloured text, no emoji (fonts)
     assert m["ALERT lines"] == "1" and m["Stale sources"] == "1"
     report = at.dataframe[0].value
-    assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" \
+    assert "12,000 of 100,000 prompt tokens from cache (12.0%): ALERT: check the top of the prompt" \
         in report["Report line"].tolist()
     assert "STALE" in report["Status"].tolist()
     # the sentence, hidden in the grid (it was cut at 1400 px), is shown whole under it
@@ -72,9 +72,9 @@ def test_alerts_page_shows_the_report_and_the_sends(alerts_db):
     assert len(shown) == 1, shown  # one list, a bullet per line, values escaped
     lines = re.sub(r"\\(.)", r"\1", shown[0]).split("\n")
     assert lines == [
-        "- :orange-badge[STALE] **qwen-small**: 45,000 of 50,000 prompt tokens from cache (90%): "
+        "- :orange-badge[STALE] **qwen-small**: 45,000 of 50,000 prompt tokens from cache (90.0%): "
         "STALE: no scrape from vllm-b:8000 after 2026-11-28 09:30, scraped every 3600 s before",
-        "- :red-badge[ALERT] **tiny-llama**: 12,000 of 100,000 prompt tokens from cache (12%): "
+        "- :red-badge[ALERT] **tiny-llama**: 12,000 of 100,000 prompt tokens from cache (12.0%): "
         "ALERT: check the top of the prompt"], lines
     warnings = texts(at, "warning")
     assert any("STALE: no scrape from `vllm-b:8000` (qwen-small)" in w for w in warnings)

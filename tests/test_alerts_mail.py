@@ -110,13 +110,13 @@ def test_email_has_text_html_inline_chart_subject_and_link(report_db, smtp):
     parts = parts_by_type(msg)
     text = parts["text/plain"][0].get_content()
     html = parts["text/html"][0].get_content()
-    assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT: check the top of the prompt" in text
-    assert "608,000 of 644,000 prompt tokens from cache (94%): OK" in text
+    assert "12,000 of 100,000 prompt tokens from cache (12.0%): ALERT: check the top of the prompt" in text
+    assert "608,000 of 644,000 prompt tokens from cache (94.4%): OK" in text
     assert "previous day 95.0% (-83.0 pp)" in text
     link = "https://dash.example.com/alerts?day=2026-11-28&tz=UTC"
     assert f"Dashboard: {link}" in text
     assert f'href="{link.replace("&", "&amp;")}"' in html
-    assert "12,000 of 100,000 prompt tokens from cache (12%): ALERT" in html
+    assert "12,000 of 100,000 prompt tokens from cache (12.0%): ALERT" in html
 
     (related,) = parts["multipart/related"]
     (png,) = parts["image/png"]

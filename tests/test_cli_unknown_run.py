@@ -44,7 +44,7 @@ def test_known_runs_and_production_still_work(db, cli):
     assert json.loads(out) == []  # a known run without data: empty, not an error
     code, out, err = cli(["report", "--db", db, "--source", "counters"])
     assert code == 0, err
-    assert "7,136 of 11,652 prompt tokens from cache (61%): OK" in out
+    assert "7,136 of 11,652 prompt tokens from cache (61.2%): OK" in out
     code, _, err = cli(["hitrate", "--run", "sim-new", "--run", "x1", "--run", "x2", "--db", db])
     assert code == 2
     assert err.startswith("error: unknown runs 'x1', 'x2'; known runs: sim-new, sim-old")

@@ -60,7 +60,7 @@ def test_hitrate_and_report_name_both(gateway_db, cli):
     assert "85.1%" in out and f"note: {NOTE}" in out
     code, out, err = cli(["report", "--db", db, "--run", "mt-1"])
     assert code == 0, err
-    assert "714,720 of 839,952 prompt tokens from cache (85%): OK" in out
+    assert "714,720 of 839,952 prompt tokens from cache (85.1%): OK" in out
     assert f"note: {NOTE}" in out
     code, out, _ = cli(["report", "--db", db, "--run", "mt-1", "--source", "requests", "--json"])
     doc = json.loads(out)

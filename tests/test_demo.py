@@ -56,7 +56,7 @@ def test_demo_report_line(demo_db, cli):
     path, _ = demo_db
     code, out, _ = cli(["report", "--db", path, "--source", "counters", "--run", "vllm-cpu-0.32"])
     assert code == 0
-    assert "tiny-llama-random  21,408 of 42,645 prompt tokens from cache (50%): OK" in out
+    assert "tiny-llama-random  21,408 of 42,645 prompt tokens from cache (50.2%): OK" in out
 
 
 def test_demo_rebuild_replaces_the_database(tmp_path):

@@ -55,10 +55,10 @@ def test_alert_line_names_the_top_breaker(con, tmp_path):
     lines = {ln.model: ln for ln in rep.lines if ln.scope is None}
     assert lines["bot"].status == ALERT
     assert lines["bot"].text == (
-        "0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt "
+        "0 of 644,000 prompt tokens from cache (0.0%): ALERT: check the top of the prompt "
         "(top breaker: timestamp on line 1 of message 0 (system), see prefixscope diagnose)")
     assert lines["bot"].top_breaker["kind"] == "timestamp"
     # OK lines keep the users' line; a model without a diagnosis keeps the plain hint.
     assert lines["ok-model"].status == OK
-    assert lines["ok-model"].text == "600,000 of 644,000 prompt tokens from cache (93%): OK"
+    assert lines["ok-model"].text == "600,000 of 644,000 prompt tokens from cache (93.2%): OK"
     assert lines["other"].text.endswith("ALERT: check the top of the prompt")

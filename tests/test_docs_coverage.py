@@ -46,6 +46,18 @@ def test_every_command_is_documented(path):
     assert f"prefixscope {path}" in docs, f"'prefixscope {path}' appears in no docs/*.md or README.md"
 
 
+def test_the_readme_full_list_names_every_command():
+    """README's "The full list:" names every command (it left out `ingest query-range` and
+    `diagnose`, session 7 finding 11)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    full = readme[readme.index("The full list:"):]
+    full = full[:full.index("\n\n")]
+    listed = set(re.findall(r"`prefixscope ([a-z][a-z -]*?)`", full))
+    missing = [p for p in _command_paths() if p not in listed]
+    assert missing == []
+    assert {"ingest query-range", "diagnose"} <= listed
+
+
 @pytest.mark.parametrize("path", _command_paths())
 def test_every_command_has_help_with_an_example(path, cli):
     code, out, _ = cli(path.split() + ["--help"])

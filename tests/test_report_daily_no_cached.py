@@ -52,5 +52,5 @@ def test_a_small_reported_volume_still_names_the_guard(cli, tmp_path):
     code, out, err = cli(["report", "daily", "--db", db, "--date", "2026-11-29", "--json"])
     assert code == 0, err
     (line,) = json.loads(out)["lines"]
-    assert line["text"] == ("0 of 500 prompt tokens from cache (0%): NO DATA: under 1,000 "
+    assert line["text"] == ("0 of 500 prompt tokens from cache (0.0%): NO DATA: under 1,000 "
                             "prompt tokens in the day")

@@ -21,7 +21,7 @@ SCRAPES = {s["file"]: s["scrape_unix_s"]
 def test_the_issue_figures_are_inconsistent_not_ok():
     status, text = rules.format_report_line(49_950, 1_900, 0.5)
     assert status == rules.INCONSISTENT
-    assert text == ("49,950 of 1,900 prompt tokens from cache (2628%): INCONSISTENT: more hits "
+    assert text == ("49,950 of 1,900 prompt tokens from cache (2628.9%): INCONSISTENT: more hits "
                     "than queries: the figures do not add up (mixed sources or a reset)")
     assert rules.hit_status(49_950, 1_900, 0.0) == rules.INCONSISTENT  # whatever the threshold
     assert rules.hit_status(1_900, 1_900, 0.5) == rules.OK  # equal is still consistent
@@ -50,5 +50,5 @@ def test_report_on_real_scrapes_whose_queries_lag_says_inconsistent(tmp_path, db
     code, out, err = cli(["report", "--db", db_path, "--source", "counters", "--start", start,
                           "--end", str(SCRAPES["scrape_5.prom"] + 1)])
     assert code == 0, err
-    assert "8,928 of 100 prompt tokens from cache (8928%): INCONSISTENT: more hits than queries" in out
+    assert "8,928 of 100 prompt tokens from cache (8928.0%): INCONSISTENT: more hits than queries" in out
     assert ": OK" not in out

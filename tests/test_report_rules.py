@@ -44,11 +44,11 @@ def test_threshold_per_model_then_global():
 
 def test_the_line_of_each_status():
     assert report.report_line(608_000, 644_000, report.OK, threshold=0.5) == (
-        "608,000 of 644,000 prompt tokens from cache (94%): OK")
+        "608,000 of 644,000 prompt tokens from cache (94.4%): OK")
     assert report.report_line(0, 644_000, report.ALERT, threshold=0.5) == (
-        "0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt")
+        "0 of 644,000 prompt tokens from cache (0.0%): ALERT: check the top of the prompt")
     assert report.report_line(0, 1, report.NO_DATA, threshold=0.5, min_query_tokens=1_000) == (
-        "0 of 1 prompt tokens from cache (0%): NO DATA: under 1,000 prompt tokens in the day")
+        "0 of 1 prompt tokens from cache (0.0%): NO DATA: under 1,000 prompt tokens in the day")
     assert report.report_line(0, 0, report.NO_DATA, threshold=0.5, min_query_tokens=1_000) == (
         "0 of 0 prompt tokens from cache: NO DATA: under 1,000 prompt tokens in the day")
 
@@ -61,7 +61,7 @@ def test_the_line_of_each_status():
     line = report.report_line(850_000, 900_000, report.STALE, threshold=0.5,
                               stale=[Silent("vllm-b:8000", 1_795_960_800.0, 900.0)],
                               zone=ZoneInfo("Europe/Berlin"))
-    assert line == ("850,000 of 900,000 prompt tokens from cache (94%): STALE: no scrape from "
+    assert line == ("850,000 of 900,000 prompt tokens from cache (94.4%): STALE: no scrape from "
                     "vllm-b:8000 after 2026-11-29 15:00, scraped every 900 s before")
 
 
@@ -74,7 +74,7 @@ def test_alert_and_stale_are_both_shown():
 
     line = report.report_line(450_000, 900_000 + 1, report.ALERT, threshold=0.5,
                               stale=[Silent("gpu-a2", 1_795_960_800.0, 15.0)])
-    assert line == ("450,000 of 900,001 prompt tokens from cache (49%): ALERT: check the top of "
+    assert line == ("450,000 of 900,001 prompt tokens from cache (50.0%): ALERT: check the top of "
                     "the prompt; also STALE: no scrape from gpu-a2 after 2026-11-29 14:00, "
                     "scraped every 15 s before")
 
@@ -84,7 +84,8 @@ def test_a_status_that_disagrees_with_the_figures_is_refused():
         report.report_line(0, 644_000, report.OK, threshold=0.5)
 
 
-def test_percent_rounds_down():
-    assert report.percent(0.4999) == 49
-    assert report.percent(0.29) == 29
-    assert report.percent_floor(29, 100) == 29
+def test_percent_is_rounded_to_one_decimal_as_the_pages():
+    assert report.report_line(4_999, 10_000, report.ALERT, threshold=0.5).startswith(
+        "4,999 of 10,000 prompt tokens from cache (50.0%): ALERT")
+    assert report.report_line(29, 100, report.OK, threshold=0.2).startswith(
+        "29 of 100 prompt tokens from cache (29.0%): OK")

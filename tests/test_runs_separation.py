@@ -31,7 +31,7 @@ def test_production_figures_leave_replays_out(con):
     both = hit_rate_totals(con, by=(), run_ids=None).iloc[0]
     assert (both.hit_tokens, both.query_tokens) == (7136 * 2, 11652 * 2)
     lines = report(con, source="counters").lines
-    assert lines[-1].text == "7,136 of 11,652 prompt tokens from cache (61%): OK"
+    assert lines[-1].text == "7,136 of 11,652 prompt tokens from cache (61.2%): OK"
     replay = report(con, source="counters", run_ids=["replay-a"]).lines
     assert replay[-1].prompt_tokens == 11652
 

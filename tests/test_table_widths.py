@@ -17,7 +17,7 @@ from prefixscope.dashboard.downloads import (CHAR_PX, CELL_PAD_PX, MIN_COLUMN_PX
 #: The Alerts page's daily report at its widest: twelve columns and a long report line.
 REPORT = pd.DataFrame({
     "Model": ["agent-32b"], "Scope": ["all"], "Instance": ["gpu-a1"], "Status": ["ALERT"],
-    "Report line": ["1,973,584 of 4,980,582 prompt tokens from cache (39%): ALERT: check the "
+    "Report line": ["1,973,584 of 4,980,582 prompt tokens from cache (39.6%): ALERT: check the "
                     "top of the prompt (top breaker: timestamp on line 1 of message 0)"],
     "Hit rate": ["39.6%"], "Previous day": ["42.1%"], "Change": ["-2.5 pp"],
     "Week before": ["—"], "Change vs week before": ["—"], "Threshold": ["50.0%"],

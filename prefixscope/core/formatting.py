@@ -52,6 +52,17 @@ def fmt_pct(fraction: float | None, *, digits: int = 1) -> str:
     return str(fraction) if x is None else f"{x * 100:.{digits}f}%"
 
 
+def fmt_share(part: float | None, whole: float | None, *, digits: int = 1) -> str:
+    """``part`` of ``whole`` as a percent in :func:`fmt_pct`'s one format (one decimal,
+    rounded): ``(6_432, 10_380) -> '62.0%'``, ``(1_093, 10_000) -> '10.9%'``; the report,
+    alerts and email lines use it, so they read what the pages read. ``whole`` 0 or missing
+    -> ``'—'``."""
+    p, w = _number(part), _number(whole)
+    if p is None or w is None or _missing(part) or _missing(whole) or w == 0:
+        return MISSING
+    return fmt_pct(p / w, digits=digits)
+
+
 def fmt_pp(change: float | None, *, digits: int = 1) -> str:
     """A change of two fractions in percentage points, signed, one decimal as :func:`fmt_pct`:
     ``0.0123 -> '+1.2 pp'``, ``-0.05 -> '-5.0 pp'``, ``-0.0004 -> '0.0 pp'``; None/NaN ->

@@ -22,19 +22,21 @@ Rules (docs/alerts.md, product-brief.md):
   STALE, NO DATA, OK.
 - **Threshold** of a model: ``[alerts] per_model_threshold[model]``, else
   ``[alerts] hit_rate_threshold`` (default :data:`DEFAULT_THRESHOLD`).
-- **The line**: ``608,000 of 644,000 prompt tokens from cache (94%): OK``; the percentage is
-  rounded down (49.9% prints 49%); ALERT adds ``: check the top of the prompt``.
+- **The line**: ``608,000 of 644,000 prompt tokens from cache (94.4%): OK``; the percentage
+  is the pages' one format (:func:`prefixscope.core.formatting.fmt_share`: one decimal,
+  rounded), the status is decided on the tokens (4,999,600 of 10,000,000 prints ``50.0%`` and
+  reads ALERT under a 0.5 threshold); ALERT adds ``: check the top of the prompt``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, tzinfo
 from typing import Protocol
 
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import ConfigError
+from prefixscope.core.formatting import fmt_share
 
 OK = "OK"
 ALERT = "ALERT"
@@ -47,21 +49,6 @@ INCONSISTENT_HINT = "more hits than queries: the figures do not add up (mixed so
 #: The OK/ALERT boundary when the config names none (``[alerts] hit_rate_threshold``).
 DEFAULT_THRESHOLD = 0.5
 ALERT_HINT = "check the top of the prompt"
-
-
-def percent_floor(cached_tokens: int, prompt_tokens: int) -> int:
-    """The report's percentage: floor(100 * cached / prompt) in integer arithmetic, so that a
-    rate just under the threshold never prints as the threshold (49.9% -> 49).
-
-    Raises:
-        ZeroDivisionError: ``prompt_tokens`` is 0.
-    """
-    return (int(cached_tokens) * 100) // int(prompt_tokens)
-
-
-def percent(hit_rate: float) -> int:
-    """A hit rate (fraction) as whole percent, rounded down as :func:`percent_floor`."""
-    return int(math.floor(hit_rate * 100 + 1e-9))
 
 
 def hit_status(cached_tokens: int, prompt_tokens: int, threshold: float) -> str:
@@ -117,7 +104,7 @@ def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float)
         raise ValueError("a report line needs prompt tokens")
     status = hit_status(cached_tokens, prompt_tokens, threshold)
     text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
-            f"({percent_floor(cached_tokens, prompt_tokens)}%): {status}")
+            f"({fmt_share(cached_tokens, prompt_tokens)}): {status}")
     if status == ALERT:
         text += f": {ALERT_HINT}"
     elif status == INCONSISTENT:
@@ -150,7 +137,7 @@ def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshol
         return text
     head = f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache"
     if prompt_tokens > 0:
-        head += f" ({percent_floor(cached_tokens, prompt_tokens)}%)"
+        head += f" ({fmt_share(cached_tokens, prompt_tokens)})"
     if status == NO_DATA:
         return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
     assert status == STALE, status

@@ -895,8 +895,9 @@ class ReportLine:
         hit_rate: cached / prompt, fraction in [0, 1] (None when prompt is 0).
         status: ``OK`` (cached >= threshold x prompt) or ``ALERT``
             (:func:`prefixscope.core.report.format_report_line`).
-        text: ``608,000 of 644,000 prompt tokens from cache (94%): OK``.
-        source: ``counters`` or ``requests``.
+        text: ``608,000 of 644,000 prompt tokens from cache (94.4%): OK``.
+        source: ``counters`` or ``requests`` (the overall line: ``mixed`` when its models'
+            sources differ).
         requests, reported_requests: request counts (requests source only, else None).
         legacy: True when counters came from the old ``vllm:gpu_prefix_cache_*`` names.
     """
@@ -989,6 +990,27 @@ def _request_lines(con, start_s, end_s, threshold, run_ids) -> list[ReportLine]:
     return lines
 
 
+def _with_usage_log_models(con, lines: list[ReportLine], start_s, end_s, threshold,
+                           run_ids) -> list[ReportLine]:
+    """``source=auto`` with counters: a model without counter query tokens in the range but
+    with reporting requests in the usage log (e.g. a model only the gateway logs) gets its line
+    from the usage log (``source`` ``requests``), as the Overview does per model; the overall
+    line then sums every model line (``source`` ``mixed`` when the sources differ)."""
+    counted = {ln.model for ln in lines if ln.model is not None}
+    extra = [ln for ln in _request_lines(con, start_s, end_s, threshold, run_ids)
+             if ln.model is not None and ln.model not in counted]
+    if not extra:
+        return lines
+    models = sorted([ln for ln in lines if ln.model is not None] + extra,
+                    key=lambda ln: str(ln.model))
+    hit = sum(ln.cached_tokens for ln in models)
+    query = sum(ln.prompt_tokens for ln in models)
+    status, text = format_report_line(hit, query, threshold)
+    overall = next(ln for ln in lines if ln.model is None)
+    return [*models, ReportLine(None, hit, query, hit / query, status, text, "mixed",
+                                legacy=overall.legacy)]
+
+
 def report_lines(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                  end_s: float | None = None, threshold: float = 0.5,
                  source: str = "auto",
@@ -1017,7 +1039,9 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
     Source: ``counters`` = vLLM counter increases (``prefixscope.store.queries.metrics.hit_rate_totals``:
     Δhits / Δqueries, restarts handled); ``requests`` = Σ cached_tokens / Σ prompt_tokens over
     requests that reported cached tokens; ``auto`` = counters when there are counter samples
-    giving query tokens in the range, else requests.
+    giving query tokens in the range, else requests; with counters, a model that has no counter
+    query tokens in the range but reporting requests gets its line from the requests (line
+    ``source`` ``requests``; the overall line's ``source`` is then ``mixed``).
 
     Args:
         threshold: ALERT below this hit rate (fraction in [0, 1]).
@@ -1052,6 +1076,8 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                                  run_params).fetchone()[0]
         lo, hi = default_range(newest)
         lines = _counter_lines(con, lo, hi, threshold, run_ids)
+        if lines and source == "auto":
+            lines = _with_usage_log_models(con, lines, lo, hi, threshold, run_ids)
         if lines or source == "counters":
             return ReportResult(lines, "counters", lo, hi)
     newest = None

@@ -14,9 +14,9 @@ from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, out, print_
 REPORT_HELP = """Print, per model and overall, how many prompt tokens came from the prefix cache.
 
 One line per model and an overall line, e.g.
-"608,000 of 644,000 prompt tokens from cache (94%): OK", or below the threshold
-"0 of 644,000 prompt tokens from cache (0%): ALERT: check the top of the prompt".
-The percentage is rounded down. Without --start/--end the range is the 24 hours
+"608,000 of 644,000 prompt tokens from cache (94.4%): OK", or below the threshold
+"0 of 644,000 prompt tokens from cache (0.0%): ALERT: check the top of the prompt".
+The percentage has one decimal, rounded, as on the dashboard. Without --start/--end the range is the 24 hours
 ending at the newest data point. Subcommands: 'report daily'.
 
 Examples:
@@ -34,8 +34,9 @@ def report_cmd(
     end: Annotated[str | None, typer.Option(
         "--end", help="Range end, exclusive (default: just after the newest data point).")] = None,
     source: Annotated[str, typer.Option(
-        "--source", help="auto (counters when there are samples in range, else requests), "
-                         "counters or requests.")] = "auto",
+        "--source", help="auto (counters when there are samples in range, else requests; a "
+                         "model without counters in range from its requests), counters or "
+                         "requests.")] = "auto",
     threshold: Annotated[float | None, typer.Option(
         "--threshold", min=0.0, max=1.0, help="ALERT below this hit rate (fraction). Default: "
         "[alerts] hit_rate_threshold of the config file, else 0.5.")] = None,
@@ -83,7 +84,8 @@ def report_cmd(
             "lines": [{"model": ln.model, "cached_tokens": ln.cached_tokens,
                        "prompt_tokens": ln.prompt_tokens, "hit_rate": ln.hit_rate,
                        "status": ln.status, "text": ln.text, "requests": ln.requests,
-                       "reported_requests": ln.reported_requests, "legacy": ln.legacy}
+                       "reported_requests": ln.reported_requests, "legacy": ln.legacy,
+                       "source": ln.source}
                       for ln in result.lines], "note": note})
         return
     what = ("vLLM counters (prefix_cache_hits / prefix_cache_queries)"
@@ -100,6 +102,12 @@ def report_cmd(
         if ln.requests is not None and ln.reported_requests != ln.requests:
             out.print(f"{'':<{width}}  (cached_tokens reported by {ln.reported_requests:,} "
                       f"of {ln.requests:,} requests; the others are not counted)",
+                      markup=False, highlight=False)
+        if result.source == "counters" and ln.source == "requests":
+            out.print(f"{'':<{width}}  (from the usage log: no vLLM counters for this model in "
+                      "the range)", markup=False, highlight=False)
+        elif ln.source == "mixed":
+            out.print(f"{'':<{width}}  (counters for some models, the usage log for the others)",
                       markup=False, highlight=False)
         if ln.legacy:
             out.print(f"{'':<{width}}  (legacy metric names vllm:gpu_prefix_cache_*)",
