@@ -27,7 +27,9 @@ Per request to ``/v1/chat/completions``, ``/v1/completions`` or ``/v1/messages``
    ``stream_options.include_usage`` and the extra usage chunk is kept from that client.
 7. **Record**: one usage-log record (the shape ``ingest requests`` reads) when the upstream
    reported usage, one decision record (``ingest decisions``), the registry entries of a
-   request forwarded under its own identity, metrics; the permit is released in every case.
+   request forwarded with its derived salt (a reject registers nothing and forgets the
+   mismatching entries of its own keys: the registry never names blocks the engine did not
+   store under that salt), metrics; the permit is released in every case.
 
 Modes: ``shadow`` computes and logs every decision but forwards every request isolated;
 ``tenant`` enables TENANT/PRINCIPAL reuse; ``public`` also PUBLIC. The admin endpoints
@@ -194,6 +196,7 @@ class _Call:
     ttft_s: float | None = None
     permit: bool = False
     register: list[tuple[bytes, StoredObject]] = field(default_factory=list)
+    forget: list[tuple[bytes, str]] = field(default_factory=list)  # (key, writer request id)
     block_size: int = 16
     upstream: str | None = None
     streaming: bool = False
@@ -702,6 +705,7 @@ class Gateway:
             call.decision = Decision("reject", "authorization_epoch", ("authorization_epoch",))
             call.expected = call.candidate = None
             call.register = []
+            call.forget = []
             call.salt_applied = False
             salt = f"ps1-iso-{self._id_prefix}-{call.rid}"
         stream = stream is True
@@ -788,8 +792,17 @@ class Gateway:
                 isolated = permit_lost = True
         call.decision = verdict
         call.salt_applied = not isolated
-        # registry entries: written under this request's own identity, current epoch only
-        if not stale and not gen.bypass and not permit_lost:
+        # registry entries: only what the engine holds (or, in shadow mode, would hold) under
+        # this request's derived salt, at the current epoch. A reject goes isolated: vLLM
+        # writes its blocks under a salt nobody else uses, so it registers nothing, and it
+        # forgets the mismatching entries found under its own keys (compare-and-delete on the
+        # writer), so the next request is a miss that writes under the current salt, not an
+        # accept of blocks the engine never stored under it (and not one more reject).
+        if verdict.outcome == "reject":
+            if not stale and not gen.bypass and not permit_lost:
+                call.forget = [(k, o.request_id) for k, o, e in zip(keys, found, expected)
+                               if o is not None and o.identity != e]
+        elif not stale and not gen.bypass and not permit_lost:
             nsb = ns.encode()
             for i, k in enumerate(keys):
                 h = self._handle_mac.copy()
@@ -1062,12 +1075,13 @@ class Gateway:
             items = [(k, StoredObject(o.identity, prompt_tokens or 0, o.request_id, o.handle,
                                       blocks)) for k, o in call.register]
         release, call.permit = call.permit, False
-        if release or items:
+        forget, call.forget = call.forget, []
+        if release or items or forget:
             # the permit released and the entries registered in one store round trip; a
             # failing store: the records below are still written, a lost entry is a later
-            # miss, never a hit
+            # miss, never a hit (an entry not forgotten: one more reject, never a hit)
             try:
-                await self.store.finish(release, items)
+                await self.store.finish(release, items, forget)
             except STORE_ERRORS:
                 self.metrics.upstream_errors.labels("store").inc()
         self._write_records(call, prompt_tokens, cached, norm is not None)

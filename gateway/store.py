@@ -94,7 +94,9 @@ class AcceptanceStore(Protocol):
     async def by_handle(self, handle: str) -> StoredObject | None: ...
     async def snapshot(self, namespace: str, keys: list[bytes]
                        ) -> tuple[Generation, int, list[StoredObject | None]]: ...
-    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]]) -> None: ...
+    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]],
+                     forget: list[tuple[bytes, str]] = ()) -> None: ...
+    async def forget(self, items: list[tuple[bytes, str]]) -> int: ...
     async def put(self, items: list[tuple[bytes, StoredObject]]) -> None: ...
     async def acquire_permit(self, namespace: str, epoch: int) -> bool: ...
     async def release_permit(self) -> None: ...
@@ -200,12 +202,29 @@ class MemoryStore:
         return (Generation(self.cache_epoch, self.public_stopped, self.bypass),
                 self.gate.current(namespace), [self.registry.get(k) for k in keys])
 
-    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]]) -> None:
-        """:meth:`release_permit` (when ``release``) and :meth:`put` at once."""
+    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]],
+                     forget: list[tuple[bytes, str]] = ()) -> None:
+        """:meth:`release_permit` (when ``release``), :meth:`forget` and :meth:`put` at once."""
         if release:
             await self.release_permit()
+        if forget:
+            await self.forget(list(forget))
         if items:
             await self.put(items)
+
+    async def forget(self, items: list[tuple[bytes, str]]) -> int:
+        """Delete the entry at each ``(key, writer request id)`` whose current entry is still
+        that writer's (a compare-and-delete: an entry written since stays). Returns how many
+        were deleted. A forgotten entry only makes a later request a miss."""
+        n = 0
+        with self._lock:
+            for k, rid in items:
+                old = self.registry.get(k)
+                if old is not None and old.request_id == rid:
+                    del self.registry[k]
+                    self.handles.pop(old.handle, None)
+                    n += 1
+        return n
 
     async def put(self, items: list[tuple[bytes, StoredObject]]) -> None:
         with self._lock:
@@ -321,6 +340,22 @@ end
 return #KEYS
 """
 
+_FORGET = """
+local n = 0
+for i = 1, #KEYS do
+  local old = redis.call('GET', KEYS[i])
+  if old then
+    local o = cjson.decode(old)
+    if o['request_id'] == ARGV[i] then
+      redis.call('DEL', KEYS[i])
+      redis.call('DEL', ARGV[#KEYS + 1] .. o['handle'])
+      n = n + 1
+    end
+  end
+end
+return n
+"""
+
 
 class RedisStore:
     """Shared state for several gateway replicas in one Redis (module docstring).
@@ -346,6 +381,7 @@ class RedisStore:
         self._bump = self.r.register_script(_BUMP)
         self._bypass = self.r.register_script(_BYPASS)
         self._put = self.r.register_script(_PUT)
+        self._forget = self.r.register_script(_FORGET)
 
     async def generation(self) -> Generation:
         ce, ps, bp = await self.r.mget(self.p + "cache_epoch", self.p + "public_stopped",
@@ -377,8 +413,12 @@ class RedisStore:
         return (Generation(int(ce) if ce else INITIAL_EPOCH, ps == b"1", bp == b"1"),
                 int(res[1]) if res[1] else INITIAL_EPOCH, found)
 
-    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]]) -> None:
-        """:meth:`release_permit` (when ``release``) and :meth:`put` in one round trip."""
+    async def finish(self, release: bool, items: list[tuple[bytes, StoredObject]],
+                     forget: list[tuple[bytes, str]] = ()) -> None:
+        """:meth:`release_permit` (when ``release``) and :meth:`put` in one round trip;
+        :meth:`forget` first (a rejected request: it holds no permit and puts nothing)."""
+        if forget:
+            await self.forget(list(forget))
         if not release:
             await self.put(items)
             return
@@ -399,6 +439,14 @@ class RedisStore:
             return None
         v = await self.r.get(k)
         return None if v is None else StoredObject.from_json(v)
+
+    async def forget(self, items: list[tuple[bytes, str]]) -> int:
+        """:meth:`MemoryStore.forget` as one Lua script (atomic compare-and-delete)."""
+        if not items:
+            return 0
+        keys = [self.p + "reg:" + k.hex() for k, _ in items]
+        return int(await self._forget(keys=keys, args=[rid for _, rid in items] + [
+            self.p + "handle:"]))
 
     async def put(self, items: list[tuple[bytes, StoredObject]]) -> None:
         if not items:

@@ -169,3 +169,31 @@ def test_memory_state_file_survives_a_restart(tmp_path):
 
     asyncio.run(first())
     asyncio.run(second())
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_forget_deletes_only_the_writer_it_was_told(redis_server, kind):
+    """``forget`` (what a rejected request does to the mismatching entries it found) is a
+    compare-and-delete on the writer's request id, the same in both stores: the entry of the
+    named writer goes with its handle; an entry written since by another request stays."""
+    async def run():
+        s = MemoryStore() if kind == "memory" else RedisStore(redis_server.url, prefix="t4:")
+        try:
+            old = CacheIdentity("TENANT", NS, *["d"] * 7, 1, 1, 1)
+            new = CacheIdentity("TENANT", NS, *["d"] * 7, 1, 2, 2)
+            k1, k2 = b"1" * 16, b"2" * 16
+            await s.put([(k1, StoredObject(old, 5, "gw-1", "h-1")),
+                         (k2, StoredObject(old, 5, "gw-2", "h-2"))])
+            await s.put([(k2, StoredObject(new, 6, "gw-3", "h-2"))])  # rewritten since
+            await s.finish(False, [], [(k1, "gw-1"), (k2, "gw-2")])
+            found = await s.lookup([k1, k2])
+            return (found[0], found[1].request_id, found[1].identity,
+                    await s.by_handle("h-1"), (await s.by_handle("h-2")).request_id,
+                    await s.forget([(k2, "gw-3")]), await s.lookup([k2]))
+        finally:
+            await s.close()
+
+    gone, kept_rid, kept_ident, h1, h2_rid, n, after = asyncio.run(run())
+    assert gone is None and h1 is None
+    assert kept_rid == "gw-3" and kept_ident.cache_epoch == 2 and h2_rid == "gw-3"
+    assert n == 1 and after == [None]

@@ -326,7 +326,8 @@ def test_two_replicas_share_registry_and_gate_in_redis(tmp_path, upstream):
         post(one)                       # replica 1 writes the object
         post(two)                       # replica 2 finds it: accept
         one.admin("/admin/revoke", {"tenant": "acme"})
-        post(two)                       # replica 2 sees the new epoch: reject
+        post(two)                       # replica 2 sees the new epoch: reject (forgets it)
+        post(one)                       # replica 1 finds nothing: a miss, writes anew
         two.admin("/admin/cache-epoch/bump")
         post(one)                       # replica 1 sees the new cache epoch: reject
         for gw in replicas:
@@ -335,7 +336,7 @@ def test_two_replicas_share_registry_and_gate_in_redis(tmp_path, upstream):
         d2 = read_jsonl(tmp_path / "logs2" / "decisions.jsonl")
         one_dec = [(d["decision"], d["first_mismatch"]) for d in d1 if d["record"] == "decision"]
         two_dec = [(d["decision"], d["first_mismatch"]) for d in d2 if d["record"] == "decision"]
-        assert one_dec == [("miss", None), ("reject", "cache_epoch")]
+        assert one_dec == [("miss", None), ("miss", None), ("reject", "cache_epoch")]
         assert two_dec == [("accept", None), ("reject", "authorization_epoch")]
 
 
@@ -393,3 +394,48 @@ def test_public_scope_only_for_inventory_prompts_until_stopped(tmp_path, upstrea
     assert [x["scope"] for x in d] == ["PUBLIC", "PUBLIC", "TENANT", "TENANT"]
     assert [x["decision"] for x in d[:2]] == ["miss", "accept"]  # B reuses the public prefix
     assert salts[0] == salts[1] != salts[2] == salts[3]  # one public salt; then acme's own
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_reject_registers_nothing_so_no_accept_without_a_write_under_its_salt(
+        tmp_path, upstream, store):
+    """After a cache-epoch bump and a revocation, the first request is a reject forwarded
+    under its own isolating salt: the engine stored nothing under the new derived salt, so the
+    next request is a miss (it writes under that salt), and only the one after it is an accept.
+    The rule, in both stores: an accept's salt is the salt of an earlier answered request with
+    the same prompt (the engine could have cached it); a reject leaves no entry behind, and a
+    presented handle of the rejected entry finds nothing."""
+    app, control = upstream
+    with RedisServer(tmp_path / "redis") as redis:
+        over = {"store": redis.url} if store == "redis" else {}
+        gw = _gateway(tmp_path, app.url, **over)
+        h = headers_for("acme")
+        post = lambda: httpx.post(gw.url + "/v1/chat/completions", json=CHAT,  # noqa: E731
+                                  headers=h, timeout=10)
+        first = [post() for _ in range(2)]
+        old_handle = first[1].headers["x-prefixscope-cache-handle"]
+        gw.admin("/admin/cache-epoch/bump")
+        gw.admin("/admin/revoke", {"tenant": "acme"})
+        after = [post() for _ in range(3)]
+        # the rejected request forgot the old entry: its handle now names nothing
+        presented = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, timeout=10,
+                               headers={**h, "x-prefixscope-cache-handle": old_handle})
+        assert all(r.status_code == 200 for r in first + after + [presented])
+        salts = [b["cache_salt"] for b in control.requests[-6:]]
+        gw.stop()
+    _, decisions = _records(tmp_path)
+    d = [x for x in decisions if x["record"] == "decision"]
+    assert [(x["decision"], x["salt_applied"]) for x in d] == [
+        ("miss", True), ("accept", True), ("reject", False), ("miss", True), ("accept", True),
+        ("accept", True)]
+    assert d[2]["reasons"] == ["authorization_epoch", "cache_epoch"]
+    assert d[2]["accepted_cached_tokens"] == 0 and d[2]["candidate_cached_tokens"] > 0
+    # the miss after the reject has no candidate (the reject's prefix was not registered)
+    assert d[3]["candidate"] is None and d[3]["candidate_request_id"] is None
+    assert d[3]["candidate_tokens_basis"] == "exact" and d[3]["candidate_cached_tokens"] == 0
+    # each accept's candidate is a request sent with the derived salt the accept is sent with
+    assert d[4]["candidate_request_id"] == d[3]["request_id"]
+    assert salts[0] == salts[1] != salts[3] == salts[4] == salts[5]
+    assert salts[2].startswith("ps1-iso-") and salts[2] not in salts[3:]
+    # the old handle (the forgotten entry's) found nothing: the registry's own entry decided
+    assert d[5]["candidate_request_id"] == d[4]["request_id"]

@@ -26,7 +26,8 @@ from prefixscope.ingest.decisions import ingest_decisions_file
 from prefixscope.ingest.usage import ingest_usage_file
 from prefixscope.store import db as store_db
 from prefixscope.store.queries.scopes import invariant_counts
-from tests.gateway_support import RunningGateway, headers_for, read_jsonl, write_secrets
+from tests.gateway_support import (RedisServer, RunningGateway, headers_for, read_jsonl,
+                                   write_secrets)
 from tests.vllm_support import SERVED_MODEL_NAME, TEXTS, ServerConfig, vllm_pool  # noqa: F401
 
 pytestmark = pytest.mark.vllm
@@ -93,8 +94,8 @@ def server(vllm_pool):  # noqa: F811
 
 def _warm_a(run: Run) -> httpx.Response:
     """Empty the engine cache, then A three times; the third must hit (A's own reuse works).
-    (After a generation change the first is a reject sent isolated, the second writes the
-    blocks under the new salt.)"""
+    (After a generation change the first is a reject sent isolated, registering nothing; the
+    second is a miss that writes the blocks under the new salt.)"""
     run.server.reset_prefix_cache()
     run.send("acme")
     run.send("acme")
@@ -260,8 +261,8 @@ def test_revocation_race_through_the_gateway_never_both(tmp_path, server):
         await asyncio.sleep(jitter_l)
 
     for _ in range(trials):
-        run.send("acme")  # after a revocation: rejected (old epoch), writes the new object
-        run.send("acme")  # accepted: the registry matches
+        run.send("acme")  # after a revocation: rejected (old epoch), isolated, forgets it
+        run.send("acme")  # a miss: writes the new object under the current salt
         mark = len(store.gate.log)
         run.faults.between_lookup_and_permit = race
         r = run.send("acme")
@@ -287,6 +288,58 @@ def test_revocation_race_through_the_gateway_never_both(tmp_path, server):
     assert run.gw.gw.store.in_flight == 0
     assert sum(wins.values()) == trials and min(wins.values()) > 0  # both orders happened
     print(f"\nrevocation race through the gateway: {wins}")
+
+
+@pytest.mark.parametrize(("store", "tokenize"), [("memory", "off"), ("redis", "upstream")])
+def test_after_a_bump_and_a_revocation_every_accept_is_a_hit_vllm_reports(tmp_path, server,
+                                                                          store, tokenize):
+    """The new user's walk: A warms, the admin bumps the cache epoch and revokes A, A sends the
+    same prompt again. The first is a reject sent under its own isolating salt (vLLM caches
+    nothing reachable); the gateway must not then accept the next one (vLLM stored nothing under
+    the new salt: it reports cached_tokens 0). Decision by decision, an accept is exactly a
+    request vLLM served from cache, in the memory store and in Redis; with the gateway's
+    tokenizer the accepted tokens equal vLLM's, without it they bound them from above
+    (``candidate_tokens_basis`` says which); the Scopes counts and invariants agree."""
+    from prefixscope.store.queries.scopes import hit_rate_by_scope_totals
+
+    with RedisServer(tmp_path / "redis") as redis:
+        over = {"store": redis.url, "state_file": None} if store == "redis" else {}
+        run = Run(tmp_path, server, tokenize=tokenize, **over)
+        server.reset_prefix_cache()
+        sent = [run.send("acme") for _ in range(2)]
+        run.gw.admin("/admin/cache-epoch/bump")
+        run.gw.admin("/admin/revoke", {"tenant": "acme"})
+        sent += [run.send("acme") for _ in range(3)]
+        run.gw.stop()
+    decisions = {d["request_id"]: d for d in read_jsonl(tmp_path / "logs" / "decisions.jsonl")
+                 if d.get("record") == "decision"}
+    seq = [decisions[r.headers["x-prefixscope-request-id"]] for r in sent]
+    cached = [Run.cached(r) for r in sent]
+    assert [(d["decision"], d["salt_applied"]) for d in seq] == [
+        ("miss", True), ("accept", True), ("reject", False), ("miss", True), ("accept", True)]
+    assert seq[2]["reasons"] == ["authorization_epoch", "cache_epoch"]
+    assert cached[0] == cached[2] == cached[3] == 0 and cached[1] >= 1024 and cached[4] >= 1024
+    for d, c in zip(seq, cached):
+        assert (d["decision"] == "accept") == (c > 0)
+        assert d["candidate_tokens_basis"] == ("exact" if tokenize == "upstream"
+                                               or d["candidate"] is None else "upper_bound")
+        if d["decision"] == "accept":
+            assert (d["accepted_cached_tokens"] == c if tokenize == "upstream"
+                    else d["accepted_cached_tokens"] >= c)
+        else:
+            assert d["accepted_cached_tokens"] == 0
+    con = store_db.connect(str(tmp_path / "acc.duckdb"))
+    try:
+        store_db.migrate(con)
+        ingest_usage_file(con, tmp_path / "logs" / "usage.jsonl")
+        ingest_decisions_file(con, tmp_path / "logs" / "decisions.jsonl")
+        inv = invariant_counts(con)
+        summary = hit_rate_by_scope_totals(con)
+    finally:
+        con.close()
+    assert [inv["cross_scope_acceptance"], inv["wrong_version_acceptance"],
+            inv["old_generation_use"]] == [0, 0, 0]
+    assert int(summary["accepts"].sum()) == 2 and int(summary["rejects"].sum()) == 1
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/messages"])
