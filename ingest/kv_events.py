@@ -282,8 +282,8 @@ def _capture_line(raw: bytes, *, instance: str, source_id: str) -> list[tuple]:
         obj = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise BadLine(None, invalid_json_reason(exc)) from None
-    except UnicodeDecodeError:
-        raise BadLine(None, f"{NOT_JSON}: not UTF-8 text") from None
+    except UnicodeDecodeError as exc:  # not UTF-8 text (byte N), as every JSONL reader
+        raise BadLine(None, invalid_json_reason(exc)) from None
     except _NonFinite:
         raise BadLine(None, f"{NOT_JSON}: NaN and Infinity are not JSON numbers") from None
     except ValueError:  # an integer of more than 4,300 digits

@@ -274,7 +274,7 @@ def test_kv_capture_tail_bad_bytes_and_partial_line(db_path, tmp_path, data_dir)
         cp = con.execute("SELECT checkpoint_offset, checkpoint_line FROM ingest_sources "
                          "").fetchone()
     assert s.rows_read > 0 and s.rows_added == s.rows_read and s.rows_quarantined == 1
-    assert bad == [(2, "not valid JSON: not UTF-8 text")]
+    assert bad == [(2, "not valid JSON: not UTF-8 text (byte 23)")]
     assert cp == (f.stat().st_size - 40, 2)  # the unfinished line waits
     f.write_bytes(first)  # truncated and rewritten: read again from the start, nothing new
     with store_db.writer(db_path) as con:
