@@ -1054,3 +1054,92 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
                          **({} if top > 0 else {"range": [0, 1]}))
     fig.update_xaxes(range=_time_range(d["window_start_s"], window_s))
     return fig
+
+
+# --- the frame rule: every figure's title clear of the modebar, its legend clear of the x axis
+
+#: Height of the band at the top of a chart that Plotly's modebar (the zoom/pan/download icons,
+#: drawn at the top right of the figure) takes, pixels: every title starts below it, so no
+#: page's modebar covers a title (a long title reaches under the icons in a half-width column).
+MODEBAR_PX = 34
+#: Top margin of a titled figure, pixels: the modebar band, the title (about 20 px), a gap.
+TITLE_TOP_PX = 80
+#: Top margin of a figure whose legend sits above the plot: the title band plus a legend row.
+TITLE_LEGEND_TOP_PX = 110
+#: Room under the plot for the x tick labels (a date axis has two lines) and the axis title.
+X_AXIS_PX = 72
+#: One row of a horizontal legend, pixels; the width one is packed into (half a 1400 px page).
+LEGEND_ROW_PX = 22
+LEGEND_WIDTH_PX = 560
+
+
+def _legend_names(fig: go.Figure) -> list[str]:
+    names: list[str] = []
+    for tr in fig.data:
+        name = getattr(tr, "name", None)
+        if name and tr.showlegend is not False and name not in names:
+            names.append(str(name))
+    return names
+
+
+def _legend_rows(names: Sequence[str], width_px: float = LEGEND_WIDTH_PX) -> int:
+    """Rows a horizontal legend of ``names`` takes ``width_px`` wide (each entry about 40 px
+    of symbol and gap plus 7 px a character, packed greedily; at least 1)."""
+    rows, used = 1, 0.0
+    for name in names:
+        w = 40.0 + 7.0 * len(name)
+        if used and used + w > width_px:
+            rows, used = rows + 1, 0.0
+        used += w
+    return rows
+
+
+def frame(fig: go.Figure) -> go.Figure:
+    """THE layout rule of every figure of the dashboard (applied to each public figure
+    function's result, so every page follows it): the title starts :data:`MODEBAR_PX` below
+    the top (under the modebar's band, never beneath its icons) with :data:`TITLE_TOP_PX` of
+    top margin; a horizontal legend below the plot sits at the figure's bottom edge (container
+    coordinates) under :data:`X_AXIS_PX` kept for the x tick labels and axis title, the bottom
+    margin grown by its rows (:func:`_legend_rows`), so a legend entry never lands on the
+    "time (UTC)" axis title whatever the plot's height; a legend above the plot gets
+    :data:`TITLE_LEGEND_TOP_PX`. Idempotent; returns ``fig``.
+    """
+    lay = fig.layout
+    top = lay.margin.t if lay.margin.t is not None else 0
+    legend = lay.legend
+    below = legend.orientation == "h" and legend.yref != "container" and (
+        legend.y is None or legend.y < 0)
+    above = legend.orientation == "h" and legend.y is not None and legend.y >= 1
+    if lay.title.text:
+        fig.update_layout(title=dict(yref="container", y=1, yanchor="top",
+                                     pad=dict(t=MODEBAR_PX)))
+        top = max(top, TITLE_LEGEND_TOP_PX if above else TITLE_TOP_PX)
+    fig.update_layout(margin=dict(t=top))
+    names = _legend_names(fig)
+    if (below or legend.yref == "container") and lay.showlegend is not False and names:
+        rows = _legend_rows(names)
+        bottom = lay.margin.b if lay.margin.b is not None else 0
+        fig.update_layout(legend=dict(yref="container", y=0, yanchor="bottom", xanchor="left",
+                                      x=0),
+                          margin=dict(b=max(bottom, X_AXIS_PX + rows * LEGEND_ROW_PX + 8)))
+    return fig
+
+
+def _framed(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return frame(fn(*args, **kwargs))
+
+    wrapper.framed = True
+    return wrapper
+
+
+#: The public figure functions (return annotation ``go.Figure``), each wrapped in :func:`frame`.
+FRAMED = tuple(name for name, obj in list(globals().items())
+               if callable(obj) and not name.startswith("_") and name != "frame"
+               and getattr(obj, "__module__", None) == __name__
+               and getattr(obj, "__annotations__", {}).get("return") == "go.Figure")
+for _name in FRAMED:
+    globals()[_name] = _framed(globals()[_name])

@@ -166,7 +166,7 @@ def test_every_figure_function_documents_its_columns():
     import inspect
 
     for name, fn in inspect.getmembers(figures, inspect.isfunction):
-        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from", "line_mode", "wrap_label", "stepped", "stepped_traces"):
+        if name.startswith("_") or fn.__module__ != figures.__name__ or name in ("series_label", "window_x", "window_from", "line_mode", "wrap_label", "stepped", "stepped_traces", "frame"):
             continue
         doc = inspect.getdoc(fn) or ""
         assert "df:" in doc or "requests:" in doc or "bands:" in doc, f"figures.{name} does not document its DataFrame"
