@@ -225,8 +225,12 @@ def _merge(a, b):
 def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: float,
                             step_s: float | None = None, instance_label: str = "instance",
                             chunk_s: float = 3600.0, timeout_s: float = 30.0,
-                            label_key: bytes | None | str = CONFIGURED_KEY) -> ScrapeOutcome:
+                            label_key: bytes | None | str = CONFIGURED_KEY,
+                            raise_when_nothing: bool = True) -> ScrapeOutcome:
     """Pull ``[start_s, end_s]`` from a Prometheus-compatible API and store it, chunk by chunk.
+
+    ``raise_when_nothing=False`` returns even when nothing was kept (the CLI prints the
+    quarantined series first, then raises :func:`range_nothing_error`).
 
     Each chunk (``chunk_s`` seconds, default 1 h) is one query and one short write transaction;
     chunk edges may return a sample twice (Prometheus 2 ranges are closed) and the primary key
@@ -270,11 +274,32 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
                 total = _merge(total, save_samples(con, read, kind=KIND))
             problems.extend(read.problems)
         lo = hi
-    if total is None or total.rows_read == 0:
-        raise NothingIngested(
-            f"nothing could be read: {url} has no vLLM prefix-cache series between "
-            f"{_dt(start_s).isoformat()} and {_dt(end_s).isoformat()}")
-    return ScrapeOutcome(total, tuple(problems))
+    if total is None:
+        from prefixscope.ingest.bookkeeping import IngestSummary
+
+        total = IngestSummary(url, KIND, 0, 0, 0, 0, None)
+    outcome = ScrapeOutcome(total, tuple(problems))
+    if raise_when_nothing and total.rows_read == 0:
+        raise range_nothing_error(outcome, start_s=start_s, end_s=end_s)
+    return outcome
+
+
+def range_nothing_error(outcome: ScrapeOutcome, *, start_s: float, end_s: float
+                        ) -> NothingIngested:
+    """The error of a Prometheus range that kept no sample: how many series were quarantined
+    and the first (``url:line: field: reason``), or that the range has no prefix-cache series."""
+    from prefixscope.core.errors import problem_text
+
+    s = outcome.summary
+    if outcome.problems:
+        q = outcome.problems[0]
+        return NothingIngested(
+            f"nothing could be read: {s.source}: every series quarantined "
+            f"({s.rows_quarantined:,}; the first: "
+            f"{problem_text(q.location, q.line, q.reason, q.field)})")
+    return NothingIngested(
+        f"nothing could be read: {s.source} has no vLLM prefix-cache series between "
+        f"{_dt(start_s).isoformat()} and {_dt(end_s).isoformat()}")
 
 
 #: The reason for an empty saved answer (the word of the JSONL ingesters' note).

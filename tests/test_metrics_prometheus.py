@@ -5,6 +5,7 @@ direct scrapes of the same server, and the expected counter deltas."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -103,6 +104,28 @@ def test_ingest_prometheus_nothing_in_range_exits_non_zero(tmp_path, cli):
         code, _, err = cli(["ingest", "prometheus", prom.url, "--start", "-1m", "--end", "now",
                             "--db", tmp_path / "x.duckdb"])
     assert code == 4 and "no vLLM prefix-cache series" in err
+
+
+@needs_prometheus
+def test_ingest_prometheus_every_series_quarantined_prints_the_reasons(tmp_path, cli):
+    """Every series refused (a label that may hold a tenant id, no HMAC key): the command
+    fails (exit 4) but prints each quarantined series and, with --json, its document; the
+    error names the count and the first reason, never the label's value."""
+    text = ("# TYPE vllm:prefix_cache_queries_total counter\n"
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m",tenant="acme-corp"} 5\n')
+    with ExpositionServer([text]) as srv, PrometheusServer([srv.hostport]) as prom:
+        prom.wait_for(f'{Q}{{instance="{srv.hostport}"}}', 5.0)
+        code, out, err = cli(["ingest", "prometheus", prom.url, "--start", "-5m", "--end",
+                              "now", "--db", tmp_path / "x.duckdb", "--json"])
+    assert code == 4, err
+    doc = json.loads(out)
+    assert doc[0]["rows_read"] == 0 and doc[0]["rows_quarantined"] >= 1
+    reasons = {q["reason"] for q in doc[0]["quarantined"]}
+    assert reasons == {"a label that is not a vLLM label may hold a tenant id; configure an "
+                       "HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep such labels as digests"}
+    assert f"quarantined {prom.url}:" in err
+    assert f"error: nothing could be read: {prom.url}: every series quarantined (" in err
+    assert "acme-corp" not in out + err
 
 
 def test_unreachable_api_is_source_unavailable(tmp_path, cli):

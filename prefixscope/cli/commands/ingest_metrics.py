@@ -153,18 +153,20 @@ def prometheus_cmd(
 
     Example: prefixscope ingest prometheus http://localhost:9090 --start -6h --end now
     """
-    from prefixscope.ingest.prometheus_api import ingest_prometheus_range
+    from prefixscope.ingest.prometheus_api import ingest_prometheus_range, range_nothing_error
 
     start_s, end_s = parse_time(start), parse_time(end)
     if end_s <= start_s:
         raise UsageError(f"--end ({end}) must be after --start ({start})")
     outcome = ingest_prometheus_range(
-        db, url, start_s=start_s, end_s=end_s,
+        db, url, start_s=start_s, end_s=end_s, raise_when_nothing=False,
         step_s=parse_duration(step) if step is not None else None,
         instance_label=instance_label, chunk_s=parse_duration(chunk))
-    _print_outcome(outcome, quiet=as_json)
+    _print_outcome(outcome, quiet=as_json)  # the reasons first, even when all are bad
     if as_json:
         print_json([_outcome_json(outcome)])
+    if outcome.summary.rows_read == 0:
+        raise range_nothing_error(outcome, start_s=start_s, end_s=end_s)
 
 
 def query_range_cmd(
