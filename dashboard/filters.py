@@ -341,6 +341,23 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
     return tuple(picked)
 
 
+def unserved_text(unserved: tuple[int, int] | None) -> str | None:
+    """The note of Scopes and Rejections for accepts the engine could not serve, from
+    ``prefixscope.store.queries.scopes.unserved_accepts`` (``(requests, accepted tokens)``):
+    the gateway's ``shadow`` mode forwards every request with a salt unique to it, so its
+    accepts are candidate hits, not hits; None when there are none. Pure."""
+    from prefixscope.core.formatting import fmt_int
+
+    if not unserved or int(unserved[0]) == 0:
+        return None
+    n, tokens = int(unserved[0]), int(unserved[1])
+    noun = "accept was" if n == 1 else "accepts were"
+    return (f"Shadow: {fmt_int(n)} {noun} not served ({fmt_int(tokens)} candidate tokens): "
+            "the gateway forwarded them with a salt unique to the request (mode `shadow`), so "
+            "they are counted as Accepted decisions, what `tenant` mode would reuse, while the "
+            "hit rates are the engine's cached tokens (docs/gateway.md#rollout-and-rollback).")
+
+
 def refused_text(refused) -> str | None:
     """The "Refused / errors" line of Scopes and Rejections from
     ``prefixscope.store.queries.scopes.refused_by_reason`` rows (``error, requests``): the

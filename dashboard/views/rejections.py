@@ -43,6 +43,9 @@ with data.guard(db):
     refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
     if refused:
         st.caption(refused)
+    unserved = filters.unserved_text(data.query(db, "scopes", "unserved_accepts", **common))
+    if unserved:
+        st.caption(unserved)
     reasons = data.query(db, "scopes", "rejections_by_reason_window", window_s=window_s, **rows)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Rejected requests", fmt_int(reasons["rejects"].sum() if not reasons.empty else 0),

@@ -42,6 +42,9 @@ with data.guard(db):
     refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
     if refused:
         st.caption(refused)
+    unserved = filters.unserved_text(data.query(db, "scopes", "unserved_accepts", **common))
+    if unserved:
+        st.caption(unserved)
     note = data.uncounted_note(db, **dict(  # the picked runs over their span, as every figure
         common, **({"start_s": span[0], "end_s": span[1] + 1e-3} if span and "" in picked else {})))
     if note:

@@ -527,6 +527,30 @@ def refused_by_reason(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
         WHERE refused IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1""", params).df()
 
 
+def unserved_accepts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
+                     end_s: float | None = None, run_ids: Sequence[str] | None = None,
+                     models: Sequence[str] | None = None,
+                     instances: Sequence[str] | None = None) -> tuple[int, int]:
+    """Accept decisions whose request was forwarded with a salt unique to the request
+    (``salt_applied`` false: the gateway's ``shadow`` mode, docs/gateway.md "Rollout and
+    rollback"): the engine could not serve the candidate, so its ``cached_tokens`` for the
+    request are not the accepted tokens. The pages count them among the accepts (a decision)
+    and say how many were not served.
+
+    Returns:
+        ``(requests, accepted_cached_tokens)`` of such decisions in ``[start_s, end_s)``
+        (Unix s; None: unbounded) for the filters; ``(0, 0)`` when there are none. Reads
+        ``gateway_decisions`` and its archived days (:func:`archive.relation`).
+    """
+    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
+                             instances=instances)
+    rel = archive.relation(con, "gateway_decisions", start_s, end_s)
+    n, tokens = con.execute(
+        f"SELECT count(*), coalesce(sum(accepted_cached_tokens), 0) FROM {rel} "
+        f"WHERE decision = 'accept' AND salt_applied IS NOT TRUE AND {where}", params).fetchone()
+    return int(n), int(tokens)
+
+
 def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                             end_s: float | None = None, run_ids: Sequence[str] | None = None,
                             limit: int = 10, rollup: bool | None = None,
