@@ -275,8 +275,12 @@ def _iso(t: str) -> float:
     return dt.timestamp()
 
 
-def _normalise(rec: _Record) -> tuple:
+def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOKENS,
+               MAX_ID_CHARS: int = MAX_ID_CHARS, MS_THRESHOLD: float = MS_THRESHOLD) -> tuple:
     """Normalise one decoded line (rules in the module docstring).
+
+    (The keyword defaults bind module constants as locals: this runs once per line; never
+    pass them.)
 
     Returns:
         ``(request_id, ts_unix_s, ts_estimated, run_id, model, instance, endpoint, usage_shape,
@@ -305,7 +309,7 @@ def _normalise(rec: _Record) -> tuple:
             raise _Skip()
         raise _Bad(path, "no usage object (null or missing)" + _other_tool(rec))
 
-    flags: list[str] = []
+    flags = ""  # each flag as ",name" (joined without a list: the usual line has none)
     endpoint = rec.endpoint or _ENDPOINT_BY_OBJECT.get(resp.object or "")
     if endpoint is None and resp.type == "message":
         endpoint = "messages"
@@ -394,10 +398,10 @@ def _normalise(rec: _Record) -> tuple:
     if shape in ("openai", "openai-responses", "gemini"):
         if cached is not None and cached > prompt:
             # An "inclusive" source whose reads exceed its total was really exclusive.
-            flags.append("exclusive-input-suspected")
+            flags += ",exclusive-input-suspected"
             prompt = prompt + cached + (write or 0)
         elif (cached or 0) + (write or 0) > prompt:
-            flags.append("cache-exceeds-prompt")
+            flags += ",cache-exceeds-prompt"
 
     if prompt is not None and prompt > MAX_TOKENS:
         raise _Bad(path, "prompt tokens with cache reads and writes " + TOKENS_OVER)
@@ -405,10 +409,11 @@ def _normalise(rec: _Record) -> tuple:
         raise _Bad(path, "completion tokens " + TOKENS_OVER)
 
     # Time: the response's created, else the log record's time, else (caller) the file mtime.
+    # (the JSON path of each value is spelled out only for an error: once per line it cost)
     prefix = "$.response." if resp is not rec else "$."
-    ts, ts_field = resp.created, prefix + "created"
+    ts, ts_field = resp.created, "created"  # a name without "$": under prefix
     if ts is None:
-        ts, ts_field = resp.created_at, prefix + "created_at"
+        ts, ts_field = resp.created_at, "created_at"
     if ts is not None:
         if ts > MS_THRESHOLD:
             ts = ts / 1000.0
@@ -421,19 +426,19 @@ def _normalise(rec: _Record) -> tuple:
                 ts, ts_field = _parse_ts(val, "$." + name), "$." + name
                 break
     if ts is not None and not TS_MIN_UNIX_S <= ts < TS_MAX_UNIX_S:
-        raise _Bad(ts_field, "time is outside 1970-01-01 to 2100-01-01 UTC (Unix seconds, or "
+        raise _Bad(ts_field if ts_field[0] == "$" else prefix + ts_field, "time is outside 1970-01-01 to 2100-01-01 UTC (Unix seconds, or "
                              f"milliseconds above {MS_THRESHOLD:.0e})")
     ts_estimated = rec.ts_estimated is True
 
     rid, rid_field = rec.request_id, "$.request_id"
     if rid is None:
-        rid, rid_field = ((resp.id, prefix + "id") if resp.id is not None else
-                          (resp.responseId, prefix + "responseId") if resp.responseId else
+        rid, rid_field = ((resp.id, "id") if resp.id is not None else
+                          (resp.responseId, "responseId") if resp.responseId else
                           (rec.id, "$.id"))
     if rid is not None:
         rid = str(rid)
         if len(rid) > MAX_ID_CHARS:
-            raise _Bad(rid_field, ID_TOO_LONG)
+            raise _Bad(rid_field if rid_field[0] == "$" else prefix + rid_field, ID_TOO_LONG)
 
     # The log record's own model (for a bare response: the response's), else the wrapped
     # response's, else the request body's (pydantic-ai captures).
@@ -458,16 +463,16 @@ def _normalise(rec: _Record) -> tuple:
     if scope is not None:
         scope = scope.upper()
         if scope not in _VALID_SCOPES:
-            flags.append("scope-invalid")
+            flags += ",scope-invalid"
             scope = None
     digest = rec.tenant_digest
     if digest is not None and not _DIGEST.match(digest):
-        flags.append("tenant-digest-invalid")  # could be a raw id: never stored
+        flags += ",tenant-digest-invalid"  # could be a raw id: never stored
         digest = None
 
     return (rid, ts, ts_estimated, rec.run_id, model, rec.instance, endpoint, shape, prompt,
             cached, write, write_1h, completion, rec.ttft_ms, latency_ms, scope, digest,
-            ",".join(flags) if flags else None)
+            flags[1:] or None)
 
 
 def _split_error(exc: Exception) -> tuple[str | None, str]:
