@@ -12,11 +12,12 @@ import gc
 import hashlib
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -116,12 +117,14 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
     """
     decode = _DECODER.decode
     normalise = _normalise
+    max_bytes, long_line, max_depth = MAX_LINE_BYTES, LONG_LINE, MAX_DEPTH
     parsed: list[tuple] = []
     append = parsed.append
-    line_nos: list[int] = []
-    append_no = line_nos.append
+    dropped: list[int] = []  # lines without a row (quarantined or skipped), rare
+    drop = dropped.append
     quarantined: list[Quarantined] = []
     skipped = 0
+    start = line_no
     first = line_no + 1 if (line_no == 0 if file_start is None else file_start) else -1
     counting = bracketed is None
     many = frozenset(line_no + 1 + i for i in bracketed) if bracketed else frozenset()
@@ -132,12 +135,14 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
         # line_guard(raw), inlined (about 0.3 us a line less): the bracket count is its fast
         # path, json_too_deep runs only on a line with more opening brackets than the limit
         # (counted here, or for a whole region by _bracketed_lines: 0.26 us a line less)
-        if len(raw) > MAX_LINE_BYTES or raw == LONG_LINE:
+        if len(raw) > max_bytes or raw == long_line:
             quarantined.append(Quarantined(ctx.location, line_no, LINE_TOO_LONG, None))
+            drop(line_no)
             continue
-        if (raw.count(b"[") + raw.count(b"{") > MAX_DEPTH if counting else line_no in many) \
+        if (raw.count(b"[") + raw.count(b"{") > max_depth if counting else line_no in many) \
                 and json_too_deep(raw):
             quarantined.append(Quarantined(ctx.location, line_no, TOO_DEEP, None))
+            drop(line_no)
             continue
         try:
             t = normalise(decode(raw))
@@ -145,11 +150,14 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
                 t = (record_digest_id(raw), *t[1:])
         except _Skip:
             skipped += 1
+            drop(line_no)
             continue
         except _Bad as exc:
             quarantined.append(Quarantined(ctx.location, line_no, exc.reason, exc.field))
+            drop(line_no)
             continue
         except msgspec.MsgspecError as exc:
+            drop(line_no)
             if not raw.strip():
                 skipped += 1  # a blank line
                 continue
@@ -157,7 +165,10 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
             quarantined.append(Quarantined(ctx.location, line_no, reason, field))
             continue
         append(t)
-        append_no(line_no)
+    # the rows' line numbers: every line's but the dropped ones' (no list built per row)
+    line_nos = np.arange(start + 1, line_no + 1, dtype=np.int64)
+    if dropped:
+        line_nos = np.delete(line_nos, np.asarray(dropped, dtype=np.int64) - (start + 1))
     return _columns_to_arrow(parsed, line_nos, ctx), quarantined, skipped
 
 
@@ -173,7 +184,8 @@ def _or_default(values: pa.Array, default: str | None) -> pa.Array:
     return pc.if_else(pc.or_kleene(pc.is_null(values), empty), default, values)
 
 
-def _columns_to_arrow(parsed: list[tuple], line_nos: list[int], ctx: _LineContext) -> pa.Table:
+def _columns_to_arrow(parsed: list[tuple], line_nos: Sequence[int], ctx: _LineContext
+                      ) -> pa.Table:
     """:func:`_normalise` tuples of the lines numbered ``line_nos`` -> the ``requests`` Arrow
     table, the file's defaults filled in: ``ctx.run_id`` where a line names no run (lines
     without a request id already carry :func:`record_digest_id`), the file mtime (``ts_estimated`` true) where
