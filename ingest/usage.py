@@ -178,9 +178,15 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
                                                               **kwargs), pacer))
         cur = next(batches, None)
         if cur is None:  # nothing new: the run is still recorded (checkpoint kept as stored)
-            cur = UsageBatch(rows_to_arrow([]), [], 0, None)
+            cur = UsageBatch(rows_to_arrow([]), [], 0, None, True)
         while cur is not None:
-            nxt = next(batches, None)  # one batch ahead: the last one carries the run record
+            # the last batch carries the run record: when the reader cannot tell whether this
+            # is its last, look one batch ahead (the commit then waits for its parse)
+            if cur.last is None:
+                nxt = next(batches, None)
+                last = nxt is None
+            else:
+                nxt, last = _NOT_ASKED, cur.last
             read += cur.rows.num_rows
             n_quarantined += len(cur.quarantined)
             skipped += cur.skipped
@@ -190,7 +196,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
             if cp is not None:
                 cp = Checkpoint(cp.offset, cp.line, fingerprint_upto(path, cp.offset))
             run_summary = None
-            if nxt is None:
+            if last:
                 run_summary = summary_of = _summary(location, start, read, added, n_quarantined,
                                                     skipped)
             t_commit = time.monotonic()
@@ -206,11 +212,19 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
                 ((con.wait_s - waited) if isinstance(con, BatchConnection) else 0.0)
             pacer.update(cur.rows.num_rows + len(cur.quarantined), held, any(released))
             added += n
+            if nxt is _NOT_ASKED:
+                nxt = next(batches, None)
+                if nxt is None and not last:  # (never expected) the run record on its own
+                    nxt = UsageBatch(rows_to_arrow([]), [], 0, None, True)
             cur = nxt
     finally:
         if gc_was_enabled:
             gc.enable()
     return summary_of(n), problems  # the last batch's n
+
+
+#: ``nxt`` of :func:`ingest_usage_file_detailed` before the next batch is asked for.
+_NOT_ASKED = object()
 
 
 #: Target time one write transaction holds the database file while other processes wait for
@@ -262,25 +276,29 @@ def _paced(batches, pacer: _Pacer):
     skipped = 0
     checkpoint = None
     n = 0
+    last = None  # the reader's ``last`` of the batch merged last
     for b in batches:
         tables.append(b.rows)
         quarantined.extend(b.quarantined)
         skipped += b.skipped
         checkpoint = b.checkpoint if b.checkpoint is not None else checkpoint
         n += b.rows.num_rows
+        last = b.last
         if n + len(quarantined) + skipped < pacer.want:  # lines, for the per-process batches
             continue
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         while table.num_rows >= 2 * max(pacer.want, MIN_TX_ROWS):  # split off transactions
             w = max(1, pacer.want)
-            yield UsageBatch(table.slice(0, w), [], 0, None)
+            yield UsageBatch(table.slice(0, w), [], 0, None, False)  # its rest follows
             table = table.slice(w)
-        yield UsageBatch(table, quarantined, skipped, checkpoint)
-        tables, quarantined, skipped, checkpoint, n = [], [], 0, None, 0
+        # the reader's answer holds: after a batch it knows is not its last, another comes
+        # (with a checkpoint), so this generator yields again after this one
+        yield UsageBatch(table, quarantined, skipped, checkpoint, last)
+        tables, quarantined, skipped, checkpoint, n, last = [], [], 0, None, 0, None
     if tables or quarantined or checkpoint is not None:
         table = pa.concat_tables(tables) if len(tables) > 1 else (tables[0] if tables else
                                                                    rows_to_arrow([]))
-        yield UsageBatch(table, quarantined, skipped, checkpoint)
+        yield UsageBatch(table, quarantined, skipped, checkpoint, last)
 
 
 def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_quarantined: int,

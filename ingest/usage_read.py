@@ -62,12 +62,16 @@ class UsageBatch:
         skipped: lines that are not requests (blank lines, stream chunks without usage).
         checkpoint: byte offset and line count after the last consumed line (None: no line
             consumed, the stored checkpoint stays).
+        last: whether the reader knows this is its last batch (True) or that another
+            follows (False); None: not known until the next one is asked for. The writer
+            commits a batch whose answer is known without waiting for the next to be parsed.
     """
 
     rows: pa.Table
     quarantined: list[Quarantined]
     skipped: int
     checkpoint: Checkpoint | None
+    last: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,20 +428,24 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
         line_no = start.line  # lines before the next region to drain (counted as drained)
         inflight: deque = deque()  # (future or None for an over-long line, end offset)
 
-        def drain(limit: int) -> Iterator[UsageBatch]:
+        def drain(limit: int, tail_follows: bool = True) -> Iterator[UsageBatch]:
+            # ``last``: with limit >= 1 another region is always in flight after this one;
+            # at the end (limit 0) the last one is the last batch unless a tail follows
             nonlocal line_no
             while len(inflight) > limit:
                 fut, end = inflight.popleft()
+                last = not inflight and not tail_follows
                 if fut is None:  # an over-long line, skipped unread
                     line_no += 1
                     yield UsageBatch(rows_to_arrow([]),
                                      [Quarantined(location, line_no, LINE_TOO_LONG, None)], 0,
-                                     Checkpoint(end, line_no, None))
+                                     Checkpoint(end, line_no, None), last)
                     continue
                 table, quarantined, skipped, n = fut.result()
                 table, quarantined = _renumbered(table, quarantined, line_no)
                 line_no += n
-                yield UsageBatch(table, quarantined, skipped, Checkpoint(end, line_no, None))
+                yield UsageBatch(table, quarantined, skipped, Checkpoint(end, line_no, None),
+                                 last)
 
         # Region boundaries from a memory map: the parser processes read the bytes themselves,
         # this process only finds the last newline of each region (they count its lines).
@@ -463,11 +471,12 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
                 yield from drain(ahead)
             # an unfinished last line is read only when short enough to be a record
             pending = mm[offset:size] if 0 < size - offset <= MAX_LINE_BYTES else b""
-        yield from drain(0)
-    if pending and complete_json_tail(pending):
+        tail = bool(pending) and complete_json_tail(pending)
+        yield from drain(0, tail_follows=tail)
+    if tail:
         rows, quarantined, skipped = _parse_lines_arrow([pending], line_no, ctx)
         yield UsageBatch(rows, quarantined, skipped,
-                         Checkpoint(offset + len(pending), line_no + 1, None))
+                         Checkpoint(offset + len(pending), line_no + 1, None), True)
 
 
 #: Bytes scanned at a time for the end of an over-long line (pages dropped after each step).
