@@ -50,6 +50,8 @@ _COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 )
 _SCHEMA = pa.schema([pa.field(n, t) for n, t in _COLUMNS])
 _COLUMN_LIST = ", ".join(n for n, _ in _COLUMNS)
+#: A parsed batch: the ``requests`` columns and each row's ``request_key`` (:func:`_keys`).
+_KEYED_SCHEMA = _SCHEMA.append(pa.field("request_key", pa.uuid()))
 
 
 @dataclass(slots=True)
@@ -57,7 +59,8 @@ class UsageBatch:
     """Rows parsed from a run of lines, with the checkpoint after them.
 
     Attributes:
-        rows: the rows as an Arrow table in ``requests`` column order (:data:`_COLUMNS`).
+        rows: the rows as an Arrow table in ``requests`` column order (:data:`_COLUMNS`),
+            then ``request_key`` (:func:`_keys`) when parsed from lines.
         quarantined: lines set aside, with file:line:field:reason.
         skipped: lines that are not requests (blank lines, stream chunks without usage).
         checkpoint: byte offset and line count after the last consumed line (None: no line
@@ -196,7 +199,7 @@ def _columns_to_arrow(parsed: list[tuple], line_nos: Sequence[int], ctx: _LineCo
     it gives no time, ``ctx.default_model``/``ctx.instance`` where it names none (or "")."""
     n = len(parsed)
     if n == 0:
-        return rows_to_arrow([])
+        return _KEYED_SCHEMA.empty_table()
     # The tuples converted as one struct array and split into its fields: Arrow's converter
     # walks the tuples once (0.34 us a row, against 0.76 us for zip(*parsed) and an array
     # per column; the same arrays).
@@ -210,7 +213,25 @@ def _columns_to_arrow(parsed: list[tuple], line_nos: Sequence[int], ctx: _LineCo
     head = [run_arr, rid, pa.repeat(ctx.source_id, n),
             pa.array(line_nos, pa.int64()), ts_arr, est_arr,
             _or_default(model, ctx.default_model), _or_default(instance, ctx.instance)]
-    return pa.Table.from_arrays(head + tail, schema=_SCHEMA)
+    return pa.Table.from_arrays(head + tail + [_keys(run_arr, rid)], schema=_KEYED_SCHEMA)
+
+
+def _keys(run_ids: pa.Array, request_ids: pa.Array) -> pa.Array:
+    """Each row's ``request_key`` (a UUID array), as :data:`prefixscope.store.schema.REQUEST_KEY_SQL`
+    computes it: the MD5 of ``<characters of run_id>:<run_id><request_id>`` (UTF-8), its 16
+    bytes read as DuckDB's ``md5_number`` reads them (little-endian, so the UUID's bytes are
+    the digest's reversed). Computed here, in the parser processes, so that the writer does
+    not stage the batch to compute them; the table's CHECK recomputes each key at the
+    insert, so a row whose key were wrong is refused, never stored (the writer then falls
+    back to computing the keys itself). Both arrays without nulls."""
+    text = pc.binary_join_element_wise(
+        pc.cast(pc.utf8_length(run_ids), pa.string()),
+        pc.binary_join_element_wise(run_ids, request_ids, ""), ":")
+    md5 = hashlib.md5
+    digests = b"".join([md5(b).digest() for b in pc.cast(text, pa.binary()).to_pylist()])
+    flipped = np.frombuffer(digests, np.uint8).reshape(-1, 16)[:, ::-1].tobytes()
+    return pa.ExtensionArray.from_storage(pa.uuid(), pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(16), len(run_ids), [None, pa.py_buffer(flipped)]))
 
 
 #: The Arrow type of a :func:`_normalise` tuple (its field order, the ``requests`` types).
@@ -437,7 +458,7 @@ def fetch_usage_parallel(path: str | os.PathLike[str], *, start: Checkpoint, sou
                 last = not inflight and not tail_follows
                 if fut is None:  # an over-long line, skipped unread
                     line_no += 1
-                    yield UsageBatch(rows_to_arrow([]),
+                    yield UsageBatch(_KEYED_SCHEMA.empty_table(),
                                      [Quarantined(location, line_no, LINE_TOO_LONG, None)], 0,
                                      Checkpoint(end, line_no, None), last)
                     continue
