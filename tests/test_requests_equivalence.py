@@ -15,12 +15,14 @@ import math
 import os
 from pathlib import Path
 
+import duckdb
 import pytest
 
 import prefixscope.ingest.usage as usage
 import prefixscope.ingest.usage_read as usage_read
 from prefixscope.ingest.usage import ingest_usage_file, ingest_usage_file_detailed, normalise_usage
 from prefixscope.core.errors import ParseError
+from prefixscope.store.schema import REQUEST_KEY_SQL
 from tests.requests_support import write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +130,13 @@ def _check_file(path: Path, **defaults) -> int:
     ctx = usage_read._context(path, "requests:test", defaults.get("run_id", ""),
                               defaults.get("instance"), defaults.get("default_model"), MTIME)
     table, quarantined, skipped = usage_read._parse_lines_arrow(lines, 0, ctx)
-    got_rows = {r["line"]: r for r in table.to_pylist()}
+    # each row's request_key (computed by the parser) is the store's REQUEST_KEY_SQL of its pair
+    check = duckdb.connect()
+    check.register("parsed", table)
+    assert check.execute(f"SELECT count(*) FILTER (WHERE request_key IS DISTINCT FROM "
+                         f"{REQUEST_KEY_SQL}) FROM parsed").fetchone()[0] == 0
+    check.close()
+    got_rows = {r["line"]: r for r in table.drop_columns(["request_key"]).to_pylist()}
     got_bad = {q.line: q.field for q in quarantined}
     want_skipped = 0
     for i, line in enumerate(lines, start=1):
