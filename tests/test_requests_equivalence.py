@@ -207,6 +207,56 @@ def test_parallel_merged_batches_equal_sequential_on_the_benchmark_mix(tmp_path,
     assert (again.rows_read, again.rows_added) == (0, 0)
 
 
+def test_parallel_regions_guard_depth_and_keys_as_one_process(tmp_path, monkeypatch):
+    """The parser processes count a region's brackets in one pass (``_bracketed_lines``) and
+    compute the keys; the same rows, keys, quarantine entries and checkpoint as the
+    line-by-line reader, on a file with a byte-order mark, lines just below, at and above
+    the depth bound (and one with many brackets but shallow), blank lines, a bad line and
+    non-ASCII run ids; one run record."""
+    from prefixscope.store import db as store_db
+
+    def nested(depth: int) -> dict:
+        inner: object = 1
+        for _ in range(depth - 1):
+            inner = [inner]
+        return {"id": f"deep{depth}", "usage": {"prompt_tokens": 3}, "x": inner}
+
+    lines = []
+    for i in range(400):
+        rec = {"id": f"r{i}", "run_id": "é\u0301日" if i % 3 else "", "usage": {"prompt_tokens": i}}
+        if i == 50:
+            rec = nested(65)  # 64 lists in the record: one over the bound
+        elif i == 51:
+            rec = nested(64)  # exactly at the bound: kept
+        elif i == 52:
+            rec = {"id": "wide", "usage": {"prompt_tokens": 1}, "x": [[] for _ in range(100)]}
+        lines.append(json.dumps(rec, ensure_ascii=False))
+        if i in (10, 200):
+            lines.append("")
+        if i == 300:
+            lines.append("{bad")
+    f = tmp_path / "mix.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines) + "\n").encode())
+    monkeypatch.setattr(usage_read, "REGION_BYTES", 2_000)  # about 40 lines per region
+    monkeypatch.setattr(usage, "INSERT_ROWS", 90)
+    par = store_db.memory()
+    s, problems = ingest_usage_file_detailed(par, f, workers=2)
+    seq = store_db.memory()
+    s2, problems2 = ingest_usage_file_detailed(seq, f, workers=0, batch_rows=70)
+    assert (s.rows_read, s.rows_quarantined) == (s2.rows_read, s2.rows_quarantined) == (399, 2)
+    assert [(q.line, q.reason, q.field) for q in problems] == \
+        [(q.line, q.reason, q.field) for q in problems2]
+    assert [q.line for q in problems] == [52, 304]
+    q = "SELECT * EXCLUDE (source_id) FROM requests ORDER BY line"
+    assert par.execute(q).df().equals(seq.execute(q).df())
+    assert par.execute(f"SELECT count(*) FROM requests WHERE request_key = {REQUEST_KEY_SQL}"
+                       ).fetchone()[0] == 399
+    cp = "SELECT checkpoint_offset, checkpoint_line FROM ingest_sources"
+    assert par.execute(cp).fetchone() == seq.execute(cp).fetchone() == (os.path.getsize(f), 403)
+    assert par.execute("SELECT count(*) FROM ingest_runs").fetchone()[0] == 1
+    assert (s.rows_added, ingest_usage_file(par, f, workers=2).rows_added) == (399, 0)
+
+
 def test_run_record_commits_with_the_last_batch(con, tmp_path, monkeypatch):
     """Rows, quarantine, checkpoint and the ingest_runs record of the last batch are one
     transaction: when storing the run record fails, that batch's rows and checkpoint are not
