@@ -153,10 +153,19 @@ def _day(ts: float) -> str:
 
 
 def week_span(end_unix_s: float) -> tuple[float, float]:
-    """``(start, end)`` of the week ending at ``end_unix_s``: start is UTC midnight six days
-    before the end's day, so day 7 is the end's (partial) day and day 5 is two days before."""
-    end_day = math.floor(end_unix_s / DAY_S) * DAY_S
-    return end_day - 6 * DAY_S, float(end_unix_s)
+    """``(start, end)`` of the week ending at ``end_unix_s``: day 7 is the UTC day the end
+    falls in (the day before when the end is a UTC midnight, so a week ending at midnight is
+    seven full days), start is that day's midnight six days before, day 5 two days before."""
+    day7 = math.ceil(end_unix_s / DAY_S) * DAY_S - DAY_S
+    return day7 - 6 * DAY_S, float(end_unix_s)
+
+
+def full_week_end(now_unix_s: float) -> float:
+    """The end of the demo's week for a build at ``now_unix_s``: the last UTC midnight at or
+    before it, so the week is the seven full UTC days before the build's day and every figure
+    of it is the same whatever the hour of the build (a week ending at the build time had a
+    day 7 of 30 minutes for a build at 00:30, of 24 hours at 23:59)."""
+    return math.floor(float(now_unix_s) / DAY_S) * DAY_S
 
 
 def rate_factor(ts_unix_s: float) -> float:

@@ -17,8 +17,10 @@ def demo_db(tmp_path_factory):
     return str(path), report
 
 
-#: The story's week ends here in these tests (Tue 2026-12-01 11:00 UTC): day 5 is 2026-11-29.
-STORY_END = 1796122800.0
+#: These tests build the demo at 23:59 UTC on Wed 2026-12-02 (the build's clock; the story's
+#: week is the seven full UTC days before it, 2026-11-25 to 2026-12-01): day 5 is 2026-11-29.
+#: tests/test_demo_story_pages.py builds it at 00:30: the same week, whatever the hour.
+STORY_END = 1796255940.0
 
 
 def test_demo_counter_hit_rates_match_the_readme(demo_db):
@@ -92,7 +94,7 @@ def test_story_hit_rate_falls_below_half_after_the_release(demo_db):
     with store_db.reader(path) as con:
         days = hit_rate_by_window(con, window_s=86400.0, by=("model",), run_ids=[""])
     coder = days[days["model"] == "coder-7b"].set_index("window_start_s")["hit_rate"]
-    day5 = STORY_END // 86400 * 86400 - 2 * 86400
+    day5 = STORY_END // 86400 * 86400 - 3 * 86400
     before = coder[coder.index < day5]
     after = coder[coder.index >= day5]
     assert len(before) == 4 and len(after) == 3

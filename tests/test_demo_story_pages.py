@@ -13,7 +13,8 @@ now (the default range shows it), without the replay runs (not needed here).
 from __future__ import annotations
 
 import re
-from datetime import date
+import time
+from datetime import date, datetime, timezone
 
 import pytest
 
@@ -27,11 +28,17 @@ def story(tmp_path_factory):
     from prefixscope.cli.demo import build_demo
 
     path = tmp_path_factory.mktemp("story") / "demo.duckdb"
-    report = build_demo(str(path), with_replay=False)
+    # built at 00:30 UTC today (tests/test_demo.py builds at 23:59): the story's week is the
+    # seven full UTC days before today whatever the hour, so these pages read the same figures
+    # as a build at any hour would (session 7 finding 3: a build at 00:32 had a 32-minute day 7)
+    today = time.time() // 86400 * 86400
+    report = build_demo(str(path), with_replay=False, end_unix_s=today + 1800.0)
     line = next(s for s in report.steps if "the week is in the database" in s)
     release_day = re.search(r"\(day 5, (\d{4}-\d\d-\d\d): the release adds a timestamp to "
                             r"coder-7b's system prompt at 07:00 UTC on gpu-a1, 09:30 UTC on "
                             r"gpu-a2\): built in \d+ s, ingested in \d+ s", line).group(1)
+    assert date.fromisoformat(release_day) == date.fromordinal(
+        datetime.fromtimestamp(today, tz=timezone.utc).date().toordinal() - 3)
     return str(path), release_day
 
 
@@ -53,6 +60,27 @@ def _alerts(db: str, params: dict[str, str] | None = None):
     ds.switch(at, "views/alerts.py")
     at.run()
     return at
+
+
+def test_the_story_week_is_seven_full_days_before_the_build_day_at_any_hour(story):
+    """A build at 00:30 and one at 23:59 UTC make the same week: the seven full UTC days
+    before the build's day (session 7 finding 3), so day 7 is never a few minutes long."""
+    from prefixscope.replay.production_week import full_week_end, week_span
+    from prefixscope.store import db as store_db
+
+    day = 1796169600.0  # 2026-12-02 00:00 UTC
+    for now in (day + 1800.0, day + 86340.0, day):
+        assert full_week_end(now) == day
+        assert week_span(full_week_end(now)) == (day - 7 * 86400, day)
+    assert week_span(day + 1800.0) == (day - 6 * 86400, day + 1800.0)  # an explicit end
+    db, release_day = story
+    today = time.time() // 86400 * 86400
+    with store_db.reader(db) as con:
+        lo, hi, days = con.execute(
+            "SELECT min(ts_unix_s), max(ts_unix_s), count(DISTINCT floor(ts_unix_s / 86400)) "
+            "FROM requests WHERE run_id = ''").fetchone()
+    assert today - 7 * 86400 <= lo < today - 7 * 86400 + 3600 and today - 3600 < hi < today
+    assert days == 7
 
 
 def test_daily_statuses_of_the_demo_read_alert_from_day_5(story):

@@ -3,7 +3,7 @@
 What goes in, all through the normal ingest path (nothing is written around it):
 
 0. **The story** (``prefixscope.cli.demo_story``): a week of production traffic for two models
-   on three instances, ending now, made by replaying real conversations through the exact cache
+   on three instances, the seven full UTC days before the build's day, made by replaying real conversations through the exact cache
    model; on day 5 a release puts a timestamp on top of ``coder-7b``'s system prompt and its hit
    rate falls below 50%. The release-day chat log is replayed as recorded and with the fix, and
    ``prefixscope diagnose`` runs on it when that command exists. This is production traffic
@@ -88,7 +88,8 @@ def build_demo(db_path: str, *, work_dir: str | None = None, with_replay: bool =
         work_dir: where replay outputs are written (default ``data/demo/`` beside the DB).
         with_replay: also run the replay and scope demos.
         with_story: also build the week of production traffic (about a minute).
-        end_unix_s: end of the story's week (default: now).
+        end_unix_s: the build's clock (default: now): the story's week is the seven full UTC
+            days before that day.
         progress: called with one line as each step starts and ends (``[  12 s] building
             the week: ...``), so ``prefixscope demo`` is never silent while it builds; the
             finished steps' lines are also in the report.

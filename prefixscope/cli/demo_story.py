@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefixscope.core.paths import data_file
-from prefixscope.replay.production_week import INSTANCES, SCRAPE_EVERY_S, WeekResult, build_week
+from prefixscope.replay.production_week import (INSTANCES, SCRAPE_EVERY_S, WeekResult, build_week,
+                                                full_week_end)
 
 FIX_LAYOUT = data_file("layouts", "timestamp-at-end.yaml")
 DEMO_PRICES = data_file("demo-week", "prices.toml")
@@ -53,7 +54,10 @@ def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None 
     Args:
         db_path: a migrated DuckDB file (opened read-write here).
         work_dir: where the week's files are written.
-        end_unix_s: end of the week (default: 30 s before now, so the default range shows it).
+        end_unix_s: the build's clock (default: now), Unix seconds: the week is the seven full
+            UTC days before that day (it ends at the last UTC midnight,
+            :func:`~prefixscope.replay.production_week.full_week_end`), so its figures do not
+            depend on the hour of the build.
         progress: called with each line of :attr:`StoryReport.lines` as it is done.
         started: called with a line as each step starts (what, and how much).
 
@@ -75,7 +79,7 @@ def build_story(db_path: str, work_dir: str | Path, *, end_unix_s: float | None 
             progress(line)
 
     t0 = time.monotonic()
-    end = time.time() - 30.0 if end_unix_s is None else float(end_unix_s)
+    end = full_week_end(time.time() if end_unix_s is None else float(end_unix_s))
     start(f"building the week: {len(INSTANCES)} instances x 7 days, replaying real "
           "conversations through the cache model")
     week = build_week(Path(work_dir) / "week", end_unix_s=end,
