@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from prefixscope.alerts.daily import Change, DailyReport, Figures, ReportLine, resolve_tz
 from prefixscope.core.report import ALERT, INCONSISTENT, NO_DATA, OK, SEVERITY, STALE
-from prefixscope.core.formatting import count_noun, fmt_pct, fmt_pp, money_decimals
+from prefixscope.core.formatting import count_noun, fmt_pct, fmt_pct_vs, fmt_pp, money_decimals
 
 SUBJECT_PREFIX = "[prefixscope]"
 #: At most this many lines in the chart (worst first); the text lists all.
@@ -76,7 +76,7 @@ def subject(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> s
         n = top.figures.prompt_tokens
         figure = count_noun(n, "prompt token")
     else:
-        figure = f"{_fmt_pct(top.figures.hit_rate)} hit rate"
+        figure = f"{fmt_pct_vs(top.figures.hit_rate, top.threshold)} hit rate"
     more = sum(1 for ln in lines if ln.status == top.status and ln.instance is None) - 1
     extra = f" (+{more} more)" if more > 0 and top.status != OK else ""
     return f"{SUBJECT_PREFIX} {top.status} {top.label} {figure}{extra} {day}"
@@ -183,7 +183,7 @@ def render_html(report: DailyReport, lines: Sequence[ReportLine] | None = None, 
             f"<tr><td style=\"{pad}\">{label}</td>"
             f"<td style=\"{pad};text-align:right\">{ln.figures.cached_tokens:,}</td>"
             f"<td style=\"{pad};text-align:right\">{ln.figures.prompt_tokens:,}</td>"
-            f"<td style=\"{pad};text-align:right\">{_fmt_pct(ln.figures.hit_rate)}</td>"
+            f"<td style=\"{pad};text-align:right\">{e(fmt_pct_vs(ln.figures.hit_rate, ln.threshold)) if ln.figures.hit_rate is not None else 'n/a'}</td>"
             f"<td style=\"{pad};color:{colour};font-weight:bold\">{e(ln.status)}</td>"
             f"<td style=\"{pad}\">{e(ln.text)}<br><small style=\"color:#57606a\">"
             f"{e(_detail(ln))}</small></td></tr>")

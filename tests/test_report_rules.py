@@ -74,7 +74,7 @@ def test_alert_and_stale_are_both_shown():
 
     line = report.report_line(450_000, 900_000 + 1, report.ALERT, threshold=0.5,
                               stale=[Silent("gpu-a2", 1_795_960_800.0, 15.0)])
-    assert line == ("450,000 of 900,001 prompt tokens from cache (50.0%): ALERT: check the top of "
+    assert line == ("450,000 of 900,001 prompt tokens from cache (49.9999%): ALERT: check the top of "
                     "the prompt; also STALE: no scrape from gpu-a2 after 2026-11-29 14:00, "
                     "scraped every 15 s before")
 
@@ -85,7 +85,10 @@ def test_a_status_that_disagrees_with_the_figures_is_refused():
 
 
 def test_percent_is_rounded_to_one_decimal_as_the_pages():
+    # one decimal, rounded, except where that would read on the threshold's other side
     assert report.report_line(4_999, 10_000, report.ALERT, threshold=0.5).startswith(
-        "4,999 of 10,000 prompt tokens from cache (50.0%): ALERT")
+        "4,999 of 10,000 prompt tokens from cache (49.99%): ALERT")
+    assert report.report_line(6_432, 10_380, report.OK, threshold=0.5).startswith(
+        "6,432 of 10,380 prompt tokens from cache (62.0%): OK")
     assert report.report_line(29, 100, report.OK, threshold=0.2).startswith(
         "29 of 100 prompt tokens from cache (29.0%): OK")

@@ -16,7 +16,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core import report
-from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_time, fmt_window
+from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_pct_vs, fmt_time, fmt_window
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
@@ -136,7 +136,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                  if alerting else {})
     for model, first in sorted(alerting.items()):
         run = [s for s in statuses if s.model == model and s.day >= first.day]
-        days = ", ".join(f"{fmt_pct(s.figures.hit_rate)} on {s.day:%m-%d}" for s in run)
+        days = ", ".join(f"{fmt_pct_vs(s.figures.hit_rate, s.threshold)} on {s.day:%m-%d}" for s in run)
         sources = sorted({DAY_SOURCE.get(s.figures.source, str(s.figures.source)) for s in run})
         total = shown[shown["model"] == model]
         whole = (f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])} "
@@ -164,7 +164,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                 col.markdown("—")
             else:
                 colour = "red" if s.status == _ALERT else ("green" if s.status == "OK" else "gray")
-                col.markdown(f"{fmt_pct(s.figures.hit_rate)}  \n:{colour}-badge[{s.status}]")
+                col.markdown(f"{fmt_pct_vs(s.figures.hit_rate, s.threshold)}  \n:{colour}-badge[{s.status}]")
 
 
 #: Why these token figures can differ slightly from the Savings page's (docs/metrics.md).

@@ -63,6 +63,33 @@ def fmt_share(part: float | None, whole: float | None, *, digits: int = 1) -> st
     return fmt_pct(p / w, digits=digits)
 
 
+def fmt_share_vs(part: float | None, whole: float | None, threshold: float, *,
+                 digits: int = 1) -> str:
+    """:func:`fmt_share`, with as many more decimals as it takes (at most 4) for the text to
+    read on the same side of ``threshold`` (a fraction) as the value: an ALERT at 49.96% of a
+    50% threshold reads ``'49.96%'``, not ``'50.0%'``; a value exactly at the threshold reads
+    it (``'50.0%'``, OK). Used by the OK/ALERT lines, so a status never contradicts its
+    figure."""
+    p, w = _number(part), _number(whole)
+    if p is None or w is None or _missing(part) or _missing(whole) or w == 0:
+        return MISSING
+    return fmt_pct_vs(p / w, threshold, digits=digits)
+
+
+def fmt_pct_vs(fraction: float | None, threshold: float | None, *, digits: int = 1) -> str:
+    """:func:`fmt_pct` of a hit rate shown beside its OK/ALERT status: as many more decimals
+    as it takes (at most 4) to read on the same side of ``threshold`` as the value
+    (``(0.49996, 0.5) -> '49.996%'``); ``threshold`` None: :func:`fmt_pct`."""
+    x = None if _missing(fraction) else _number(fraction)
+    if x is None or threshold is None:
+        return fmt_pct(fraction, digits=digits)
+    for d in range(digits, digits + 4):
+        shown = round(x * 100, d) / 100
+        if (x < threshold) == (shown < threshold):
+            return fmt_pct(x, digits=d)
+    return fmt_pct(x, digits=digits + 4)
+
+
 def fmt_pp(change: float | None, *, digits: int = 1) -> str:
     """A change of two fractions in percentage points, signed, one decimal as :func:`fmt_pct`:
     ``0.0123 -> '+1.2 pp'``, ``-0.05 -> '-5.0 pp'``, ``-0.0004 -> '0.0 pp'``; None/NaN ->

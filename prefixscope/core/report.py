@@ -36,7 +36,7 @@ from typing import Protocol
 
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import ConfigError
-from prefixscope.core.formatting import fmt_share
+from prefixscope.core.formatting import fmt_share, fmt_share_vs
 
 OK = "OK"
 ALERT = "ALERT"
@@ -104,7 +104,7 @@ def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float)
         raise ValueError("a report line needs prompt tokens")
     status = hit_status(cached_tokens, prompt_tokens, threshold)
     text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
-            f"({fmt_share(cached_tokens, prompt_tokens)}): {status}")
+            f"({fmt_share_vs(cached_tokens, prompt_tokens, threshold)}): {status}")
     if status == ALERT:
         text += f": {ALERT_HINT}"
     elif status == INCONSISTENT:
