@@ -41,9 +41,10 @@ def test_percent_is_the_pages_one_decimal_format():
     assert fmt_share(1, 0) == "—"
     assert format_report_line(6_432, 10_380, 0.5) == (
         "OK", "6,432 of 10,380 prompt tokens from cache (62.0%): OK")
-    # the status is decided on the tokens: just under the threshold is ALERT, printed 50.0%
+    # the status is decided on the tokens: just under the threshold is ALERT, and its figure
+    # gets the decimals that keep it under (never "50.0%: ALERT")
     assert format_report_line(4_999, 10_000, 0.5) == (
-        "ALERT", "4,999 of 10,000 prompt tokens from cache (50.0%): ALERT: check the top of the prompt")
+        "ALERT", "4,999 of 10,000 prompt tokens from cache (49.99%): ALERT: check the top of the prompt")
     assert format_report_line(5_000, 10_000, 0.5)[0] == "OK"
     assert format_report_line(5_000, 10_000, 0.7)[0] == "ALERT"
 
