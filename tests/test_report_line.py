@@ -185,3 +185,23 @@ def test_auto_reports_a_model_without_counters_from_its_usage_log(cli, db_path, 
     assert doc["source"] == "counters"
     assert [(ln["model"], ln["source"]) for ln in doc["lines"]] == [
         ("gw-only", "requests"), ("tiny-llama-random", "counters"), (None, "mixed")]
+
+
+@pytest.mark.parametrize("newest", [T, T + 0.25])
+def test_json_default_range_bounds_are_whole_seconds(cli, db_path, tmp_path, newest):
+    """Finding 11 of session 8: ``report --json`` printed ``"start_unix_s":
+    1796083185.0000002`` (the range ended at nextafter(newest)). The bounds are now the whole
+    second after the newest point and 24 h before it, printed exactly; the newest point stays
+    in the range and a point exactly 24 h older stays out."""
+    f = write_jsonl(tmp_path / "u.jsonl", [
+        _usage(1, newest - DEFAULT_REPORT_RANGE_S, 1000, 0, "m"),
+        _usage(2, newest, 1000, 1000, "m")])
+    assert cli(["ingest", "requests", f, "--db", db_path])[0] == 0
+    code, out, _ = cli(["report", "--db", db_path, "--json"])
+    assert code == 0
+    end = int(T) + 1
+    assert f'"end_unix_s": {end}.0,' in out and f'"start_unix_s": {end - 86400}.0,' in out
+    doc = json.loads(out)
+    assert (doc["start_unix_s"], doc["end_unix_s"]) == (end - 86400, end)
+    assert doc["start"] == "2026-11-28T13:46:41Z" and doc["end"] == "2026-11-29T13:46:41Z"
+    assert doc["lines"][0]["text"] == "1,000 of 1,000 prompt tokens from cache (100.0%): OK"

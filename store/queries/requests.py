@@ -1043,8 +1043,8 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
     and are compared on the Replay page; None reports every run together.
 
     Range: ``[start_s, end_s)``. When both are None the range is the
-    :data:`DEFAULT_REPORT_RANGE_S` (24 h) ending just after the newest data point of the
-    source (so the newest point is included); with only one given, the other is unbounded.
+    :data:`DEFAULT_REPORT_RANGE_S` (24 h) ending at the whole second after the newest data
+    point of the source (so the newest point is included and both bounds are whole seconds); with only one given, the other is unbounded.
 
     Source: ``counters`` = vLLM counter increases (``prefixscope.store.queries.metrics.hit_rate_totals``:
     Δhits / Δqueries, restarts handled); ``requests`` = Σ cached_tokens / Σ prompt_tokens over
@@ -1072,7 +1072,9 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
     def default_range(newest: float | None) -> tuple[float | None, float | None]:
         if start_s is not None or end_s is not None or newest is None:
             return start_s, end_s
-        end = math.nextafter(float(newest), math.inf)
+        # the whole second after the newest point: exact bounds (nextafter printed
+        # "start_unix_s": 1796083185.0000002 in --json), the newest point still inside
+        end = float(math.floor(float(newest)) + 1)
         return end - DEFAULT_REPORT_RANGE_S, end
 
     runs = None if run_ids is None else list(run_ids)
