@@ -60,21 +60,62 @@ DECIDED_PRODUCTION_SQL = "(run_id <> '' OR decision IS NOT NULL)"
 PAIR_SKEW_S = 86400.0
 
 
-def _sources(con: duckdb.DuckDBPyConnection, start_s: float | None,
-             end_s: float | None) -> tuple[str, str]:
-    """The relations of ``gateway_decisions`` and ``requests`` for a range (the tables, and the
-    archive's Parquet files of the days the range reaches, :func:`archive.relation`), read
-    :data:`PAIR_SKEW_S` beyond it so that a row inside joins its partner just outside."""
+def _production_decision_span(con: duckdb.DuckDBPyConnection) -> tuple[float, float] | None:
+    """First and last ``ts_unix_s`` of the production run's decisions (run ``''``), or None
+    when there are none or some are archived (the span is then not read from the table)."""
+    if archive.archived_rows(con, "gateway_decisions"):
+        return None
+    lo, hi = con.execute("SELECT min(ts_unix_s), max(ts_unix_s) FROM gateway_decisions "
+                         "WHERE run_id = ''").fetchall()[0]
+    return None if lo is None else (float(lo), float(hi))
+
+
+def _side_range(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
+                run_ids: Sequence[str] | None, decided_production: bool
+                ) -> tuple[float | None, float | None]:
+    """The times ``[lo, hi)`` each side of the join is read within (None = unbounded): the
+    range widened by :data:`PAIR_SKEW_S` on either side, so that a row inside it meets its
+    partner; for the production gateway run alone (``decided_production`` and ``run_ids``
+    ``['']``: its rows are its decisions and their usage rows) also the span of its decisions
+    so widened, so that a short live run after a month of usage rows reads a day either side
+    of its span, not the month (docs/benchmarks.md "Dashboard at scale", session 8)."""
     lo = None if start_s is None else float(start_s) - PAIR_SKEW_S
     hi = None if end_s is None else float(end_s) + PAIR_SKEW_S
-    return (archive.relation(con, "gateway_decisions", lo, hi),
-            archive.relation(con, "requests", lo, hi))
+    if decided_production and run_ids is not None and {str(r) for r in run_ids} == {""}:
+        span = _production_decision_span(con)
+        if span is not None:
+            first, last = span[0] - PAIR_SKEW_S, span[1] + PAIR_SKEW_S + 1.0
+            lo = first if lo is None else max(lo, first)
+            hi = last if hi is None else min(hi, last)
+    return lo, hi
 
 
-def _joined(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None) -> str:
+def _sources(con: duckdb.DuckDBPyConnection, start_s: float | None,
+             end_s: float | None, *, run_ids: Sequence[str] | None = None,
+             decided_production: bool = False) -> tuple[str, str]:
+    """The relations of ``gateway_decisions`` and ``requests`` for a range (the tables, and the
+    archive's Parquet files of the days the range reaches, :func:`archive.relation`), read
+    within :func:`_side_range` (:data:`PAIR_SKEW_S` beyond the range, so that a row inside
+    joins its partner just outside; a usage row without a time is always read). The filter
+    sits on each table's own ``ts_unix_s``, so DuckDB prunes the row groups outside it (a
+    filter on the joined rows' ``COALESCE`` time is not pushed into either scan)."""
+    lo, hi = _side_range(con, start_s, end_s, run_ids, decided_production)
+    d = archive.relation(con, "gateway_decisions", lo, hi)
+    r = archive.relation(con, "requests", lo, hi)
+    if lo is None and hi is None:
+        return d, r
+    cond = " AND ".join([*([f"ts_unix_s >= {lo!r}"] if lo is not None else []),
+                         *([f"ts_unix_s < {hi!r}"] if hi is not None else [])])
+    return (f"(SELECT * FROM {d} WHERE {cond})",
+            f"(SELECT * FROM {r} WHERE ({cond}) OR ts_unix_s IS NULL)")
+
+
+def _joined(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
+            **side: Any) -> str:
     """:data:`prefixscope.store.scope_sql.JOINED_SQL` over :func:`_sources` (every request of
-    either table once, archived rows included when the range reaches them)."""
-    d, r = _sources(con, start_s, end_s)
+    either table once, archived rows included when the range reaches them; ``side``:
+    ``run_ids``, ``decided_production`` as in :func:`_side_range`)."""
+    d, r = _sources(con, start_s, end_s, **side)
     return scope_sql.ROWS_SQL.format(source=f"{d} d FULL OUTER JOIN {r} r ON {scope_sql.ON_KEY}")
 
 _CLASS = """CASE
@@ -109,19 +150,25 @@ def _filters(*, start_s: float | None, end_s: float | None, run_ids: Sequence[st
     return " AND ".join(parts), params
 
 
+def _side(run_ids: Sequence[str] | None, decided_production: bool = False) -> dict[str, Any]:
+    """The keywords of :func:`_sources` a query passes on (its run filter and row selection)."""
+    return {"run_ids": run_ids, "decided_production": bool(decided_production)}
+
+
 def _base(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
-          where: str) -> str:
+          where: str, **side: Any) -> str:
     """The joined rows of ``[start_s, end_s)`` (``where`` from :func:`_filters` of the same
-    range), archive included."""
-    return (f"SELECT * FROM ({_joined(con, start_s, end_s)}) j "
+    range and ``side``, the ``run_ids`` and ``decided_production`` of that call), archive
+    included."""
+    return (f"SELECT * FROM ({_joined(con, start_s, end_s, **side)}) j "
             f"WHERE ts_unix_s IS NOT NULL AND {where}")
 
 
 def _base_decided(con: duckdb.DuckDBPyConnection, start_s: float | None, end_s: float | None,
-                  where: str) -> str:
+                  where: str, **side: Any) -> str:
     """As :func:`_base` for the rows with a decision only (decisions LEFT JOIN usage: the same
     rows, without joining every usage row)."""
-    d, r = _sources(con, start_s, end_s)
+    d, r = _sources(con, start_s, end_s, **side)
     rows = scope_sql.ROWS_SQL.format(source=f"{d} d LEFT JOIN {r} r ON {scope_sql.ON_KEY}")
     return f"SELECT * FROM ({rows}) j WHERE ts_unix_s IS NOT NULL AND {where}"
 
@@ -215,7 +262,9 @@ def _facts(con: duckdb.DuckDBPyConnection, *, rollup: bool | None, start_s: floa
             continue
         where, p = _filters(start_s=start_s, end_s=end_s if cmp == ">=" else None, **dims)
         parts.append(scope_sql.ROLLUP_SELECT_SQL.format(
-            rows=_joined(con, *part), where=f"ts_unix_s IS NOT NULL AND {where} AND "
+            rows=_joined(con, *part, run_ids=dims.get("run_ids"),
+                         decided_production=bool(dims.get("decided_production"))),
+            where=f"ts_unix_s IS NOT NULL AND {where} AND "
                                             f"{scope_sql.BUCKET_SQL} {cmp} ?"))
         params += [*p, bound]
     return "(" + " UNION ALL ".join(parts) + ")", params
@@ -328,7 +377,7 @@ def hit_rate_by_scope_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
                                                    origin_s=origin_s)
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *
-                   FROM ({_base(con, start_s, end_s, where)})),
+                   FROM ({_base(con, start_s, end_s, where, **_side(run_ids, decided_production))})),
              a AS (SELECT window_start_s{sel}, {_AGG} FROM w GROUP BY ALL)
         SELECT window_start_s, window_start_s + ? AS window_end_s{sel},
                * EXCLUDE (window_start_s{sel}){_RATE}
@@ -363,7 +412,9 @@ def hit_rate_by_scope_totals(con: duckdb.DuckDBPyConnection, *, start_s: float |
         return con.execute(sql, fparams).df()
     where, params = _filters(start_s=start_s, end_s=end_s, **dims)
     sql = f"""
-        WITH a AS (SELECT {sel}, {_AGG} FROM ({_base(con, start_s, end_s, where)}) GROUP BY ALL)
+        WITH a AS (SELECT {sel}, {_AGG}
+                   FROM ({_base(con, start_s, end_s, where, **_side(run_ids, decided_production))})
+                   GROUP BY ALL)
         SELECT *{_RATE} FROM a ORDER BY prompt_tokens DESC, {sel}
     """
     return con.execute(sql, params).df()
@@ -412,7 +463,7 @@ def rejections_by_reason_window(con: duckdb.DuckDBPyConnection, *, start_s: floa
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
-                   FROM ({_base(con, start_s, end_s, where)})
+                   FROM ({_base(con, start_s, end_s, where, **_side(run_ids, decided_production))})
                    WHERE decision = 'reject' AND refused IS NULL)
         SELECT window_start_s, window_start_s + ? AS window_end_s,
                first_mismatch AS reason, reason_class, count(*) AS rejects,
@@ -479,7 +530,8 @@ def miss_breakdown_by_window(con: duckdb.DuckDBPyConnection, *, start_s: float |
     sql = f"""
         WITH w AS (SELECT {window_start} AS window_start_s, *,
                           {_CLASS} AS reason_class
-                   FROM ({_base(con, start_s, end_s, where)}) WHERE refused IS NULL)
+                   FROM ({_base(con, start_s, end_s, where, **_side(run_ids, decided_production))})
+                   WHERE refused IS NULL)
         SELECT window_start_s, window_start_s + ? AS window_end_s,
                count(*) FILTER (WHERE decision = 'miss') AS ordinary_miss_requests,
                COALESCE(sum(prompt_tokens - cached_tokens) FILTER (
@@ -521,7 +573,7 @@ def refused_by_reason(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
         rows = f"SELECT refused, requests AS n FROM {fsql}"
     else:
         where, params = _filters(start_s=start_s, end_s=end_s, **dims)
-        rows = f"SELECT refused, 1 AS n FROM ({_base(con, start_s, end_s, where)})"
+        rows = f"SELECT refused, 1 AS n FROM ({_base(con, start_s, end_s, where, run_ids=run_ids)})"
     return con.execute(f"""
         SELECT refused AS error, CAST(sum(n) AS BIGINT) AS requests FROM ({rows})
         WHERE refused IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1""", params).df()
@@ -577,7 +629,7 @@ def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | 
                                  decided_production=decided_production)
         groups = f"""SELECT namespace_digest, scope, decision, first_mismatch, count(*) AS n,
                             sum(candidate_cached_tokens) AS c
-                     FROM ({_base(con, start_s, end_s, where)})
+                     FROM ({_base(con, start_s, end_s, where, **_side(run_ids, decided_production))})
                      WHERE namespace_digest IS NOT NULL AND refused IS NULL GROUP BY ALL"""
     rej = "decision = 'reject'"
     sql = f"""
@@ -623,26 +675,37 @@ def _invariant_predicates() -> dict[str, tuple[str, list[Any]]]:
 def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                      end_s: float | None = None,
                      run_ids: Sequence[str] | None = None,
-                     rollup: bool | None = None) -> dict[str, int]:
-    """The three numbers that must be 0, plus context (``rollup`` as in
-    :func:`hit_rate_by_scope_window`).
+                     rollup: bool | None = None,
+                     decided_production: bool = False) -> dict[str, int]:
+    """The three numbers that must be 0, plus context (``rollup`` and ``decided_production``
+    as in :func:`hit_rate_by_scope_window`: the Invariants page reads the production gateway
+    run as Scopes and Rejections do; the counts are the same, a violation always has a
+    decision, but the rows read are that run's).
 
     Returns:
         ``{"cross_scope_acceptance", "wrong_version_acceptance", "old_generation_use"}``
-        (requests violating each invariant, see the module docstring), ``"decided_requests"``
-        (requests with a decision) and ``"unverifiable_accepts"`` (accepts logged without a
-        candidate identity).
+        (requests violating each invariant, see the module docstring; refused requests
+        included: a wrong acceptance counts whether or not the engine answered),
+        ``"decided_requests"`` (requests with a decision, refused ones included),
+        ``"answered_requests"`` (of them those the engine answered: the ``requests`` of
+        :func:`hit_rate_by_scope_totals`), ``"refused_requests"`` (decisions with an error and
+        no usage row, :func:`refused_by_reason`) and ``"unverifiable_accepts"`` (accepts
+        logged without a candidate identity).
     """
-    names = [*INVARIANTS, "decided_requests", "unverifiable_accepts"]
-    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    names = [*INVARIANTS, "decided_requests", "answered_requests", "refused_requests",
+             "unverifiable_accepts"]
+    dims = dict(run_ids=run_ids, decided_production=decided_production)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, **dims)
     if facts is not None:
         fsql, fparams = facts
         row = con.execute(f"""
             SELECT {', '.join(f'sum({n})' for n in INVARIANTS)},
-                   sum(requests) FILTER (WHERE decision IS NOT NULL), sum(unverifiable_accepts)
+                   sum(requests) FILTER (WHERE decision IS NOT NULL),
+                   sum(requests) FILTER (WHERE decision IS NOT NULL AND refused IS NULL),
+                   sum(requests) FILTER (WHERE refused IS NOT NULL), sum(unverifiable_accepts)
             FROM {fsql}""", fparams).fetchone()
         return {n: int(v or 0) for n, v in zip(names, row)}
-    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
+    where, params = _filters(start_s=start_s, end_s=end_s, **dims)
     preds = _invariant_predicates()
     sel = []
     p: list[Any] = []
@@ -653,9 +716,11 @@ def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
     sql = f"""
         SELECT {', '.join(sel)},
                count(*) FILTER (WHERE has_decision) AS decided_requests,
+               count(*) FILTER (WHERE has_decision AND refused IS NULL) AS answered_requests,
+               count(*) FILTER (WHERE refused IS NOT NULL) AS refused_requests,
                count(*) FILTER (WHERE decision = 'accept' AND candidate_scope IS NULL
                                 AND candidate_namespace_digest IS NULL) AS unverifiable_accepts
-        FROM ({_base(con, start_s, end_s, where)})
+        FROM ({_base_decided(con, start_s, end_s, where, **_side(**dims))})
     """
     row = con.execute(sql, [*p, *params]).fetchone()
     return {n: int(v or 0) for n, v in zip(names, row)}
@@ -664,11 +729,12 @@ def invariant_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = 
 def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
                          start_s: float | None = None, end_s: float | None = None,
                          run_ids: Sequence[str] | None = None, limit: int = 1000,
-                         rollup: bool | None = None) -> pd.DataFrame:
+                         rollup: bool | None = None,
+                         decided_production: bool = False) -> pd.DataFrame:
     """The requests behind one invariant count (drill-down), newest first. Reads the decisions
     with their usage rows (a violation always has a decision); when the rollup is current
     (``rollup`` as in :func:`hit_rate_by_scope_window`) and counts no violation in the range,
-    no row is read at all.
+    no row is read at all. ``decided_production`` as in :func:`invariant_counts`.
 
     Returns:
         Columns ``run_id, request_id, ts_unix_s, scope, namespace_digest, decision,
@@ -683,8 +749,9 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
     if invariant not in preds:
         raise InvalidArgument(f"unknown invariant {invariant!r}: choose from {list(INVARIANTS)}")
     pred, pp = preds[invariant]
-    where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids)
-    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    dims = dict(run_ids=run_ids, decided_production=decided_production)
+    where, params = _filters(start_s=start_s, end_s=end_s, **dims)
+    facts = _facts(con, rollup=rollup, start_s=start_s, end_s=end_s, **dims)
     cols = """run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
               reasons, candidate_request_id, candidate_scope, candidate_namespace_digest,
               candidate_cached_tokens, accepted_cached_tokens, prompt_tokens, cached_tokens"""
@@ -698,7 +765,7 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
             # only the 5-minute buckets with a violation: their usage rows with a decision,
             # and their decisions without a timed usage row
             in_v = f"{scope_sql.BUCKET_SQL} IN (SELECT b FROM _ps_violating)"
-            dec, req = _sources(con, start_s, end_s)
+            dec, req = _sources(con, start_s, end_s, **_side(**dims))
             rows = " UNION ALL ".join((
                 scope_sql.ROWS_SQL.format(
                     source=f"{dec} d JOIN (SELECT * FROM {req} WHERE {in_v}) r "
@@ -715,7 +782,7 @@ def invariant_violations(con: duckdb.DuckDBPyConnection, *, invariant: str,
             con.execute("DROP TABLE IF EXISTS _ps_violating").fetchall()
     sql = f"""
         SELECT {cols}
-        FROM ({_base_decided(con, start_s, end_s, where)}) WHERE {pred}
+        FROM ({_base_decided(con, start_s, end_s, where, **_side(**dims))}) WHERE {pred}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *pp, int(limit)]).df()
@@ -746,7 +813,8 @@ def decision_rows(con: duckdb.DuckDBPyConnection, *, start_s: float | None = Non
         SELECT run_id, request_id, ts_unix_s, scope, namespace_digest, decision, first_mismatch,
                reasons, candidate_cached_tokens, accepted_cached_tokens, prompt_tokens,
                cached_tokens, candidate_request_id
-        FROM ({_base_decided(con, start_s, end_s, where)}) WHERE has_decision{extra}
+        FROM ({_base_decided(con, start_s, end_s, where, run_ids=run_ids)})
+        WHERE has_decision{extra}
         ORDER BY ts_unix_s DESC, request_id LIMIT ?
     """
     return con.execute(sql, [*params, *p, int(limit)]).df()
