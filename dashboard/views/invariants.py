@@ -3,7 +3,10 @@ acceptance, old-generation use — red otherwise, with drill-down to the request
 
 Reads ``prefixscope.store.queries.scopes.invariant_counts`` and ``invariant_violations``. Each count is
 computed from the logged digests and the usage join, not from the gateway's own verdict
-(definitions in ``docs/scopes.md#formulas``).
+(definitions in ``docs/scopes.md#formulas``). The picked runs are read as on Scopes and
+Rejections: the production gateway run is its own decided rows over its own span
+(``decided_production``), with the same "Refused / errors" and "Shadow" lines
+(``refused_by_reason``, ``unserved_accepts``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,22 @@ def big_number(value: int) -> str:
             f"{value:,}</div>")
 
 
+def over_text(counts: dict) -> str:
+    """The line under the three numbers from ``invariant_counts``: the answered requests with a
+    decision (the Requests of Scopes and Rejections for the same run), the refused ones, which
+    are checked too (a wrong acceptance counts whether or not the engine answered), and the
+    accepts that could not be checked. Pure."""
+    refused = int(counts.get("refused_requests", 0))
+    text = f"Over {fmt_int(counts['answered_requests'])} requests with a gateway decision"
+    if refused:
+        text += (f" and {fmt_int(refused)} refused {'request' if refused == 1 else 'requests'}"
+                 " (checked too)")
+    if counts["unverifiable_accepts"]:
+        text += (f"; {fmt_int(counts['unverifiable_accepts'])} accepts were logged without a "
+                 "candidate identity and could not be checked")
+    return text + "."
+
+
 db = data.db_path()
 f = filters.current()
 st.title("Invariants")
@@ -49,11 +68,20 @@ st.caption("Three numbers that must stay at 0; no hit rate excuses them. "
 
 with data.guard(db):
     picked = filters.pick_decision_runs(db, key="invariants_runs", empty=EMPTY)
+    # the picked runs' own rows, as on Scopes and Rejections (production traffic = its
+    # gateway run: the requests with a decision, over the span of the picker's label)
     common = dict(start_s=None, end_s=None, run_ids=picked)
-    counts = data.query(db, "scopes", "invariant_counts", **common)
+    rows = dict(common, decided_production=True)
+    counts = data.query(db, "scopes", "invariant_counts", **rows)
     if counts["decided_requests"] == 0:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
+    refused = filters.refused_text(data.query(db, "scopes", "refused_by_reason", **common))
+    if refused:
+        st.caption(refused)
+    unserved = filters.unserved_text(data.query(db, "scopes", "unserved_accepts", **common))
+    if unserved:
+        st.caption(unserved)
     cols = st.columns(3)
     for col, (name, title) in zip(cols, TITLES.items()):
         with col:
@@ -64,17 +92,14 @@ with data.guard(db):
             else:
                 st.error(f"{fmt_int(counts[name])} requests violate it: see below",
                          icon=":material/error:")
-    st.caption(f"Over {fmt_int(counts['decided_requests'])} requests with a gateway decision"
-               + (f"; {fmt_int(counts['unverifiable_accepts'])} accepts were logged without a "
-                  "candidate identity and could not be checked" if counts["unverifiable_accepts"]
-                  else "") + ".")
+    st.caption(over_text(counts))
     st.subheader("Drill-down")
     pick = st.selectbox("Invariant", list(TITLES), format_func=TITLES.get,
                         key="invariants_pick")
-    rows = data.query(db, "scopes", "invariant_violations", invariant=pick, **common)
-    if isinstance(rows, pd.DataFrame) and not rows.empty:
-        shown = rows.assign(time=utc_column(rows["ts_unix_s"]))
-        show_table("invariants-1", shown[["time", *[c for c in rows.columns
+    found = data.query(db, "scopes", "invariant_violations", invariant=pick, **rows)
+    if isinstance(found, pd.DataFrame) and not found.empty:
+        shown = found.assign(time=utc_column(found["ts_unix_s"]))
+        show_table("invariants-1", shown[["time", *[c for c in found.columns
                                                      if c != "ts_unix_s"]]],
                    key="invariants_rows")
     else:
