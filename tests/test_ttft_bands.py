@@ -68,6 +68,22 @@ def test_band_sql_and_labels_state_the_rule():
         serving.ttft_band_label("miss")
 
 
+def test_bands_as_data_give_the_labels():
+    """The store returns each band's parts (session 8); the text is formatted from them by
+    core.formatting.fmt_share_band, the same words as before."""
+    from prefixscope.core.formatting import fmt_share_band
+
+    assert serving.ttft_bands() == (
+        serving.TtftBand("cold", None, 0.10, "cached"),
+        serving.TtftBand("partial", 0.10, 0.80, "cached"),
+        serving.TtftBand("warm", 0.80, None, "cached"))
+    assert serving.ttft_band("partial") == serving.TtftBand("partial", 0.10, 0.80, "cached")
+    assert [fmt_share_band(b.low, b.high, b.unit) for b in serving.ttft_bands()] == [
+        "< 10% cached", "10–80% cached", "≥ 80% cached"]
+    with pytest.raises(Exception, match="not a TTFT band: 'miss'"):
+        serving.ttft_band("miss")
+
+
 def test_bands_by_cached_share_with_exact_quantiles(bands_db):
     with store_db.reader(bands_db) as con:
         df = serving.ttft_by_band_window(con, start_s=T0, end_s=T0 + 3600, window_s=3600)

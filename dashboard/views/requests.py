@@ -31,17 +31,19 @@ MAX_LATENCY_PANELS = 4
 
 def band_counts_text(quantiles: pd.DataFrame, column: str) -> str:
     """The warm / partial / cold request counts of ``request_latency_quantiles`` rows (the
-    rollup's counts per cached-share band, ``store.queries.serving.TTFT_BANDS``): ``By the share
+    rollup's counts per cached-share band; the bands' parts from
+    ``store.queries.serving.ttft_bands``, formatted here): ``By the share
     of the prompt from the cache: **warm** (≥ 80% cached) 16 · ... of the 31 requests with a
     latency``."""
-    from prefixscope.store.queries.serving import TTFT_BANDS, ttft_band_label
+    from prefixscope.core.formatting import fmt_share_band
+    from prefixscope.store.queries.serving import ttft_bands
 
-    n = {b: int(quantiles.loc[quantiles["band"] == b, "requests"].sum())
-         for b, _ in TTFT_BANDS} if not quantiles.empty else {b: 0 for b, _ in TTFT_BANDS}
+    bands = ttft_bands()
+    n = {b.name: int(quantiles.loc[quantiles["band"] == b.name, "requests"].sum())
+         if not quantiles.empty else 0 for b in bands}
     what = "a time to first token" if column == "ttft_ms" else "a latency"
-    parts = " · ".join(f"**{ttft_band_label(b).split(' ', 1)[0]}** "
-                       f"{ttft_band_label(b).split(' ', 1)[1]} {fmt_int(n[b])}"
-                       for b, _ in reversed(TTFT_BANDS))
+    parts = " · ".join(f"**{b.name}** ({fmt_share_band(b.low, b.high, b.unit)}) "
+                       f"{fmt_int(n[b.name])}" for b in reversed(bands))
     return (f"By the share of the prompt from the cache (the TTFT bands' rule): {parts}, of "
             f"the {fmt_int(sum(n.values()))} reporting requests with {what}.")
 LATENCY_ERROR_PCT = f"{data.latency_quantile_error():.1%}"

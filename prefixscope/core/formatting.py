@@ -90,6 +90,20 @@ def fmt_pct_vs(fraction: float | None, threshold: float | None, *, digits: int =
     return fmt_pct(x, digits=digits + 4)
 
 
+def fmt_share_band(low: float | None, high: float | None, unit: str) -> str:
+    """A band of shares as text, whole percents: ``< 10% cached`` (no lower bound), ``10–80%
+    cached``, ``≥ 80% cached`` (no upper bound); ``low`` inclusive, ``high`` exclusive
+    (fractions), ``unit`` after the numbers. The rule text of the TTFT bands
+    (``prefixscope.store.queries.serving.ttft_band``)."""
+    if low is None and high is None:
+        return f"any share {unit}"
+    if low is None:
+        return f"< {high:.0%} {unit}"
+    if high is None:
+        return f"≥ {low:.0%} {unit}"
+    return f"{low:.0%}".removesuffix("%") + f"–{high:.0%} {unit}"
+
+
 def fmt_pp(change: float | None, *, digits: int = 1) -> str:
     """A change of two fractions in percentage points, signed, one decimal as :func:`fmt_pct`:
     ``0.0123 -> '+1.2 pp'``, ``-0.05 -> '-5.0 pp'``, ``-0.0004 -> '0.0 pp'``; None/NaN ->

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 import pandas as pd
 
 from prefixscope.core.errors import InvalidArgument
+from prefixscope.core.formatting import fmt_share_band
 from prefixscope.store.queries import archive
 from prefixscope.store.queries.metrics import _by_columns, _filters, counter_increase_by_window
 from prefixscope.store.sqlhelpers import window_start_sql
@@ -163,23 +165,56 @@ def ttft_band_sql(cached: str = "cached_tokens", prompt: str = "prompt_tokens") 
     return f"CASE {cases} ELSE '{TTFT_BANDS[0][0]}' END"
 
 
+@dataclass(frozen=True, slots=True)
+class TtftBand:
+    """One band of :data:`TTFT_BANDS` as data, for a page to format (``ttft_band("warm")``):
+
+    - ``name``: ``cold``, ``partial`` or ``warm``;
+    - ``low``: the lowest cached share in the band (a fraction, inclusive), None for the first
+      band (from nothing cached);
+    - ``high``: the share the band stays below (a fraction, exclusive), None for the last band;
+    - ``unit``: what the share is of, ``"cached"``: cached_tokens / prompt_tokens of a request.
+    """
+
+    name: str
+    low: float | None
+    high: float | None
+    unit: str = "cached"
+
+
+def ttft_bands() -> tuple[TtftBand, ...]:
+    """Every band of :data:`TTFT_BANDS` as :class:`TtftBand`, in that order (cold first)."""
+    out = []
+    for k, (name, share) in enumerate(TTFT_BANDS):
+        out.append(TtftBand(name=name, low=None if k == 0 else float(share),
+                            high=float(TTFT_BANDS[k + 1][1]) if k + 1 < len(TTFT_BANDS) else None))
+    return tuple(out)
+
+
+def ttft_band(band: str) -> TtftBand:
+    """The parts of one band (:class:`TtftBand`): ``ttft_band("partial")`` is ``TtftBand("partial",
+    0.1, 0.8, "cached")``.
+
+    Raises:
+        InvalidArgument: ``band`` is not in :data:`TTFT_BANDS`.
+    """
+    for b in ttft_bands():
+        if b.name == band:
+            return b
+    names = ", ".join(n for n, _ in TTFT_BANDS)
+    raise InvalidArgument(f"not a TTFT band: {band!r} (one of {names})")
+
+
 def ttft_band_label(band: str) -> str:
-    """The legend text of a band with its rule: ``'cold (< 10% cached)'``,
+    """The legend text of a band with its rule, formatted from :func:`ttft_band` by
+    :func:`prefixscope.core.formatting.fmt_share_band`: ``'cold (< 10% cached)'``,
     ``'partial (10–80% cached)'``, ``'warm (≥ 80% cached)'``.
 
     Raises:
         InvalidArgument: ``band`` is not in :data:`TTFT_BANDS`.
     """
-    names = [n for n, _ in TTFT_BANDS]
-    if band not in names:
-        raise InvalidArgument(f"not a TTFT band: {band!r} (one of {', '.join(names)})")
-    k = names.index(band)
-    lo = f"{TTFT_BANDS[k][1]:.0%}"
-    if k == 0:
-        return f"{band} (< {TTFT_BANDS[1][1]:.0%} cached)"
-    if k == len(TTFT_BANDS) - 1:
-        return f"{band} (≥ {lo} cached)"
-    return f"{band} ({lo.removesuffix('%')}–{TTFT_BANDS[k + 1][1]:.0%} cached)"
+    b = ttft_band(band)
+    return f"{b.name} ({fmt_share_band(b.low, b.high, b.unit)})"
 
 
 def ttft_by_band_window(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
