@@ -336,6 +336,27 @@ def uncounted_note(db: str, *, start_s: float | None, end_s: float | None,
                                             run_ids, start_s=start_s, end_s=end_s))
 
 
+@_cached
+def usage_totals_and_note(db: str, *, start_s: float | None, end_s: float | None,
+                          models: tuple[str, ...] | None = None,
+                          instances: tuple[str, ...] | None = None,
+                          run_ids: tuple[str, ...] | None = None
+                          ) -> tuple[pd.DataFrame, str | None]:
+    """Overview's usage-log figures in one call and one read of the usage log: the
+    ``request_hit_rate_totals`` rows by model (the cards of models without counters, or of
+    every model without counters) and the :func:`uncounted_note` of the same selection, summed
+    from those rows (``counters_and_requests(request_totals=...)``), on one connection."""
+    from prefixscope.core.report import uncounted_note_of
+    from prefixscope.store.queries import requests as q
+
+    sel = dict(start_s=start_s, end_s=end_s, models=_t(models), instances=_t(instances),
+               run_ids=_t(run_ids))
+    with _reader(db) as con:
+        totals = q.request_hit_rate_totals(con, by=("model",), **sel)
+        note = uncounted_note_of(q.counters_and_requests(con, request_totals=totals, **sel))
+    return totals, note
+
+
 def _request_query(name: str, db: str, models, instances, run_ids, **kwargs):
     from prefixscope.store.queries import requests as q
 

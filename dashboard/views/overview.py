@@ -198,8 +198,10 @@ with data.guard(db):
     if windows.empty:
         st.info(EMPTY, icon=":material/info:")
         st.stop()
-    note = data.uncounted_note(db, start_s=f.start_s, end_s=f.end_s, models=f.models,
-                               instances=f.instances, run_ids=f.run_ids)
+    # the usage log's totals by model and the note, in one cached call (one read)
+    logged_totals, note = data.usage_totals_and_note(
+        db, start_s=f.start_s, end_s=f.end_s, models=f.models, instances=f.instances,
+        run_ids=f.run_ids)
     if note:
         st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")
     if source == "requests":
@@ -207,10 +209,7 @@ with data.guard(db):
         per_model = as_counter_columns(data.request_hit_rate_by_window(
             db, start_s=f.start_s, end_s=f.end_s, window_s=window_s, by=("model",),
             models=f.models, instances=f.instances, run_ids=f.run_ids))
-        totals = as_counter_columns(data.request_hit_rate_totals(
-            db, start_s=f.start_s, end_s=f.end_s, by=("model",), models=f.models,
-            instances=f.instances, run_ids=f.run_ids))
-        totals = totals.assign(source=USAGE_LOG)
+        totals = as_counter_columns(logged_totals).assign(source=USAGE_LOG)
     else:
         per_model = data.hit_rate_by_window(db, start_s=f.start_s, end_s=f.end_s,
                                             window_s=window_s, by=("model",), models=f.models,
@@ -222,9 +221,7 @@ with data.guard(db):
         # whose /metrics is not scraped): their card and table row from the usage log, as the
         # daily strip's banner reads them
         counted = set(totals.loc[totals["query_tokens"].fillna(0) > 0, "model"])
-        logged = as_counter_columns(data.request_hit_rate_totals(
-            db, start_s=f.start_s, end_s=f.end_s, by=("model",), models=f.models,
-            instances=f.instances, run_ids=f.run_ids))
+        logged = as_counter_columns(logged_totals)
         logged = logged[~logged["model"].isin(counted)
                         & (logged["query_tokens"].fillna(0) > 0)]
         if not logged.empty:

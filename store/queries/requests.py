@@ -1177,9 +1177,15 @@ def uncounted_by_counters(con: duckdb.DuckDBPyConnection, *, start_s: float | No
 def counters_and_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                           end_s: float | None = None, models: Sequence[str] | None = None,
                           instances: Sequence[str] | None = None,
-                          run_ids: Sequence[str] | None = ("",)) -> dict[str, int]:
+                          run_ids: Sequence[str] | None = ("",),
+                          request_totals: pd.DataFrame | None = None) -> dict[str, int]:
     """Both figures of the same selection and what the counters leave out, for the note shown
     wherever the two meet (``prefixscope.core.report.uncounted_note``).
+
+    Args:
+        request_totals: the :func:`request_hit_rate_totals` rows of the same selection grouped
+            by any columns (Overview has them by model): summed instead of read again, the
+            same figures (every request is in one group).
 
     Returns:
         ``counter_hit_tokens``, ``counter_query_tokens`` (Δ counters,
@@ -1192,14 +1198,15 @@ def counters_and_requests(con: duckdb.DuckDBPyConnection, *, start_s: float | No
 
     c = hit_rate_totals(con, start_s=start_s, end_s=end_s, by=(), models=models,
                         instances=instances, run_ids=run_ids)
-    r = request_hit_rate_totals(con, start_s=start_s, end_s=end_s, by=(), models=models,
-                                instances=instances, run_ids=run_ids)
+    r = (request_totals if request_totals is not None else
+         request_hit_rate_totals(con, start_s=start_s, end_s=end_s, by=(), models=models,
+                                 instances=instances, run_ids=run_ids))
     u = uncounted_by_counters(con, start_s=start_s, end_s=end_s, models=models,
                               instances=instances, run_ids=run_ids)
     return {
         "counter_hit_tokens": _num(c["hit_tokens"].iloc[0]) if len(c) else 0,
         "counter_query_tokens": _num(c["query_tokens"].iloc[0]) if len(c) else 0,
-        "request_cached_tokens": _num(r["cached_tokens"].iloc[0]) if len(r) else 0,
-        "request_prompt_tokens": _num(r["reported_prompt_tokens"].iloc[0]) if len(r) else 0,
+        "request_cached_tokens": sum(_num(x) for x in r["cached_tokens"]),
+        "request_prompt_tokens": sum(_num(x) for x in r["reported_prompt_tokens"]),
         "uncounted_requests": u["requests"], "uncounted_prompt_tokens": u["prompt_tokens"],
     }
