@@ -138,3 +138,24 @@ def test_invariants_page_reads_the_run_as_scopes_and_rejections_do(week_and_gate
         assert [c for c in texts if c.startswith(SHADOW)] == shadow, page
     table = ds.run_app(db, "views/scopes.py").dataframe[0].value
     assert list(table["Requests"].astype(str)) == ["8"]
+
+
+@pytest.mark.browser
+def test_invariants_page_in_chromium(week_and_gateway_db, tmp_path):
+    """The same page from a real ``prefixscope dashboard`` in headless Chromium: the numbers,
+    the refused and shadow lines, no exception box."""
+    with ds.chromium(tmp_path / "chromium-profile") as browser, \
+            ds.dashboard_server(week_and_gateway_db, log_path=tmp_path / "server.log") as url:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{url}/{ds.page_url_path('views/invariants.py', first=False)}",
+                  wait_until="domcontentloaded")
+        ds.wait_for_streamlit(page)
+        text = page.locator('[data-testid="stMain"]').inner_text()
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert not errors, errors
+    assert "Refused / errors: 1 request (bad_request 1) never reached the engine" in text
+    assert "Shadow: 2 accepts were not served (1,856 candidate tokens)" in text
+    assert "Over 8 requests with a gateway decision and 1 refused request (checked too)." in text
+    assert "1 requests violate it" in text and "0: holds" in text
