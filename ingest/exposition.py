@@ -492,7 +492,8 @@ class SampleVerdict:
 _NOT_OURS = SampleVerdict()
 
 
-def normalise_sample(name: str, labels: dict[str, str], value: float, ts_unix_s: float, *,
+def normalise_sample(name: str, labels: dict[str, str], value: float | int,
+                     ts_unix_s: float | int, *,
                      label_key: bytes | None, family_type: str | None = None) -> SampleVerdict:
     """The one normalisation of an exposed sample, shared by scrapes and files
     (:func:`fetch_samples`) and the Prometheus API (``ingest/prometheus_api.py``).
@@ -510,6 +511,10 @@ def normalise_sample(name: str, labels: dict[str, str], value: float, ts_unix_s:
        [0, 1]; other gauges: finite; ``_created``: a time in the range of rule 3.
     5. A declared ``# TYPE`` (``family_type``: counter, gauge or histogram) must be the kind
        vLLM exposes the family as.
+
+    ``value`` and ``ts_unix_s`` may be ints of any size (the text parser and JSON give
+    ``10**400`` as an int): past the DOUBLE range a counter is "over 2^53" (or "negative"), a
+    time is outside the range of rule 3, never an ``OverflowError``.
 
     Returns:
         A :class:`SampleVerdict`; ``field`` names the sample (a kept name, never input text).
@@ -533,6 +538,15 @@ def normalise_sample(name: str, labels: dict[str, str], value: float, ts_unix_s:
             labels[k] = "hmac:" + digest_tenant(labels[k], label_key) if labels[k] else ""
     if not time_ok(ts_unix_s):
         return SampleVerdict(field=name, reason="sample " + TIME_RANGE)
+    ts_unix_s = float(ts_unix_s)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past the DOUBLE range (10**400): bound it by its sign
+        import sys
+
+        value = sys.float_info.max if value > 0 else -sys.float_info.max
+        if spec is not None and spec.kind == "gauge":
+            return SampleVerdict(field=name, reason="gauge value is beyond the DOUBLE range")
     if cspec is not None:
         if not time_ok(value) or value == 0:
             return SampleVerdict(field=name, reason="created time is not a time from 1970-01-01 "
@@ -697,6 +711,18 @@ def parse_exposition(lines: list[str], location: str, problems: list[Quarantined
                 yield i + 1, sample, None
 
 
+def _timestamp(t) -> float | int:
+    """A prometheus_client ``Timestamp`` (or number) as Unix seconds; whole seconds past the
+    DOUBLE range stay an int (:func:`normalise_sample` quarantines the time)."""
+    sec = getattr(t, "sec", None)
+    if sec is None:
+        return t
+    try:
+        return float(t)
+    except OverflowError:
+        return sec
+
+
 def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
                   label_key: bytes | None = None) -> ExpositionRead:
     """Parse an exposition into the samples a hit-rate board needs (pure: no I/O).
@@ -729,8 +755,8 @@ def fetch_samples(text: str, *, location: str, instance: str, ts_unix_s: float,
         lines.pop()
     for lineno, sample, ftype in parse_exposition(lines, location, problems):
         name = sample.name
-        ts = float(sample.timestamp) if sample.timestamp is not None else ts_unix_s
-        v = normalise_sample(name, dict(sample.labels), float(sample.value), ts,
+        ts = _timestamp(sample.timestamp) if sample.timestamp is not None else ts_unix_s
+        v = normalise_sample(name, dict(sample.labels), sample.value, ts,
                              label_key=label_key, family_type=ftype)
         if v.reason is not None:
             problems.append(Quarantined(location, lineno, v.reason, v.field))

@@ -106,10 +106,24 @@ def query_range(url: str, *, start_s: float, end_s: float, step_s: float | None 
         con.close()
 
 
+def _number(x) -> float | int:
+    """``float(x)`` (a JSON number or the API's decimal string); an int past the DOUBLE range
+    (``10**400``) stays an int, for :func:`~prefixscope.ingest.exposition.normalise_sample` to
+    quarantine by its bound. Raises TypeError or ValueError when it is not a number."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        try:
+            return float(x)
+        except OverflowError:
+            return x
+    if not isinstance(x, (str, float)):
+        raise TypeError("not a number")
+    return float(x)
+
+
 def samples_from_series(result: list[dict], *, location: str, default_instance: str,
                         instance_label: str = "instance", ts_unix_s: float | None = None,
                         step_s: float | None = None,
-                        label_key: bytes | None = None) -> ExpositionRead:
+                        label_key: bytes | None = None, first_line: int = 1) -> ExpositionRead:
     """Turn API series into stored samples (pure), with created-zero samples.
 
     Labels outside ``prefixscope.ingest.exposition.ALLOWED_LABELS`` are digested with ``label_key`` or the
@@ -123,6 +137,11 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
     placed at ``max(C, S - step_s / 2)``, where ``S`` is the first step that shows ``C``: after
     every step of the old process and before the new process's first value.
 
+    A quarantined sample's ``line`` is its ordinal in the answer (1-based, series after
+    series, from ``first_line``: a later chunk of the same source goes on counting), and its
+    reason names it: ``... (series S, sample N)``, both 1-based, so every quarantined sample
+    is its own row (the quarantine key is source and line).
+
     Returns:
         An :class:`~ingest.exposition.ExpositionRead` (``lines`` = number of series).
     """
@@ -130,37 +149,42 @@ def samples_from_series(result: list[dict], *, location: str, default_instance: 
     created: dict[tuple[str, str, str], dict[float, float]] = {}  # C -> first step showing C
     kept: list[tuple] = []
     saw_v0 = False
-    for series in result:
+    base = first_line
+    for si, series in enumerate(result):
         labels = {k: str(v) for k, v in series.get("metric", {}).items()}
         name = labels.pop("__name__", "")
         instance = labels.get(instance_label) or default_instance
         for drop in ("job", instance_label):
             labels.pop(drop, None)
         values = series.get("values") or []
+        line0, base = base, base + len(values)
         labels_json = None
         # once a sample of the series is kept, the label rules of normalise_sample (1-3) hold
         # for all its samples (same name, same labels): the others need only the time and value
         # rules (3-4), checked inline; a sample failing them goes through normalise_sample for
         # its reason. Same samples, same quarantine, about 3x faster on a long range.
         fast: tuple | None = None
-        for ts, v in values:
+        for j, (ts, v) in enumerate(values):
             try:
-                value, at = float(v), float(ts)
+                value, at = _number(v), _number(ts)
             except (TypeError, ValueError):
-                problems.append(Quarantined(location, 0, "value or time is not a number",
+                problems.append(Quarantined(location, line0 + j, "value or time is not a number"
+                                            f" (series {si + 1}, sample {j + 1})",
                                             name if name in SAMPLE_SPECS else None))
                 continue
             if fast is not None and TS_MIN_UNIX_S <= at < TS_MAX_UNIX_S \
-                    and math.isfinite(value) and (0 <= value <= MAX_COUNTER_VALUE or not fast[2]) \
+                    and isinstance(value, float) and math.isfinite(value) and (0 <= value <= MAX_COUNTER_VALUE or not fast[2]) \
                     and (not fast[3] or 0 <= value <= 1):
-                kept.append((*fast[0], at, value, name))
+                kept.append((*fast[0], float(at), value, name))
                 continue
             verdict = normalise_sample(name, labels, value, at, label_key=label_key)
             if verdict.reason is not None:
-                problems.append(Quarantined(location, 0, verdict.reason, verdict.field))
+                problems.append(Quarantined(location, line0 + j, f"{verdict.reason} (series "
+                                            f"{si + 1}, sample {j + 1})", verdict.field))
                 if verdict.reason == REFUSED_LABEL:
                     break  # the whole series carries the label
                 continue
+            at, value = verdict.ts_unix_s, verdict.value
             if verdict.created is not None:
                 family, sans_le = verdict.created
                 seen = created.setdefault((family, sans_le, instance), {})
@@ -263,12 +287,14 @@ def ingest_prometheus_range(db_path: str, url: str, *, start_s: float, end_s: fl
     total = None
     problems: list[Quarantined] = []
     lo = float(start_s)
+    line = 1  # quarantine lines go on counting across chunks (one source, one key space)
     while lo < end_s:
         hi = min(float(end_s), lo + chunk_s)
         result = query_range(url, start_s=lo, end_s=hi, step_s=step_s, timeout_s=timeout_s)
         read = samples_from_series(result, location=url, default_instance=default_instance,
                                    instance_label=instance_label, step_s=step_s,
-                                   label_key=key)
+                                   label_key=key, first_line=line)
+        line += sum(len(r.get("values") or []) for r in result)
         if read.samples or read.problems:
             with store_db.writer(db_path) as con:
                 total = _merge(total, save_samples(con, read, kind=KIND))

@@ -6,6 +6,7 @@ direct scrapes of the same server, and the expected counter deltas."""
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 import time
@@ -241,7 +242,9 @@ def test_ingest_query_range_cli_stores_a_saved_answer_as_the_live_pull(tmp_path,
     assert rows[0]["rows_added"] > 0 and rows[0]["rows_quarantined"] == 1
     assert [q["field"] for q in rows[0]["quarantined"]] == [Q]  # field: the metric name only
     assert "acme" not in out and "acme" not in err  # quarantine never echoes values
-    assert f"quarantined {saved}:0: {Q}:" in err
+    # line: the sample's ordinal in the answer; the reason names its series and sample
+    assert re.search(rf"quarantined {re.escape(str(saved))}:[1-9][0-9]*: {re.escape(Q)}: .*"
+                     r"\(series [1-9][0-9]*, sample 1\)", err), err
     assert f"error: {broken}: $.status: not a successful Prometheus API response" in err
     expected = [(srv.hostport, 14272, 30993)]  # both scrapes: docs of test_dashboard_pages
     for d in (db, live_db):

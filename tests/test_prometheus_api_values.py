@@ -27,11 +27,13 @@ def test_bad_values_after_a_good_one_are_quarantined_with_their_reason():
                    ("vllm:num_requests_running", 101.0, -3.0),  # a gauge may be negative
                    ("vllm:prefix_cache_queries_total", 100.0, 10.0),
                    ("vllm:prefix_cache_queries_total", 105.0, 50.0)]
-    reasons = sorted(q.reason for q in read.problems)
-    times = [r for r in reasons if r.startswith("sample ")]
-    assert len(times) == 1  # the time past 2100
-    assert sorted(r for r in reasons if not r.startswith("sample ")) == sorted([
-        "counter value is negative", "counter value is not a finite number",
-        "counter value is not a finite number", "value or time is not a number",
-        "a fraction outside 0 to 1", "a fraction outside 0 to 1",
-        "gauge value is not a finite number"])
+    # each quarantined sample: its ordinal in the answer as line, series and sample in the reason
+    assert [(q.line, q.reason) for q in read.problems] == [
+        (2, "counter value is negative (series 1, sample 2)"),
+        (3, "counter value is not a finite number (series 1, sample 3)"),
+        (4, "counter value is not a finite number (series 1, sample 4)"),
+        (5, "sample time is outside 1970-01-01 to 2100-01-01 UTC (series 1, sample 5)"),
+        (6, "value or time is not a number (series 1, sample 6)"),
+        (9, "a fraction outside 0 to 1 (series 2, sample 2)"),
+        (11, "a fraction outside 0 to 1 (series 2, sample 4)"),
+        (14, "gauge value is not a finite number (series 3, sample 3)")]
