@@ -289,6 +289,16 @@ def instance_for_url(url: str) -> str:
     return f"{host}:{port}"
 
 
+def _decode(data: bytes) -> str:
+    """An exposition's bytes as text; bytes that are not UTF-8 stay lone surrogates
+    (``surrogateescape``) so :func:`parse_exposition` quarantines their line with the byte
+    (``not UTF-8 text (byte N)``), never a U+FFFD stored in a label."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", "surrogateescape")
+
+
 def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float = 10.0,
                 client=None) -> RawScrape:
     """Read one exposition: GET a URL (httpx) or read a file.
@@ -325,7 +335,8 @@ def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float
                                     f"{MAX_EXPOSITION_BYTES >> 20} MiB")
         if looks_binary(resp.content[:BINARY_SAMPLE_BYTES]):
             raise SourceUnavailable(f"cannot scrape {source}: {BINARY_REASON}")
-        return RawScrape(source, "metrics-url", resp.text, ts, instance_for_url(source))
+        return RawScrape(source, "metrics-url", _decode(resp.content), ts,
+                         instance_for_url(source))
     path = Path(source)
     from prefixscope.ingest.jsonl_driver import open_source_file  # refuses FIFOs, devices, binary
 
@@ -338,7 +349,7 @@ def read_source(source: str, *, at_unix_s: float | None = None, timeout_s: float
     if len(data) > MAX_EXPOSITION_BYTES:
         raise SourceUnavailable(f"cannot read {source}: larger than {MAX_EXPOSITION_BYTES >> 20} "
                                 "MiB (a vLLM /metrics page is about 100 KiB)")
-    return RawScrape(source, "metrics-file", data.decode("utf-8", "replace"), ts,
+    return RawScrape(source, "metrics-file", _decode(data), ts,
                      file_instance(path))
 
 
@@ -642,7 +653,9 @@ def parse_exposition(lines: list[str], location: str, problems: list[Quarantined
 
     Before parsing: a UTF-8 byte-order mark is dropped, an OpenMetrics exemplar (``# {...} v
     [ts]`` after a sample) is cut off (it is not a sample), and a line longer than
-    :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` is quarantined. When the stream does not
+    :data:`~prefixscope.core.bounds.MAX_LINE_BYTES` is quarantined, as is a line with bytes
+    that are not UTF-8 (``not UTF-8 text (byte N)``, N 0-based within the line, as the JSONL
+    readers say). When the stream does not
     parse, each line is tried alone only to find the lines to quarantine (the parser's
     exception text is never read), and the stream without them is parsed again.
 
@@ -657,8 +670,22 @@ def parse_exposition(lines: list[str], location: str, problems: list[Quarantined
     if clean and clean[0].startswith("\ufeff"):
         clean[0] = clean[0][1:]
     sample_lines: list[int] = []
+    try:
+        "\n".join(clean).encode("utf-8")
+        not_utf8 = False
+    except UnicodeEncodeError:  # undecodable bytes (lone surrogates of _decode)
+        not_utf8 = True
     for i, raw in enumerate(clean):
         line = raw.strip()
+        if not_utf8:
+            try:
+                raw.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                at = len(raw[:exc.start].encode("utf-8", "surrogateescape"))
+                problems.append(Quarantined(location, i + 1, f"not UTF-8 text (byte {at})",
+                                            known_name(_lead_name(line))))
+                clean[i] = ""
+                continue
         if len(raw) > MAX_LINE_BYTES:  # characters >= bytes / 4: a cheap first test
             if len(raw.encode("utf-8", "replace")) > MAX_LINE_BYTES:
                 problems.append(Quarantined(location, i + 1, LINE_TOO_LONG, None))

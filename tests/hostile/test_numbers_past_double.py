@@ -67,3 +67,47 @@ def test_query_range_huge_time_and_values_name_series_and_sample(tmp_path):
     assert "4 lines quarantined" in out
     with duckdb.connect(db, read_only=True) as con:
         assert con.execute("SELECT count(*) FROM quarantine").fetchone()[0] == 4
+
+
+def test_exposition_label_not_utf8_is_quarantined_with_its_byte(tmp_path):
+    """Bytes that are not UTF-8 in a label: the line is quarantined (``not UTF-8 text (byte N)``,
+    N 0-based in the line, as the JSONL ingesters say), from a file and from a served page;
+    the other lines are kept and no U+FFFD model name is stored."""
+    import http.server
+    import threading
+
+    body = (b'vllm:prefix_cache_queries_total{model_name="ti\xffny"} 10\n'
+            b'vllm:prefix_cache_queries_total{model_name="ok"} 7\n')
+    f = tmp_path / "m.prom"
+    f.write_bytes(body)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    try:
+        for source in (f, url):
+            sub = tmp_path / ("u" if source == url else "f")
+            sub.mkdir()
+            db = fresh_db(sub)
+            code, out, err = run_cli(["ingest", "metrics", source, "--db", db, "--json"])
+            assert code == 0, err
+            [doc] = json.loads(out)
+            assert [(q["line"], q["field"], q["reason"]) for q in doc["quarantined"]] == [
+                (1, "vllm:prefix_cache_queries_total", "not UTF-8 text (byte 46)")]
+            with duckdb.connect(db, read_only=True) as con:
+                assert con.execute("SELECT model, value FROM metric_samples").fetchall() == [
+                    ("ok", 7.0)]
+    finally:
+        srv.shutdown()
+        srv.server_close()
