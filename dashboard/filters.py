@@ -341,21 +341,35 @@ def run_picker(runs, *, key: str, default_n: int = 1, label: str = "Runs",
     return tuple(picked)
 
 
-def unserved_text(unserved: tuple[int, int] | None) -> str | None:
+def unserved_text(unserved: tuple[int, ...] | None) -> str | None:
     """The note of Scopes and Rejections for accepts the engine could not serve, from
-    ``prefixscope.store.queries.scopes.unserved_accepts`` (``(requests, accepted tokens)``):
-    the gateway's ``shadow`` mode forwards every request with a salt unique to it, so its
-    accepts are candidate hits, not hits; None when there are none. Pure."""
+    ``prefixscope.store.queries.scopes.unserved_accepts`` (``(requests, tokens,
+    bypass_requests, bypass_tokens)``; a 2-tuple: shadow only): the gateway's ``shadow`` mode
+    forwards every request with a salt unique to it, so its accepts are candidate hits, not
+    hits; so does its cache bypass (``/admin/bypass``), named apart. None when there are none.
+    Pure."""
     from prefixscope.core.formatting import fmt_int
 
-    if not unserved or int(unserved[0]) == 0:
+    if not unserved:
         return None
-    n, tokens = int(unserved[0]), int(unserved[1])
-    noun = "accept was" if n == 1 else "accepts were"
-    return (f"Shadow: {fmt_int(n)} {noun} not served ({fmt_int(tokens)} candidate tokens): "
+    n, tokens, bn, btokens = (tuple(int(v) for v in unserved) + (0, 0))[:4]
+    parts = []
+    if n:
+        noun = "accept was" if n == 1 else "accepts were"
+        parts.append(
+            f"Shadow: {fmt_int(n)} {noun} not served ({fmt_int(tokens)} candidate tokens): "
             "the gateway forwarded them with a salt unique to the request (mode `shadow`), so "
             "they are counted as Accepted decisions, what `tenant` mode would reuse, while the "
             "hit rates are the engine's cached tokens (docs/gateway.md#rollout-and-rollback).")
+    if bn:
+        noun = "accept was" if bn == 1 else "accepts were"
+        parts.append(
+            f"Bypass: {fmt_int(bn)} {noun} not served ({fmt_int(btokens)} candidate tokens): "
+            "the cache bypass was on (`/admin/bypass`), so the gateway forwarded them with a "
+            "salt unique to the request and logged 0 accepted tokens; they are counted as "
+            "Accepted decisions, what the identity check found "
+            "(docs/gateway.md#rollout-and-rollback).")
+    return " ".join(parts) or None
 
 
 def refused_text(refused) -> str | None:

@@ -189,6 +189,7 @@ class _Call:
     expected: CacheIdentity | None = None
     candidate: StoredObject | None = None
     salt_applied: bool = False
+    bypass: bool = False  # /admin/bypass was on: forwarded isolated, nothing accepted for use
     client_salt: bool = False
     error: str | None = None
     status: int = 0
@@ -778,6 +779,7 @@ class Gateway:
         stale = ctx_epoch != current
         if stale and verdict.outcome != "reject":
             verdict = Decision("reject", "authorization_epoch", ("authorization_epoch",))
+        call.bypass = gen.bypass
         isolated = (self.cfg.mode == "shadow" or gen.bypass or verdict.outcome == "reject")
         permit_lost = False
         if not isolated:
@@ -1131,12 +1133,16 @@ class Gateway:
             ts_unix_s=call.ts, request_id=call.rid, scope=call.scope, namespace_digest=ns_d,
             decision=verdict.outcome, reasons=verdict.mismatches,
             candidate_cached_tokens=cand_tokens,
-            accepted_cached_tokens=cand_tokens if verdict.outcome == "accept" else 0,
+            # a bypassed accept was not used (sent isolated: vLLM reports 0 cached tokens);
+            # a shadow-mode accept keeps its tokens: what tenant mode would reuse
+            accepted_cached_tokens=(cand_tokens if verdict.outcome == "accept"
+                                    and not call.bypass else 0),
             salt_applied=call.salt_applied, expected=exp_short,
             candidate=None if cand is None else self._short(cand.identity),
             candidate_request_id=None if cand is None else cand.request_id,
             instance=self.cfg.instance, model=call.model, error=call.error,
-            client_salt_replaced=call.client_salt, candidate_tokens_basis=basis)
+            client_salt_replaced=call.client_salt, candidate_tokens_basis=basis,
+            bypass=True if call.bypass else None)
         self.decision_log.write(rec.as_json())
         child(m.decisions, verdict.outcome, verdict.first_mismatch or "none").inc()
         self._check_invariants(call, verdict, cached or 0)

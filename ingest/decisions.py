@@ -108,6 +108,7 @@ class DecisionLine(msgspec.Struct, forbid_unknown_fields=True):
     error: Literal[ERROR_CODES] | None = None  # type: ignore[valid-type]
     client_salt_replaced: bool | None = None
     candidate_tokens_basis: Literal["exact", "upper_bound"] | None = None
+    bypass: bool | None = None
 
 
 class EventLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -189,7 +190,7 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
         *(getattr(exp, f) for f in SHORT_FIELDS),
         rec.candidate_request_id, cand.scope, cand.namespace_digest,
         *(getattr(cand, f) for f in SHORT_FIELDS),
-        rec.error, rec.client_salt_replaced, rec.candidate_tokens_basis,
+        rec.error, rec.client_salt_replaced, rec.candidate_tokens_basis, rec.bypass,
     )
 
 

@@ -793,4 +793,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         "DELETE FROM scope_rollup_5m",
         scope_sql.ROLLUP_FILL_SQL,
     )),
+    Migration(81, "gateway decisions: the cache bypass flag", (
+        # TRUE: the live gateway's /admin/bypass was on, the request went with a salt unique to
+        # it (accepted_cached_tokens 0); NULL: off, not logged, or older.
+        "ALTER TABLE gateway_decisions ADD COLUMN IF NOT EXISTS bypass BOOLEAN",
+    )),
 )

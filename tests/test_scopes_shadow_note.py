@@ -50,13 +50,13 @@ def test_unserved_accepts_are_the_shadow_accepts(shadow, tmp_path):
     tokens = sum(r["accepted_cached_tokens"] for r in records if r["decision"] == "accept")
     assert tokens > 0
     with store_db.reader(db) as con:
-        assert q.unserved_accepts(con, run_ids=[""]) == (2, tokens)
-        assert q.unserved_accepts(con, run_ids=["other"]) == (0, 0)
-        assert q.unserved_accepts(con, run_ids=[""], models=["no-such-model"]) == (0, 0)
+        assert q.unserved_accepts(con, run_ids=[""]) == (2, tokens, 0, 0)
+        assert q.unserved_accepts(con, run_ids=["other"]) == (0, 0, 0, 0)
+        assert q.unserved_accepts(con, run_ids=[""], models=["no-such-model"]) == (0, 0, 0, 0)
     tenant_db, tenant_records = _db(tmp_path, "tenant")
     assert [r["decision"] for r in tenant_records] == ["miss", "accept", "accept"]
     with store_db.reader(tenant_db) as con:
-        assert q.unserved_accepts(con, run_ids=[""]) == (0, 0)
+        assert q.unserved_accepts(con, run_ids=[""]) == (0, 0, 0, 0)
 
 
 def test_pages_say_the_shadow_accepts_were_not_served(shadow, use_db):

@@ -75,6 +75,10 @@ class DecisionRecord:
             the whole blocks the candidate's prompt shares with this one, at most
             prompt_tokens - 1, as vLLM counts them; a miss is 0 exactly) or ``upper_bound``
             (the candidate writer's prompt tokens, without token ids); None: not written.
+        bypass: True when the live gateway's cache bypass (``/admin/bypass``) was on: the
+            request went with a salt unique to it, so nothing was accepted for use
+            (``accepted_cached_tokens`` 0; ``decision`` is still what the identity check
+            found, ``candidate_cached_tokens`` what it would have reused); None: not written.
     """
 
     ts_unix_s: float
@@ -95,6 +99,7 @@ class DecisionRecord:
     error: str | None = None
     client_salt_replaced: bool | None = None
     candidate_tokens_basis: str | None = None
+    bypass: bool | None = None
 
     def __post_init__(self) -> None:
         assert self.error is None or self.error in ERROR_CODES, self.error
@@ -119,7 +124,7 @@ class DecisionRecord:
             "candidate_request_id": self.candidate_request_id,
         }
         for k in ("run_id", "instance", "model", "error", "client_salt_replaced",
-                  "candidate_tokens_basis"):
+                  "candidate_tokens_basis", "bypass"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         return out

@@ -152,7 +152,8 @@ def relation(con: duckdb.DuckDBPyConnection, table: str, start_s: float | None =
     end_s)`` reads: the table's name when no archived day overlaps the range, else a
     parenthesised ``UNION ALL BY NAME`` of the table and ``read_parquet`` of exactly the
     archived files of those days (the same columns; ``requests.request_key`` is NULL on the
-    archived side). The caller still applies its own time filter (DuckDB pushes it into the
+    archived side; a file archived before a migration added a column reads it as NULL, by
+    name, e.g. ``gateway_decisions.bypass``, migration 81). The caller still applies its own time filter (DuckDB pushes it into the
     Parquet scan). Remote archives load httpfs first (:func:`ensure_remote`).
 
     Raises:
@@ -170,7 +171,7 @@ def relation(con: duckdb.DuckDBPyConnection, table: str, start_s: float | None =
     listed = ", ".join(_lit(f) for f in files)
     return (f"(SELECT *{excl} FROM {table} UNION ALL BY NAME "
             f"SELECT * EXCLUDE (day, archive_gen) FROM read_parquet([{listed}], "
-            f"hive_partitioning = false))")
+            f"hive_partitioning = false, union_by_name = true))")
 
 
 def oldest_archived_s(con: duckdb.DuckDBPyConnection, table: str) -> float | None:

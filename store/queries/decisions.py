@@ -26,7 +26,7 @@ DECISION_COLUMNS: tuple[str, ...] = (
     *SHORT_FIELDS,
     "candidate_request_id", "candidate_scope", "candidate_namespace_digest",
     *(f"candidate_{f}" for f in SHORT_FIELDS),
-    "error", "client_salt_replaced", "candidate_tokens_basis",
+    "error", "client_salt_replaced", "candidate_tokens_basis", "bypass",
 )
 
 #: Column order of the rows given to :func:`insert_decision_rows` as ``events``.

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import pandas as pd
@@ -579,28 +579,44 @@ def refused_by_reason(con: duckdb.DuckDBPyConnection, *, start_s: float | None =
         WHERE refused IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1""", params).df()
 
 
+class Unserved(NamedTuple):
+    """:func:`unserved_accepts`: accepts the engine could not serve, by why (requests, tokens)."""
+
+    requests: int  # shadow mode: accepts forwarded with a per-request salt
+    tokens: int  # their accepted_cached_tokens (= candidate tokens)
+    bypass_requests: int = 0  # /admin/bypass on (decision field ``bypass``, migration 81)
+    bypass_tokens: int = 0  # their candidate_cached_tokens (accepted_cached_tokens is 0)
+
+
 def unserved_accepts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
                      end_s: float | None = None, run_ids: Sequence[str] | None = None,
                      models: Sequence[str] | None = None,
-                     instances: Sequence[str] | None = None) -> tuple[int, int]:
+                     instances: Sequence[str] | None = None) -> Unserved:
     """Accept decisions whose request was forwarded with a salt unique to the request
-    (``salt_applied`` false: the gateway's ``shadow`` mode, docs/gateway.md "Rollout and
-    rollback"): the engine could not serve the candidate, so its ``cached_tokens`` for the
-    request are not the accepted tokens. The pages count them among the accepts (a decision)
-    and say how many were not served.
+    (``salt_applied`` false), so the engine could not serve the candidate and its
+    ``cached_tokens`` for the request are not the candidate's: the gateway's ``shadow`` mode
+    (docs/gateway.md "Rollout and rollback"), or its cache bypass (``/admin/bypass``, the
+    decision's ``bypass`` true; its ``accepted_cached_tokens`` are 0). The pages count them
+    among the accepts (a decision) and say how many were not served, and why.
 
     Returns:
-        ``(requests, accepted_cached_tokens)`` of such decisions in ``[start_s, end_s)``
-        (Unix s; None: unbounded) for the filters; ``(0, 0)`` when there are none. Reads
-        ``gateway_decisions`` and its archived days (:func:`archive.relation`).
+        :class:`Unserved` ``(requests, tokens, bypass_requests, bypass_tokens)`` in
+        ``[start_s, end_s)`` (Unix s; None: unbounded) for the filters: the shadow-mode
+        accepts with their ``accepted_cached_tokens``, the bypassed ones with their
+        ``candidate_cached_tokens``; all 0 when there are none. Reads ``gateway_decisions``
+        and its archived days (:func:`archive.relation`).
     """
     where, params = _filters(start_s=start_s, end_s=end_s, run_ids=run_ids, models=models,
                              instances=instances)
     rel = archive.relation(con, "gateway_decisions", start_s, end_s)
-    n, tokens = con.execute(
-        f"SELECT count(*), coalesce(sum(accepted_cached_tokens), 0) FROM {rel} "
-        f"WHERE decision = 'accept' AND salt_applied IS NOT TRUE AND {where}", params).fetchone()
-    return int(n), int(tokens)
+    row = con.execute(
+        "SELECT count(*) FILTER (WHERE bypass IS NOT TRUE), "
+        "coalesce(sum(accepted_cached_tokens) FILTER (WHERE bypass IS NOT TRUE), 0), "
+        "count(*) FILTER (WHERE bypass), "
+        "coalesce(sum(candidate_cached_tokens) FILTER (WHERE bypass), 0) "
+        f"FROM {rel} WHERE decision = 'accept' AND salt_applied IS NOT TRUE AND {where}",
+        params).fetchone()
+    return Unserved(*(int(v) for v in row))
 
 
 def top_rejected_namespaces(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
