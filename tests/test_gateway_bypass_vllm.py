@@ -3,7 +3,8 @@ it is on goes with a salt unique to it, so vLLM reports 0 cached tokens even for
 Its decision record says so: the identity check's ``accept`` with ``bypass: true``,
 ``salt_applied`` false and ``accepted_cached_tokens`` 0 (what was served), its candidate tokens
 kept; ``ingest decisions`` stores the flag, and Scopes and Rejections name the bypass, not
-shadow mode (was: ``accept`` of 576 tokens and "Shadow: ... (mode shadow)" on a tenant gateway).
+shadow mode (was: ``accept`` of 576 tokens and "Shadow: ... (mode shadow)" on a tenant gateway);
+so does Invariants.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def test_a_bypassed_request_is_recorded_as_bypassed_and_the_pages_say_so(tmp_pat
 
     want = (f"Bypass: 1 accept was not served ({b['candidate_cached_tokens']:,} candidate "
             "tokens): the cache bypass was on (`/admin/bypass`)")
-    for page in ("views/scopes.py", "views/rejections.py"):
+    for page in ("views/scopes.py", "views/rejections.py", "views/invariants.py"):
         at = ds.run_app(use_db(db), page)
         ds.assert_clean(at)
         captions = ds.texts(at, "caption")
