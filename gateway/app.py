@@ -115,6 +115,11 @@ class Faults:
     lookup_key: Callable[[str, str], bytes] | None = None  # e.g. a deliberately weak hash
 
 
+#: The 400 message for valid JSON with a number past the double range (``1e999``): no value
+#: is quoted (it could be anywhere in the prompt).
+NUMBER_OUT_OF_RANGE = ("body has a number out of range (its magnitude is above 1.8e308, the "
+                       "largest finite double)")
+
 #: Bodies from this size on get their prefix digests computed on a worker thread.
 _DIGEST_THREAD_BYTES = 64 << 10
 
@@ -653,6 +658,10 @@ class Gateway:
             return self._refuse(call, 400, "bad_request", f"body is {TOO_DEEP}")
         try:
             body = _decode(raw)
+        except msgspec.ValidationError as exc:  # valid JSON msgspec will not hold, e.g. 1e999
+            if str(exc).startswith("Number out of range"):
+                return self._refuse(call, 400, "bad_request", NUMBER_OUT_OF_RANGE)
+            return self._refuse(call, 400, "bad_request", "body is not valid JSON")
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             return self._refuse(call, 400, "bad_request", "body is not valid JSON")
         if not isinstance(body, dict):

@@ -1,6 +1,7 @@
 """Hostile requests to the gateway's proxy routes (a real gateway in uvicorn in front of the
 real loopback upstream, real HTTP): JSON nested past the ingester's depth bound, a
-non-boolean ``stream`` / ``stream_options``, an unexpected exception inside the handler, and
+non-boolean ``stream`` / ``stream_options``, a number past the double range (``1e999``:
+valid JSON, said as such, not "not valid JSON"), an unexpected exception inside the handler, and
 the response headers (each of ``date`` and ``server`` once)."""
 
 from __future__ import annotations
@@ -77,6 +78,29 @@ def test_brackets_inside_strings_do_not_count_as_depth(tmp_path, upstream):
     finally:
         gw.stop()
     assert [x.get("error") for x in _decisions(tmp_path)] == [None]
+
+
+@pytest.mark.parametrize("number", [b"1e999", b"-1e999", b"1.5e400"])
+def test_a_number_past_the_double_range_is_a_400_that_says_so(tmp_path, upstream, number):
+    app, control = upstream
+    gw = RunningGateway(gateway_config(tmp_path, app.url))
+    body = (b'{"model":"tiny-llama-random","messages":[{"role":"user","content":"x"}],'
+            b'"temperature":' + number + b'}')
+    try:
+        r = httpx.post(gw.url + "/v1/chat/completions", content=body, timeout=30,
+                       headers={**headers_for("acme"), "content-type": "application/json"})
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "bad_request"
+        assert r.json()["error"]["message"] == (
+            "body has a number out of range (its magnitude is above 1.8e308, the largest "
+            "finite double)")
+        assert number.decode() not in r.text
+        assert _client_errors(gw, "bad_request") == 1
+        assert control.requests == []
+    finally:
+        gw.stop()
+    d = _decisions(tmp_path)
+    assert len(d) == 1 and d[0]["error"] == "bad_request"
 
 
 @pytest.mark.parametrize("patch, message", [
