@@ -249,6 +249,8 @@ class Gateway:
         self.in_flight = 0
         self._calls: dict[int, _Call] = {}  # requests in flight, for the shutdown deadline
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._drain_t0: float | None = None  # drain() began (monotonic s)
+        self._cut = 0  # requests ended by the gateway at the shutdown deadline
         # request ids and isolating salts: a random per-process prefix and a counter (unique,
         # and cheaper than uuid4/urandom per request)
         self._id_prefix = secrets.token_hex(6)
@@ -346,6 +348,11 @@ class Gateway:
         for log in (self.usage_log, self.decision_log):
             if log is not None:
                 log.close()
+        if self._drain_t0 is not None:  # once: the end of the shutdown grace
+            t0, self._drain_t0 = self._drain_t0, None
+            self._say(f"shut down after {time.monotonic() - t0:.1f} s: "
+                      f"{self._cut} request(s) ended at the deadline (gateway_shutdown), "
+                      "the others finished; logs flushed")
         if self.session is not None:
             await self.session.close()
             self.session = None
@@ -573,7 +580,18 @@ class Gateway:
         ``gateway_shutdown`` and a request waiting for its answer with ``503
         gateway_shutdown``; their decision (and usage) records say ``gateway_shutdown``."""
         self._grace_s = grace_s
+        self._drain_t0 = time.monotonic()
+        calls = [c for c in self._calls.values() if not c.finished]
+        streams = sum(1 for c in calls if c.streaming)
+        self._say(f"shutting down: {len(calls)} request(s) in flight ({streams} stream(s)), "
+                  f"up to {grace_s:g} s (shutdown_grace_s)")
         self._drain_timer = asyncio.get_running_loop().call_later(grace_s, self._cut_in_flight)
+
+    def _say(self, text: str) -> None:
+        """One operator line on stderr (as the startup lines), naming the worker when
+        ``workers`` > 1."""
+        who = f" {self.cfg.instance}" if self.cfg.workers > 1 else ""
+        print(f"prefixscope gateway{who}: {text}", file=sys.stderr, flush=True)
 
     def _shutdown_message(self) -> str:
         return (f"the gateway is shutting down and the request did not finish within "
@@ -583,6 +601,7 @@ class Gateway:
         for call in list(self._calls.values()):
             if call.finished:
                 continue
+            self._cut += 1
             call.error = "gateway_shutdown"
             if call.resp is not None:  # a stream: its read ends, _stream sends the event
                 call.resp.close()

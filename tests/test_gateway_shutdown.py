@@ -2,11 +2,14 @@
 the loopback upstream): a stream still running at ``shutdown_grace_s`` ends with an SSE
 ``gateway_shutdown`` event and a clean end of the response, a request still waiting for its
 answer gets ``503 gateway_shutdown``; their decision records say ``gateway_shutdown``, the logs
-are flushed, the process ends (by the SIGTERM, as uvicorn re-raises it) with no traceback and no uvicorn task cancellation."""
+are flushed, the process ends (by the SIGTERM, as uvicorn re-raises it) with no traceback and no uvicorn task cancellation.
+Stderr says when the grace starts (requests and streams in flight, its length) and when it ends
+(how many were cut at the deadline)."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +67,19 @@ def _sigterm_during(tmp_path, control, body: dict) -> tuple[httpx.Response, floa
             proc.wait(timeout=30)
 
 
+def _assert_shutdown_lines(stderr: str, *, streams: int) -> None:
+    """One line when the grace starts, one when it ends, in that order, nothing between."""
+    lines = [ln for ln in stderr.splitlines() if "shut" in ln]
+    assert len(lines) == 2, stderr
+    assert lines[0] == (f"prefixscope gateway: shutting down: 1 request(s) in flight "
+                        f"({streams} stream(s)), up to {GRACE_S:g} s (shutdown_grace_s)")
+    m = re.fullmatch(r"prefixscope gateway: shut down after (\d+\.\d) s: 1 request\(s\) ended "
+                     r"at the deadline \(gateway_shutdown\), the others finished; logs flushed",
+                     lines[1])
+    assert m, lines[1]
+    assert GRACE_S * 0.9 <= float(m.group(1)) < GRACE_S + 4
+
+
 def test_a_stream_past_the_grace_period_ends_with_a_shutdown_event(tmp_path):
     with loopback_upstream() as (app, control):
         control.stream_delay_s = 4.0  # 4 events 4 s apart: 16 s, far past the grace period
@@ -75,6 +91,7 @@ def test_a_stream_past_the_grace_period_ends_with_a_shutdown_event(tmp_path):
     assert f"shutdown_grace_s ({GRACE_S:g} s)" in last["error"]["message"]
     assert GRACE_S * 0.9 <= took < GRACE_S + 4
     assert "Traceback" not in stderr and "Cancel" not in stderr, stderr
+    _assert_shutdown_lines(stderr, streams=1)
     decisions = read_jsonl(tmp_path / "logs" / "decisions.jsonl")
     assert [d["error"] for d in decisions] == ["gateway_shutdown"]
 
@@ -87,5 +104,6 @@ def test_a_request_still_waiting_at_the_deadline_gets_a_503(tmp_path):
     assert r.json()["error"]["code"] == "gateway_shutdown"
     assert GRACE_S * 0.9 <= took < GRACE_S + 4
     assert "Traceback" not in stderr and "Cancel" not in stderr, stderr
+    _assert_shutdown_lines(stderr, streams=0)
     decisions = read_jsonl(tmp_path / "logs" / "decisions.jsonl")
     assert [d["error"] for d in decisions] == ["gateway_shutdown"]
