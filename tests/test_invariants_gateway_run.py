@@ -158,4 +158,4 @@ def test_invariants_page_in_chromium(week_and_gateway_db, tmp_path):
     assert "Refused / errors: 1 request (bad_request 1) never reached the engine" in text
     assert "Shadow: 2 accepts were not served (1,856 candidate tokens)" in text
     assert "Over 8 requests with a gateway decision and 1 refused request (checked too)." in text
-    assert "1 requests violate it" in text and "0: holds" in text
+    assert "1 request violates it" in text and "0: holds" in text

@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, filters
-from prefixscope.core.formatting import fmt_int
+from prefixscope.core.formatting import count_noun, fmt_int
 from prefixscope.dashboard.downloads import show_table, utc_column
 
 TITLES = {
@@ -50,7 +50,7 @@ def over_text(counts: dict) -> str:
     are checked too (a wrong acceptance counts whether or not the engine answered), and the
     accepts that could not be checked. Pure."""
     refused = int(counts.get("refused_requests", 0))
-    text = f"Over {fmt_int(counts['answered_requests'])} requests with a gateway decision"
+    text = f"Over {count_noun(int(counts['answered_requests']), 'request')} with a gateway decision"
     if refused:
         text += (f" and {fmt_int(refused)} refused {'request' if refused == 1 else 'requests'}"
                  " (checked too)")
@@ -90,7 +90,8 @@ with data.guard(db):
             if counts[name] == 0:
                 st.success("0: holds", icon=":material/check_circle:")
             else:
-                st.error(f"{fmt_int(counts[name])} requests violate it: see below",
+                n = int(counts[name])
+                st.error(f"{count_noun(n, 'request')} {'violates' if n == 1 else 'violate'} it: see below",
                          icon=":material/error:")
     st.caption(over_text(counts))
     st.subheader("Drill-down")
