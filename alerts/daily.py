@@ -324,9 +324,10 @@ def line_dict(line: ReportLine) -> dict[str, object]:
 
 
 def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: int,
-              stale: Sequence[StaleSource] = (), tz: str = "UTC") -> str:
+              stale: Sequence[StaleSource] = (), tz: str = "UTC",
+              hint: str = rules.ALERT_HINT) -> str:
     """The report line of ``fig`` (:func:`prefixscope.core.report.report_line`; STALE times in
-    the local time of ``tz``). A NO DATA line of requests none of which reported cached tokens
+    the local time of ``tz``; ``hint`` after ALERT, :func:`prefixscope.core.report.alert_hint`). A NO DATA line of requests none of which reported cached tokens
     says so instead of the volume guard (their prompt tokens are not "under
     ``min_query_tokens``": an absent ``cached_tokens`` is null, not 0)."""
     if (status == NO_DATA and fig.source == "requests" and fig.requests
@@ -337,22 +338,12 @@ def line_text(fig: Figures, status: str, *, threshold: float, min_query_tokens: 
                 "vLLM reports it with --enable-prompt-tokens-details)")
     return rules.report_line(fig.cached_tokens, fig.prompt_tokens, status, threshold=threshold,
                              min_query_tokens=min_query_tokens, stale=stale,
-                             zone=resolve_tz(tz) if status == STALE or stale else None)
+                             zone=resolve_tz(tz) if status == STALE or stale else None,
+                             hint=hint)
 
 
-def breaker_hint(b: dict[str, object]) -> str:
-    """Where the top breaker of a diagnosis is, in words (no prompt text): ``top breaker: a
-    timestamp on line 5 of message 0 (system), prefixscope diagnose``."""
-    kind = str(b.get("kind")).replace("_", " ")
-    if b.get("segment") == "message":
-        where = f" on line {b.get('line')} of message {b.get('message_index')} ({b.get('role')})"
-    elif b.get("segment") == "tools":
-        where = " in the tools list"
-    elif b.get("segment") == "template":
-        where = f" in the template before message {b.get('message_index')}"
-    else:
-        where = ""
-    return f"top breaker: {kind}{where}, see prefixscope diagnose"
+#: Where the top breaker of a diagnosis is, in words (:func:`prefixscope.core.report.breaker_hint`).
+breaker_hint = rules.breaker_hint
 
 
 def status_of(fig: Figures, *, threshold: float, min_query_tokens: int, stale: bool) -> str:
@@ -543,9 +534,9 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
     scopes = sorted({k for d in (today, prev, week) for k in d.by_scope if k[1] is not None},
                     key=lambda k: (k[0], k[1]))
 
-    from prefixscope.store.queries.breakers import top_breaker_by_model
+    from prefixscope.store.queries.alerts import alert_hints
 
-    breakers = top_breaker_by_model(con, sorted(models))
+    hints = alert_hints(con, start_s=w.start_s, end_s=w.end_s, models=sorted(models))
     lines: list[ReportLine] = []
     for model in sorted(models):
         threshold = threshold_for(cfg, model)
@@ -560,10 +551,8 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
                            stale=bool(model_stale))
         sv = savings.get(model, {})
         text = line_text(fig, status, threshold=threshold, min_query_tokens=min_tokens,
-                         stale=model_stale, tz=tz)
-        top = breakers.get(model)
-        if status == ALERT and top is not None:
-            text += f" ({breaker_hint(top)})"
+                         stale=model_stale, tz=tz, hint=hints.hint(model))
+        top = hints.top_breakers.get(model)
         lines.append(ReportLine(
             model=model, scope=None, figures=fig, threshold=threshold, status=status,
             text=text, top_breaker=top,
@@ -600,7 +589,7 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
             lines.append(ReportLine(
                 model=model, scope=key[1], figures=sfig, threshold=threshold, status=sstatus,
                 text=line_text(sfig, sstatus, threshold=threshold, min_query_tokens=min_tokens,
-                               tz=tz),
+                               tz=tz, hint=hints.hint(model, key[1])),
                 prev_day=sp, prev_week=sw, change_prev_day=_change(sfig, sp, min_tokens),
                 change_prev_week=_change(sfig, sw, min_tokens)))
 

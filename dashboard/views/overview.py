@@ -37,11 +37,20 @@ USAGE_LOG = "usage log"
 DAY_SOURCE = {"metrics": COUNTERS, "counters": COUNTERS, "requests": USAGE_LOG}
 
 
-def why_text(model: str, diagnosed: bool) -> str:
-    """The banner's pointer to a cause: the Breakers page when it holds a diagnosis of
-    ``model`` (``store.queries.breakers.top_breaker_by_model``), else how to get one."""
-    if diagnosed:
+def why_text(model: str, hints) -> str:
+    """The banner's pointer to a cause, from the one hint rule of the report lines
+    (:class:`prefixscope.core.report.AlertHints` of the alerting days,
+    ``store.queries.alerts.alert_hints``): the Breakers page when it holds a diagnosis of
+    ``model``; else what the gateway's decision log says of the misses (rejections after a
+    cache-epoch bump or a revocation, accepts not served) and the Rejections page; else how to
+    get a diagnosis."""
+    from prefixscope.core.report import ALERT_HINT
+
+    if model in hints.top_breakers:
         return "Why: the Breakers page"
+    hint = hints.hint(model)
+    if hint != ALERT_HINT:
+        return f"Why, from the gateway's decision log: {hint} (the Rejections page)"
     return (f"No diagnosis of `{model}` yet: `prefixscope diagnose <log> --model {model} "
             "--ingest` puts one on the Breakers page")
 
@@ -132,9 +141,12 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                                           r["hit_rate"]),
                           threshold=r["threshold"], status=r["status"]) for r in rows]
     alerting = alert_since(statuses)
-    diagnosed = (data.query(db, "breakers", "top_breaker_by_model", models=sorted(alerting))
-                 if alerting else {})
+    from prefixscope.alerts.daily import DayWindow
+
     for model, first in sorted(alerting.items()):
+        hints = data.query(db, "alerts", "alert_hints", models=[model],
+                           start_s=DayWindow.of(first.day, tz).start_s,
+                           end_s=DayWindow.of(span[1], tz).end_s, run_ids=f.run_ids)
         run = [s for s in statuses if s.model == model and s.day >= first.day]
         days = ", ".join(f"{fmt_pct_vs(s.figures.hit_rate, s.threshold)} on {s.day:%m-%d}" for s in run)
         sources = sorted({DAY_SOURCE.get(s.figures.source, str(s.figures.source)) for s in run})
@@ -144,7 +156,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                  if not total.empty else "")
         st.warning(f":red-badge[ALERT] **{model} below {fmt_pct(first.threshold)} since "
                    f"{first.day.isoformat()}** (daily hit rate from the {' and '.join(sources)}: "
-                   f"{days}).{whole} {why_text(model, model in diagnosed)}; the day's report: "
+                   f"{days}).{whole} {why_text(model, hints)}; the day's report: "
                    "Alerts.", icon=":material/trending_down:")
     st.markdown(f"**Daily status** (days in {tz}, as the daily report: Δhits ÷ Δqueries of "
                 "each day from the counters, else the usage log)")

@@ -25,14 +25,21 @@ Rules (docs/alerts.md, product-brief.md):
 - **The line**: ``608,000 of 644,000 prompt tokens from cache (94.4%): OK``; the percentage
   is the pages' one format (:func:`prefixscope.core.formatting.fmt_share`: one decimal,
   rounded), the status is decided on the tokens (4,999,600 of 10,000,000 prints ``50.0%`` and
-  reads ALERT under a 0.5 threshold); ALERT adds ``: check the top of the prompt``.
+  reads ALERT under a 0.5 threshold); ALERT adds a hint, :func:`alert_hint`: ``: check the
+  top of the prompt``, naming the top breaker of a stored diagnosis when there is one, else
+  what the gateway's decision log says of the misses (rejections after a cache-epoch bump or
+  a revocation, accepts not served) before it suggests the prompt. Every place that prints
+  the hint (``prefixscope report``, the daily report, its email, the Alerts page, Overview's
+  "Why") takes it from :class:`AlertHints` (built by
+  :func:`prefixscope.store.queries.alerts.alert_hints`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
-from typing import Protocol
+from typing import Any, Protocol
 
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import ConfigError
@@ -93,9 +100,11 @@ def threshold_for(cfg: AlertsConfig, model: str | None = None) -> float:
     return float(value)
 
 
-def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float) -> tuple[str, str]:
+def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float,
+                       hint: str = ALERT_HINT) -> tuple[str, str]:
     """(status, text) of one OK/ALERT/INCONSISTENT report line; status ALERT when cached /
-    prompt < threshold, INCONSISTENT when cached > prompt (the text says why).
+    prompt < threshold (the text ends ``: ALERT: <hint>``, :func:`alert_hint`), INCONSISTENT
+    when cached > prompt (the text says why).
 
     Raises:
         ValueError: prompt_tokens is not positive.
@@ -106,7 +115,7 @@ def format_report_line(cached_tokens: int, prompt_tokens: int, threshold: float)
     text = (f"{int(cached_tokens):,} of {int(prompt_tokens):,} prompt tokens from cache "
             f"({fmt_share_vs(cached_tokens, prompt_tokens, threshold)}): {status}")
     if status == ALERT:
-        text += f": {ALERT_HINT}"
+        text += f": {hint}"
     elif status == INCONSISTENT:
         text += f": {INCONSISTENT_HINT}"
     return status, text
@@ -122,15 +131,15 @@ class SilentSource(Protocol):
 
 def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshold: float,
                 min_query_tokens: int = 1, stale: Sequence[SilentSource] = (),
-                zone: tzinfo | None = None) -> str:
+                zone: tzinfo | None = None, hint: str = ALERT_HINT) -> str:
     """The report line of any status.
 
     OK and ALERT are :func:`format_report_line`'s text (the line ``prefixscope report``
-    prints); NO DATA names the volume guard; STALE names each silent source and its last
+    prints; ``hint`` after ALERT, :func:`alert_hint`); NO DATA names the volume guard; STALE names each silent source and its last
     scrape (local time in ``zone``, default UTC).
     """
     if status in (OK, ALERT, INCONSISTENT):
-        fstatus, text = format_report_line(cached_tokens, prompt_tokens, threshold)
+        fstatus, text = format_report_line(cached_tokens, prompt_tokens, threshold, hint)
         assert fstatus == status, (fstatus, status)
         if stale:  # ALERT and a silent source: say both
             text += "; also STALE: " + _silent(stale, zone)
@@ -142,6 +151,143 @@ def report_line(cached_tokens: int, prompt_tokens: int, status: str, *, threshol
         return f"{head}: NO DATA: under {min_query_tokens:,} prompt tokens in the day"
     assert status == STALE, status
     return f"{head}: STALE: " + _silent(stale, zone)
+
+
+def breaker_hint(b: Mapping[str, object]) -> str:
+    """Where the top breaker of a diagnosis is, in words (no prompt text): ``top breaker:
+    timestamp on line 5 of message 0 (system), see prefixscope diagnose``; ``b`` is a row of
+    ``prefixscope.store.queries.breakers.top_breaker_by_model``."""
+    kind = str(b.get("kind")).replace("_", " ")
+    if b.get("segment") == "message":
+        where = f" on line {b.get('line')} of message {b.get('message_index')} ({b.get('role')})"
+    elif b.get("segment") == "tools":
+        where = " in the tools list"
+    elif b.get("segment") == "template":
+        where = f" in the template before message {b.get('message_index')}"
+    else:
+        where = ""
+    return f"top breaker: {kind}{where}, see prefixscope diagnose"
+
+
+#: What a rejection's first mismatching field means, in the hint's words (fields of
+#: ``prefixscope.core.identity``; the Rejections page names the same fields).
+_AFTER = {"cache_epoch": "a cache-epoch bump", "authorization_epoch": "a revocation",
+          "scope": "a scope mismatch", "namespace": "a namespace mismatch",
+          "salt": "a salt mismatch", "content_digest": "a content-digest collision"}
+
+
+def _after(reason: str) -> str:
+    return _AFTER.get(reason, f"a {reason.replace('_', ' ')} change")
+
+
+@dataclass(frozen=True, slots=True)
+class MissCauses:
+    """What the gateway's decision log says of the misses of a model (or a model and scope)
+    over a range: requests the gateway decided and the engine served (refused ones left out,
+    as on the Scopes and Rejections pages) that did not get the cache's reuse.
+
+    Attributes:
+        ordinary: decision ``miss`` (no candidate object: the prompt's prefix was new).
+        rejects: ``(first mismatching field, requests)`` of decision ``reject`` (a candidate
+            refused: served as a miss), most first, then by field.
+        unserved_accepts: ``accept`` decisions forwarded with a salt unique to the request
+            (``salt_applied`` false: shadow mode or bypass), which the engine could not serve.
+    """
+
+    ordinary: int = 0
+    rejects: tuple[tuple[str, int], ...] = ()
+    unserved_accepts: int = 0
+
+    @property
+    def rejected(self) -> int:
+        """Rejected requests (all fields)."""
+        return sum(n for _, n in self.rejects)
+
+    @property
+    def misses(self) -> int:
+        """Every miss the log names: ordinary + rejected + accepts not served."""
+        return self.ordinary + self.rejected + self.unserved_accepts
+
+    def __add__(self, other: "MissCauses") -> "MissCauses":
+        by: dict[str, int] = dict(self.rejects)
+        for reason, n in other.rejects:
+            by[reason] = by.get(reason, 0) + n
+        return MissCauses(self.ordinary + other.ordinary,
+                          tuple(sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))),
+                          self.unserved_accepts + other.unserved_accepts)
+
+
+def alert_hint(causes: MissCauses | None = None,
+               top_breaker: Mapping[str, object] | None = None) -> str:
+    """The words after ``ALERT: `` on a report line (the one rule for every place that prints
+    it, docs/alerts.md "The hint").
+
+    - A stored diagnosis of the model (``top_breaker``) wins: ``check the top of the prompt
+      (top breaker: timestamp on line 1 of message 0 (system), see prefixscope diagnose)``.
+    - Else, when the decision log (``causes``) has rejections or accepts not served, it names
+      them first, with the rejections by first mismatching field as the Rejections page
+      shows them, then points at the prompt for the ordinary misses only: ``4 of 13 misses
+      were gateway rejections after a cache-epoch bump or a revocation (cache_epoch 3,
+      authorization_epoch 1) and 1 an accept not served (shadow mode or bypass), per the
+      decision log; for the other 8: check the top of the prompt``. An accept not served is
+      one forwarded with a salt unique to the request (``salt_applied`` false).
+    - Else :data:`ALERT_HINT`.
+    """
+    if top_breaker is not None:
+        return f"{ALERT_HINT} ({breaker_hint(top_breaker)})"
+    if causes is None or not (causes.rejected or causes.unserved_accepts):
+        return ALERT_HINT
+    said = []
+    if causes.rejected:
+        afters = list(dict.fromkeys(_after(r) for r, _ in causes.rejects))
+        after = afters[0] if len(afters) == 1 else ", ".join(afters[:-1]) + " or " + afters[-1]
+        fields = ", ".join(f"{r} {n:,}" for r, n in causes.rejects)
+        what = ("a gateway rejection" if causes.rejected == 1 else "gateway rejections")
+        said.append((causes.rejected, f"{what} after {after} ({fields})"))
+    if causes.unserved_accepts:
+        n = causes.unserved_accepts
+        said.append((n, ("an accept" if n == 1 else "accepts") +
+                     " not served (shadow mode or bypass)"))
+    (n0, w0), rest = said[0], said[1:]
+    verb = "was" if n0 == 1 else "were"
+    text = f"{n0:,} of {causes.misses:,} misses {verb} {w0}"
+    text += "".join(f" and {n:,} {w}" for n, w in rest) + ", per the decision log"
+    if causes.ordinary:
+        text += f"; for the other {causes.ordinary:,}: {ALERT_HINT}"
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class AlertHints:
+    """The hints of one range: built by :func:`prefixscope.store.queries.alerts.alert_hints`.
+
+    Attributes:
+        top_breakers: model -> the rank-1 breaker of its newest stored diagnosis.
+        causes: ``(model, scope)`` -> :class:`MissCauses` of the range (scope None: the model
+            over all scopes).
+    """
+
+    top_breakers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    causes: Mapping[tuple[str, str | None], MissCauses] = field(default_factory=dict)
+
+    def causes_of(self, model: str | None, scope: str | None = None) -> MissCauses | None:
+        """The decision log's causes of a model (None: every model summed), or of one scope."""
+        if model is None:
+            found = [c for (m, s), c in self.causes.items() if s is None]
+            if not found:
+                return None
+            total = MissCauses()
+            for c in found:
+                total = total + c
+            return total
+        return self.causes.get((model, scope))
+
+    def hint(self, model: str | None, scope: str | None = None) -> str:
+        """:func:`alert_hint` of a report line: a model's (its diagnosis first), one of its
+        scopes (the decision log only: a diagnosis is of the model), or the overall line
+        (``model`` None: the decision log summed over the models)."""
+        breaker = self.top_breakers.get(model) if model is not None and scope is None else None
+        return alert_hint(self.causes_of(model, scope), breaker)
 
 
 def _silent(stale: Sequence[SilentSource], zone: tzinfo | None) -> str:

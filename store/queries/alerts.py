@@ -178,3 +178,85 @@ def alert_sends(con: duckdb.DuckDBPyConnection, *, day: str | None = None,
         f"subject, message_id, attempts, error, resend, smtp_host, send_id, lines_json "
         f"FROM alert_sends {where} ORDER BY created_unix_s DESC, send_id LIMIT ?",
         params + [limit]).df()
+
+
+def miss_causes(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
+                end_s: float | None, models: Sequence[str] | None = None,
+                run_ids: Sequence[str] | None = ("",)):
+    """What the gateway decision log says of each model's misses in ``[start_s, end_s)``.
+
+    Reads ``gateway_decisions`` LEFT JOIN ``requests`` (archive included) as the Scopes and
+    Rejections pages do (``prefixscope.store.scope_sql.ROWS_SQL``: a request's time is its
+    usage row's, else its decision's; refused requests, a decision with an error and no usage
+    row, are left out).
+
+    Args:
+        start_s, end_s: Unix seconds, half open (None = unbounded).
+        models: only these models (None = all).
+        run_ids: runs read (default production traffic, ``''``; None = every run).
+
+    Returns:
+        ``{(model, scope): MissCauses}`` and ``{(model, None): MissCauses}`` (the model over
+        its scopes) of :class:`prefixscope.core.report.MissCauses`; models without decisions
+        in the range are absent.
+    """
+    from prefixscope.core.report import MissCauses
+    from prefixscope.store import scope_sql
+    from prefixscope.store.queries.scopes import PAIR_SKEW_S
+
+    lo = None if start_s is None else float(start_s) - PAIR_SKEW_S
+    hi = None if end_s is None else float(end_s) + PAIR_SKEW_S
+    d = archive.relation(con, "gateway_decisions", lo, hi)
+    r = archive.relation(con, "requests", lo, hi)
+    rows_sql = scope_sql.ROWS_SQL.format(source=f"{d} d LEFT JOIN {r} r ON {scope_sql.ON_KEY}")
+    where, params = ["refused IS NULL", "model IS NOT NULL"], []
+    if start_s is not None:
+        where.append("ts_unix_s >= ?")
+        params.append(float(start_s))
+    if end_s is not None:
+        where.append("ts_unix_s < ?")
+        params.append(float(end_s))
+    if models is not None:
+        where.append("list_contains(?::VARCHAR[], model)")
+        params.append(list(models))
+    if run_ids is not None:
+        where.append("list_contains(?::VARCHAR[], run_id)")
+        params.append(list(run_ids))
+    rows = con.execute(f"""
+        SELECT model, scope, decision, first_mismatch, count(*) AS n
+        FROM ({rows_sql}) j
+        WHERE ts_unix_s IS NOT NULL AND {' AND '.join(where)}
+          AND (decision IN ('miss', 'reject')
+               OR (decision = 'accept' AND salt_applied IS NOT TRUE))
+        GROUP BY ALL""", params).fetchall()
+    ordinary: dict[tuple, int] = {}
+    unserved: dict[tuple, int] = {}
+    rejects: dict[tuple, dict[str, int]] = {}
+    for model, scope, decision, first, n in rows:
+        for key in ((model, scope), (model, None)):
+            if decision == "miss":
+                ordinary[key] = ordinary.get(key, 0) + int(n)
+            elif decision == "accept":
+                unserved[key] = unserved.get(key, 0) + int(n)
+            else:
+                by = rejects.setdefault(key, {})
+                by[str(first)] = by.get(str(first), 0) + int(n)
+    keys = set(ordinary) | set(unserved) | set(rejects)
+    return {k: MissCauses(ordinary.get(k, 0),
+                          tuple(sorted(rejects.get(k, {}).items(), key=lambda kv: (-kv[1], kv[0]))),
+                          unserved.get(k, 0)) for k in keys}
+
+
+def alert_hints(con: duckdb.DuckDBPyConnection, *, start_s: float | None, end_s: float | None,
+                models: Sequence[str] | None = None, run_ids: Sequence[str] | None = ("",)):
+    """The :class:`prefixscope.core.report.AlertHints` of a range: each model's newest stored
+    diagnosis (``breakers.top_breaker_by_model``) and :func:`miss_causes`. The one source of
+    the words after ``ALERT:`` for ``prefixscope report``, the daily report and its email,
+    the Alerts page and Overview's "Why" (rule: :func:`prefixscope.core.report.alert_hint`)."""
+    from prefixscope.core.report import AlertHints
+    from prefixscope.store.queries.breakers import top_breaker_by_model
+
+    return AlertHints(top_breakers=top_breaker_by_model(con, None if models is None
+                                                         else sorted(models)),
+                      causes=miss_causes(con, start_s=start_s, end_s=end_s, models=models,
+                                         run_ids=run_ids))

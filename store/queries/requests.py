@@ -1091,13 +1091,37 @@ def report(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
         if lines and source == "auto":
             lines = _with_usage_log_models(con, lines, lo, hi, threshold, run_ids)
         if lines or source == "counters":
-            return ReportResult(lines, "counters", lo, hi)
+            return ReportResult(_hinted(con, lines, lo, hi, run_ids), "counters", lo, hi)
     newest = None
     if start_s is None and end_s is None:
         newest = con.execute("SELECT max(ts_unix_s) FROM requests" + run_filter,
                              run_params).fetchone()[0]
     lo, hi = default_range(newest)
-    return ReportResult(_request_lines(con, lo, hi, threshold, run_ids), "requests", lo, hi)
+    return ReportResult(_hinted(con, _request_lines(con, lo, hi, threshold, run_ids), lo, hi,
+                                run_ids), "requests", lo, hi)
+
+
+def _hinted(con: duckdb.DuckDBPyConnection, lines: list[ReportLine], start_s: float | None,
+            end_s: float | None, run_ids: Sequence[str] | None) -> list[ReportLine]:
+    """``lines`` with each ALERT line's hint from
+    :func:`prefixscope.store.queries.alerts.alert_hints` of the range (the daily report's
+    rule: a stored diagnosis, else what the decision log says of the misses, else ``check the
+    top of the prompt``)."""
+    from dataclasses import replace
+
+    from prefixscope.core.report import ALERT, ALERT_HINT
+    from prefixscope.store.queries.alerts import alert_hints
+
+    if not any(ln.status == ALERT for ln in lines):
+        return lines
+    hints = alert_hints(con, start_s=start_s, end_s=end_s, run_ids=run_ids)
+    tail = f": {ALERT_HINT}"
+    out = []
+    for ln in lines:
+        if ln.status == ALERT and ln.text.endswith(tail):
+            ln = replace(ln, text=ln.text[:-len(tail)] + ": " + hints.hint(ln.model))
+        out.append(ln)
+    return out
 
 
 #: Kinds of ``runs`` whose rejected requests were sent with ``skip_reading_prefix_cache``: the
