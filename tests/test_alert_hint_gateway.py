@@ -3,7 +3,9 @@ of the session-8 new-user walk): a day whose misses came from the gateway's cach
 a revocation and a bypassed request read "check the top of the prompt" in ``report``, the
 daily report, its email and the Alerts page. Real logs: the new user's gateway run in front of
 the real vLLM CPU server (``tests/gateway_logs/newuser8``: 23 usage and 39 decision records,
-digests only), through the real ingest path; the email through a real SMTP server (aiosmtpd);
+digests only; its bypassed request, logged ``accept`` of 576 tokens by that build, as the
+fixed gateway writes it: ``bypass`` true, ``accepted_cached_tokens`` 0), through the real
+ingest path; the email through a real SMTP server (aiosmtpd);
 the pages in AppTest. One rule for all of them: ``prefixscope.core.report.alert_hint`` through
 ``prefixscope.store.queries.alerts.alert_hints``."""
 
@@ -26,11 +28,11 @@ NOW = 1796186000.0  # 2026-12-02 04:33 UTC, after the run
 MODEL = "tiny-llama-random"
 HEAD = "5,760 of 12,749 prompt tokens from cache (45.2%): ALERT: "
 #: 4 rejected (3 after the two cache-epoch bumps, 1 after the revocation), the bypassed
-#: request (an accept forwarded with salt_applied false), 8 ordinary misses (no candidate);
+#: request (an accept sent with bypass on), 8 ordinary misses (no candidate);
 #: the 7 refused requests (400/404/413, the upstream's 500, the shutdown) are not misses.
 HINT = ("4 of 13 misses were gateway rejections after a cache-epoch bump or a revocation "
-        "(cache_epoch 3, authorization_epoch 1) and 1 an accept not served (shadow mode or "
-        "bypass), per the decision log; for the other 8: check the top of the prompt")
+        "(cache_epoch 3, authorization_epoch 1) and 1 sent with the cache bypass on, per "
+        "the decision log; for the other 8: check the top of the prompt")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,19 @@ def test_the_email_names_the_decision_log(gw_db):
     assert "ALERT: check the top of the prompt" not in text
     html = parts_by_type(got.message)["text/html"][0].get_content()
     assert "4 of 13 misses were gateway rejections after a cache-epoch bump" in html
+
+
+def test_shadow_mode_accepts_are_named_apart_from_the_bypass():
+    from prefixscope.core.report import MissCauses, alert_hint
+
+    assert alert_hint(MissCauses(ordinary=4, unserved_accepts=1)) == (
+        "1 of 5 misses was an accept not served (shadow mode), per the decision log; for the "
+        "other 4: check the top of the prompt")
+    assert alert_hint(MissCauses(rejects=(("tokenizer_digest", 2),))) == (
+        "2 of 2 misses were gateway rejections after a tokenizer digest change "
+        "(tokenizer_digest 2), per the decision log")
+    assert alert_hint(MissCauses(ordinary=3)) == "check the top of the prompt"
+    assert alert_hint(None) == "check the top of the prompt"
 
 
 def test_a_stored_diagnosis_keeps_precedence(gw_db, tmp_path):

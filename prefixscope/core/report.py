@@ -190,13 +190,17 @@ class MissCauses:
         ordinary: decision ``miss`` (no candidate object: the prompt's prefix was new).
         rejects: ``(first mismatching field, requests)`` of decision ``reject`` (a candidate
             refused: served as a miss), most first, then by field.
-        unserved_accepts: ``accept`` decisions forwarded with a salt unique to the request
-            (``salt_applied`` false: shadow mode or bypass), which the engine could not serve.
+        unserved_accepts: ``accept`` decisions of the gateway's shadow mode (forwarded with a
+            salt unique to the request, ``salt_applied`` false), which the engine could not
+            serve.
+        bypassed: ``accept`` decisions sent while the cache bypass was on (``bypass`` true,
+            ``/admin/bypass``: forwarded isolated, nothing accepted for use).
     """
 
     ordinary: int = 0
     rejects: tuple[tuple[str, int], ...] = ()
     unserved_accepts: int = 0
+    bypassed: int = 0
 
     @property
     def rejected(self) -> int:
@@ -205,8 +209,9 @@ class MissCauses:
 
     @property
     def misses(self) -> int:
-        """Every miss the log names: ordinary + rejected + accepts not served."""
-        return self.ordinary + self.rejected + self.unserved_accepts
+        """Every miss the log names: ordinary + rejected + accepts not served (shadow mode
+        or bypass)."""
+        return self.ordinary + self.rejected + self.unserved_accepts + self.bypassed
 
     def __add__(self, other: "MissCauses") -> "MissCauses":
         by: dict[str, int] = dict(self.rejects)
@@ -214,7 +219,8 @@ class MissCauses:
             by[reason] = by.get(reason, 0) + n
         return MissCauses(self.ordinary + other.ordinary,
                           tuple(sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))),
-                          self.unserved_accepts + other.unserved_accepts)
+                          self.unserved_accepts + other.unserved_accepts,
+                          self.bypassed + other.bypassed)
 
 
 def alert_hint(causes: MissCauses | None = None,
@@ -228,14 +234,14 @@ def alert_hint(causes: MissCauses | None = None,
       them first, with the rejections by first mismatching field as the Rejections page
       shows them, then points at the prompt for the ordinary misses only: ``4 of 13 misses
       were gateway rejections after a cache-epoch bump or a revocation (cache_epoch 3,
-      authorization_epoch 1) and 1 an accept not served (shadow mode or bypass), per the
-      decision log; for the other 8: check the top of the prompt``. An accept not served is
-      one forwarded with a salt unique to the request (``salt_applied`` false).
+      authorization_epoch 1) and 1 sent with the cache bypass on, per the decision log; for
+      the other 8: check the top of the prompt``. Shadow-mode accepts (forwarded with a salt
+      unique to the request) read ``N accepts not served (shadow mode)``.
     - Else :data:`ALERT_HINT`.
     """
     if top_breaker is not None:
         return f"{ALERT_HINT} ({breaker_hint(top_breaker)})"
-    if causes is None or not (causes.rejected or causes.unserved_accepts):
+    if causes is None or not (causes.rejected or causes.unserved_accepts or causes.bypassed):
         return ALERT_HINT
     said = []
     if causes.rejected:
@@ -246,8 +252,9 @@ def alert_hint(causes: MissCauses | None = None,
         said.append((causes.rejected, f"{what} after {after} ({fields})"))
     if causes.unserved_accepts:
         n = causes.unserved_accepts
-        said.append((n, ("an accept" if n == 1 else "accepts") +
-                     " not served (shadow mode or bypass)"))
+        said.append((n, ("an accept" if n == 1 else "accepts") + " not served (shadow mode)"))
+    if causes.bypassed:
+        said.append((causes.bypassed, "sent with the cache bypass on"))
     (n0, w0), rest = said[0], said[1:]
     verb = "was" if n0 == 1 else "were"
     text = f"{n0:,} of {causes.misses:,} misses {verb} {w0}"

@@ -223,7 +223,7 @@ def miss_causes(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
         where.append("list_contains(?::VARCHAR[], run_id)")
         params.append(list(run_ids))
     rows = con.execute(f"""
-        SELECT model, scope, decision, first_mismatch, count(*) AS n
+        SELECT model, scope, decision, first_mismatch, bypass IS TRUE AS bypass, count(*) AS n
         FROM ({rows_sql}) j
         WHERE ts_unix_s IS NOT NULL AND {' AND '.join(where)}
           AND (decision IN ('miss', 'reject')
@@ -231,20 +231,22 @@ def miss_causes(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
         GROUP BY ALL""", params).fetchall()
     ordinary: dict[tuple, int] = {}
     unserved: dict[tuple, int] = {}
+    bypassed: dict[tuple, int] = {}
     rejects: dict[tuple, dict[str, int]] = {}
-    for model, scope, decision, first, n in rows:
+    for model, scope, decision, first, bypass, n in rows:
         for key in ((model, scope), (model, None)):
             if decision == "miss":
                 ordinary[key] = ordinary.get(key, 0) + int(n)
             elif decision == "accept":
-                unserved[key] = unserved.get(key, 0) + int(n)
+                into = bypassed if bypass else unserved
+                into[key] = into.get(key, 0) + int(n)
             else:
                 by = rejects.setdefault(key, {})
                 by[str(first)] = by.get(str(first), 0) + int(n)
-    keys = set(ordinary) | set(unserved) | set(rejects)
+    keys = set(ordinary) | set(unserved) | set(bypassed) | set(rejects)
     return {k: MissCauses(ordinary.get(k, 0),
                           tuple(sorted(rejects.get(k, {}).items(), key=lambda kv: (-kv[1], kv[0]))),
-                          unserved.get(k, 0)) for k in keys}
+                          unserved.get(k, 0), bypassed.get(k, 0)) for k in keys}
 
 
 def alert_hints(con: duckdb.DuckDBPyConnection, *, start_s: float | None, end_s: float | None,
