@@ -34,7 +34,7 @@ import msgspec
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
 from prefixscope.ingest.jsonl_driver import (BadLine, complete_json_tail, ingest_jsonl_tail,
                                              line_parser)
-from prefixscope.core.bounds import MAX_COUNT, MAX_TOKENS, TIME_RANGE, TOKENS_OVER, time_ok
+from prefixscope.core.bounds import MAX_COUNT, MAX_TOKENS, TIME_RANGE, time_ok, token_bound_reason
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
 from prefixscope.core.decision_log import ERROR_CODES
 from prefixscope.core.identity import ALL_REASONS
@@ -141,8 +141,9 @@ def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
     if " - at `" in text:
         text, _, where = text.partition(" - at `")
         field = where.rstrip("`").removeprefix("$.") or None
-        if text == f"Expected `int` <= {MAX_TOKENS}":
-            return _Bad(field, TOKENS_OVER)
+        if field is not None and field.endswith("_tokens"):  # Tokens (epochs: up to 2^62)
+            if token_bound_reason(text) != text:
+                return _Bad(field, token_bound_reason(text))
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return _Bad(None, invalid_json_reason(exc))  # truncated or not JSON at all
     if field is None and text.startswith("Expected `object`"):

@@ -91,6 +91,7 @@ _EXCLUSIVE_PROVIDERS = frozenset({"anthropic", "aws.bedrock", "aws_bedrock", "be
 _ENDPOINTS = {"chat": "chat", "text_completion": "completions", "generate_content":
               "generateContent", "embeddings": "embeddings", "responses": "responses"}
 _MAX_TOKENS = MAX_TOKENS  # one request's token count (docs/ingest.md#bounds)
+_TOKEN_KEYS = frozenset((*INPUT_KEYS, *OUTPUT_KEYS, *CACHE_READ_KEYS, *CACHE_WRITE_KEYS))
 INPUT_RULES = ("semconv", "provider")
 
 
@@ -321,10 +322,33 @@ def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
 _ID_KEYS = {"traceId": 16, "spanId": 8, "parentSpanId": 8}
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _bounded_int_value(value: Any) -> Any:
+    """A token attribute's ``{"intValue": V}`` with V past int64 (``10**400``, which protobuf
+    cannot hold and ``json_format`` would refuse for the whole request) clamped to int64's
+    bound, so the span is quarantined by its attribute and bound (``over 4,294,967,295
+    tokens``, ``token count is negative``) and the other spans of the request are kept."""
+    v = value.get("intValue")
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        n = int(v)
+    elif isinstance(v, int) and not isinstance(v, bool):
+        n = int(v)
+    else:
+        return value
+    if _INT64[0] <= n <= _INT64[1]:
+        return value
+    return {**value, "intValue": str(min(max(n, _INT64[0]), _INT64[1]))}
+
+
 def _hex_ids_to_base64(obj: Any) -> Any:
     """OTLP/JSON writes trace and span ids as hex (not protobuf JSON's base64): convert them
-    so ``json_format`` reads the right bytes (OTLP spec, "JSON Protobuf Encoding")."""
+    so ``json_format`` reads the right bytes (OTLP spec, "JSON Protobuf Encoding"). A token
+    count attribute past int64 is clamped to its bound (:func:`_bounded_int_value`)."""
     if isinstance(obj, dict):
+        if obj.get("key") in _TOKEN_KEYS and isinstance(obj.get("value"), dict):
+            obj = {**obj, "value": _bounded_int_value(obj["value"])}
         out = {}
         for k, v in obj.items():
             if k in _ID_KEYS and isinstance(v, str):

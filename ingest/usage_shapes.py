@@ -36,7 +36,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from prefixscope.core.bounds import ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS, TOKENS_OVER
+from prefixscope.core.bounds import (ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS, TOKENS_OVER,
+                                     token_bound_reason)
 from prefixscope.core.errors import ParseError
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
@@ -50,8 +51,6 @@ TS_MAX_UNIX_S = 4102444800.0
 
 #: A token count: an integer in [0, 2^32 - 1] (larger is quarantined, not stored; bounds.MAX_TOKENS).
 Tok = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
-#: msgspec's reason for a count past MAX_TOKENS, reworded as TOKENS_OVER by _split_error.
-_MSGSPEC_OVER = f"Expected `int` <= {MAX_TOKENS}"
 #: A duration in milliseconds: 0 to 10^9 (11.6 days); outside it is a unit error.
 Ms = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 OptTok = Tok | None | UnsetType
@@ -480,7 +479,7 @@ def _split_error(exc: Exception) -> tuple[str | None, str]:
     text = str(exc)
     if " - at `" in text:
         reason, _, where = text.partition(" - at `")
-        return where.rstrip("`"), (TOKENS_OVER if reason == _MSGSPEC_OVER else reason)
+        return where.rstrip("`"), token_bound_reason(reason)  # Tok is the only int >= 0
     return None, (f"not valid JSON: {text}" if isinstance(exc, msgspec.DecodeError)
                   and not isinstance(exc, msgspec.ValidationError) else text)
 

@@ -66,6 +66,7 @@ ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
 COUNT_RANGE = "not an integer from 0 to 2^62"
 TOKENS_OVER = f"over {MAX_TOKENS:,} tokens (2^32 - 1)"
 COUNTER_OVER = f"over {int(MAX_COUNTER_VALUE):,} (2^53)"
+TOKENS_NEGATIVE = "token count is negative"
 TIME_RANGE = "time is outside 1970-01-01 to 2100-01-01 UTC"
 NOT_FINITE = "not a finite number"
 DOCUMENT_TOO_LARGE = f"larger than {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)"
@@ -227,3 +228,15 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u20
 def _escape_one(m: re.Match[str]) -> str:
     c = ord(m.group())
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def token_bound_reason(msgspec_reason: str) -> str:
+    """The documented wording of a token count's bound for msgspec's reason on a field typed
+    ``Annotated[int, Meta(ge=0, le=MAX_TOKENS)]``: ``Expected `int` >= 0`` ->
+    :data:`TOKENS_NEGATIVE`, ``Expected `int` <= 4294967295`` -> :data:`TOKENS_OVER`; any
+    other reason unchanged (``docs/ingest.md#bounds``). Call it only for token fields."""
+    if msgspec_reason == "Expected `int` >= 0":
+        return TOKENS_NEGATIVE
+    if msgspec_reason == f"Expected `int` <= {MAX_TOKENS}":
+        return TOKENS_OVER
+    return msgspec_reason
