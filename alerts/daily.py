@@ -626,14 +626,17 @@ def build_daily_report(con: duckdb.DuckDBPyConnection, *, day: date, tz: str,
 @dataclass(frozen=True, slots=True)
 class DayStatus:
     """One model's figures and status over one local day (definitions 2 and 3 of the module
-    docstring without STALE: a strip of past days reads the tokens only).
+    docstring; STALE, definition 4, only when :func:`daily_statuses` is given ``now_unix_s``:
+    Overview's daily strip, so a day reads the word the Alerts page's report of that day does).
 
     Attributes:
         day: the local date; model: model name.
         figures: the day's :class:`Figures` (counters when the model has any that day, else
             production requests that reported cached_tokens).
         threshold: the OK/ALERT boundary of the model, fraction.
-        status: OK, ALERT or NO DATA (under ``min_query_tokens`` prompt tokens).
+        status: OK, ALERT, NO DATA (under ``min_query_tokens`` prompt tokens) or STALE (a
+            metrics source of the model stopped reporting that day: :func:`stale_sources`, as
+            :func:`build_daily_report`; its figures are 0 of 0 when it has no data that day).
     """
 
     day: date
@@ -666,7 +669,8 @@ def _per_day(df: pd.DataFrame, windows: list[DayWindow], *, cached_col: str,
 def daily_statuses(con: duckdb.DuckDBPyConnection, *, first_day: date, last_day: date, tz: str,
                    cfg: AlertsConfig, models: Sequence[str] | None = None,
                    instances: Sequence[str] | None = None,
-                   run_ids: Sequence[str] | None = (PRODUCTION_RUN_ID,)) -> list[DayStatus]:
+                   run_ids: Sequence[str] | None = (PRODUCTION_RUN_ID,),
+                   now_unix_s: float | None = None) -> list[DayStatus]:
     """Each model's status on each local day from ``first_day`` to ``last_day`` (inclusive) in
     zone ``tz``: the daily report's figures and status rule (definitions 2 and 3), in two
     queries for the whole span (one window per day), not one report per day.
@@ -683,6 +687,10 @@ def daily_statuses(con: duckdb.DuckDBPyConnection, *, first_day: date, last_day:
         tz: IANA zone of the day boundaries.
         cfg: thresholds and ``min_query_tokens``.
         models, instances: filters (None = all); run_ids: runs (default production only).
+        now_unix_s: "now" of the STALE rule (definition 4, :func:`stale_sources` of each day,
+            one scrape query a day): a model with a stale source on a day reads STALE, as in
+            :func:`build_daily_report` of that day, also on a day without its data. None (the
+            default): no STALE status (one status from the day's tokens only).
 
     Returns:
         :class:`DayStatus` rows, by model name, then day.
@@ -711,17 +719,26 @@ def daily_statuses(con: duckdb.DuckDBPyConnection, *, first_day: date, last_day:
                                        by=("model",), origin_s=start, **common)
         reqs.update(_per_day(r, windows, cached_col="cached_tokens",
                              prompt_col="reported_prompt_tokens"))
+    stale: set[tuple[date, str]] = set()
+    if now_unix_s is not None:
+        wanted = None if models is None else set(models)
+        for w in windows:
+            stale |= {(w.day, s.model) for s in stale_sources(con, w, cfg, now_unix_s=now_unix_s)
+                      if (wanted is None or s.model in wanted)
+                      and (instances is None or s.instance in instances)}
     out: list[DayStatus] = []
-    for day, model in sorted(set(metrics) | set(reqs), key=lambda k: (k[1], k[0])):
+    for day, model in sorted(set(metrics) | set(reqs) | stale, key=lambda k: (k[1], k[0])):
         if (day, model) in metrics:
             cached, prompt = metrics[(day, model)]
             fig = Figures("metrics", prompt, cached, _rate(cached, prompt))
-        else:
+        elif (day, model) in reqs:
             cached, prompt = reqs[(day, model)]
             fig = Figures("requests", prompt, cached, _rate(cached, prompt))
+        else:  # stale, no data that day
+            fig = Figures("metrics", 0, 0, None)
         threshold = threshold_for(cfg, model)
         status = status_of(fig, threshold=threshold, min_query_tokens=cfg.min_query_tokens,
-                           stale=False)
+                           stale=(day, model) in stale)
         out.append(DayStatus(day=day, model=model, figures=fig, threshold=threshold,
                              status=status))
     return out
@@ -729,14 +746,14 @@ def daily_statuses(con: duckdb.DuckDBPyConnection, *, first_day: date, last_day:
 
 def alert_since(statuses: Sequence[DayStatus]) -> dict[str, DayStatus]:
     """Per model whose last day in ``statuses`` reads ALERT: the first day of that run of
-    ALERT days (NO DATA days inside the run neither break nor start it), e.g. coder-7b ALERT
-    on days 5, 6 and 7 gives day 5."""
+    ALERT days (NO DATA and STALE days inside the run or after it neither break nor start it:
+    no reading), e.g. coder-7b ALERT on days 5, 6 and 7 gives day 5."""
     by_model: dict[str, list[DayStatus]] = {}
     for s in sorted(statuses, key=lambda s: (s.model, s.day)):
         by_model.setdefault(s.model, []).append(s)
     out: dict[str, DayStatus] = {}
     for model, days in by_model.items():
-        counted = [s for s in days if s.status != NO_DATA]
+        counted = [s for s in days if s.status not in (NO_DATA, STALE)]
         if not counted or counted[-1].status != ALERT:
             continue
         first = counted[-1]

@@ -95,11 +95,12 @@ def daily_email_html(db: str, *, day_iso: str, tz: str) -> str:
 def daily_statuses(db: str, *, first_day_iso: str, last_day_iso: str, tz: str,
                    models: tuple[str, ...] | None = None,
                    instances: tuple[str, ...] | None = None,
-                   run_ids: tuple[str, ...] | None = ("",)) -> list[dict]:
+                   run_ids: tuple[str, ...] | None = ("",), stale: bool = False) -> list[dict]:
     """``prefixscope.alerts.daily.daily_statuses`` of the local days ``first_day_iso`` to
     ``last_day_iso`` in ``tz`` with the ``[alerts]`` settings, as dicts: ``day`` (ISO date),
     ``model``, ``source``, ``cached_tokens``, ``prompt_tokens``, ``hit_rate`` (fraction or
-    None), ``threshold``, ``status`` (OK / ALERT / NO DATA)."""
+    None), ``threshold``, ``status`` (OK / ALERT / NO DATA; STALE too with ``stale``: the
+    daily report's rule with "now" = the wall clock, as :func:`daily_report`)."""
     from prefixscope.alerts.daily import daily_statuses as compute
     from prefixscope.core.config import load_settings
 
@@ -107,7 +108,8 @@ def daily_statuses(db: str, *, first_day_iso: str, last_day_iso: str, tz: str,
     with store_db.reader(db, lock_timeout_s=data.LOCK_TIMEOUT_S) as con:
         rows = compute(con, first_day=date.fromisoformat(first_day_iso),
                        last_day=date.fromisoformat(last_day_iso), tz=tz, cfg=cfg,
-                       models=models, instances=instances, run_ids=run_ids)
+                       models=models, instances=instances, run_ids=run_ids,
+                       now_unix_s=time.time() if stale else None)
     return [{"day": s.day.isoformat(), "model": s.model, "source": s.figures.source,
              "cached_tokens": s.figures.cached_tokens, "prompt_tokens": s.figures.prompt_tokens,
              "hit_rate": s.figures.hit_rate, "threshold": s.threshold, "status": s.status}

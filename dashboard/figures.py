@@ -537,7 +537,9 @@ def latency_by_band(df: pd.DataFrame, *, column: str = "ttft_ms",
     Returns:
         Up to three boxes, cold, partial, warm, each named with its rule and request count
         (``warm (≥ 80% cached), 1,234 requests``): box = 25th-75th percentile, line = median,
-        whiskers = 5th and 95th percentile, dashed = mean; y in milliseconds.
+        whiskers = 5th and 95th percentile, dashed = mean; y in milliseconds. The title is
+        ``title`` alone (the whisker rule is :data:`BOX_RULE`, for the page's caption: in the
+        title it was cut in a half-width column at 1400 px).
     """
     from prefixscope.store.queries.serving import TTFT_BANDS, ttft_band_label
 
@@ -555,13 +557,16 @@ def latency_by_band(df: pd.DataFrame, *, column: str = "ttft_ms",
             q3=[float(r["p75_ms"])], lowerfence=[float(r["p05_ms"])],
             upperfence=[float(r["p95_ms"])], mean=[float(r["mean_ms"])], boxpoints=False,
             marker_color=BAND_COLOURS.get(band, PALETTE[0])))
-    fig.update_layout(title=title + " (whiskers: 5th and 95th percentile)", showlegend=False,
+    fig.update_layout(title=title, showlegend=False,
                       **{k: v for k, v in _LAYOUT.items() if k != "legend"})
     fig.update_yaxes(title=f"{column.removesuffix('_ms')} (ms)", rangemode="tozero",
                      tickformat=",.0f")
     return fig
 
 
+#: What the boxes of :func:`latency_by_band` draw (a caption under the figures).
+BOX_RULE = ("Box: 25th to 75th percentile, line: median, dashed: mean, whiskers: 5th and "
+            "95th percentile.")
 #: Colour of each TTFT band (:data:`prefixscope.store.queries.serving.TTFT_BANDS`).
 BAND_COLOURS = {"cold": MISS_COLOUR, "partial": "#ff7f0e", "warm": HIT_COLOUR}
 #: Title of the usage-log TTFT panel (the rule is in each legend entry).
@@ -573,7 +578,8 @@ def ttft_by_band(df: pd.DataFrame, *, window_s: float, by: Sequence[str] = ("mod
     """Time to first token per window from the usage log, one panel per model (shared time
     axis, each its own ms axis), a colour per cached-share band (cold / partial / warm), p50
     solid and p90 dotted; each point at its window's middle (:func:`window_x`), lines broken
-    at windows without requests of that band.
+    at windows without requests of that band; a marker on each point (:func:`line_mode`), so a
+    band of one window (all of a model's requests in one window) is drawn, not empty axes.
 
     Args:
         df: rows of ``prefixscope.store.queries.serving.ttft_by_band_window``:
@@ -612,8 +618,8 @@ def ttft_by_band(df: pd.DataFrame, *, window_s: float, by: Sequence[str] = ("mod
             label = ttft_band_label(band)
             for col, q, dash in (("p50_ms", "p50", "solid"), ("p90_ms", "p90", "dot")):
                 fig.add_trace(go.Scatter(
-                    x=x, y=g[col].astype("float64"), mode="lines", connectgaps=False,
-                    name=label, legendgroup=band, showlegend=band not in in_legend,
+                    x=x, y=g[col].astype("float64"), mode=line_mode(len(g)),
+                    connectgaps=False, marker=dict(size=7), name=label, legendgroup=band, showlegend=band not in in_legend,
                     line=dict(color=BAND_COLOURS.get(band, PALETTE[0]), width=2, dash=dash),
                     customdata=list(zip(frm, g["requests"].astype("float64"))),
                     hovertemplate=(f"{panel}<br>window from %{{customdata[0]}} UTC<br>"
@@ -715,7 +721,9 @@ SCOPE_COLOURS = {"PUBLIC": "#2ca02c", "TENANT": "#1f77b4", "PRINCIPAL": "#9467bd
 def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: float,
                       colours: dict[str, str] | None = None,
                       span_s: tuple[float, float] | None = None) -> go.Figure:
-    """Hit rate per window, one line per value of ``series``.
+    """Hit rate per window, one line per value of ``series``, broken at a window without
+    requests of that series (:func:`with_gaps`: no diagonal joins two windows across an empty
+    one).
 
     Args:
         df: ``hit_rate_by_scope_window`` rows: ``window_start_s``, ``series``, ``hit_rate``,
@@ -724,8 +732,10 @@ def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: fl
     """
     fig = go.Figure()
     for name, g in df.sort_values("window_start_s").groupby(series, sort=True):
+        g = with_gaps(g, window_s=window_s, keys=[series]).sort_values("window_start_s")
         fig.add_trace(go.Scatter(
-            x=window_x(g["window_start_s"], window_s), y=g["hit_rate"], mode=line_mode(len(g)),
+            x=window_x(g["window_start_s"], window_s), y=g["hit_rate"].astype("float64"),
+            mode=line_mode(int(g["hit_rate"].notna().sum())), connectgaps=False,
             name=str(name), line=dict(color=(colours or {}).get(str(name))),
             customdata=_cells(g["cached_tokens"], g["reported_prompt_tokens"],
                               window_from(g["window_start_s"])),
@@ -994,6 +1004,10 @@ def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
     return pd.concat(parts, ignore_index=True)
 
 
+#: The note of a :func:`window_lines` log-axis figure whose every window is 0 (or missing).
+LOG_EMPTY_NOTE = "no window above 0 in this range (a log axis has no 0)"
+
+
 def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
                  by: Sequence[str] = (), title: str, y_title: str,
                  tickformat: str = ",.0f", hover_format: str = ",.1f",
@@ -1012,7 +1026,8 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
         y_range: fixed y range, or None.
         integer: counts (whole-number ticks; an all-zero series gets a 0-1 axis).
         log_y: logarithmic y axis (series of very different sizes side by side); values of 0
-            or less are left out (a gap in the line: a log axis has no 0).
+            or less are left out (a gap in the line: a log axis has no 0); with none above 0,
+            the empty figure with :data:`LOG_EMPTY_NOTE` (never a bare log axis).
     """
     suffix = f" per {fmt_window(window_s)} window"
     if df.empty:
@@ -1041,6 +1056,9 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
     if log_y:  # 0 has no place on a log axis (it drew as a drop to the bottom): left out
         for tr in fig.data:
             tr.y = [v if v is not None and v == v and v > 0 else None for v in tr.y]
+        if not any(v is not None for tr in fig.data for v in tr.y):
+            # a bare log axis of no point drew ticks "2, 1, 0, 0, 0, 0"
+            return _empty(title + suffix, LOG_EMPTY_NOTE)
     fig.update_layout(title=title + suffix, height=360, **_LAYOUT)
     if log_y:
         fig.update_yaxes(title=y_title, type="log", tickformat=tickformat)

@@ -403,3 +403,42 @@ def test_long_bar_charts_are_drawn_stepped_with_the_same_numbers():
     short = reasons[reasons["window_start_s"] < t0 + 900 * 300]
     assert {t.type for t in figures.rejection_reasons_figure(short, window_s=900).data} == {"bar"}
     assert figures.stepped(figures.MAX_BARS + 1) and not figures.stepped(figures.MAX_BARS)
+
+
+def test_a_band_of_one_window_is_drawn_as_markers():
+    """A model whose requests all fall in one window (the new user's gateway model, session 8)
+    drew empty axes: a line of one point draws nothing. Each point now has a marker."""
+    df = pd.DataFrame({"window_start_s": [T0, T0], "model": ["tiny", "tiny"],
+                       "band": ["cold", "warm"], "requests": [8, 7],
+                       "p50_ms": [40.0, 12.0], "p90_ms": [55.0, 20.0]})
+    fig = figures.ttft_by_band(df, window_s=3600)
+    assert len(fig.data) == 4
+    assert all("markers" in t.mode for t in fig.data)
+    assert sorted(v for t in fig.data for v in t.y) == [12.0, 20.0, 40.0, 55.0]
+
+
+def test_scope_lines_break_at_windows_without_requests():
+    """Scopes drew a diagonal across windows with no requests: the line now has a gap (a None
+    point, connectgaps off) in each empty window between two with data."""
+    df = pd.DataFrame({"window_start_s": [T0, T0 + 900, T0 + 4 * 900], "scope": "TENANT",
+                       "hit_rate": [0.5, 0.6, 0.9], "cached_tokens": [5, 6, 9],
+                       "reported_prompt_tokens": [10] * 3})
+    fig = figures.scope_rate_figure(df, series="scope", title="t", window_s=900)
+    (tr,) = fig.data
+    assert tr.connectgaps is False
+    ys = [None if v != v else v for v in tr.y]
+    assert ys == [0.5, 0.6, None, None, 0.9]
+    assert tr.mode == "lines+markers"
+
+
+def test_a_log_axis_with_nothing_above_zero_is_an_explained_empty_figure():
+    """Overview's "Prompt tokens per second (log)" on windows that are all 0 drew a bare log
+    axis with ticks "2, 1, 0, 0, 0, 0": now the empty figure with a note that says why."""
+    df = pd.DataFrame({"window_start_s": [T0, T0 + 60], "per_s": [0.0, 0.0]})
+    fig = figures.window_lines(df, series={"per_s": ""}, window_s=60,
+                               title="Prompt tokens per second", y_title="tokens/s (log)",
+                               log_y=True)
+    assert len(fig.data) == 0
+    assert fig.layout.annotations[0].text == figures.LOG_EMPTY_NOTE
+    assert fig.layout.annotations[0].text.startswith("no ")
+    assert fig.layout.title.text == "Prompt tokens per second per 1m window"

@@ -214,10 +214,14 @@ def test_data_sources_on_real_data(real_db, use_db):
     kpis = ds.metrics(at)
     assert kpis["Quarantined lines"] == "0"
     assert int(kpis["Sources"]) >= 4  # 3 exposition files + the probe usage file (+ prices)
-    locations = " ".join(at.dataframe[0].value["Location"])
+    table = at.dataframe[0].value
+    # the file name first (a long folder cut the one Location column at 1400 px), folder last
+    assert list(table.columns)[:2] == ["Source", "Kind"] and list(table.columns)[-1] == "Folder"
+    names = set(table["Source"])
     for name in ("metrics_bs32.txt", "metrics_kvevents.txt", "metrics_kvevents_after_evict.txt",
                  "probe_bs32.requests.jsonl"):
-        assert name in locations
+        assert name in names
+    assert all("/" not in n for n in names if "://" not in n)
 
 
 @pytest.mark.parametrize("page", ALL_PAGES)

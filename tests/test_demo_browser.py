@@ -1,7 +1,8 @@
 """First contact (issue 14): the demo database in a real headless Chromium at 1400 px.
 
 Every page of the router opens on the demo (built now, so the default range shows it) and
-shows no exception box; every chart has data in the default range (no "no data" figure); no
+shows no exception box; every chart has data in the default range (no "no data" figure) and
+no chart title (or subplot title) is cut at the chart's edge; no
 ``None`` / ``nan`` text; Overview says ALERT for coder-7b and the Alerts page does for the
 release day (the banner and the daily strip; the Alerts page opens on it by itself), and
 Savings says what the regression cost. Screenshots go to ``out/screenshots/demo/``
@@ -32,6 +33,17 @@ CHART_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map
     title: ((e.layout || {}).title || {}).text || '',
     empty: ((e.layout || {}).annotations || []).some(a => /^no /.test(a.text || '')),
 }))"""
+#: Titles (the figure's and its subplots') drawn past the left or right edge of their chart
+#: (SVG clips them: "... · agent-32b (whiskers: 5th and" at 1400 px, session 8).
+CUT_TITLES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(e => {
+    const svg = e.querySelector('.main-svg'); if (!svg) return [];
+    const box = svg.getBoundingClientRect();
+    return Array.from(e.querySelectorAll('.gtitle, .annotation-text')).filter(t => {
+        const r = t.getBoundingClientRect();
+        return r.width > 0 && (r.right > box.right + 1 || r.left < box.left - 1);
+    }).map(t => `${t.textContent.slice(0, 90)} (${Math.round(t.getBoundingClientRect().right -
+                                                   box.right)} px past the edge)`);
+})"""
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +69,8 @@ def _check_page(page, name: str, failures: list[str]) -> str:
     for chart in page.evaluate(CHART_JS):
         if chart["empty"] or chart["points"] == 0:
             failures.append(f"{name}: chart '{chart['title']}' has no data in the default range")
+    for cut in page.evaluate(CUT_TITLES_JS):
+        failures.append(f"{name}: chart title cut at {page.viewport_size['width']} px: {cut}")
     text = page.locator('[data-testid="stMain"]').inner_text()
     for m in LEAK.finditer(text):
         failures.append(f"{name}: leaked '{m.group(0)}' in: ...{text[max(0, m.start() - 60):m.end() + 60]!r}")
@@ -90,6 +104,7 @@ def test_every_demo_page_tells_the_story(demo, browser, tmp_path):
                      re.S), texts["overview"][:2000]
     # the regression on Overview without a click: the banner and the daily strip from day 5
     assert f"coder-7b below 50.0% since {release_day}" in texts["overview"]
+    assert "): the days before still count in it." in texts["overview"]  # days 1-4 are before
     strip = texts["overview"].split("Daily status", 1)[1].split("coder-7b", 1)[1]
     assert strip.split("Prefix-cache hit rate", 1)[0].count("ALERT") == 3, strip[:600]
     assert f"Showing {release_day}, the day the latest alert began" in texts["alerts"]

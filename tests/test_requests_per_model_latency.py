@@ -11,6 +11,7 @@ import pytest
 
 from prefixscope.store import db as store_db
 from prefixscope.store.queries.requests import request_latency_quantiles
+from prefixscope.dashboard import figures
 from tests import dashboard_support as ds
 
 SLOW = "big-model"
@@ -49,13 +50,13 @@ def test_latency_panel_is_split_per_model(two_models_db, use_db):
     charts = ds.charts(at)
     title = "Total latency by cached share"
     panels = sorted(k for k in charts if k.startswith(title))
-    assert panels == [f"{title} · {SLOW} (whiskers: 5th and 95th percentile)",
-                      f"{title} · {ds.MODEL} (whiskers: 5th and 95th percentile)"]
-    assert not any(k == f"{title} (whiskers: 5th and 95th percentile)" for k in charts)
+    assert panels == [f"{title} · {SLOW}",
+                      f"{title} · {ds.MODEL}"]
+    assert not any(k == f"{title}" for k in charts)
     with store_db.reader(two_models_db) as con:
         for model in (SLOW, ds.MODEL):
             q = request_latency_quantiles(con, column="latency_ms", models=[model])
-            fig = charts[f"{title} · {model} (whiskers: 5th and 95th percentile)"]
+            fig = charts[f"{title} · {model}"]
             assert _box(fig) == {r["band"]: (pytest.approx(r["p50_ms"]),
                                              pytest.approx(r["p95_ms"]))
                                  for _, r in q.iterrows()}
@@ -67,6 +68,8 @@ def test_latency_panel_is_split_per_model(two_models_db, use_db):
     assert small.loc["warm", "p50_ms"] < small.loc["cold", "p50_ms"]
     assert any(c.startswith("One panel per model (2 in this selection)")
                for c in ds.texts(at, "caption"))
+    # the whisker rule left the titles (cut at 1400 px) for the caption under the panels
+    assert sum(c.startswith(figures.BOX_RULE) for c in ds.texts(at, "caption")) == 1
 
 
 def test_any_cached_block_count_comes_with_band_counts(two_models_db, use_db):

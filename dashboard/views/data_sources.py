@@ -13,6 +13,21 @@ from prefixscope.dashboard import data
 from prefixscope.core.formatting import fmt_int, fmt_time
 from prefixscope.dashboard.downloads import show_table
 
+
+
+def split_location(location: object) -> tuple[str, str]:
+    """(name, folder) of an ingest location, for two columns with the name first: a file path
+    ``/tmp/x/hostile/nan.jsonl`` gives ``("nan.jsonl", "/tmp/x/hostile")`` (a long folder cut
+    the one column at 1400 px, so every row read ``/tmp/newuser8.YXCj/hostile,``); a URL
+    (``http://localhost:8000/metrics``) or a bare name is its own name, folder ``""``."""
+    text = "" if location is None or (isinstance(location, float) and location != location) \
+        else str(location)
+    if "://" in text or "/" not in text.rstrip("/"):
+        return text, ""
+    folder, _, name = text.rstrip("/").rpartition("/")
+    return name, folder or "/"
+
+
 db = data.db_path()
 st.title("Data sources")
 st.caption(f"Everything ingested into `{db}` (not filtered by the sidebar).")
@@ -40,25 +55,30 @@ with data.guard(db):
               help="Input lines set aside with a reason (newest 1,000 listed).")
 
     st.subheader("Sources")
+    where = [split_location(loc) for loc in sources["location"]]
     show_table("data-sources-1", pd.DataFrame({
+        "Source": [name for name, _ in where],
         "Kind": sources["kind"],
-        "Location": sources["location"],
         "Rows added": sources["rows_added"],
         "Lines read": sources["checkpoint_line"],
         "First ingest": sources["first_ingest_unix_s"].map(fmt_time),
         "Last ingest": sources["last_ingest_unix_s"].map(fmt_time),
         "Note": sources["note"],
-    }), caption="One row per ingested source: rows it added, lines read so far (the checkpoint "
-                "a re-run resumes from), first and last ingest.")
+        "Folder": [folder for _, folder in where],
+    }), caption="One row per ingested source (its file name or URL first, the file's folder "
+                "last): rows it added, lines read so far (the checkpoint a re-run resumes "
+                "from), first and last ingest.")
 
     st.subheader("Quarantine")
+    qwhere = [split_location(loc) for loc in quarantine["location"]]
     show_table("data-sources-2", pd.DataFrame({
-        "Where": quarantine["location"].astype(str) + ":" + quarantine["line"].astype(str),
+        "Where": [f"{name}:{line}" for (name, _), line in zip(qwhere, quarantine["line"])],
         "Field": quarantine["field"],
         "Reason": quarantine["reason"],
         "When": quarantine["at_unix_s"].map(fmt_time),
-    }), caption="Newest 1,000 quarantined lines: where, which field and why; never the value "
-                "itself.", empty="No line was quarantined.")
+        "Folder": [folder for _, folder in qwhere],
+    }), caption="Newest 1,000 quarantined lines: where (file:line, the folder last), which "
+                "field and why; never the value itself.", empty="No line was quarantined.")
 
     st.subheader("Tables")
     counts = data.table_row_counts(db)

@@ -112,11 +112,22 @@ def strip_days(start_s, end_s, first_ts, last_ts, tz: str) -> tuple[date, date] 
     return max(first, last - timedelta(days=STRIP_DAYS - 1)), last
 
 
+def _starts_before(total: pd.DataFrame, day: date, tz: str) -> bool:
+    """Whether the model's first sample of the range (``first_ts_unix_s`` of its row) is on a
+    local day before ``day`` (a day left out of the strip, which shows at most
+    :data:`STRIP_DAYS`)."""
+    if "first_ts_unix_s" not in total or total["first_ts_unix_s"].isna().all():
+        return False
+    first = float(total["first_ts_unix_s"].min())
+    return datetime.fromtimestamp(first, tz=ZoneInfo(tz)).date() < day
+
+
 def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
     """Per model, the status of each day of the range (the daily report's rule, one window a
     day) and a banner for every model whose latest days read ALERT: ``coder-7b below 50.0%
     since 2026-11-28``."""
-    from prefixscope.alerts.daily import ALERT as _ALERT, DayStatus, Figures, alert_since
+    from prefixscope.alerts.daily import (ALERT as _ALERT, NO_DATA, STALE, DayStatus, Figures,
+                                          alert_since)
     from prefixscope.dashboard import alerts_data
 
     if shown.empty:
@@ -133,7 +144,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
         return
     rows = alerts_data.daily_statuses(db, first_day_iso=span[0].isoformat(),
                                       last_day_iso=span[1].isoformat(), tz=tz, models=f.models,
-                                      instances=f.instances, run_ids=f.run_ids)
+                                      instances=f.instances, run_ids=f.run_ids, stale=True)
     if not rows:
         return
     statuses = [DayStatus(day=date.fromisoformat(r["day"]), model=r["model"],
@@ -147,13 +158,18 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
         hints = data.query(db, "alerts", "alert_hints", models=[model],
                            start_s=DayWindow.of(first.day, tz).start_s,
                            end_s=DayWindow.of(span[1], tz).end_s, run_ids=f.run_ids)
-        run = [s for s in statuses if s.model == model and s.day >= first.day]
+        run = [s for s in statuses if s.model == model and s.day >= first.day
+               and s.status != STALE]
         days = ", ".join(f"{fmt_pct_vs(s.figures.hit_rate, s.threshold)} on {s.day:%m-%d}" for s in run)
         sources = sorted({DAY_SOURCE.get(s.figures.source, str(s.figures.source)) for s in run})
         total = shown[shown["model"] == model]
-        whole = (f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])} "
-                 f"({total['source'].iloc[0]}): the days before still count in it."
-                 if not total.empty else "")
+        whole = "" if total.empty else (
+            f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])} "
+            f"({total['source'].iloc[0]}): "
+            + ("the days before still count in it." if any(
+                s.model == model and s.day < first.day and s.status != NO_DATA
+                for s in statuses) or _starts_before(total, first.day, tz) else
+               "the same days, pooled (the range holds no day before them)."))
         st.warning(f":red-badge[ALERT] **{model} below {fmt_pct(first.threshold)} since "
                    f"{first.day.isoformat()}** (daily hit rate from the {' and '.join(sources)}: "
                    f"{days}).{whole} {why_text(model, hints)}; the day's report: "
@@ -175,8 +191,11 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
             if s is None:
                 col.markdown("—")
             else:
-                colour = "red" if s.status == _ALERT else ("green" if s.status == "OK" else "gray")
-                col.markdown(f"{fmt_pct_vs(s.figures.hit_rate, s.threshold)}  \n:{colour}-badge[{s.status}]")
+                colour = ("red" if s.status == _ALERT else "green" if s.status == "OK" else
+                          "orange" if s.status == STALE else "gray")  # the Alerts page's
+                shown_rate = ("—" if s.figures.hit_rate is None else
+                              fmt_pct_vs(s.figures.hit_rate, s.threshold))
+                col.markdown(f"{shown_rate}  \n:{colour}-badge[{s.status}]")
 
 
 #: Why these token figures can differ slightly from the Savings page's (docs/metrics.md).

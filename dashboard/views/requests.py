@@ -154,7 +154,8 @@ with data.guard(db):
                 cols[i % 2].plotly_chart(
                     figures.latency_by_band(q, column=column, title=f"{title} · {model}"),
                     key=f"requests_{column.removesuffix('_ms')}_{i}")
-        st.caption("Bands by cached share, cached_tokens ÷ prompt_tokens, as in the TTFT "
+        st.caption(f"{figures.BOX_RULE} "
+                   "Bands by cached share, cached_tokens ÷ prompt_tokens, as in the TTFT "
                    "panel (requests without prompt tokens left out). "
                    "Quantiles from a histogram in log-spaced bins: each within "
                    f"{LATENCY_ERROR_PCT} of the exact value; count, min and max exact "
