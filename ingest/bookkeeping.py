@@ -85,6 +85,10 @@ class IngestSummary:
         rows_duplicate: parsed rows already present.
         rows_quarantined: records set aside with a reason.
         note: e.g. the legacy-name notice, or why nothing could be read.
+        rows_reinterpreted: ``ingest requests`` only: rows read whose usage was reinterpreted
+            (cached tokens above prompt tokens: read as exclusive input, flag
+            ``exclusive-input-suspected``); None for the other ingesters (then not in
+            :meth:`as_dict`).
     """
 
     source: str
@@ -94,14 +98,18 @@ class IngestSummary:
     rows_duplicate: int
     rows_quarantined: int
     note: str | None = None
+    rows_reinterpreted: int | None = None
 
     def as_dict(self) -> dict[str, object]:
-        """The summary as a JSON-ready dict."""
-        return {
+        """The summary as a JSON-ready dict (``rows_reinterpreted`` only when set)."""
+        d: dict[str, object] = {
             "source": self.source, "kind": self.kind, "rows_read": self.rows_read,
             "rows_added": self.rows_added, "rows_duplicate": self.rows_duplicate,
             "rows_quarantined": self.rows_quarantined, "note": self.note,
         }
+        if self.rows_reinterpreted is not None:
+            d["rows_reinterpreted"] = self.rows_reinterpreted
+        return d
 
 
 def clean_location(location: str) -> str:

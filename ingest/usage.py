@@ -159,7 +159,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     source_id = source_id_for(KIND, location)
     start = resume_offset(con, source_id, path)
     ingest_run_id = new_ingest_run_id()
-    read = added = n_quarantined = skipped = 0
+    read = added = n_quarantined = skipped = reinterpreted = 0
     problems: list[Quarantined] = []
     insert = _Inserter()
     no_progress_bar(con)  # never draw on the caller's terminal
@@ -188,6 +188,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
             else:
                 nxt, last = _NOT_ASKED, cur.last
             read += cur.rows.num_rows
+            reinterpreted += _reinterpreted(cur.rows)
             n_quarantined += len(cur.quarantined)
             skipped += cur.skipped
             if len(problems) < PROBLEMS_RETURNED:
@@ -198,7 +199,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
             run_summary = None
             if last:
                 run_summary = summary_of = _summary(location, start, read, added, n_quarantined,
-                                                    skipped)
+                                                    skipped, reinterpreted)
             t_commit = time.monotonic()
             waited = con.wait_s if isinstance(con, BatchConnection) else 0.0
             released: list[bool] = []
@@ -301,8 +302,29 @@ def _paced(batches, pacer: _Pacer):
         yield UsageBatch(table, quarantined, skipped, checkpoint, last)
 
 
+#: The flag of a row whose cached tokens exceeded its prompt tokens (read as exclusive input).
+REINTERPRETED_FLAG = "exclusive-input-suspected"
+
+
+def _reinterpreted(rows: pa.Table) -> int:
+    """Rows of a batch flagged :data:`REINTERPRETED_FLAG` (one vectorised pass on ``flags``)."""
+    import pyarrow.compute as pc
+
+    if rows.num_rows == 0 or "flags" not in rows.column_names:
+        return 0
+    hit = pc.match_substring(rows.column("flags"), REINTERPRETED_FLAG)
+    return int(pc.sum(hit).as_py() or 0)
+
+
+def reinterpreted_note(n: int) -> str:
+    """The note of ``ingest requests`` when ``n`` > 0 rows were reinterpreted."""
+    return (f"{n:,} request{'s' if n != 1 else ''} had cached tokens above prompt tokens: "
+            "read as exclusive input (prompt = input + cache reads + writes, flag "
+            f"{REINTERPRETED_FLAG}; docs/ingest.md)")
+
+
 def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_quarantined: int,
-             skipped: int):
+             skipped: int, reinterpreted: int = 0):
     """The call's summary once the last batch adds ``n`` rows (``added_before`` were added by
     the earlier batches): ``n -> IngestSummary``."""
     notes = []
@@ -316,11 +338,14 @@ def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_q
                      "no new lines since the last ingest" if start.offset else "empty file")
     if skipped:
         notes.append(f"{skipped} lines skipped (blank, or stream chunks without usage)")
+    if reinterpreted:
+        notes.append(reinterpreted_note(reinterpreted))
     note = "; ".join(notes) or None
 
     def summary(n: int) -> IngestSummary:
         return IngestSummary(source=location, kind=KIND, rows_read=read,
                              rows_added=added_before + n, rows_duplicate=read - added_before - n,
-                             rows_quarantined=n_quarantined, note=note)
+                             rows_quarantined=n_quarantined, note=note,
+                             rows_reinterpreted=reinterpreted)
 
     return summary
