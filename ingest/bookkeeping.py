@@ -89,6 +89,9 @@ class IngestSummary:
             (cached tokens above prompt tokens: read as exclusive input, flag
             ``exclusive-input-suspected``); None for the other ingesters (then not in
             :meth:`as_dict`).
+        rows_repeated_in_file: ``ingest kv-events FILE`` only: of ``rows_duplicate``, the rows
+            of batches repeated within this read of the file (a replayed batch: same seq and
+            time as an earlier line), not stored by an earlier ingest; None elsewhere.
     """
 
     source: str
@@ -99,9 +102,11 @@ class IngestSummary:
     rows_quarantined: int
     note: str | None = None
     rows_reinterpreted: int | None = None
+    rows_repeated_in_file: int | None = None
 
     def as_dict(self) -> dict[str, object]:
-        """The summary as a JSON-ready dict (``rows_reinterpreted`` only when set)."""
+        """The summary as a JSON-ready dict (``rows_reinterpreted``, ``rows_repeated_in_file``
+        only when set)."""
         d: dict[str, object] = {
             "source": self.source, "kind": self.kind, "rows_read": self.rows_read,
             "rows_added": self.rows_added, "rows_duplicate": self.rows_duplicate,
@@ -109,6 +114,8 @@ class IngestSummary:
         }
         if self.rows_reinterpreted is not None:
             d["rows_reinterpreted"] = self.rows_reinterpreted
+        if self.rows_repeated_in_file is not None:
+            d["rows_repeated_in_file"] = self.rows_repeated_in_file
         return d
 
 

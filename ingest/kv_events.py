@@ -31,6 +31,8 @@ dp_rank, seq, batch ts, event index, hash index), so replayed batches are stored
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import threading
 from collections import deque
@@ -320,14 +322,23 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: str, *,
     name = instance or Path(path).stem
     source_id = source_id_for(FILE_KIND, path)
 
+    first_line: dict[tuple, int] = {}  # (instance, dp_rank, seq, batch time) -> first line
+    repeated: dict[int, int] = {}  # line -> rows of a batch an earlier line of this call had
+
     def one_line(raw: bytes, line: int) -> list[tuple]:
-        return _capture_line(raw, instance=name, source_id=source_id)
+        rows = _capture_line(raw, instance=name, source_id=source_id)
+        if rows:  # keyed by line: a chunk parsed again (a retried batch) counts once
+            if first_line.setdefault(rows[0][:4], line) != line:
+                repeated[line] = len(rows)
+        return rows
 
     result = ingest_jsonl_tail(con, path, kind=FILE_KIND,
                                parse_chunk=line_parser(one_line, location=path),
                                insert=_insert, note=_no_batches_note, note_on_source=True,
                                batch_bytes=BATCH_BYTES)
-    return result.summary, result.problems
+    s = result.summary
+    in_file = min(sum(repeated.values()), s.rows_duplicate)
+    return dataclasses.replace(s, rows_repeated_in_file=in_file), result.problems
 
 
 def ingest_kv_event_files(db_path: str, files: Sequence[str], *, instance: str | None = None,

@@ -344,7 +344,7 @@ def test_cli_kv_events_files_text_and_json_output_is_pinned(cli, db_path, tmp_pa
     assert code == 0, err
     assert json.loads(out) == [{
         "source": str(capture), "kind": "kv-events-file", "rows_read": 42, "rows_added": 42,
-        "rows_duplicate": 0, "rows_quarantined": 1, "note": None,
+        "rows_duplicate": 0, "rows_quarantined": 1, "note": None, "rows_repeated_in_file": 0,
         "quarantined": [{"location": str(capture), "line": 6, "field": None,
                          "reason": "not valid JSON: Expecting property name enclosed in double "
                                    "quotes (byte 1)"}]}]

@@ -50,8 +50,12 @@ def _print_outcome(outcome, *, quiet: bool, noun: str = "sample") -> None:
     then its quarantined lines (printed in both modes)."""
     s = outcome.summary
     if not quiet:
-        out.print(f"{s.source}: {count_noun(s.rows_added, noun)} added, {s.rows_duplicate:,} "
-                  f"already stored, {count_noun(s.rows_quarantined, 'line')} quarantined",
+        dup = f"{s.rows_duplicate:,} already stored"
+        if s.rows_repeated_in_file:  # kv-events: replayed batches inside the file
+            dup = (f"{s.rows_repeated_in_file:,} repeated within the file (replayed batches), "
+                   f"{s.rows_duplicate - s.rows_repeated_in_file:,} already stored")
+        out.print(f"{s.source}: {count_noun(s.rows_added, noun)} added, {dup}, "
+                  f"{count_noun(s.rows_quarantined, 'line')} quarantined",
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
