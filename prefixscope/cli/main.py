@@ -193,9 +193,9 @@ class _SigintWatch:
 
 
 def _interrupted() -> int:
-    err.print("interrupted (Ctrl-C): what was committed before is kept and the transaction in "
-              "progress was rolled back; an ingest run again continues from its checkpoint",
-              markup=False, highlight=False)
+    err.print("interrupted (Ctrl-C): what was committed before is kept (a write in progress, "
+              "if there was one, is rolled back); an ingest run again continues from its "
+              "checkpoint", markup=False, highlight=False)
     return 130
 
 

@@ -177,6 +177,6 @@ def _listen(db: str, listen: str, opts, lock_timeout: float, as_json: bool,
         else:
             out.print(f"{receiver.url}: {count_noun(s.requests, 'export')} stored, "
                       f"{count_noun(s.spans_added, 'request')} added, {s.spans_duplicate:,} "
-                      f"already stored, {s.spans_rejected:,} spans quarantined; answered 503 "
-                      f"{s.busy_503:,} and 429 {s.busy_429:,} times", markup=False,
-                      highlight=False)
+                      f"already stored, {s.spans_rejected:,} spans quarantined; answered 400 "
+                      f"{s.bad_400:,}, 503 {s.busy_503:,} and 429 {s.busy_429:,} times",
+                      markup=False, highlight=False)
