@@ -29,7 +29,8 @@ from prefixscope.ingest.jsonl_driver import (
     complete_json_tail,
     open_source_file,
 )
-from prefixscope.ingest.usage_shapes import _DECODER, _Bad, _normalise, _Skip, _split_error
+from prefixscope.ingest.usage_shapes import (_DECODER, _Bad, _normalise, _Skip, _split_error,
+                                             not_utf8_reason)
 from prefixscope.core.bounds import (LINE_TOO_LONG, MAX_DEPTH, MAX_LINE_BYTES, TOO_DEEP,
                                      json_too_deep)
 from prefixscope.core.errors import SourceUnavailable
@@ -160,7 +161,10 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
             drop(line_no)
             continue
         except _Bad as exc:
-            quarantined.append(Quarantined(ctx.location, line_no, exc.reason, exc.field))
+            # (not UTF-8 first: the fault of the whole line, checked on bad lines only)
+            bad_text = not_utf8_reason(raw)
+            quarantined.append(Quarantined(ctx.location, line_no, bad_text or exc.reason,
+                                           None if bad_text else exc.field))
             drop(line_no)
             continue
         except msgspec.MsgspecError as exc:
@@ -168,7 +172,11 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
             if not raw.strip():
                 skipped += 1  # a blank line
                 continue
-            field, reason = _split_error(exc)
+            # a line that decoded (a wrong type) or failed on UTF-8: say where the bad byte
+            # is; a malformed line keeps the decoder's first fault (as ingest decisions)
+            bad_text = not_utf8_reason(raw) if isinstance(exc, msgspec.ValidationError) \
+                or "UTF-8" in str(exc) else None
+            field, reason = (None, bad_text) if bad_text else _split_error(exc)
             quarantined.append(Quarantined(ctx.location, line_no, reason, field))
             continue
         append(t)

@@ -38,7 +38,7 @@ from msgspec import UNSET, UnsetType
 
 from prefixscope.core.bounds import (ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS, TOKENS_OVER,
                                      token_bound_reason)
-from prefixscope.core.errors import ParseError
+from prefixscope.core.errors import ParseError, invalid_json_reason
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
 MS_THRESHOLD = 1e11
@@ -474,14 +474,31 @@ def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOK
             flags[1:] or None)
 
 
-def _split_error(exc: Exception) -> tuple[str | None, str]:
-    """msgspec's message -> (JSON path, reason). Its messages name types and paths, not values."""
+def _split_error(exc: Exception, raw: bytes | None = None) -> tuple[str | None, str]:
+    """msgspec's message -> (JSON path, reason). Its messages name types and paths, not values.
+
+    ``raw`` (the line) turns msgspec's offsetless ``Invalid UTF-8 encoded string`` into
+    ``not valid JSON: not UTF-8 text (byte N)``, N the 0-based offset of the first bad byte
+    within the line (:func:`prefixscope.core.errors.invalid_json_reason`)."""
     text = str(exc)
     if " - at `" in text:
         reason, _, where = text.partition(" - at `")
         return where.rstrip("`"), token_bound_reason(reason)  # Tok is the only int >= 0
-    return None, (f"not valid JSON: {text}" if isinstance(exc, msgspec.DecodeError)
-                  and not isinstance(exc, msgspec.ValidationError) else text)
+    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
+        return None, invalid_json_reason(exc, raw)
+    return None, text
+
+
+def not_utf8_reason(raw: bytes) -> str | None:
+    """``not valid JSON: not UTF-8 text (byte N)`` for a line that is not UTF-8 (N: 0-based
+    offset of its first bad byte within the line), else None. msgspec checks UTF-8 only in the
+    strings it reads: a bad line is checked whole before its reason is given, so a line with
+    invalid UTF-8 in a key it skips is called what it is (not "no usage object")."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return invalid_json_reason(exc)
+    return None
 
 
 def normalise_usage(obj: dict[str, Any] | bytes | str) -> UsageRecord | None:
@@ -508,7 +525,7 @@ def normalise_usage(obj: dict[str, Any] | bytes | str) -> UsageRecord | None:
     except _Bad as exc:
         raise ParseError("<object>", None, exc.reason, exc.field) from None
     except msgspec.MsgspecError as exc:
-        field, reason = _split_error(exc)
+        field, reason = _split_error(exc, obj if isinstance(obj, bytes) else None)
         raise ParseError("<object>", None, reason, field) from None
     (rid, ts, ts_est, run_id, model, instance, endpoint, shape, prompt, cached, write, write_1h,
      completion, ttft, latency, scope, digest, flags) = t

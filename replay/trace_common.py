@@ -80,6 +80,30 @@ def open_text(path: Path):
     return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
 
 
+def read_document_text(path: Path, limit: int) -> tuple[str | None, int, int]:
+    """A whole trace document (``.gz`` decompressed) as strict UTF-8 text, read no further than
+    ``limit`` bytes (a longer one is cut there and then fails to parse as JSON).
+
+    Returns:
+        ``(text, 0, 0)``, or ``(None, line, byte)`` for bytes that are not UTF-8: the 1-based
+        line of the first bad byte and its 0-based offset within that line (the
+        ``not UTF-8 text (byte N)`` of the JSONL readers).
+
+    Raises:
+        SourceUnavailable: not a regular file. OSError and :data:`GZIP_ERRORS` from reading.
+    """
+    raw = open_binary(path)
+    with raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw) as fh:
+        data = fh.read(limit + 1)
+    try:
+        return data.decode("utf-8"), 0, 0
+    except UnicodeDecodeError as exc:
+        if len(data) > limit and exc.start > limit - 4:  # the cut fell inside a character
+            return data[:exc.start].decode("utf-8"), 0, 0
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        return None, data.count(b"\n", 0, exc.start) + 1, exc.start - line_start
+
+
 def open_binary(path: Path):
     """Open a trace file for binary reading, refusing a FIFO, a device, a socket or a folder
     up front (``prefixscope.core.bounds.open_regular``).
@@ -210,8 +234,8 @@ class _Reader:
         """One JSONL line as an object, or None after reporting why it is not one."""
         try:
             text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            self.bad(self.location, lineno, _Bad(None, f"{NOT_JSON}: not UTF-8 text"))
+        except UnicodeDecodeError as exc:  # (byte N): within the line, as the ingesters say
+            self.bad(self.location, lineno, _Bad(None, invalid_json_reason(exc)))
             return None
         if json_too_deep(raw):
             self.bad(self.location, lineno, _Bad(None, TOO_DEEP))
@@ -253,6 +277,8 @@ class _NonFinite(ValueError):
 
 
 NON_FINITE_JSON = f"{NOT_JSON}: NaN and Infinity are not JSON numbers"
+#: Bytes that are not UTF-8, before `` (byte N)`` (0-based, within the line).
+NOT_UTF8_JSON = f"{NOT_JSON}: not UTF-8 text"
 LONG_NUMBER_JSON = f"{NOT_JSON}: a number of more than 4,300 digits"
 
 

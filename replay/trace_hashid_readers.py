@@ -21,8 +21,9 @@ from prefixscope.replay.trace_common import (
     _int_field,
     _no_constant,
     _num_field,
+    NOT_UTF8_JSON,
     _Reader,
-    open_text,
+    read_document_text,
 )
 from prefixscope.replay.trace_hashids import ExpandedTokens, IdChain, block_keys_for
 from prefixscope.replay.types import TraceRequest
@@ -160,8 +161,11 @@ def read_kv_cache_tester(r: _Reader, *, block_size: int,
         if r.done():
             return
         try:
-            with open_text(file) as fh:
-                doc = json.loads(fh.read(MAX_DOC_BYTES + 1), parse_constant=_no_constant)
+            text, bad_line, bad_byte = read_document_text(file, MAX_DOC_BYTES)
+            if text is None:
+                r.bad(str(file), bad_line, _Bad(None, f"{NOT_UTF8_JSON} (byte {bad_byte})"))
+                continue
+            doc = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             r.bad(str(file), exc.lineno, _Bad(None, invalid_json_reason(exc)))
             continue

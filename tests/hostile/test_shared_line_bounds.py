@@ -46,16 +46,15 @@ BAD_UTF8 = b'{"id":"a\xff\xfe","model":"m","usage":{"prompt_tokens":10}}'
 DEEP = b"[" * 100_000
 NAN_REASON = "not valid JSON: JSON is malformed: invalid character (byte 69)"
 INF_REASON = "not valid JSON: JSON is malformed: invalid character (byte 69)"
-UTF8 = "not valid JSON: Invalid UTF-8 encoded string"
+UTF8 = "not valid JSON: not UTF-8 text (byte 8)"
 
-# (case, hostile line, {ingester: reason}); ingest requests gives no offset for bad UTF-8
+# (case, hostile line, {ingester: reason}); the byte of bad UTF-8: 0-based, within its line
 CASES = [
     ("5mb-line", BIG, {"otlp": LINE_TOO_LONG, "requests": LINE_TOO_LONG}),
     ("deep", DEEP, {"otlp": TOO_DEEP, "requests": TOO_DEEP}),
     ("nan", NAN, {"otlp": NAN_REASON, "requests": NAN_REASON}),
     ("infinity", INF, {"otlp": INF_REASON, "requests": INF_REASON}),
-    ("invalid-utf8", BAD_UTF8, {"otlp": "not valid JSON: not UTF-8 text (byte 8)",
-                                "requests": UTF8}),
+    ("invalid-utf8", BAD_UTF8, {"otlp": UTF8, "requests": UTF8}),
 ]
 GOOD = {"otlp": _otlp, "requests": _chat}
 
