@@ -6,8 +6,8 @@ prometheus-api-client's :class:`~prometheus_api_client.PrometheusConnect`.
 
 Two modes:
 
-1. **raw** (default): range-vector queries (``{__name__=~"..."}[Ns]`` evaluated at the end of
-   each chunk, :meth:`PrometheusConnect.get_metric_range_data`) return every stored sample with
+1. **raw** (default): range-vector queries (``{__name__=~"..."}[Nms]`` evaluated at the end of
+   each chunk, to the millisecond, :meth:`PrometheusConnect.custom_query`) return every stored sample with
    its own scrape time and value, so the hit rate equals the one computed from direct scrapes of
    the same server (same samples).
 2. **step** (``--step``): :meth:`PrometheusConnect.custom_query_range` returns the latest value
@@ -78,8 +78,14 @@ def query_range(url: str, *, start_s: float, end_s: float, step_s: float | None 
 
     Args:
         url: base URL of the API (``http://host:9090``, Thanos/Mimir/VictoriaMetrics prefix).
-        start_s, end_s: range, Unix seconds (raw mode rounds both to whole seconds, as
-            prometheus-api-client does).
+        start_s, end_s: range, Unix seconds. Raw mode asks for the range to the millisecond
+            (Prometheus stores sample times in milliseconds): ``start_s`` down and ``end_s``
+            up to a whole millisecond, evaluated at ``end_s`` with a ``[Nms]`` range, the
+            ``time`` given with its decimals (the HTTP API takes a Unix time "with optional
+            decimal places for sub-second precision"); prometheus-api-client's
+            ``get_metric_range_data`` rounded both to whole seconds, so an end of "now" lost up
+            to the last half second of samples. Step mode rounds to whole seconds (the
+            library's ``custom_query_range``).
         step_s: None for raw samples; else the query_range step in seconds.
 
     Returns:
@@ -94,10 +100,12 @@ def query_range(url: str, *, start_s: float, end_s: float, step_s: float | None 
     con = _connect(url, timeout_s)
     try:
         if step_s is None:
-            if round(end_s) <= round(start_s):
+            start_ms, end_ms = math.floor(start_s * 1000), math.ceil(end_s * 1000)
+            if end_ms <= start_ms:
                 return []
-            return con.get_metric_range_data(series_selector(), start_time=_dt(start_s),
-                                             end_time=_dt(end_s))
+            # a range vector [T - N, T] (Prometheus 3: (T - N, T]) at T = the end, to the ms
+            return con.custom_query(f"{series_selector()}[{end_ms - start_ms}ms]",
+                                    params={"time": f"{end_ms // 1000}.{end_ms % 1000:03d}"})
         return con.custom_query_range(series_selector(), start_time=_dt(start_s),
                                       end_time=_dt(end_s), step=f"{step_s:g}s")
     except (requests.RequestException, PrometheusApiClientException) as exc:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import math
 import os
 import time
 
@@ -117,11 +116,10 @@ def test_ingest_prometheus_every_series_quarantined_prints_the_reasons(tmp_path,
             'vllm:prefix_cache_queries_total{engine="0",model_name="m",tenant="acme-corp"} 5\n')
     with ExpositionServer([text]) as srv, PrometheusServer([srv.hostport]) as prom:
         prom.wait_for(f'{Q}{{instance="{srv.hostport}"}}', 5.0)  # the sample's value is 5
-        # a raw range query rounds its end to a whole second: "now" may fall before the sample
-        # the instant query just saw (CI, 2026-12-02); an end past it holds it
-        end = str(math.ceil(time.time()) + 2)
+        # "now" is after the sample the instant query just saw: the range ends to the ms
+        # (it was rounded to a whole second, and "now" could fall before the sample)
         code, out, err = cli(["ingest", "prometheus", prom.url, "--start", "-5m", "--end",
-                              end, "--db", tmp_path / "x.duckdb", "--json"])
+                              "now", "--db", tmp_path / "x.duckdb", "--json"])
     assert code == 4, err
     doc = json.loads(out)
     assert doc[0]["rows_read"] == 0 and doc[0]["rows_quarantined"] >= 1
