@@ -123,9 +123,11 @@ def test_ingest_prometheus_every_series_quarantined_prints_the_reasons(tmp_path,
     assert code == 4, err
     doc = json.loads(out)
     assert doc[0]["rows_read"] == 0 and doc[0]["rows_quarantined"] >= 1
-    reasons = {q["reason"] for q in doc[0]["quarantined"]}
-    assert reasons == {"a label that is not a vLLM label may hold a tenant id; configure an "
-                       "HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep such labels as digests"}
+    reason = ("a label that is not a vLLM label may hold a tenant id; configure an "
+              "HMAC key (PREFIXSCOPE_HMAC_KEY_FILE) to keep such labels as digests")
+    # each sample of the one series located (630ea74): "(series 1, sample K)", K = 1, 2, ...
+    reasons = [q["reason"] for q in doc[0]["quarantined"]]
+    assert reasons == [f"{reason} (series 1, sample {k})" for k in range(1, len(reasons) + 1)]
     assert f"quarantined {prom.url}:" in err
     assert f"error: nothing could be read: {prom.url}: every series quarantined (" in err
     assert "acme-corp" not in out + err
