@@ -89,7 +89,10 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
 
     path = Path(run_dir) / RUN_MANIFEST
-    if not path.is_file():
+    if not Path(run_dir).is_dir():
+        raise SourceUnavailable(f"{run_dir}: " + ("not a folder (give a replay run directory)"
+                                                  if Path(run_dir).exists() else "no such folder"))
+    if not path.exists() and not path.is_symlink():  # a FIFO or folder is named by the reader
         raise SourceUnavailable(f"{run_dir}: no {RUN_MANIFEST} (not a replay run directory)")
     try:
         return parse_json(read_document(path))
@@ -99,29 +102,83 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(problem_text(str(path), exc.line, str(exc))) from None
 
 
+def check_manifest(path: Path, doc: Any) -> None:
+    """Check the shape of a run manifest before any of it is used (a hand-edited or foreign
+    ``run.json`` was a ``KeyError`` / ``TypeError`` traceback).
+
+    Raises:
+        ConfigError: ``run.json: $.field: reason`` for the first field of the wrong shape
+            (the reason names the rule, never the value).
+    """
+    import math
+
+    from prefixscope.core.errors import ConfigError, problem_text
+
+    def bad(fld: str, reason: str) -> ConfigError:
+        return ConfigError(problem_text(str(path), None, reason, fld))
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(doc, dict):
+        raise bad("$", "not a JSON object (a replay run manifest)")
+    rid = doc.get("run_id")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise bad("$.run_id", "missing or empty")
+    for key in ("instance", "model", "kind", "label"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise bad(f"$.{key}", "not text")
+    for key in ("created_unix_s", "t0_unix_s"):
+        if doc.get(key) is not None and not number(doc[key]):
+            raise bad(f"$.{key}", "not a finite number")
+    if doc.get("params") is not None and not isinstance(doc["params"], dict):
+        raise bad("$.params", "not an object")
+    files = doc.get("files")
+    if files is None:
+        return
+    if not isinstance(files, dict):
+        raise bad("$.files", "not an object")
+    if files.get("usage") is not None and not isinstance(files["usage"], str):
+        raise bad("$.files.usage", "not text (a file name)")
+    metrics = files.get("metrics")
+    if metrics is None:
+        return
+    if not isinstance(metrics, list):
+        raise bad("$.files.metrics", "not a list")
+    for i, entry in enumerate(metrics):
+        if not isinstance(entry, dict):
+            raise bad(f"$.files.metrics[{i}]", "not an object")
+        if not isinstance(entry.get("path"), str) or not entry["path"]:
+            raise bad(f"$.files.metrics[{i}].path", "missing or not text (a file name)")
+        if not number(entry.get("at_unix_s")):
+            raise bad(f"$.files.metrics[{i}].at_unix_s", "missing or not a finite number")
+
+
 def ingest_run_dir(con: duckdb.DuckDBPyConnection,
                    run_dir: str | os.PathLike[str]) -> RunIngest:
     """Ingest a replay run directory (see the module docstring) on a read-write connection.
 
     Raises:
         SourceUnavailable: no ``run.json``, or an output file it lists is missing.
-        ConfigError: ``run.json`` is not valid JSON.
+        ConfigError: ``run.json`` is not valid JSON, or of the wrong shape
+            (:func:`check_manifest`).
     """
     from prefixscope.core.errors import SourceUnavailable
 
     d = Path(run_dir)
     doc = read_manifest(d)
+    check_manifest(d / RUN_MANIFEST, doc)
     run_id = str(doc["run_id"])
     instance = str(doc.get("instance") or run_id)
     files = doc.get("files") or {}
-    usage_path = d / files.get("usage", "requests.jsonl")
+    usage_path = d / (files.get("usage") or "requests.jsonl")
     if not usage_path.is_file():
         raise SourceUnavailable(f"{usage_path}: listed in {d / 'run.json'} but missing")
     usage = ingest_usage_file(con, str(usage_path), run_id=run_id, instance=instance,
                               default_model=doc.get("model"))
     metrics = []
     label_key = configured_label_key()  # once for every snapshot of the run
-    for entry in files.get("metrics", []):
+    for entry in files.get("metrics") or []:
         path = d / entry["path"]
         if not path.is_file():
             raise SourceUnavailable(f"{path}: listed in {d / 'run.json'} but missing")
