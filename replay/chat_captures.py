@@ -25,6 +25,7 @@ into output token ids, so decode blocks are cached as vLLM would if the model pr
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from prefixscope.core.bounds import open_regular
 from prefixscope.core.documents import load_json_file
 from prefixscope.core.errors import ParseError, SourceUnavailable
 
@@ -96,6 +98,17 @@ def _strip_md_break(line: str) -> str:
     return line[:-2] if line.endswith("  ") else line
 
 
+def _not_utf8(p: Path) -> ParseError:
+    """``FILE:LINE: not UTF-8 text (byte N)`` for the first bad byte (N within its line)."""
+    with open_regular(p) as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return ParseError(str(p), lineno, f"not UTF-8 text (byte {exc.start})")
+    return ParseError(str(p), None, "not UTF-8 text")
+
+
 def parse_aider_history(path: str | os.PathLike[str]) -> list[AiderChat]:
     """Parse an aider chat-history Markdown file into chats (oldest first).
 
@@ -103,12 +116,15 @@ def parse_aider_history(path: str | os.PathLike[str]) -> list[AiderChat]:
     the non-``>`` text after an input, stripped of surrounding blank lines.
 
     Raises:
-        SourceUnavailable: the file does not exist.
-        ParseError: a header with an impossible date (names the line).
+        SourceUnavailable: the file does not exist or is not a regular file.
+        ParseError: a header with an impossible date, or bytes that are not UTF-8
+            (``not UTF-8 text (byte N)``, N within the line; names the line).
     """
     p = Path(path)
-    if not p.is_file():
-        raise SourceUnavailable(f"{p}: no such file")
+    try:
+        raw_fh = open_regular(p)  # a FIFO, device or folder is refused by its kind
+    except OSError as exc:
+        raise SourceUnavailable(f"{p}: {exc}") from None
     chats: list[AiderChat] = []
     chat: AiderChat | None = None
     user: list[str] | None = None
@@ -120,8 +136,12 @@ def parse_aider_history(path: str | os.PathLike[str]) -> list[AiderChat]:
             chat.turns.append(("\n".join(user).strip("\n"), "\n".join(reply).strip("\n")))
         user, reply = None, []
 
-    with open(p, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with io.TextIOWrapper(raw_fh, encoding="utf-8") as fh:
+        try:
+            lines = list(fh)
+        except UnicodeDecodeError:
+            raise _not_utf8(p) from None
+        for lineno, raw in enumerate(lines, start=1):
             line = raw.rstrip("\n")
             m = _HEADER.match(line)
             if m:
@@ -252,9 +272,7 @@ def swe_agent_chat_requests(path: str | os.PathLike[str], *, model: str = "swe-a
         SourceUnavailable: missing file. ParseError: not JSON or no ``history`` list.
     """
     p = Path(path)
-    if not p.is_file():
-        raise SourceUnavailable(f"{p}: no such file")
-    doc = load_json_file(p)
+    doc = load_json_file(p)  # missing, a FIFO or a folder: SourceUnavailable naming it
     history = doc.get("history") if isinstance(doc, dict) else None
     if not isinstance(history, list):
         raise ParseError(str(p), None, "missing or not a list", "$.history")
@@ -289,12 +307,22 @@ def swe_agent_chat_requests(path: str | os.PathLike[str], *, model: str = "swe-a
 
 
 def write_chat_trace(lines: Iterable[dict[str, Any]], out: str | os.PathLike[str]) -> int:
-    """Write chat-trace lines as JSONL (UTF-8, one compact object per line); returns the count."""
+    """Write chat-trace lines as JSONL (UTF-8, one compact object per line); returns the count.
+
+    Written to ``OUT.part`` and renamed when every line is written: a source that fails half
+    way (``lines`` raising, e.g. a capture line that is not UTF-8) leaves no partial trace and
+    keeps an existing ``OUT`` as it was."""
     p = Path(out)
     p.parent.mkdir(parents=True, exist_ok=True)
+    part = p.with_name(p.name + ".part")
     n = 0
-    with open(p, "w", encoding="utf-8") as fh:
-        for line in lines:
-            fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-            n += 1
+    try:
+        with open(part, "w", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+                n += 1
+        os.replace(part, p)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     return n
