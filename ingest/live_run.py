@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -38,6 +39,45 @@ class LiveRunIngest:
     counter_rows: int
 
 
+def _check_manifest(where: str, doc: Any) -> None:
+    """The shape of a live run's ``run.json`` before any of it is used (a hand-edited one was
+    an ``AttributeError``/``ValueError`` traceback). Raises :class:`ParseError` naming the
+    first field of the wrong shape (never its value)."""
+    import math
+
+    def bad(fld: str, reason: str) -> ParseError:
+        return ParseError(where, None, reason, field=fld)
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(doc, dict):
+        raise bad("$", "not a JSON object (a live replay run manifest)")
+    for key in ("run_id", "instance"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise bad(f"$.{key}", "missing or empty")
+    if doc.get("model") is not None and not isinstance(doc["model"], str):
+        raise bad("$.model", "not text")
+    for key in ("before_ts_unix_s", "after_ts_unix_s", "started_unix_s"):
+        if doc.get(key) is not None and not number(doc[key]):
+            raise bad(f"$.{key}", "not a finite number")
+    params = doc.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise bad("$.params", "not an object")
+    if isinstance(params, dict) and params.get("label") is not None \
+            and not isinstance(params["label"], str):
+        raise bad("$.params.label", "not text")
+    for key in ("before_totals", "after_totals", "deltas"):
+        value = doc.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise bad(f"$.{key}", "not an object")
+        for i, v in enumerate(value.values()):
+            if not number(v) and not (v is None and key != "deltas"):
+                raise bad(f"$.{key}", f"entry {i + 1} is not a finite number")
+
+
 def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]
                     ) -> LiveRunIngest:
     """Ingest one live replay run directory on an open read-write connection.
@@ -52,12 +92,13 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
 
     d = Path(run_dir)
     manifest = d / "run.json"
-    if not manifest.is_file():
+    if not d.is_dir():
+        raise SourceUnavailable(f"{d}: " + ("not a folder (give a live replay run directory)"
+                                            if d.exists() else "no such folder"))
+    if not manifest.exists() and not manifest.is_symlink():  # a FIFO: named by the reader
         raise SourceUnavailable(f"{d}: no run.json (not a live replay run directory)")
     doc = load_json_file(manifest, what="manifest")
-    for key in ("run_id", "instance"):
-        if not isinstance(doc.get(key), str) or not doc[key]:
-            raise ParseError(str(manifest), None, "missing or empty", field=f"$.{key}")
+    _check_manifest(str(manifest), doc)
     run_id, instance = doc["run_id"], doc["instance"]
     req_summary = ingest_usage_file(con, d / "requests.jsonl", run_id=run_id, instance=instance,
                                     default_model=doc.get("model") or None)
@@ -74,16 +115,16 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
     n = 0
     if doc.get("before_ts_unix_s") is not None and doc.get("after_ts_unix_s") is not None:
         n = save_live_run(
-            con, run_id=run_id, label=doc.get("params", {}).get("label"),
+            con, run_id=run_id, label=(doc.get("params") or {}).get("label"),
             created_unix_s=float(doc.get("started_unix_s") or doc["before_ts_unix_s"]),
-            params=doc.get("params", {}), instance=instance,
-            before=doc.get("before_totals", {}), after=doc.get("after_totals", {}),
-            deltas=doc.get("deltas", {}), before_ts_unix_s=float(doc["before_ts_unix_s"]),
+            params=doc.get("params") or {}, instance=instance,
+            before=doc.get("before_totals") or {}, after=doc.get("after_totals") or {},
+            deltas=doc.get("deltas") or {}, before_ts_unix_s=float(doc["before_ts_unix_s"]),
             after_ts_unix_s=float(doc["after_ts_unix_s"]), settled=bool(doc.get("settled")),
         )
     else:
-        save_live_run(con, run_id=run_id, label=doc.get("params", {}).get("label"),
+        save_live_run(con, run_id=run_id, label=(doc.get("params") or {}).get("label"),
                       created_unix_s=float(doc.get("started_unix_s") or 0.0),
-                      params=doc.get("params", {}), instance=instance, before={}, after={},
+                      params=doc.get("params") or {}, instance=instance, before={}, after={},
                       deltas={}, before_ts_unix_s=0.0, after_ts_unix_s=0.0, settled=False)
     return LiveRunIngest(run_id, req_summary, tuple(metric_summaries), n)
