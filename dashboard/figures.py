@@ -1004,6 +1004,9 @@ def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
     return pd.concat(parts, ignore_index=True)
 
 
+#: d3 tick format of a :func:`window_lines` log axis with a value under 1 (two significant
+#: digits, no exponent: 0.32, 2, 10,000).
+LOG_SMALL_TICKFORMAT = ",.2~r"
 #: The note of a :func:`window_lines` log-axis figure whose every window is 0 (or missing).
 LOG_EMPTY_NOTE = "no window above 0 in this range (a log axis has no 0)"
 
@@ -1027,7 +1030,10 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
         integer: counts (whole-number ticks; an all-zero series gets a 0-1 axis).
         log_y: logarithmic y axis (series of very different sizes side by side); values of 0
             or less are left out (a gap in the line: a log axis has no 0); with none above 0,
-            the empty figure with :data:`LOG_EMPTY_NOTE` (never a bare log axis).
+            the empty figure with :data:`LOG_EMPTY_NOTE` (never a bare log axis); a value
+            under 1 gives the axis :data:`LOG_SMALL_TICKFORMAT`. Each point has a marker
+            (:func:`line_mode`): a line of one window drew nothing (session 8: 0.32 tokens/s
+            in one window read as an empty log axis with ticks "2, 1, 0, 0, 0, 0").
     """
     suffix = f" per {fmt_window(window_s)} window"
     if df.empty:
@@ -1048,7 +1054,8 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
                 continue
             full = f"{label} {name}".strip() if label != "all" else name
             fig.add_trace(go.Scatter(
-                x=g["t"], y=g[col].astype("float64"), mode="lines", name=full, connectgaps=False,
+                x=g["t"], y=g[col].astype("float64"),
+                mode=line_mode(int(g[col].notna().sum())), name=full, connectgaps=False,
                 line=dict(color=colours[label], width=2, dash=dashes[k % len(dashes)]),
                 customdata=g["from"],
                 hovertemplate=f"window from %{{customdata}} UTC<br>%{{y:{hover_format}}}"
@@ -1059,6 +1066,8 @@ def window_lines(df: pd.DataFrame, *, series: dict[str, str], window_s: float,
         if not any(v is not None for tr in fig.data for v in tr.y):
             # a bare log axis of no point drew ticks "2, 1, 0, 0, 0, 0"
             return _empty(title + suffix, LOG_EMPTY_NOTE)
+        if min(v for tr in fig.data for v in tr.y if v is not None) < 1:
+            tickformat = LOG_SMALL_TICKFORMAT  # ",.0f" read the ticks of 0.1-1 as "0, 0, 0"
     fig.update_layout(title=title + suffix, height=360, **_LAYOUT)
     if log_y:
         fig.update_yaxes(title=y_title, type="log", tickformat=tickformat)

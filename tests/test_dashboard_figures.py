@@ -442,3 +442,19 @@ def test_a_log_axis_with_nothing_above_zero_is_an_explained_empty_figure():
     assert fig.layout.annotations[0].text == figures.LOG_EMPTY_NOTE
     assert fig.layout.annotations[0].text.startswith("no ")
     assert fig.layout.title.text == "Prompt tokens per second per 1m window"
+
+
+def test_one_small_window_on_a_log_axis_is_drawn_with_readable_ticks():
+    """The new user's hostile DB: one window of 0.32 prompt tokens/s drew nothing (a line of
+    one point) on a log axis whose ",.0f" ticks read "2, 1, 0, 0, 0, 0"."""
+    df = pd.DataFrame({"window_start_s": [T0], "per_s": [0.3222]})
+    fig = figures.window_lines(df, series={"per_s": ""}, window_s=3600,
+                               title="Prompt tokens per second", y_title="tokens/s (log)",
+                               log_y=True)
+    (tr,) = fig.data
+    assert list(tr.y) == [0.3222] and "markers" in tr.mode
+    assert fig.layout.yaxis.type == "log"
+    assert fig.layout.yaxis.tickformat == figures.LOG_SMALL_TICKFORMAT
+    big = figures.window_lines(df.assign(per_s=[120.0]), series={"per_s": ""}, window_s=3600,
+                               title="t", y_title="y", log_y=True)
+    assert big.layout.yaxis.tickformat == ",.0f"
