@@ -34,7 +34,8 @@ import msgspec
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
 from prefixscope.ingest.jsonl_driver import (BadLine, complete_json_tail, ingest_jsonl_tail,
                                              line_parser)
-from prefixscope.core.bounds import MAX_COUNT, MAX_TOKENS, TIME_RANGE, time_ok, token_bound_reason
+from prefixscope.core.bounds import (MAX_COUNT, MAX_TOKENS, TIME_RANGE, out_of_range_reason,
+                                     time_ok, token_bound_reason)
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
 from prefixscope.core.decision_log import ERROR_CODES
 from prefixscope.core.identity import ALL_REASONS
@@ -141,6 +142,8 @@ def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
     if " - at `" in text:
         text, _, where = text.partition(" - at `")
         field = where.rstrip("`").removeprefix("$.") or None
+        if text == "Number out of range":  # 1e400: past the DOUBLE range
+            return _Bad(field, out_of_range_reason(field))
         if field is not None and field.endswith("_tokens"):  # Tokens (epochs: up to 2^62)
             if token_bound_reason(text) != text:
                 return _Bad(field, token_bound_reason(text))

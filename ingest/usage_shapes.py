@@ -37,7 +37,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from prefixscope.core.bounds import (ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS, TOKENS_OVER,
-                                     token_bound_reason)
+                                     out_of_range_reason, token_bound_reason)
 from prefixscope.core.errors import ParseError, invalid_json_reason
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
@@ -483,7 +483,10 @@ def _split_error(exc: Exception, raw: bytes | None = None) -> tuple[str | None, 
     text = str(exc)
     if " - at `" in text:
         reason, _, where = text.partition(" - at `")
-        return where.rstrip("`"), token_bound_reason(reason)  # Tok is the only int >= 0
+        where = where.rstrip("`")
+        if reason == "Number out of range":  # 1e400: past the DOUBLE range
+            return where, out_of_range_reason(where)
+        return where, token_bound_reason(reason)  # Tok is the only int >= 0
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return None, invalid_json_reason(exc, raw)
     return None, text

@@ -230,6 +230,21 @@ def _escape_one(m: re.Match[str]) -> str:
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
+_TIME_KEYS = ("ts_unix_s", "ts", "time", "timestamp", "created", "created_at")
+
+
+def out_of_range_reason(path: str | None) -> str:
+    """The documented reason for msgspec's ``Number out of range`` (a number past the DOUBLE
+    range such as ``1e400``) at JSON path ``path``: a token count is :data:`TOKENS_OVER`, a time
+    :data:`TIME_RANGE`, anything else :data:`NOT_FINITE` (``docs/ingest.md#bounds``)."""
+    leaf = (path or "").rsplit(".", 1)[-1].strip("`$[]")
+    if leaf.endswith("tokens"):
+        return TOKENS_OVER
+    if leaf in _TIME_KEYS:
+        return TIME_RANGE
+    return NOT_FINITE
+
+
 def token_bound_reason(msgspec_reason: str) -> str:
     """The documented wording of a token count's bound for msgspec's reason on a field typed
     ``Annotated[int, Meta(ge=0, le=MAX_TOKENS)]``: ``Expected `int` >= 0`` ->

@@ -58,3 +58,17 @@ def test_otlp_token_attribute_past_int64_names_the_attribute_and_bound(tmp_path)
         f"quarantined {f}:2: {where}gen_ai.usage.input_tokens: over 4,294,967,295 tokens "
         "(2^32 - 1)",
         f"quarantined {f}:3: {where}gen_ai.usage.input_tokens: token count is negative"]
+
+
+def test_numbers_past_double_in_decisions_read_as_their_bound(tmp_path):
+    """``1e400`` (msgspec: ``Number out of range``) reads as the field's documented bound."""
+    base = {"ts_unix_s": 1795960925.1, "request_id": "gw-1", "run_id": "", "scope": "TENANT",
+            "namespace_digest": "3f9a0c1d2e4b5a69", "decision": "accept", "reasons": [],
+            "candidate_cached_tokens": 10, "accepted_cached_tokens": 0}
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(base).replace(f'"{k}": {v}', f'"{k}": 1e400') + "\n"
+                         for k, v in (("ts_unix_s", 1795960925.1),
+                                      ("candidate_cached_tokens", 10))))
+    assert _quarantined(tmp_path, ["ingest", "decisions", f]) == [
+        f"quarantined {f}:1: ts_unix_s: time is outside 1970-01-01 to 2100-01-01 UTC",
+        f"quarantined {f}:2: candidate_cached_tokens: over 4,294,967,295 tokens (2^32 - 1)"]
