@@ -38,6 +38,8 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from itertools import islice as _islice
 from itertools import repeat as _repeat
 
+from prefixscope.replay.native import NATIVE
+
 _HEAD = -2  # sentinel index: always the second-to-last slot of _next/_prev
 _TAIL = -1  # sentinel index: always the last slot
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
@@ -81,7 +83,7 @@ class FreeBlockQueue:
     slots so that Python's negative indexing reaches them while the lists grow.
     """
 
-    __slots__ = ("_next", "_prev", "num_free_blocks")
+    __slots__ = ("_next", "_prev", "num_free_blocks", "_ids")
 
     def __init__(self, num_blocks: int) -> None:
         """Start with blocks ``0 .. num_blocks-1`` queued in id order."""
@@ -90,6 +92,7 @@ class FreeBlockQueue:
         # One int object per block id, shared by both lists (and, through them, by the block
         # map): half the memory the id objects' reference counts touch at large capacities.
         ids = list(range(n + 1))
+        self._ids = ids  # ids[b] is block b's int object (the compiled run_alone writes these)
         self._next = [*ids[1:], 0 if n else _TAIL, _TAIL]
         self._prev = [*([-1, *ids[:n - 1]] if n else ()), _HEAD, ids[n - 1] if n else _HEAD]
         if n:
@@ -473,6 +476,21 @@ class BlockPool:
         assert q.num_free_blocks == self.num_gpu_blocks - 1
         assert 0 <= num_lookup <= num_keyed <= num_blocks <= q.num_free_blocks, (
             num_lookup, num_keyed, num_blocks)
+        if NATIVE is not None and type(keys) is list:
+            # The same reads and writes in C (replay/_native.c; tests/test_replay_native.py).
+            nh, evicted = NATIVE.run_alone(
+                q._next, q._prev, self.block_hash, self._first, self._dups, q._ids, keys,
+                num_lookup, num_blocks, num_keyed, self._drop_duplicate)
+            self.num_evicted_blocks += evicted
+            self.num_cached_blocks_total += num_keyed - nh
+            return nh
+        return self._run_alone_python(keys, num_lookup, num_blocks, num_keyed)
+
+    def _run_alone_python(
+        self, keys: Sequence[Hashable], num_lookup: int, num_blocks: int, num_keyed: int,
+    ) -> int:
+        """:meth:`run_alone` in Python: the reference the compiled loop must equal."""
+        q = self.free_queue
         nxt, prv = q._next, q._prev
         bh, first, dups = self.block_hash, self._first, self._dups
         # Lookup (vLLM KVCacheManager.get_computed_blocks) and touch (the hits leave the queue).

@@ -52,6 +52,7 @@ import cbor2
 import numpy as np
 
 from prefixscope.core.errors import SimulationError
+from prefixscope.replay.native import NATIVE
 
 #: vLLM's fixed seed for the SHA-256 variants when PYTHONHASHSEED is unset (0.32 and 0.33).
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
@@ -524,7 +525,7 @@ class BlockHasher:
     """
 
     __slots__ = ("algo", "block_size", "extra_first", "extra_rest", "_fn", "_root", "_fast",
-                 "_layout", "_started", "_memo", "_tag")
+                 "_layout", "_started", "_memo", "_tag", "_native")
 
     def __init__(
         self,
@@ -568,6 +569,10 @@ class BlockHasher:
             self._started: dict[int, Any] = {}
             if memo is not None and self.extra_first is None:
                 self._memo, self._tag = memo, memo.new_tag()
+        # The compiled chain (prefixscope.replay.native): sha256 blocks without extra keys,
+        # pickled and hashed in C, one call per request (no PrefixMemo needed: hashing a block
+        # there costs less than looking it up).
+        self._native = NATIVE is not None and algo == "sha256" and self._layout is not None
 
     def extend(self, keys: list[Hashable], token_ids: Sequence[int], offset: int = 0) -> None:
         """Append to ``keys`` the keys of every full block not yet in ``keys``.
@@ -586,6 +591,11 @@ class BlockHasher:
         assert offset <= start, (offset, start)
         stop = n - n % bs  # end of the last full block
         lo, hi = start - offset, stop - offset
+        if (self._native and (start > 0 or self.extra_first is None)
+                and type(token_ids) in (list, tuple) and NATIVE.sha256_pickle_chain(
+                    keys, token_ids, lo, (hi - lo) // bs, bs, keys[-1] if keys else self._root,
+                    *self._layout) >= 0):
+            return
         if (self._layout is not None and hi - lo >= _MIN_FAST_BLOCKS * bs
                 and (start > 0 or self.extra_first is None) and type(token_ids) in _FAST_TYPES):
             # From the first unkeyed block to the end: the partial tail is ignored.
@@ -636,6 +646,9 @@ class BlockHasher:
             i = bs
         if i >= len(tt):
             return
+        if self._native and NATIVE.sha256_pickle_chain(
+                keys, tt, i, (len(tt) - i) // bs, bs, parent, *self._layout) >= 0:
+            return  # a salted first block (above), then the rest in C
         if self._layout is not None and len(tt) - i >= _MIN_FAST_BLOCKS * bs:
             # A salted first block (above), then the rest through the vectorised path.
             enc = _encode_opcodes(tt[i:], bs, *self._layout)

@@ -1,0 +1,233 @@
+"""The compiled replay loops (``replay/_native.c``) compute exactly what the Python code does.
+
+1. ``sha256_pickle_chain`` appends ``sha256(pickle.dumps((parent, tuple(block), None), 5))``,
+   chained, for every int range pickle writes as BININT1/BININT2/BININT/LONG1 (int64), block
+   sizes 1-64 and 512, from any start; it declines (-1, nothing appended) what it cannot write:
+   bools, floats, ints past int64, blocks over 8,192 tokens, pickles of several frames.
+2. ``BlockPool.run_alone`` through the extension leaves the whole pool (free-queue order, keys,
+   map, duplicate lists, counters) as the Python reference ``_run_alone_python`` does, over
+   random call sequences with heavy key duplication (hypothesis).
+3. A replay of the bundled Mooncake slice gives the same hits and the same final pool with and
+   without the extension.
+
+``make test`` builds the extension (Debian's libssl-dev is installed first); under ``CI=true`` a
+missing build is a failure (the skip below fails the run, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import random
+import subprocess
+import sys
+from importlib import import_module
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefixscope.replay import block_pool, hashing
+from prefixscope.replay.block_pool import BlockPool
+from prefixscope.replay.hashing import BlockHasher, none_hash, pickle_block_layout
+from prefixscope.replay.native import native_status
+from prefixscope.replay.sim import simulate
+from prefixscope.replay.types import SimConfig
+from tests.replay_core_support import check_pool_invariants, mooncake_path, mooncake_requests
+
+SETTINGS = settings(max_examples=200, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def native():
+    try:
+        return import_module("prefixscope.replay._native")
+    except ImportError as e:  # a failure under CI=true (tests/conftest.py)
+        pytest.skip(f"the compiled replay loops are not built ({e}): run `make venv` with a C "
+                    f"compiler and Debian's libssl-dev (make system-deps)")
+
+
+def reference_chain(parent: bytes, tokens: list, bs: int) -> list[bytes]:
+    out = []
+    for i in range(0, len(tokens) - len(tokens) % bs, bs):
+        parent = hashlib.sha256(pickle.dumps((parent, tuple(tokens[i:i + bs]), None),
+                                             protocol=5)).digest()
+        out.append(parent)
+    return out
+
+
+INT64_EDGES = [0, 255, 256, 65535, 65536, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**32,
+               -(2**32), 2**39, -(2**39), -(2**39) - 1, -(2**47), 2**55 - 1, -(2**55),
+               2**63 - 1, -(2**63), -(1 << 62), -1, -128, -129]
+tokens64 = st.one_of(st.sampled_from(INT64_EDGES), st.integers(0, 255), st.integers(256, 65535),
+                     st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**63 - 1))
+
+
+@SETTINGS
+@given(bs=st.one_of(st.integers(1, 64), st.just(512)), data=st.data(),
+       parent=st.binary(min_size=32, max_size=32))
+def test_chain_equals_pickle_and_hashlib(native, bs, data, parent):
+    nb = data.draw(st.integers(0, 5 if bs < 512 else 2))
+    start = data.draw(st.integers(0, 3))
+    tokens = data.draw(st.lists(tokens64, min_size=start + nb * bs, max_size=start + nb * bs + 3))
+    container = data.draw(st.sampled_from([list, tuple]))
+    keys: list = [b"earlier"]
+    n = native.sha256_pickle_chain(keys, container(tokens), start, nb, bs, parent,
+                                   *pickle_block_layout(bs))
+    assert n == nb
+    assert keys == [b"earlier", *reference_chain(parent, tokens[start:start + nb * bs], bs)]
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, 2**63, -(2**63) - 1, 2**70, "7", None])
+def test_chain_declines_what_it_cannot_write(native, bad):
+    tokens = [5] * 20 + [bad] + [6] * 11
+    keys: list = []
+    assert native.sha256_pickle_chain(keys, tokens, 0, 2, 16, b"p" * 32,
+                                      *pickle_block_layout(16)) == -1
+    assert keys == []  # nothing appended: the caller hashes through pickle.dumps
+    h = BlockHasher(block_size=16)  # ... which gives the definition's digests
+    got: list = []
+    h.extend(got, tokens)
+    assert got == reference_chain(none_hash(), tokens, 16)
+
+
+def test_chain_declines_pickles_of_several_frames_and_huge_blocks(native):
+    # 7,000 placeholder ids of 10 bytes each: pickle splits the block into 64 KiB frames.
+    tokens = [-(1 << 62)] * 7000
+    keys: list = []
+    assert native.sha256_pickle_chain(keys, tokens, 0, 1, 7000, b"p" * 32,
+                                      *pickle_block_layout(7000)) == -1
+    assert keys == []
+    got: list = []
+    BlockHasher(block_size=7000).extend(got, tokens)
+    assert got == reference_chain(none_hash(), tokens, 7000)
+    big = list(range(8193))
+    assert native.sha256_pickle_chain(keys, big, 0, 1, 8193, b"p" * 32, b"", b"") == -1
+
+
+def test_chain_checks_its_arguments(native):
+    layout = pickle_block_layout(4)
+    with pytest.raises(IndexError):
+        native.sha256_pickle_chain([], [1, 2, 3], 0, 1, 4, b"p" * 32, *layout)
+    with pytest.raises(TypeError):
+        native.sha256_pickle_chain([], iter([1, 2, 3, 4]), 0, 1, 4, b"p" * 32, *layout)
+    with pytest.raises(ValueError):
+        native.sha256_pickle_chain([], [1, 2, 3, 4], 0, 1, 0, b"p" * 32, *layout)
+
+
+@SETTINGS
+@given(bs=st.sampled_from([1, 2, 3, 4, 16]), salt=st.sampled_from([None, "s"]),
+       tokens=st.lists(tokens64, max_size=120), cut=st.integers(0, 120))
+def test_block_hasher_with_and_without_the_extension(native, monkeypatch_session, bs, salt,
+                                                     tokens, cut):
+    on = BlockHasher(block_size=bs, cache_salt=salt, seed="5")
+    with monkeypatch_session.context() as m:
+        m.setattr(hashing, "NATIVE", None)
+        off = BlockHasher(block_size=bs, cache_salt=salt, seed="5")
+    assert on._native and not off._native
+    a: list = []
+    b: list = []
+    on.extend(a, tokens)
+    off.extend(b, tokens)
+    assert a == b
+    cut = min(cut, len(tokens)) // bs * bs  # decode: a window after the keyed blocks
+    a2: list = []
+    on.extend(a2, tokens[:cut])
+    on.extend(a2, tokens[cut:], offset=cut)
+    assert a2 == a
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_session():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def pool_state(p: BlockPool):
+    return (list(p.free_queue), list(p.block_hash), dict(p._first),
+            {k: list(v) for k, v in p._dups.items()}, p.num_evicted_blocks,
+            p.num_cached_blocks_total, p.free_queue.num_free_blocks)
+
+
+@SETTINGS
+@given(capacity=st.integers(2, 30), seed=st.integers(0, 2**32 - 1),
+       alphabet=st.integers(1, 4), calls=st.integers(1, 40),
+       kind=st.sampled_from(["int", "bytes", "tuple"]))
+def test_run_alone_equals_the_python_reference(native, capacity, seed, alphabet, calls, kind):
+    # Keys are chained, as block hashes are: key j names tokens 0..j, so a request's keys are
+    # distinct and requests share prefixes. A small token alphabet makes prefixes recur;
+    # eviction of a parent before its child, the unlooked-up last block and skip-read requests
+    # make duplicates (several blocks carrying one key), which are then evicted and come back.
+    rnd = random.Random(seed)
+    a, b = BlockPool(capacity), BlockPool(capacity)
+    interned: dict = {}
+    make = {"int": lambda t: interned.setdefault(t, len(interned)),
+            "bytes": lambda t: hashlib.sha256(repr(t).encode()).digest(),
+            "tuple": lambda t: (("cache_salt", "s"), t)}[kind]
+    for i in range(calls):
+        if rnd.random() < 0.05:
+            assert a.reset_prefix_cache() and b.reset_prefix_cache()
+        num_blocks = rnd.randint(1, capacity - 1)
+        num_keyed = rnd.randint(0, num_blocks)
+        num_lookup = 0 if rnd.random() < 0.15 else rnd.randint(max(0, num_keyed - 1), num_keyed)
+        tokens = tuple(rnd.randrange(alphabet) for _ in range(num_keyed + rnd.randint(0, 3)))
+        keys = [make(tokens[:j + 1]) for j in range(len(tokens))]
+        got = a.run_alone(list(keys), num_lookup, num_blocks, num_keyed)
+        want = b._run_alone_python(list(keys), num_lookup, num_blocks, num_keyed)
+        assert got == want, i
+        assert pool_state(a) == pool_state(b), i
+        check_pool_invariants(a)
+
+
+def test_run_alone_meets_duplicates():
+    # The generator above does reach the duplicate paths (BlockPool._drop_duplicate).
+    p = BlockPool(10)  # 9 usable blocks
+    p.run_alone([1, 2, 3], 0, 3, 3)
+    p.run_alone([1, 2, 3], 0, 3, 3)  # skip-read: every key a second time
+    assert {k: len(v) for k, v in p._dups.items()} == {1: 1, 2: 1, 3: 1}
+    # The queue is now 3 free blocks, the first copies of 3, 2, 1, then the second copies:
+    # five new blocks evict the first copies of 3 and 2 (their duplicates take over).
+    p.run_alone([7, 8, 9, 10, 11], 0, 5, 5)
+    check_pool_invariants(p)
+    assert {k: len(v) for k, v in p._dups.items()} == {1: 1}
+    assert p.run_alone([1, 2, 3, 4], 4, 4, 4) == 3  # the survivors still hit
+
+
+def test_run_alone_writes_the_shared_id_objects(native):
+    # The lists keep one int object per block id (memory touched at large capacities).
+    p = BlockPool(50)
+    for i in range(20):
+        p.run_alone([i % 7, i, i + 1, i * 3], 2, 6, 4)
+    ids = p.free_queue._ids
+    for lst in (p.free_queue._next, p.free_queue._prev):
+        for v in lst:
+            assert v < 0 or v is ids[v]
+    assert all(b is ids[b] for b in p._first.values())
+
+
+def test_a_mooncake_replay_is_the_same_with_and_without_the_extension(native, monkeypatch):
+    reqs = list(mooncake_requests(mooncake_path(), 0, 150, block_size=16, mode="tokens"))
+    results = {}
+    for on in (True, False):
+        with monkeypatch.context() as m:
+            if not on:
+                m.setattr(block_pool, "NATIVE", None)
+                m.setattr(hashing, "NATIVE", None)
+            run = simulate(reqs, SimConfig(block_size=16, num_gpu_blocks=3000), read_ahead=True)
+            hits = [r.cached_tokens for r in run]
+            pool = run.manager.block_pool
+            results[on] = (hits, pool_state(pool))
+    assert sum(results[True][0]) > 0
+    assert results[True] == results[False]
+
+
+def test_native_status_and_the_switch():
+    code = "from prefixscope.replay.native import native_status; print(native_status())"
+    env = {**os.environ, "PREFIXSCOPE_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "python"
+    assert native_status() in ("native", "python")
