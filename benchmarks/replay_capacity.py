@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from replay_sim import DEFAULT_TRACE, load_requests  # noqa: E402
 
 from prefixscope.replay import block_pool  # noqa: E402
+from prefixscope.replay.native import native_status  # noqa: E402
 from prefixscope.replay.sim import simulate  # noqa: E402
 from prefixscope.replay.types import SimConfig  # noqa: E402
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     caps = sorted(args.capacity or [20000, 200000])
     bs = args.block_size
+    print(f"replay loops: {native_status()} (PREFIXSCOPE_NATIVE=0 runs the Python path)")
     print(f"load average {os.getloadavg()[0]:.1f}; first {args.requests} requests, best of "
           f"{args.repeat}, thread CPU seconds")
     data = {"sha256": load_requests(args.trace, args.requests, bs, "tokens"),

