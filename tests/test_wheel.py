@@ -24,9 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the wheel is built from (pyproject.toml's package-dir folders, README for metadata).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "prefixscope", "store", "ingest", "replay",
-           "alerts", "dashboard", "gateway", "data")
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.duckdb", "*.duckdb.wal", "demo")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "prefixscope", "store", "ingest",
+           "replay", "alerts", "dashboard", "gateway", "data")
+# *.so: the editable install's in-place build of the replay extension; the wheel compiles its own.
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.duckdb", "*.duckdb.wal", "demo", "*.so")
 
 
 def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -83,6 +84,17 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     assert out[2] == str(installed["purelib"] / "prefixscope" / "data")
     assert out[3] == "None"  # no source checkout around the installed package
     assert str(ROOT) not in "\n".join(out)
+
+
+def test_the_wheel_carries_the_compiled_replay_loops(installed):
+    # setup.py's optional extension is built into the wheel (make test installs gcc and
+    # libssl-dev first) and loads from the installed package, not from the checkout.
+    out = _run([installed["python"], "-c",
+                "from prefixscope.replay.native import native_status, NATIVE;"
+                "print(native_status()); print(NATIVE.__file__ if NATIVE else '')"],
+               cwd=installed["cwd"], env=installed["env"], timeout=120).stdout.split("\n")
+    assert out[0] == "native", out
+    assert out[1].startswith(str(installed["purelib"])) and str(ROOT) not in out[1], out
 
 
 def test_demo_runs_from_the_wheel(installed):
