@@ -117,7 +117,7 @@ sha256_pickle_chain(PyObject *self, PyObject *args)
         goto done;
     }
     Py_ssize_t ntok = PySequence_Fast_GET_SIZE(tokens);
-    if (num_blocks > 0 && start + num_blocks * bs > ntok) {
+    if (num_blocks > 0 && (start > ntok || num_blocks > (ntok - start) / bs)) {
         PyErr_SetString(PyExc_IndexError, "blocks run past the end of tokens");
         goto done;
     }
@@ -287,7 +287,13 @@ run_alone(PyObject *self, PyObject *args)
                 goto done;
             break;
         }
-        hits[nh++] = PyLong_AsSsize_t(b);
+        Py_ssize_t hb = PyLong_AsSsize_t(b);
+        if (hb <= 0 || hb >= q.n - 2) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_RuntimeError, "run_alone: the map names block %zd", hb);
+            goto done;
+        }
+        hits[nh++] = hb;
     }
     /* Touch: the hits leave the free queue. */
     for (Py_ssize_t i = 0; i < nh; i++) {
@@ -306,6 +312,8 @@ run_alone(PyObject *self, PyObject *args)
     }
     Py_ssize_t b = slot_of(&q, nxt, q.head);
     for (Py_ssize_t i = 0; i < nk; i++) {
+        if (b >= q.head)
+            goto ran_out;
         Py_ssize_t after = slot_of(&q, nxt, b);
         qlink(&q, b, prev);
         PyObject *key = PyList_GET_ITEM(keys, nh + i);
@@ -318,6 +326,8 @@ run_alone(PyObject *self, PyObject *args)
     }
     Py_ssize_t nu = num_blocks - num_keyed;
     for (Py_ssize_t i = 0; i < nu; i++) {
+        if (b >= q.head)
+            goto ran_out;
         blocks[nk + i] = b;
         olds[nold++] = PyList_GET_ITEM(bh, b);
         Py_INCREF(Py_None);
@@ -393,6 +403,9 @@ run_alone(PyObject *self, PyObject *args)
         }
     }
     result = Py_BuildValue("nn", nh, evicted);
+    goto done;
+ran_out:  /* only when the caller broke the preconditions (a pool with blocks in use) */
+    PyErr_SetString(PyExc_RuntimeError, "run_alone: the free queue ran out (is the pool idle?)");
 done:
     if (olds)
         for (Py_ssize_t i = 0; i < nold; i++)

@@ -115,6 +115,28 @@ def test_chain_checks_its_arguments(native):
         native.sha256_pickle_chain([], iter([1, 2, 3, 4]), 0, 1, 4, b"p" * 32, *layout)
     with pytest.raises(ValueError):
         native.sha256_pickle_chain([], [1, 2, 3, 4], 0, 1, 0, b"p" * 32, *layout)
+    with pytest.raises(IndexError):  # num_blocks * block_size would overflow
+        native.sha256_pickle_chain([], [1] * 10, 0, 2**62, 16, b"p" * 32, *layout)
+
+
+def test_run_alone_refuses_a_pool_in_use_instead_of_writing_past_its_lists(native):
+    # BlockPool.run_alone asserts an idle pool; under python -O those asserts are gone, and the
+    # C loop itself stops at the queue's end with an exception.
+    p = BlockPool(10)
+    p.get_new_blocks(5)
+    q = p.free_queue
+    with pytest.raises(RuntimeError, match="free queue ran out"):
+        native.run_alone(q._next, q._prev, p.block_hash, p._first, p._dups, q._ids,
+                         list(range(9)), 0, 9, 9, p._drop_duplicate)
+    with pytest.raises(ValueError, match="sizes out of range"):
+        native.run_alone(q._next, q._prev, p.block_hash, p._first, p._dups, q._ids,
+                         [1, 2], 0, 3, 3, p._drop_duplicate)
+    p2 = BlockPool(10)
+    p2._first[7] = 99  # a corrupt map names a block past the pool
+    q2 = p2.free_queue
+    with pytest.raises(RuntimeError, match="names block 99"):
+        native.run_alone(q2._next, q2._prev, p2.block_hash, p2._first, p2._dups, q2._ids,
+                         [7], 1, 1, 1, p2._drop_duplicate)
 
 
 @SETTINGS
