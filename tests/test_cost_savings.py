@@ -123,7 +123,11 @@ def test_real_captures_against_the_bundled_price_table(con, data_dir):
         ingest_usage_file(con, data_dir / "pydantic-ai" / f"{name}.jsonl")
     refresh_genai_prices(con)  # hosted models: priced through genai-prices
     df = savings_by_model(con).set_index("model")
-    assert df.loc["claude-sonnet-4-5", "price_source"].startswith("genai-prices 0.2.3: anthropic")
+    # The label names the installed release (a fresh venv takes PyPI's newest: 0.2.3, then 0.2.5).
+    from importlib.metadata import version
+
+    assert df.loc["claude-sonnet-4-5", "price_source"].startswith(
+        f"genai-prices {version('genai-prices')}: anthropic")
     # sonnet 4.5: reads 2 x 1111 at 3.00 - 0.30, one write of 418 at 3.75 - 3.00
     assert df.loc["claude-sonnet-4-5", "saved"] == pytest.approx((2222 * 2.7 - 418 * 0.75) / 1e6)
     # opus 4.8: write 1590 at +1.25, then read 1590 at 5.00 - 0.50
