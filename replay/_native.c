@@ -236,6 +236,14 @@ qlink(const Queue *q, Py_ssize_t a, Py_ssize_t b)  /* nxt[a] = b; prv[b] = a */
 
 static PyObject *MINUS_ONE, *MINUS_TWO;
 
+/* After anything that may run Python code (a key's __hash__/__eq__, drop_duplicate): the lists
+ * still have the sizes every index below was checked against. */
+#define SIZES_CHANGED(q, bh) (PyList_GET_SIZE((q).nxt) != (q).n || PyList_GET_SIZE((q).prv) != (q).n \
+        || PyList_GET_SIZE(bh) < (q).n - 2 || PyList_GET_SIZE((q).ids) < (q).n - 2)
+#define CHECK_SIZES(q, bh) do { if (SIZES_CHANGED(q, bh)) { \
+        PyErr_SetString(PyExc_RuntimeError, "run_alone: the pool's lists changed during the call"); \
+        goto done; } } while (0)
+
 PyDoc_STRVAR(run_alone_doc,
 "run_alone(nxt, prv, block_hash, first, dups, ids, keys, num_lookup, num_blocks, num_keyed,\n"
 "          drop_duplicate) -> (hit_blocks, evicted_blocks)\n\n"
@@ -272,6 +280,10 @@ run_alone(PyObject *self, PyObject *args)
     PyObject **olds = NULL;
     Py_ssize_t nh = 0, nold = 0, evicted = 0;
     PyObject *result = NULL;
+    /* Our own copy of the keys: a key's __hash__ or __eq__ (Python code) cannot shrink it. */
+    keys = PyList_GetSlice(keys, 0, num_keyed);
+    if (keys == NULL)
+        return NULL;
     hits = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(num_lookup + 1));
     blocks = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(num_blocks + 1));
     olds = PyMem_Malloc(sizeof(PyObject *) * (size_t)(num_blocks + 1));
@@ -295,10 +307,26 @@ run_alone(PyObject *self, PyObject *args)
         }
         hits[nh++] = hb;
     }
-    /* Touch: the hits leave the free queue. */
+    CHECK_SIZES(q, bh);
+    /* Touch: the hits leave the free queue. A block hit twice (a key repeated among the
+     * request's hits: keys that do not name their whole prefix) is no longer linked when it
+     * comes again; then every hit goes back where it was (in reverse, exactly) and the call
+     * fails, leaving the pool as it was. */
     for (Py_ssize_t i = 0; i < nh; i++) {
         Py_ssize_t b = hits[i];
-        qlink(&q, slot_of(&q, prv, b), slot_of(&q, nxt, b));
+        Py_ssize_t p = slot_of(&q, prv, b), n = slot_of(&q, nxt, b);
+        if (slot_of(&q, nxt, p) != b) {
+            for (Py_ssize_t j = i - 1; j >= 0; j--) {
+                Py_ssize_t u = hits[j];
+                Py_ssize_t up = slot_of(&q, prv, u), un = slot_of(&q, nxt, u);
+                qlink(&q, up, u);
+                qlink(&q, u, un);
+            }
+            PyErr_SetString(PyExc_ValueError, "run_alone: a block key repeats among the "
+                            "request's hits (block keys must name their whole prefix)");
+            goto done;
+        }
+        qlink(&q, p, n);
     }
     Py_ssize_t nk = num_keyed - nh;
     /* Pop the new blocks and link them as free_blocks(reversed(blocks)) leaves them:
@@ -362,6 +390,7 @@ run_alone(PyObject *self, PyObject *args)
             any_dup = c;
         }
     }
+    CHECK_SIZES(q, bh);
     for (Py_ssize_t i = 0; i < nold; i++) {
         PyObject *old = olds[i];
         if (old == Py_None)
@@ -379,28 +408,40 @@ run_alone(PyObject *self, PyObject *args)
                 goto done;
             PyErr_Clear();  /* as first.pop(old, None) */
         }
+        CHECK_SIZES(q, bh);
     }
     for (Py_ssize_t i = 0; i < nk; i++) {
         PyObject *key = PyList_GET_ITEM(keys, nh + i);
+        CHECK_SIZES(q, bh);
         PyObject *bo = obj_of(&q, blocks[i]);
+        Py_INCREF(bo);  /* held across the calls below, which may run a key's Python code */
         PyObject *got = PyDict_SetDefault(first, key, bo);
-        if (got == NULL)
+        if (got == NULL) {
+            Py_DECREF(bo);
             goto done;
+        }
         if (got != bo && PyLong_AsSsize_t(got) != blocks[i]) {  /* a duplicate */
             PyObject *lst = PyDict_GetItemWithError(dups, key);
             if (lst == NULL) {
-                if (PyErr_Occurred())
+                if (PyErr_Occurred()) {
+                    Py_DECREF(bo);
                     goto done;
+                }
                 lst = PyList_New(0);
                 if (lst == NULL || PyDict_SetItem(dups, key, lst) < 0) {
                     Py_XDECREF(lst);
+                    Py_DECREF(bo);
                     goto done;
                 }
                 Py_DECREF(lst);  /* the dict holds it */
             }
-            if (PyList_Append(lst, bo) < 0)
+            int bad = PyList_Append(lst, bo);
+            if (bad < 0) {
+                Py_DECREF(bo);
                 goto done;
+            }
         }
+        Py_DECREF(bo);
     }
     result = Py_BuildValue("nn", nh, evicted);
     goto done;
@@ -413,6 +454,7 @@ done:
     PyMem_Free(hits);
     PyMem_Free(blocks);
     PyMem_Free(olds);
+    Py_DECREF(keys);
     return result;
 }
 

@@ -45,6 +45,9 @@ _TAIL = -1  # sentinel index: always the last slot
 _consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
+_REPEATED_HIT = ("run_alone: a block key repeats among the request's hits (block keys must "
+                 "name their whole prefix)")
+
 #: Largest map built up front (a table of 2**19 slots, 10.5 MB); larger pools grow theirs as used.
 MAX_PRESIZED_KEYS = 1 << 18
 
@@ -467,15 +470,25 @@ class BlockPool:
                 1 .. ``num_gpu_blocks - 1``.
             num_keyed: blocks full at the end, ``num_lookup <= num_keyed <= num_blocks``.
 
+        Runs in C when the extension is built (``replay/_native.c``, the same reads and writes
+        on these lists and dicts; :meth:`_run_alone_python` is the reference it is tested
+        against).
+
         Raises:
-            AssertionError: the pool is unbounded, caching is off, a block is in use, or the
-                arguments are out of range (callers use the step-by-step path then).
+            AssertionError: the pool is unbounded, caching is off or a block is in use
+                (callers use the step-by-step path then).
+            ValueError: the sizes are out of range (``keys`` shorter than ``num_keyed``
+                included), or a key repeats among the hits (keys that do not name their whole
+                prefix); the pool is left as it was.
         """
         q = self.free_queue
         assert not self._unbounded and self.enable_caching
         assert q.num_free_blocks == self.num_gpu_blocks - 1
-        assert 0 <= num_lookup <= num_keyed <= num_blocks <= q.num_free_blocks, (
-            num_lookup, num_keyed, num_blocks)
+        if not (0 <= num_lookup <= num_keyed <= num_blocks <= q.num_free_blocks
+                and len(keys) >= num_keyed):
+            raise ValueError(f"run_alone: sizes out of range (num_lookup {num_lookup}, "
+                             f"num_keyed {num_keyed}, num_blocks {num_blocks}, {len(keys)} keys, "
+                             f"{q.num_free_blocks} free blocks)")
         if NATIVE is not None and type(keys) is list:
             # The same reads and writes in C (replay/_native.c; tests/test_replay_native.py).
             nh, evicted = NATIVE.run_alone(
@@ -503,8 +516,13 @@ class BlockPool:
                 if b is None:
                     break
                 app(b)
-            for b in hits:
+            for i, b in enumerate(hits):
                 p, n = prv[b], nxt[b]
+                if nxt[p] != b:  # hit twice: a key repeats among the hits
+                    for u in reversed(hits[:i]):  # relink in reverse: the queue as it was
+                        nxt[prv[u]] = u
+                        prv[nxt[u]] = u
+                    raise ValueError(_REPEATED_HIT)
                 nxt[p] = n
                 prv[n] = p
         nh = len(hits)

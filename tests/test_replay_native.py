@@ -204,6 +204,85 @@ def test_run_alone_equals_the_python_reference(native, capacity, seed, alphabet,
         check_pool_invariants(a)
 
 
+@SETTINGS
+@given(capacity=st.integers(2, 12), seed=st.integers(0, 2**32 - 1), calls=st.integers(1, 60))
+def test_keys_that_repeat_within_a_request_fail_alike_and_leave_the_pool(native, capacity, seed,
+                                                                         calls):
+    # Keys that do not name their whole prefix can repeat inside a request; a key repeated among
+    # the hits would make one block leave the free queue twice. Both paths refuse it with the
+    # same ValueError and leave the pool exactly as it was; every other call agrees.
+    rnd = random.Random(seed)
+    a, b = BlockPool(capacity), BlockPool(capacity)
+    refused = 0
+    for i in range(calls):
+        num_blocks = rnd.randint(1, capacity - 1)
+        num_keyed = rnd.randint(0, num_blocks)
+        num_lookup = rnd.randint(0, num_keyed)
+        keys = [rnd.randrange(4) for _ in range(num_keyed)]
+        outcome = []
+        for pool, run in ((a, a.run_alone), (b, b._run_alone_python)):
+            try:
+                outcome.append(run(list(keys), num_lookup, num_blocks, num_keyed))
+            except ValueError as e:
+                outcome.append(str(e))
+        assert outcome[0] == outcome[1], i
+        refused += isinstance(outcome[0], str)
+        assert pool_state(a) == pool_state(b), i
+        check_pool_invariants(a)
+
+
+class HostileKey:
+    """A key whose hash empties the list of keys it was put in (a caller's own objects)."""
+
+    def __init__(self, keys: list, v: int) -> None:
+        self.keys, self.v = keys, v
+
+    def __hash__(self) -> int:
+        self.keys.clear()
+        return hash(self.v)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostileKey) and other.v == self.v
+
+
+def test_a_key_that_changes_the_call_cannot_crash_it(native):
+    # The C loop works on its own copy of the keys (the Python path reads the emptied list, so
+    # the two register different keys: no contract for such objects) and re-checks the pool's
+    # lists after any Python code a key may run: a valid pool or an exception, never a crash.
+    p = BlockPool(10)
+    keys: list = []
+    keys += [HostileKey(keys, i) for i in range(5)]
+    assert p.run_alone(keys, 5, 5, 5) == 0
+    check_pool_invariants(p)
+    assert len(p._first) == 5
+
+    class Shrinker(HostileKey):
+        def __hash__(self) -> int:  # a key that empties the pool's own lists
+            pool.free_queue._next.clear()
+            return hash(self.v)
+
+    pool = BlockPool(10)
+    with pytest.raises(RuntimeError, match="lists changed"):
+        pool.run_alone([Shrinker([], i) for i in range(3)], 3, 3, 3)
+
+
+def test_sizes_out_of_range_fail_alike(native):
+    for use_native in (True, False):
+        p = BlockPool(10)
+        run = p.run_alone if use_native else p._run_alone_python
+        if not use_native:  # the reference has no checks of its own: the public method does
+            with pytest.MonkeyPatch().context() as m:
+                m.setattr(block_pool, "NATIVE", None)
+                with pytest.raises(ValueError, match="sizes out of range"):
+                    p.run_alone([1, 2], 0, 3, 3)  # fewer keys than keyed blocks
+                with pytest.raises(ValueError, match="sizes out of range"):
+                    p.run_alone([1, 2, 3], 3, 3, 2)
+        else:
+            with pytest.raises(ValueError, match="sizes out of range"):
+                run([1, 2], 0, 3, 3)
+        assert p.num_cached_blocks_total == 0 and len(list(p.free_queue)) == 9
+
+
 def test_run_alone_meets_duplicates():
     # The generator above does reach the duplicate paths (BlockPool._drop_duplicate).
     p = BlockPool(10)  # 9 usable blocks
@@ -222,7 +301,7 @@ def test_run_alone_writes_the_shared_id_objects(native):
     # The lists keep one int object per block id (memory touched at large capacities).
     p = BlockPool(50)
     for i in range(20):
-        p.run_alone([i % 7, i, i + 1, i * 3], 2, 6, 4)
+        p.run_alone([1000 + i % 7, i, 500 + i, 2000 + i * 3], 2, 6, 4)
     ids = p.free_queue._ids
     for lst in (p.free_queue._next, p.free_queue._prev):
         for v in lst:
