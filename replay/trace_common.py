@@ -208,8 +208,11 @@ class _Reader:
                 try:
                     raw = fh.readline(MAX_LINE_BYTES + 1)
                     long = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
-                    while long and raw and not raw.endswith(b"\n"):
-                        raw = fh.readline(MAX_LINE_BYTES)  # skip the rest, never held whole
+                    rest = raw
+                    while long and rest and not rest.endswith(b"\n"):
+                        # Skip the rest, never held whole; a last line without its newline
+                        # ends at EOF (b""), and is still reported below as too long.
+                        rest = fh.readline(MAX_LINE_BYTES)
                 except GZIP_ERRORS:
                     self.bad(self.location, lineno + 1, _Bad(None, GZIP_CORRUPT))
                     return

@@ -1,0 +1,52 @@
+"""A last line over the 1 MiB bound with no newline after it is reported, not lost: the replay
+trace reader skipped the rest of such a line until EOF and then took EOF for the end of the
+file, so the line vanished ("0 trace records skipped", exit 0; new user, session 9). (``ingest
+requests`` leaves such a line for its next run on purpose: a log being written may not have
+finished its last line; it is quarantined once its newline arrives.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefixscope.core.bounds import LINE_TOO_LONG, MAX_LINE_BYTES
+from tests.hostile.support import expected_line, fresh_db, quarantine_rows, run_cli
+
+GOOD_TRACE = json.dumps({"prompt_token_ids": list(range(1, 18))}).encode()
+BIG_TRACE = b'{"prompt_token_ids": [' + b"1, " * (MAX_LINE_BYTES // 2) + b"1]}"
+GOOD_CHAT = json.dumps({"id": "c-0", "object": "chat.completion", "created": 1764590000,
+                        "model": "m", "usage": {"prompt_tokens": 10,
+                                                "completion_tokens": 1}}).encode()
+BIG_CHAT = b'{"id":"x","pad":"' + b"a" * (2 * MAX_LINE_BYTES) + b'"}'
+
+
+def test_replay_sim_reports_a_last_long_line_without_newline(tmp_path: Path):
+    for newline in (b"", b"\n"):
+        f = tmp_path / f"trace{len(newline)}.jsonl"
+        f.write_bytes(GOOD_TRACE + b"\n" + BIG_TRACE + newline)
+        code, out, err = run_cli(["replay", "sim", str(f), "--format", "token-ids",
+                                  "--out", str(tmp_path / f"out{len(newline)}")])
+        assert code == 0, (code, out, err)
+        assert f"{f}:2: {LINE_TOO_LONG}" in out + err
+        assert "1 trace records skipped" in out + err
+        code, out, err = run_cli(["replay", "sim", str(f), "--format", "token-ids", "--json",
+                                  "--out", str(tmp_path / f"json{len(newline)}")])
+        assert code == 0, (code, out, err)
+        doc = json.loads(out)
+        assert (doc["requests"], doc["skipped_records"]) == (1, 1)
+        assert "1, 1, 1" not in out + err
+
+
+def test_ingest_requests_leaves_an_unfinished_long_line_then_quarantines_it(tmp_path: Path):
+    f = tmp_path / "usage.jsonl"
+    f.write_bytes(GOOD_CHAT + b"\n" + BIG_CHAT)
+    db = fresh_db(tmp_path)
+    code, out, err = run_cli(["ingest", "requests", str(f), "--db", db])
+    assert code == 0, (code, out, err)
+    assert quarantine_rows(db) == []  # unfinished: the writer may still be on it
+    with f.open("ab") as fh:
+        fh.write(b"\n" + GOOD_CHAT.replace(b'"c-0"', b'"c-1"') + b"\n")
+    code, out, err = run_cli(["ingest", "requests", str(f), "--db", db])
+    assert code == 0, (code, out, err)
+    assert quarantine_rows(db) == [(2, None, LINE_TOO_LONG)]
+    assert "quarantined " + expected_line(str(f), 2, None, LINE_TOO_LONG) in err, err
