@@ -211,8 +211,15 @@ def block_hashes(
         ``len(token_ids) // block_size`` digests (32 bytes for SHA-256, 16 for xxh3-128).
 
     Raises:
-        SimulationError: unknown algorithm or block size < 1.
+        SimulationError: unknown algorithm, block size < 1, or a token id that is not a
+            Python int (a bool, a numpy integer, a float: pickle writes those otherwise than the
+            ints of vLLM's ``Request.prompt_token_ids``, so their digests would match nothing).
     """
+    for i, t in enumerate(token_ids):
+        if type(t) is not int:
+            raise SimulationError(
+                f"token id at index {i} is a {type(t).__module__}.{type(t).__qualname__}, not "
+                f"an int: vLLM hashes Python ints (convert with int() or .tolist())")
     hasher = BlockHasher(
         algo=algo, block_size=block_size, seed=seed, cache_salt=cache_salt,
         lora_name=lora_name, lora_path=lora_path,

@@ -332,3 +332,26 @@ def test_native_status_and_the_switch():
                          check=True).stdout.strip()
     assert out == "python"
     assert native_status() in ("native", "python")
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "5"])
+def test_block_hashes_refuses_token_ids_that_are_not_ints(bad):
+    # vLLM's prompt_token_ids are Python ints; a bool or a numpy integer pickles otherwise, and
+    # gave digests that depended on how many blocks followed (new user, session 9).
+    from prefixscope.core.errors import SimulationError
+    from prefixscope.replay.hashing import block_hashes
+
+    with pytest.raises(SimulationError, match="token id at index 3 is a builtins"):
+        block_hashes([1, 2, 3, bad] + [4] * 60, block_size=16)
+
+
+def test_block_hashes_refuses_numpy_ids():
+    import numpy as np
+
+    from prefixscope.core.errors import SimulationError
+    from prefixscope.replay.hashing import block_hashes
+
+    with pytest.raises(SimulationError, match=r"index 0 is a numpy\.int64.*tolist"):
+        block_hashes(np.arange(64, dtype=np.int64), block_size=16)
+    assert block_hashes(np.arange(64).tolist(), block_size=16) == block_hashes(
+        list(range(64)), block_size=16)

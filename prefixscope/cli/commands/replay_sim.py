@@ -194,7 +194,7 @@ def sim_cmd(
 
     Examples:
 
-      prefixscope replay sim data/traces/mooncake/conversation_trace.jsonl --format mooncake --block-size 512 --capacity-blocks 20000 --algo fast --json
+      prefixscope replay sim data/traces/mooncake/conversation_trace.jsonl.gz --format mooncake --block-size 512 --capacity-blocks 20000 --algo fast --json
 
       prefixscope replay sim data/captures/aider/chat-requests.jsonl --format chat --layout data/layouts/date-at-end.yaml --ingest
 
