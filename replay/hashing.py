@@ -596,6 +596,12 @@ class BlockHasher:
         if start + bs > n:
             return
         assert offset <= start, (offset, start)
+        if type(token_ids) not in _FAST_TYPES:
+            # A lazy token sequence (the hash-id readers' ExpandedTokens) as one list, computed
+            # in bulk rather than token by token.
+            as_list = getattr(token_ids, "as_token_list", None)
+            if as_list is not None:
+                token_ids = as_list()
         stop = n - n % bs  # end of the last full block
         lo, hi = start - offset, stop - offset
         if (self._native and (start > 0 or self.extra_first is None)

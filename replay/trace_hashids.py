@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import overload
 
+import numpy as np
+
 #: Aliases (chain violations) get ids from here up, far above any real id (and above the
 #: per-conversation namespace offsets ``k << 32`` for up to 65,536 conversations).
 ALIAS_BASE = 1 << 48
@@ -152,7 +154,10 @@ class ExpandedTokens(Sequence[int]):
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return [self._token(p) for p in range(*index.indices(self._n))]
+            start, stop, step = index.indices(self._n)
+            if step == 1 and stop - start > 64:
+                return self.as_token_list(start, stop)
+            return [self._token(p) for p in range(start, stop, step)]
         if index < 0:
             index += self._n
         if not 0 <= index < self._n:
@@ -160,8 +165,43 @@ class ExpandedTokens(Sequence[int]):
         return self._token(index)
 
     def __iter__(self) -> Iterator[int]:
-        for p in range(self._n):
-            yield self._token(p)
+        return iter(self.as_token_list())
+
+    def as_token_list(self, start: int = 0, stop: int | None = None) -> list[int]:
+        """Tokens ``start .. stop-1`` as a list of Python ints, computed with numpy (the
+        per-token :meth:`_token` costs about 1 µs a token: 8 s for the 8.3 M tokens of 600
+        Mooncake requests). The same values as ``[self._token(p) for p in range(start,
+        stop)]`` (property test), which it falls back to when a raw token would leave int64.
+        """
+        n = self._n if stop is None else min(stop, self._n)
+        if start >= n:
+            return []
+        s, canon = self._s, self._canon
+        covered = len(canon) * s
+        tail_end = self._tail - max(0, n - covered)
+        if canon and (max(canon) + 1) * s >= 1 << 63 or min(canon, default=0) < 0 or (
+                tail_end < -(1 << 63)):
+            return [self._token(p) for p in range(start, n)]
+        parts = []
+        if start < covered:
+            hi = min(n, covered)
+            c = np.asarray(canon[start // s:(hi - 1) // s + 1], dtype=np.int64)
+            block = (c[:, None] * s + np.arange(s, dtype=np.int64)).ravel()
+            off = start - (start // s) * s
+            parts.append(block[off:off + hi - start])
+        if n > covered:
+            lo = max(start, covered)
+            parts.append(self._tail - (np.arange(lo, n, dtype=np.int64) - covered))
+        raw = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if self._vocab is None:
+            return raw.tolist()
+        span = np.uint64(self._vocab - FIRST_ORDINARY_TOKEN)
+        with np.errstate(over="ignore"):  # uint64 arithmetic wraps as `& _MASK64` does
+            x = raw.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            x = x ^ (x >> np.uint64(31))
+        return (x % span + np.uint64(FIRST_ORDINARY_TOKEN)).tolist()
 
 
 def block_keys_for(canon: Sequence[int], ids_block_size: int, num_tokens: int,
