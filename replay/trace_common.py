@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from prefixscope.core.bounds import (
-    LINE_TOO_LONG,
+    TRACE_LINE_TOO_LONG,
     MAX_COUNT,
     MAX_LINE_BYTES,
+    MAX_TRACE_LINE_BYTES,
     TOO_DEEP,
     json_too_deep,
     open_regular,
@@ -197,7 +198,7 @@ class _Reader:
 
     def jsonl(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(line number, object) for every non-blank line; bad lines are reported here: not
-        UTF-8, longer than 1 MiB, nested deeper than 64 levels, not JSON (NaN and Infinity
+        UTF-8, longer than 16 MiB (a prompt's token ids), nested deeper than 64 levels, not JSON (NaN and Infinity
         are not JSON), a lone surrogate, not an object. A corrupt or truncated ``.gz`` stops
         the read with a problem at the line it reached (the requests before it are kept)."""
         raw_fh = open_binary(self.path)
@@ -206,13 +207,13 @@ class _Reader:
             lineno = 0
             while True:
                 try:
-                    raw = fh.readline(MAX_LINE_BYTES + 1)
-                    long = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
+                    raw = fh.readline(MAX_TRACE_LINE_BYTES + 1)
+                    long = len(raw) > MAX_TRACE_LINE_BYTES and not raw.endswith(b"\n")
                     rest = raw
                     while long and rest and not rest.endswith(b"\n"):
                         # Skip the rest, never held whole; a last line without its newline
                         # ends at EOF (b""), and is still reported below as too long.
-                        rest = fh.readline(MAX_LINE_BYTES)
+                        rest = fh.readline(MAX_LINE_BYTES)  # 1 MiB steps
                 except GZIP_ERRORS:
                     self.bad(self.location, lineno + 1, _Bad(None, GZIP_CORRUPT))
                     return
@@ -222,8 +223,8 @@ class _Reader:
                 if not raw:
                     return
                 lineno += 1
-                if long or len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
-                    self.bad(self.location, lineno, _Bad(None, LINE_TOO_LONG))
+                if long or len(raw.rstrip(b"\r\n")) > MAX_TRACE_LINE_BYTES:
+                    self.bad(self.location, lineno, _Bad(None, TRACE_LINE_TOO_LONG))
                     continue
                 if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                     raw = raw[3:]

@@ -51,7 +51,7 @@ from prefixscope.core.bounds import (
     BINARY_SAMPLE_BYTES,
     ID_TOO_LONG,
     MAX_ID_CHARS,
-    MAX_LINE_BYTES,
+    MAX_TRACE_LINE_BYTES,
     TOO_DEEP,
     id_ok,
     json_too_deep,
@@ -347,7 +347,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
                 # read no further than the line bound.
                 fh.seek(0)
                 while not first_line.strip():
-                    first_line = fh.readline(MAX_LINE_BYTES + 1)
+                    first_line = fh.readline(MAX_TRACE_LINE_BYTES + 1)
                     line_no += 1
                     if not first_line:
                         break
@@ -357,9 +357,10 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if not stripped:
         raise SourceUnavailable(f"{p}: empty file")
     fmt_hint = f"give --format ({', '.join(FORMATS[1:])})"
-    if len(first_line) > MAX_LINE_BYTES:
+    if len(first_line) > MAX_TRACE_LINE_BYTES:
         raise UsageError(f"{p}:{line_no}: cannot tell the trace format: the first record is "
-                         f"longer than {MAX_LINE_BYTES:,} bytes (1 MiB, the line bound): {fmt_hint}")
+                         f"longer than {MAX_TRACE_LINE_BYTES:,} bytes (16 MiB, the trace line "
+                         f"bound): {fmt_hint}")
     if json_too_deep(first_line):
         raise UsageError(f"{p}:{line_no}: cannot tell the trace format: the first record is "
                          f"{TOO_DEEP}: {fmt_hint}")

@@ -10,7 +10,8 @@ Bounds:
 
 1. :data:`MAX_LINE_BYTES`: a line (JSONL record, exposition line) longer than 1 MiB is
    quarantined without being held whole; a file with no newline at all is read no further than
-   that (``/dev/zero``-like input never fills the memory).
+   that (``/dev/zero``-like input never fills the memory). A replay trace's line, which holds
+   a whole prompt's token ids, may be 16 MiB (:data:`MAX_TRACE_LINE_BYTES`), read the same way.
 2. :data:`MAX_DEPTH`: JSON nested deeper than 64 arrays/objects is quarantined before it reaches
    a decoder (the stdlib and msgspec recurse: RecursionError at about 1,000 levels).
 3. :data:`MAX_ID_CHARS`: identifiers (request id, run id, model, instance, topic...) are at most
@@ -41,6 +42,9 @@ from typing import BinaryIO
 
 #: Longest line read, bytes (1 MiB).
 MAX_LINE_BYTES = 1 << 20
+#: Longest line of a replay trace, bytes (16 MiB): one line holds a whole prompt's token ids,
+#: and a 200,000-token prompt of 7-digit ids is 1.8 MB (at most one line is held at a time).
+MAX_TRACE_LINE_BYTES = 16 << 20
 #: Deepest JSON nesting accepted (arrays + objects).
 MAX_DEPTH = 64
 #: Longest identifier, characters.
@@ -61,6 +65,7 @@ MAX_DOCUMENT_BYTES = 16 << 20
 BINARY_SAMPLE_BYTES = 8192
 
 LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES:,} bytes (1 MiB)"
+TRACE_LINE_TOO_LONG = f"line longer than {MAX_TRACE_LINE_BYTES:,} bytes (16 MiB)"
 TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels"
 ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
 COUNT_RANGE = "not an integer from 0 to 2^62"

@@ -9,11 +9,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefixscope.core.bounds import LINE_TOO_LONG, MAX_LINE_BYTES
+from prefixscope.core.bounds import (
+    LINE_TOO_LONG,
+    MAX_LINE_BYTES,
+    MAX_TRACE_LINE_BYTES,
+    TRACE_LINE_TOO_LONG,
+)
 from tests.hostile.support import expected_line, fresh_db, quarantine_rows, run_cli
 
 GOOD_TRACE = json.dumps({"prompt_token_ids": list(range(1, 18))}).encode()
-BIG_TRACE = b'{"prompt_token_ids": [' + b"1, " * (MAX_LINE_BYTES // 2) + b"1]}"
+BIG_TRACE = b'{"prompt_token_ids": [' + b"1, " * (MAX_TRACE_LINE_BYTES // 2) + b"1]}"
 GOOD_CHAT = json.dumps({"id": "c-0", "object": "chat.completion", "created": 1764590000,
                         "model": "m", "usage": {"prompt_tokens": 10,
                                                 "completion_tokens": 1}}).encode()
@@ -27,7 +32,7 @@ def test_replay_sim_reports_a_last_long_line_without_newline(tmp_path: Path):
         code, out, err = run_cli(["replay", "sim", str(f), "--format", "token-ids",
                                   "--out", str(tmp_path / f"out{len(newline)}")])
         assert code == 0, (code, out, err)
-        assert f"{f}:2: {LINE_TOO_LONG}" in out + err
+        assert f"{f}:2: {TRACE_LINE_TOO_LONG}" in out + err
         assert "1 trace records skipped" in out + err
         code, out, err = run_cli(["replay", "sim", str(f), "--format", "token-ids", "--json",
                                   "--out", str(tmp_path / f"json{len(newline)}")])
@@ -50,3 +55,19 @@ def test_ingest_requests_leaves_an_unfinished_long_line_then_quarantines_it(tmp_
     assert code == 0, (code, out, err)
     assert quarantine_rows(db) == [(2, None, LINE_TOO_LONG)]
     assert "quarantined " + expected_line(str(f), 2, None, LINE_TOO_LONG) in err, err
+
+
+def test_a_200k_token_prompt_of_7_digit_ids_is_read(tmp_path: Path):
+    # A trace line holds a whole prompt: 1.8 MB here, over the 1 MiB line bound of the logs
+    # (it was skipped as too long; new user, session 9); trace lines may be 16 MiB.
+    ids = [1_000_000 + (i * 7919) % 8_000_000 for i in range(200_000)]
+    line = json.dumps({"prompt_token_ids": ids}).encode()
+    assert MAX_LINE_BYTES < len(line) < MAX_TRACE_LINE_BYTES
+    f = tmp_path / "long.jsonl"
+    f.write_bytes(line + b"\n" + line + b"\n")
+    code, out, err = run_cli(["replay", "sim", str(f), "--format", "token-ids", "--json",
+                              "--out", str(tmp_path / "out")])
+    assert code == 0, (code, out, err)
+    doc = json.loads(out)
+    assert (doc["requests"], doc["skipped_records"]) == (2, 0)
+    assert doc["cached_tokens"] == 200_000 // 16 * 16 - 16  # the second hits all but the last
