@@ -152,9 +152,12 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
                                         "(integers from 0 to 2^31 - 1)")
             out = _int_field(obj, "output_tokens", minimum=0) if "output_tokens" in obj else 0
             out_ids = obj.get("output_token_ids")
-            if out_ids is not None and not (isinstance(out_ids, list) and all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in out_ids)):
-                raise _Bad("$.output_token_ids", "not a list of token ids")
+            if out_ids is not None and not (isinstance(out_ids, list) and set(
+                    map(type, out_ids)) <= {int} and (not out_ids or (
+                        min(out_ids) >= 0 and max(out_ids) <= MAX_TOKEN_ID))):
+                # The prompt's rule: a generated token is a vocabulary id too.
+                raise _Bad("$.output_token_ids", "not a list of token ids (integers from 0 to "
+                                                 "2^31 - 1)")
             if out_ids is not None and "output_tokens" not in obj:
                 out = len(out_ids)
             arrival = _arrival(obj, previous)
