@@ -355,6 +355,22 @@ def test_dockerfile_entrypoint_is_the_cli():
     assert 'ENTRYPOINT ["prefixscope"]' in text
 
 
+def test_dockerfile_builds_the_wheel_from_every_package_folder_with_the_extension():
+    # No Docker engine here: checked statically. The build stage copies every folder that
+    # pyproject.toml maps onto a package (a missing one fails `pip wheel .`), setup.py (the
+    # compiled replay loops) and installs the compiler and OpenSSL headers they need.
+    import tomllib
+
+    text = (ROOT / "deploy/Dockerfile").read_text()
+    build = text.split("FROM python:3.11-slim\n")[0]
+    folders = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"].values())
+    for folder in folders:
+        assert f"COPY {folder} ./{folder}" in build, folder
+    assert "setup.py" in build and "libssl-dev" in build and "gcc" in build
+    assert "pip wheel" in build and "COPY --from=build /wheels /wheels" in text
+
+
 # ----------------------------------------------------------------------------- docs
 
 
