@@ -427,15 +427,17 @@ run_alone(PyObject *self, PyObject *args)
                     Py_DECREF(bo);
                     goto done;
                 }
-                lst = PyList_New(0);
+                lst = PyList_New(0);  /* our reference, kept until the append */
                 if (lst == NULL || PyDict_SetItem(dups, key, lst) < 0) {
                     Py_XDECREF(lst);
                     Py_DECREF(bo);
                     goto done;
                 }
-                Py_DECREF(lst);  /* the dict holds it */
+            } else {
+                Py_INCREF(lst);
             }
             int bad = PyList_Append(lst, bo);
+            Py_DECREF(lst);
             if (bad < 0) {
                 Py_DECREF(bo);
                 goto done;
