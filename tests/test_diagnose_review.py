@@ -118,16 +118,16 @@ def test_deeply_nested_first_record_is_one_line_not_a_traceback(cli, tmp_path):
 def test_first_record_over_the_line_bound_is_named(cli, tmp_path):
     support = support_log(tmp_path / "support.jsonl").read_text(encoding="utf-8").splitlines()
     big = json.loads(support[0])
-    big["messages"][1]["content"] = "x" * (10 << 20)
+    big["messages"][1]["content"] = "x" * (20 << 20)  # over the 16 MiB trace line bound
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps(big) + "\n" + support[1] + "\n", encoding="utf-8")
     code, _, err = cli(["diagnose", path, "--out", tmp_path / "o"])
     assert code != 0
     assert f"{path}:1: cannot tell the trace format: the first record is longer than " \
-           "1,048,576 bytes" in err
+           "16,777,216 bytes" in err
     code, out, err = cli(["diagnose", path, "--format", "chat", "--out", tmp_path / "o2"])
     assert code == 0
-    assert f"{path}:1: line longer than 1,048,576 bytes (1 MiB)" in err
+    assert f"{path}:1: line longer than 16,777,216 bytes (16 MiB)" in err
     assert re.match(r"1 requests?, ", out)
 
 
