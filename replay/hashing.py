@@ -605,9 +605,8 @@ class BlockHasher:
         stop = n - n % bs  # end of the last full block
         lo, hi = start - offset, stop - offset
         if (self._native and (start > 0 or self.extra_first is None)
-                and type(token_ids) in (list, tuple) and NATIVE.sha256_pickle_chain(
-                    keys, token_ids, lo, (hi - lo) // bs, bs, keys[-1] if keys else self._root,
-                    *self._layout) >= 0):
+                and type(token_ids) in (list, tuple)
+                and self._chain_native(keys, token_ids, lo, (hi - lo) // bs)):
             return
         if (self._layout is not None and hi - lo >= _MIN_FAST_BLOCKS * bs
                 and (start > 0 or self.extra_first is None) and type(token_ids) in _FAST_TYPES):
@@ -659,8 +658,7 @@ class BlockHasher:
             i = bs
         if i >= len(tt):
             return
-        if self._native and NATIVE.sha256_pickle_chain(
-                keys, tt, i, (len(tt) - i) // bs, bs, parent, *self._layout) >= 0:
+        if self._native and self._chain_native(keys, tt, i, (len(tt) - i) // bs):
             return  # a salted first block (above), then the rest in C
         if self._layout is not None and len(tt) - i >= _MIN_FAST_BLOCKS * bs:
             # A salted first block (above), then the rest through the vectorised path.
@@ -700,6 +698,15 @@ class BlockHasher:
         for j in range(i, len(tt), bs):
             parent = fn((parent, tt[j:j + bs], extra_rest))
             append(parent)
+
+    def _chain_native(self, keys: list[Hashable], tokens: list | tuple, start: int,
+                      num_blocks: int) -> bool:
+        """Append the digests of ``num_blocks`` blocks of ``tokens`` from ``start`` in C
+        (parent ``keys[-1]``, NONE_HASH when ``keys`` is empty); False with ``keys`` unchanged
+        when the extension declines them (see ``replay/_native.c``)."""
+        return NATIVE.sha256_pickle_chain(keys, tokens, start, num_blocks, self.block_size,
+                                          keys[-1] if keys else self._root,
+                                          *self._layout) >= 0
 
     def _chain_from_opcodes(self, keys: list[Hashable], stream: bytes, ends: list[int],
                             size: int = 0) -> None:

@@ -53,12 +53,27 @@ FIRST_ORDINARY_TOKEN = 5
 _MASK64 = (1 << 64) - 1
 
 
+#: splitmix64's finaliser constants (the increment, then the two multipliers).
+_MIX_ADD, _MIX_MUL1, _MIX_MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
 def _mix64(x: int) -> int:
     # splitmix64 finaliser: a fixed bijection on 64-bit integers.
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = (x + _MIX_ADD) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX_MUL1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX_MUL2) & _MASK64
     return x ^ (x >> 31)
+
+
+def _mix64_array(raw: np.ndarray) -> np.ndarray:
+    """:func:`_mix64` of every element (int64 in, uint64 out): uint64 arithmetic wraps as
+    ``& _MASK64`` does."""
+    u = np.uint64
+    with np.errstate(over="ignore"):
+        x = raw.astype(u) + u(_MIX_ADD)
+        x = (x ^ (x >> u(30))) * u(_MIX_MUL1)
+        x = (x ^ (x >> u(27))) * u(_MIX_MUL2)
+        return x ^ (x >> u(31))
 
 
 class IdChain:
@@ -179,8 +194,8 @@ class ExpandedTokens(Sequence[int]):
         s, canon = self._s, self._canon
         covered = len(canon) * s
         tail_end = self._tail - max(0, n - covered)
-        if canon and (max(canon) + 1) * s >= 1 << 63 or min(canon, default=0) < 0 or (
-                tail_end < -(1 << 63)):
+        if ((canon and (max(canon) + 1) * s >= 1 << 63) or min(canon, default=0) < 0
+                or tail_end < -(1 << 63)):  # a raw token past int64: the per-token path
             return [self._token(p) for p in range(start, n)]
         parts = []
         if start < covered:
@@ -196,12 +211,7 @@ class ExpandedTokens(Sequence[int]):
         if self._vocab is None:
             return raw.tolist()
         span = np.uint64(self._vocab - FIRST_ORDINARY_TOKEN)
-        with np.errstate(over="ignore"):  # uint64 arithmetic wraps as `& _MASK64` does
-            x = raw.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            x = x ^ (x >> np.uint64(31))
-        return (x % span + np.uint64(FIRST_ORDINARY_TOKEN)).tolist()
+        return (_mix64_array(raw) % span + np.uint64(FIRST_ORDINARY_TOKEN)).tolist()
 
 
 def block_keys_for(canon: Sequence[int], ids_block_size: int, num_tokens: int,
