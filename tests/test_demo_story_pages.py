@@ -212,22 +212,34 @@ def test_release_day_carries_a_normal_days_traffic_and_its_misses_step_up(story)
     assert miss[5] > miss[4] and miss[6] > 0  # day 6: the whole day after the release
 
 
+def _counter_badges(at) -> list[tuple[int, int]]:
+    """Overview's per-model ``hits of queries tokens (vLLM counters)`` badges, sorted by model."""
+    return [tuple(int(g.replace(",", "")) for g in got.groups())
+            for got in (re.search(r"-badge\[\w+\] ([\d,]+) of ([\d,]+) tokens "
+                                  r"\(vLLM counters\)$", m) for m in ds.texts(at, "markdown"))
+            if got]
+
+
+def _all_range(at) -> None:
+    at.radio(key="filter_range").set_value("all")
+
+
 def test_overview_and_savings_name_their_token_sources_and_differ_only_by_the_last_scrape(
         story, use_db):
     """Issue 14 leftover 1: Overview's per-model tokens are the counters', Savings' the usage
-    log's; each page says so, and on the demo the difference is exactly the requests logged
-    after the last scrape (a counter counts a request at the first scrape after it)."""
+    log's; each page says so, and over the whole range ("all") the difference is exactly the
+    requests logged after the last scrape (a counter counts a request at the first scrape after
+    it). The range is pinned: the default ``7d`` ends now and so starts inside day 1 at any hour
+    but midnight, where the first scrape in the range also counts the requests just before it
+    (the next test; this one failed in CI at 07:32 UTC when it read the default range)."""
     from prefixscope.store import db as store_db
 
     db, _ = story
     use_db(db)
-    ov = ds.first_run(db, timeout_s=180)
-    counters = [tuple(int(g.replace(",", "")) for g in got.groups())
-                for got in (re.search(r"-badge\[\w+\] ([\d,]+) of ([\d,]+) tokens "
-                                      r"\(vLLM counters\)$", m) for m in ds.texts(ov, "markdown"))
-                if got]
+    ov = ds.run_app(db, None, timeout_s=180, setup=_all_range)
+    counters = _counter_badges(ov)
     assert len(counters) == 2  # agent-32b, coder-7b (sorted by model)
-    sv = ds.run_app(db, "views/savings.py", timeout_s=180)
+    sv = ds.run_app(db, "views/savings.py", timeout_s=180, setup=_all_range)
     ds.assert_clean(sv)
     assert any(c.startswith("Tokens from the usage log") for c in ds.texts(sv, "caption"))
     table = sv.dataframe[0].value.set_index("Model")
@@ -243,3 +255,31 @@ def test_overview_and_savings_name_their_token_sources_and_differ_only_by_the_la
             log_cached = int(table.loc[model, "Cached tokens"].replace(",", ""))
             hits, queries = counters[k]
             assert (log_prompt - queries, log_cached - hits) == late, model
+
+
+def test_overview_default_range_counts_from_the_scrape_before_its_start(story, use_db):
+    """On the default range (``7d``, ending now, so starting inside the story's day 1 at any
+    hour but midnight) Overview's counter figure is the requests after each instance's last
+    scrape before the range's start up to its last scrape: the first scrape in the range counts
+    the requests just before the start (docs/metrics.md#two-sources-of-token-counts). The
+    range is the one the page itself used (read back from its session)."""
+    from prefixscope.store import db as store_db
+
+    db, _ = story
+    use_db(db)
+    ov = ds.first_run(db, timeout_s=180)
+    f = ov.session_state["prefixscope.filters"]
+    assert f.range_label == "7d" and f.start_s is not None and f.end_s is None
+    counters = _counter_badges(ov)
+    assert len(counters) == 2
+    with store_db.reader(db) as con:
+        for k, model in enumerate(("agent-32b", "coder-7b")):
+            counted = con.execute(
+                "WITH s AS (SELECT instance, max(ts_unix_s) FILTER (WHERE ts_unix_s < ?) AS lo,"
+                " max(ts_unix_s) AS hi FROM metric_samples WHERE run_id = '' AND model = ? "
+                " AND metric = 'vllm:prefix_cache_queries_total' GROUP BY instance) "
+                "SELECT coalesce(sum(r.cached_tokens), 0), coalesce(sum(r.prompt_tokens), 0) "
+                "FROM requests r JOIN s USING (instance) WHERE r.run_id = '' AND r.model = ? "
+                "AND r.ts_unix_s > coalesce(s.lo, -1e18) AND r.ts_unix_s <= s.hi",
+                [f.start_s, model, model]).fetchone()
+            assert counters[k] == counted, model

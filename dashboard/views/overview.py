@@ -203,7 +203,8 @@ TOKENS_SOURCE_HELP = (
     "From vLLM's counters (Δ queries and Δ hits between scrapes), else the usage log. The "
     "Savings and Requests pages count the usage log's prompt and cached tokens: a counter "
     "counts a request at the first scrape after it, so the requests after the range's last "
-    "scrape (or before its first) are in the usage log's figure and not yet in the counters' "
+    "scrape are in the usage log's figure and not yet in the counters', and the range's first "
+    "scrape counts the requests just before the range, which the usage log leaves out "
     "(docs/metrics.md#two-sources-of-token-counts).")
 
 db = data.db_path()
