@@ -160,6 +160,7 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
     start = resume_offset(con, source_id, path)
     ingest_run_id = new_ingest_run_id()
     read = added = n_quarantined = skipped = reinterpreted = 0
+    end_offset = start.offset  # the byte after the last line consumed so far
     problems: list[Quarantined] = []
     insert = _Inserter()
     no_progress_bar(con)  # never draw on the caller's terminal
@@ -196,10 +197,11 @@ def ingest_usage_file_detailed(con: duckdb.DuckDBPyConnection, path: str | os.Pa
             cp = cur.checkpoint
             if cp is not None:
                 cp = Checkpoint(cp.offset, cp.line, fingerprint_upto(path, cp.offset))
+                end_offset = cp.offset
             run_summary = None
             if last:
                 run_summary = summary_of = _summary(location, start, read, added, n_quarantined,
-                                                    skipped, reinterpreted)
+                                                    skipped, reinterpreted, end_offset)
             t_commit = time.monotonic()
             waited = con.wait_s if isinstance(con, BatchConnection) else 0.0
             released: list[bool] = []
@@ -323,19 +325,27 @@ def reinterpreted_note(n: int) -> str:
             f"{REINTERPRETED_FLAG}; docs/ingest.md)")
 
 
+#: The note of a run that leaves an unfinished last line (no newline, not complete JSON) for the
+#: next run: a writer may still be writing it (docs/ingest.md).
+TAIL_LEFT_NOTE = ("the last line has no newline and is not complete JSON: left for the next "
+                  "ingest (a writer may still be writing it)")
+
+
 def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_quarantined: int,
-             skipped: int, reinterpreted: int = 0):
+             skipped: int, reinterpreted: int = 0, end_offset: int | None = None):
     """The call's summary once the last batch adds ``n`` rows (``added_before`` were added by
-    the earlier batches): ``n -> IngestSummary``."""
+    the earlier batches): ``n -> IngestSummary``. ``end_offset``: the byte after the last line
+    consumed (bytes past it, an unfinished last line, are left for the next run and noted)."""
     notes = []
+    try:
+        size = os.stat(location).st_size
+    except OSError:
+        size = start.offset if end_offset is None else end_offset
     if read == 0 and n_quarantined == 0 and skipped == 0:
-        try:
-            size = os.stat(location).st_size
-        except OSError:
-            size = start.offset
-        notes.append("the last line has no newline and is not complete JSON: left for the next "
-                     "ingest (a writer may still be writing it)" if size > start.offset else
+        notes.append(TAIL_LEFT_NOTE if size > start.offset else
                      "no new lines since the last ingest" if start.offset else "empty file")
+    elif end_offset is not None and size > end_offset:  # lines read, an unfinished one left
+        notes.append(TAIL_LEFT_NOTE)
     if skipped:
         notes.append(f"{skipped} lines skipped (blank, or stream chunks without usage)")
     if reinterpreted:

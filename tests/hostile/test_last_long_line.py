@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from prefixscope.core.bounds import (
     LINE_TOO_LONG,
     MAX_LINE_BYTES,
     MAX_TRACE_LINE_BYTES,
     TRACE_LINE_TOO_LONG,
 )
+from prefixscope.ingest.usage import TAIL_LEFT_NOTE
 from tests.hostile.support import expected_line, fresh_db, quarantine_rows, run_cli
 
 GOOD_TRACE = json.dumps({"prompt_token_ids": list(range(1, 18))}).encode()
@@ -49,6 +52,8 @@ def test_ingest_requests_leaves_an_unfinished_long_line_then_quarantines_it(tmp_
     code, out, err = run_cli(["ingest", "requests", str(f), "--db", db])
     assert code == 0, (code, out, err)
     assert quarantine_rows(db) == []  # unfinished: the writer may still be on it
+    # and the summary says so, though a line was read (it said nothing; session 9's leftover)
+    assert f"{f}: 1 request added" in out and f"  note: {TAIL_LEFT_NOTE}" in out, out
     with f.open("ab") as fh:
         fh.write(b"\n" + GOOD_CHAT.replace(b'"c-0"', b'"c-1"') + b"\n")
     code, out, err = run_cli(["ingest", "requests", str(f), "--db", db])
@@ -71,3 +76,26 @@ def test_a_200k_token_prompt_of_7_digit_ids_is_read(tmp_path: Path):
     doc = json.loads(out)
     assert (doc["requests"], doc["skipped_records"]) == (2, 0)
     assert doc["cached_tokens"] == 200_000 // 16 * 16 - 16  # the second hits all but the last
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["serial", "parallel"])
+def test_the_usage_summary_notes_an_unfinished_last_line_after_read_lines(tmp_path: Path,
+                                                                         workers: int):
+    """Both usage readers (serial, and the parallel one of files over 64 MiB) leave a short
+    unfinished last line for the next run and say so in the summary; a file whose last line
+    is complete JSON without a newline is read whole and has no note."""
+    from prefixscope.ingest.usage import ingest_usage_file_detailed
+    from prefixscope.store import db as store_db
+
+    lines = [GOOD_CHAT.replace(b'"c-0"', f'"c-{i}"'.encode()) for i in range(3)]
+    cases = {"unfinished.jsonl": b"\n".join(lines) + b'\n{"id": "c-9", "usa',
+             "complete.jsonl": b"\n".join(lines)}
+    db = fresh_db(tmp_path)
+    for name, body in cases.items():
+        f = tmp_path / name
+        f.write_bytes(body)
+        with store_db.writer(db) as con:
+            summary, problems = ingest_usage_file_detailed(con, f, workers=workers,
+                                                           run_id=name)
+        assert (summary.rows_added, problems) == (3, []), name
+        assert summary.note == (TAIL_LEFT_NOTE if name == "unfinished.jsonl" else None), name
