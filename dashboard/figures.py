@@ -997,10 +997,13 @@ def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
             parts.append(g)
             continue
         full = pd.DataFrame({"window_start_s": [lo + k * float(window_s) for k in range(n)]})
-        key = key if isinstance(key, tuple) else (key,)
-        for c, v in zip(keys, key):
-            full[c] = v
-        parts.append(full.merge(g, on=["window_start_s", *keys], how="left"))
+        # merged on the time alone, the key columns copied from the group: a NULL key (requests
+        # stored without an instance: None in an object column) cannot be matched against a
+        # float NaN, and pandas refuses to merge float64 on object
+        m = full.merge(g.drop(columns=list(keys)), on="window_start_s", how="left")
+        for c in keys:
+            m[c] = g[c].iloc[0]
+        parts.append(m[list(g.columns)])
     return pd.concat(parts, ignore_index=True)
 
 
