@@ -54,3 +54,25 @@ def test_metrics_prints_the_same_way(cli, tmp_path):
     assert len(got) == 20 and all(ln.startswith(f"quarantined {path}:") for ln in got)
     assert "malformed sample line" in got[0]
     assert f"... and {BAD - 20} more quarantined lines" in err
+
+
+MANY = 124  # more than the 100 lines an ingester returns per file (ingest.usage.PROBLEMS_RETURNED)
+
+
+@pytest.mark.parametrize("command", ["requests", "decisions"])
+def test_the_count_of_more_lines_is_every_quarantined_line(cli, tmp_path, command):
+    """The new-user check of session 11: 124 lines quarantined printed 20, then "and 80 more"
+    (the 100 returned, not the 124 quarantined); ``--json`` of ``ingest requests`` lists the
+    first 100 and says how many there were (``quarantined_total``)."""
+    path = tmp_path / f"{command}.jsonl"
+    path.write_text(json.dumps(GOOD[command]) + "\n" + "".join("{broken\n" for _ in range(MANY)),
+                    encoding="utf-8")
+    code, out, err = cli(["ingest", command, path, "--db", tmp_path / "s.duckdb"])
+    assert code == 0, err
+    assert len(_lines(err)) == 20
+    assert f"... and {MANY - 20} more quarantined lines" in err
+    if command == "requests":
+        code, out, err = cli(["ingest", command, path, "--db", tmp_path / "t.duckdb", "--json"])
+        doc = json.loads(out)
+        assert len(doc["quarantined"]) == 100 and doc["quarantined_total"] == MANY
+        assert doc["files"][0]["rows_quarantined"] == MANY

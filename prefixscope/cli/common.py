@@ -74,16 +74,18 @@ def print_request_files(res, *, as_json: bool) -> None:
     """Print what a request ingester did with several files
     (:class:`prefixscope.ingest.files.FilesResult`), as ``ingest requests``, ``otlp``,
     ``litellm`` and ``langfuse`` do: each error (``error: ...``, stderr), then ``--json``
-    (``files``, ``errors``, ``quarantined``) or one line per file and the first
+    (``files``, ``errors``, ``quarantined``: the first lines quarantined, up to 100 per file,
+    ``quarantined_total``: how many were) or one line per file and the first
     :data:`MAX_PROBLEMS_SHOWN` quarantined lines (stderr)."""
     from prefixscope.ingest.files import quarantined_dicts
 
     problems = quarantined_dicts(res.problems)
+    total = max(len(problems), sum(o.summary.rows_quarantined for o in res.outcomes))
     for e in res.errors:
         err.print(f"error: {e}", markup=False, highlight=False)
     if as_json:
         print_json({"files": [o.summary.as_dict() for o in res.outcomes], "errors": res.errors,
-                    "quarantined": problems})
+                    "quarantined": problems, "quarantined_total": total})
         return
     for o in res.outcomes:
         s = o.summary
@@ -93,16 +95,18 @@ def print_request_files(res, *, as_json: bool) -> None:
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
-    print_quarantined(problems)
+    print_quarantined(problems, total=total)
 
 
-def print_quarantined(problems: Sequence[Any]) -> None:
+def print_quarantined(problems: Sequence[Any], *, total: int | None = None) -> None:
     """Print the first :data:`MAX_PROBLEMS_SHOWN` quarantined lines on stderr, each as
     ``quarantined file:line: field: reason`` (:func:`prefixscope.core.errors.problem_text`),
     then how many more there are (every one is in the quarantine table). ``problems``:
     quarantine dicts (``location``, ``line``, ``field``, ``reason``, as
     ``prefixscope.ingest.files.quarantined_dicts`` gives them) or objects with those
-    attributes (``prefixscope.ingest.bookkeeping.Quarantined``)."""
+    attributes (``prefixscope.ingest.bookkeeping.Quarantined``). ``total``: how many lines were
+    quarantined, when ``problems`` holds only the first of them (the ingesters return up to
+    100 per file); default ``len(problems)``."""
     from prefixscope.core.errors import problem_text
 
     for q in problems[:MAX_PROBLEMS_SHOWN]:
@@ -111,7 +115,9 @@ def print_quarantined(problems: Sequence[Any]) -> None:
         err.print("quarantined " + problem_text(get("location"), None if line is None
                                                 else int(line), get("reason"), get("field")),
                   markup=False, highlight=False)
-    if len(problems) > MAX_PROBLEMS_SHOWN:
-        err.print(f"... and {len(problems) - MAX_PROBLEMS_SHOWN:,} more quarantined lines: the "
+    total = len(problems) if total is None else max(int(total), len(problems))
+    if total > MAX_PROBLEMS_SHOWN:
+        err.print(f"... and {total - min(len(problems), MAX_PROBLEMS_SHOWN):,} more quarantined "
+                  "lines: the "
                   "quarantine table has every one (the dashboard's Data sources page lists "
                   "them)", markup=False, highlight=False)

@@ -73,7 +73,7 @@ def decisions_cmd(
     if as_json:  # one summary per source, with its quarantined lines (docs/ingest.md)
         print_json([{**s.as_dict(), "quarantined": mine}
                     for s, mine in zip(summaries, per_source, strict=True)])
-        print_quarantined(problems)
+        print_quarantined(problems, total=sum(s.rows_quarantined for s in summaries))
         _fail_when_all_bad(all_bad, len(res.outcomes), all_quarantined_message)
         return
     for s in summaries:
@@ -84,7 +84,7 @@ def decisions_cmd(
                           and not s.rows_quarantined else None)
         if note:
             out.print(f"  note: {note}", markup=False, highlight=False)
-    print_quarantined(problems)
+    print_quarantined(problems, total=sum(s.rows_quarantined for s in summaries))
     _fail_when_all_bad(all_bad, len(res.outcomes), all_quarantined_message)
 
 

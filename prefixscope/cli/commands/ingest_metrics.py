@@ -59,7 +59,7 @@ def _print_outcome(outcome, *, quiet: bool, noun: str = "sample") -> None:
                   markup=False, highlight=False)
         if s.note:
             out.print(f"  note: {s.note}", markup=False, highlight=False)
-    print_quarantined(outcome.problems)
+    print_quarantined(outcome.problems, total=s.rows_quarantined)
 
 
 def _print_kv(outcome, *, quiet: bool) -> None:
