@@ -282,3 +282,25 @@ def test_residency_empty_store_still_says_how_to_ingest(tmp_path, use_db):
     assert any(i.startswith("No KV residency data in this range.") and "ingest its KV events"
                in i for i in infos), infos
     assert not any("Stored outside" in i for i in infos)
+
+
+def test_residency_empty_range_points_at_the_data_outside_it(residency_db, use_db):
+    """The new-user check of session 11: on the demo's default 7d range the page asked to
+    start vLLM with --kv-cache-metrics though 591 KV events were stored (before the range);
+    it now says what is stored outside the time range and to widen it."""
+    from prefixscope.store.queries.residency import residency_runs
+
+    at = ds.run_app(use_db(residency_db), "views/residency.py",
+                    setup=lambda a: a.radio(key="filter_range").set_value("24h"))
+    ds.assert_clean(at)
+    with store_db.reader(residency_db) as con:
+        runs = residency_runs(con)
+    events, samples = int(runs["kv_events"].sum()), int(runs["histogram_samples"].sum())
+    assert events > 0
+    infos = ds.texts(at, "info")
+    assert len(infos) == 1, infos
+    assert infos[0].startswith("No KV residency data in this range. "), infos
+    assert f"{events:,} KV events" in infos[0] and "stored outside this time range" in infos[0]
+    assert "**all**" in infos[0] and "--kv-cache-metrics" not in infos[0]
+    if samples:
+        assert f"{samples:,} residency histogram samples" in infos[0]

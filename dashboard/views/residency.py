@@ -62,6 +62,27 @@ def other_runs_note(runs: pd.DataFrame, selected) -> str:
             "sidebar's **Run** filter (or clear the filter for every run).")
 
 
+def outside_range_note(runs: pd.DataFrame) -> str:
+    """What the whole store holds when the time range has no residency data
+    (``store.queries.residency.residency_runs`` rows over every time): ``591 KV events are
+    stored outside this time range: set the sidebar's Time range to **all** ...``. Empty when
+    the store holds none."""
+    if runs.empty:
+        return ""
+    events = int(runs["kv_events"].sum())
+    samples = int(runs["histogram_samples"].sum())
+    if not events and not samples:
+        return ""
+    what = []
+    if events:
+        what.append(f"{fmt_int(events)} KV events")
+    if samples:
+        what.append(f"{fmt_int(samples)} residency histogram samples")
+    return (f"{' and '.join(what)} {'are' if events + samples != 1 else 'is'} stored outside "
+            "this time range: set the sidebar's **Time range** to **all** (or one that "
+            "reaches them).")
+
+
 def fmt_s(x) -> str:
     """Seconds for a person: ``850 ms``, ``12.3 s``, ``4.2 min``, ``1.5 h``; ``—`` for none."""
     if x is None or pd.isna(x):
@@ -111,9 +132,16 @@ with data.guard(db):
             data.query(db, "residency", "residency_runs", start_s=f.start_s, end_s=f.end_s,
                        models=f.models, instances=f.instances), f.run_ids)
     if not have_hist and events["evicted"] == 0:
+        outside = ""
+        if not elsewhere and (f.start_s is not None or f.end_s is not None):
+            outside = outside_range_note(data.query(
+                db, "residency", "residency_runs", models=f.models, instances=f.instances))
         if elsewhere:
             st.info(f"No KV residency data in this range for the selected run. {elsewhere}",
                     icon=":material/filter_alt:")
+        elif outside:
+            st.info(f"No KV residency data in this range. {outside}",
+                    icon=":material/date_range:")
         else:
             st.info(EMPTY, icon=":material/info:")
         st.stop()
