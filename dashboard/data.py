@@ -549,7 +549,10 @@ def guard(db: str) -> Iterator[None]:
                    icon=":material/hourglass_top:")
         return
     except SourceUnavailable as exc:
-        st.info(f"{exc}\n\n" + NO_DATABASE_HINT.format(db=db), icon=":material/database:")
+        if os.path.exists(db):  # there but unreadable: creating it is not the advice
+            st.error(str(exc), icon=":material/error:")
+        else:
+            st.info(f"{exc}\n\n" + NO_DATABASE_HINT.format(db=db), icon=":material/database:")
         return
     except SchemaMismatch as exc:
         st.error(str(exc), icon=":material/error:")

@@ -48,6 +48,16 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in text and ("conflicting" in text or "could not set lock" in text)
 
 
+#: Appended to the error of a file that exists but is not a DuckDB database: what to do.
+CORRUPT_HINT = (" (the file is not a database prefixscope can read: move it aside, or pass "
+                "another --db, to start a new one)")
+
+
+def _is_not_duckdb(exc: Exception) -> bool:
+    """DuckDB's error for a file that is not a DuckDB database (random bytes, another format)."""
+    return "not a valid DuckDB database file" in str(exc)
+
+
 def connect(path: str | os.PathLike[str], *, read_only: bool = False,
             lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> duckdb.DuckDBPyConnection:
     """Open the DuckDB file, retrying while another process holds its lock.
@@ -92,7 +102,8 @@ def connect(path: str | os.PathLike[str], *, read_only: bool = False,
                 return duckdb.connect(p, read_only=read_only)
             except duckdb.IOException as exc:
                 if not _is_lock_error(exc):
-                    raise SourceUnavailable(f"cannot open database {p}: {exc}") from exc
+                    raise SourceUnavailable(f"cannot open database {p}: {exc}"
+                                            f"{CORRUPT_HINT if _is_not_duckdb(exc) else ''}") from exc
                 if time.monotonic() >= deadline:
                     raise StoreLocked(
                         f"database {p} stayed locked by another process for "

@@ -163,3 +163,31 @@ def test_db_that_is_not_a_regular_file_is_refused(kind, args, tmp_path):
     what = {"fifo": "a FIFO (named pipe)", "dev-zero": "a character device", "folder": "a folder"}[kind]
     assert code == 3, err
     assert f"error: cannot open database {db}: not a regular file: it is {what}" in err
+
+
+@pytest.mark.parametrize("args", [["hitrate"], ["ingest", "prices", "data/prices.toml"]],
+                         ids=["reader", "writer"])
+def test_db_of_random_bytes_says_to_move_it_aside(args, tmp_path):
+    """``--db`` naming a file of random bytes: DuckDB's words, then what to do (the new-user
+    check of session 11 was told to create it with ``make demo``)."""
+    db = tmp_path / "garbage.duckdb"
+    db.write_bytes(os.urandom(1 << 16))
+    repo = Path(__file__).resolve().parents[2]
+    argv = [str(repo / a) if a.startswith("data/") else a for a in args]
+    code, _, err = run_cli([*argv, "--db", str(db)])
+    assert code == 3, err
+    assert f"error: cannot open database {db}: " in err and "not a valid DuckDB database" in err
+    assert "move it aside, or pass another --db, to start a new one" in err
+    assert "Traceback" not in err
+
+
+def test_dashboard_on_a_db_of_random_bytes_does_not_offer_to_create_it(tmp_path, use_db):
+    from tests import dashboard_support as ds
+
+    db = tmp_path / "garbage.duckdb"
+    db.write_bytes(os.urandom(1 << 16))
+    at = ds.first_run(use_db(str(db)))
+    assert not at.exception, [e.value for e in at.exception]
+    shown = ds.texts(at, "error") + ds.texts(at, "info")
+    assert any("move it aside" in t for t in shown), shown
+    assert not any("make demo" in t for t in shown), shown
