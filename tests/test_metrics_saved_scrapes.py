@@ -94,3 +94,12 @@ def test_default_instance_of_a_file_is_its_folder(name):
 
     assert file_instance(CAPTURE / name) == "restart-scrapes"
     assert read_source(str(CAPTURE / name)).default_instance == "restart-scrapes"
+
+
+def test_no_instance_line_for_a_file_that_cannot_be_read(tmp_path, db_path, cli):
+    """The new-user check of session 11: a missing file got "instance h: the folder of the
+    saved files" before its "no such file" error."""
+    missing = tmp_path / "h" / "missing.txt"
+    code, out, err = cli(["ingest", "metrics", str(missing), "--db", db_path])
+    assert code == 4 and f"error: cannot read {missing}: no such file" in err
+    assert "the folder of the saved files" not in out

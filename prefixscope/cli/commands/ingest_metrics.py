@@ -3,6 +3,7 @@ ranges (live or saved), KV events."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -110,8 +111,9 @@ def metrics_cmd(
     if every is None:
         if max_scrapes is not None:
             raise UsageError("--max-scrapes needs --every")
-        if instance is None and not as_json:
-            for name in dict.fromkeys(file_instance(s) for s in sources if not is_url(s)):
+        if instance is None and not as_json:  # files that can be read (the others: an error)
+            for name in dict.fromkeys(file_instance(s) for s in sources
+                                      if not is_url(s) and os.path.isfile(s)):
                 out.print(f"instance {name}: the folder of the saved files (one series per "
                           "server; --instance names it)", markup=False, highlight=False)
         outcomes, errors = ingest_sources(
