@@ -198,14 +198,25 @@ def ingest_record_lines(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[
                              keep_problems=keep_problems, max_line_bytes=max_line_bytes)
 
 
+def skipped_note(n: int, what: str) -> str | None:
+    """The summary note of ``n`` records skipped (``to_row`` gave None, or a blank line):
+    ``1 record skipped (failed requests: status failure, no usage)``; None for 0."""
+    if not n:
+        return None
+    return f"{n:,} record{'s' if n != 1 else ''} skipped ({what})"
+
+
 def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,
-                       kind: str, to_row: ToRow, keep_problems: int = 100) -> TailResult:
+                       kind: str, to_row: ToRow, keep_problems: int = 100,
+                       skipped_what: str = "blank lines, or records without usage"
+                       ) -> TailResult:
     """Ingest one file of records (JSON lines, one JSON document or CSV; module docstring).
 
     Args:
         con: read-write, migrated connection, not inside a transaction.
         kind: ``ingest_sources.kind`` (e.g. ``litellm``, ``langfuse``).
         to_row: record -> row dict, None (skip), or raises :class:`BadLine`.
+        skipped_what: what a skipped record is, for the summary's note (:func:`skipped_note`).
 
     Returns:
         A :class:`~prefixscope.ingest.jsonl_driver.TailResult` (for a whole-file read:
@@ -231,11 +242,13 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
                 raise BadLine(None, invalid_json_reason(exc)) from None
             return _record_rows(to_row, rec)
 
-        return ingest_record_lines(con, location, kind=kind, line_rows=line_rows,
-                                   keep_problems=keep_problems)
+        return ingest_record_lines(
+            con, location, kind=kind, line_rows=line_rows, keep_problems=keep_problems,
+            note=lambda c: skipped_note(c.lines_skipped, skipped_what))
     if form == "csv":
-        return _csv_file(con, location, kind, source_id, to_row, keep_problems)
-    return _whole_file(con, location, form, kind, source_id, to_row, keep_problems)
+        return _csv_file(con, location, kind, source_id, to_row, keep_problems, skipped_what)
+    return _whole_file(con, location, form, kind, source_id, to_row, keep_problems,
+                       skipped_what)
 
 
 #: Largest JSON document read whole (JSON lines and CSV have no such bound: batches).
@@ -320,8 +333,16 @@ def _csv_stream(fh, location: str) -> Iterator[Any]:
         yield rec
 
 
+def _record_note(read: int, n_bad: int, skipped: int, what: str) -> str | None:
+    """A whole-file or CSV read's note: the records skipped (:func:`skipped_note`), after
+    ``no request records in the file`` when nothing else was there."""
+    notes = [] if read or n_bad else ["no request records in the file"]
+    more = skipped_note(skipped, what)
+    return "; ".join(notes + ([more] if more else [])) or None
+
+
 def _csv_file(con, location: str, kind: str, source_id: str, to_row: ToRow,
-              keep_problems: int) -> TailResult:
+              keep_problems: int, skipped_what: str) -> TailResult:
     """A CSV export read in batches of :data:`CSV_BATCH_RECORDS` records, each committed in one
     transaction with its quarantine entries (``line`` = the record's 1-based position); no
     checkpoint: a second run (or a run after a crash) reads the file again and the primary
@@ -365,7 +386,7 @@ def _csv_file(con, location: str, kind: str, source_id: str, to_row: ToRow,
                     problems.extend(bad[:room])
                 summary = None
                 if nxt is None:
-                    note = None if read or n_bad else "no request records in the file"
+                    note = _record_note(read, n_bad, count["skipped"], skipped_what)
                     summary = _csv_summary(location, kind, read, added, n_bad, note)
                 n = commit_batch(con, insert=insert_dict_rows, rows=rows, quarantined=bad,
                                  source_id=source_id, kind=kind, location=location,
@@ -390,7 +411,7 @@ def _csv_summary(location: str, kind: str, read: int, added_before: int, n_bad: 
 
 
 def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row: ToRow,
-                keep_problems: int) -> TailResult:
+                keep_problems: int, skipped_what: str) -> TailResult:
     started = time.time()
     try:
         size = os.stat(location).st_size
@@ -424,7 +445,7 @@ def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row
                 (not bad or bad[-1].line != i):
             skipped += 1
     read = len(rows)
-    note = None if read or bad else "no request records in the file"
+    note = _record_note(read, len(bad), skipped, skipped_what)
 
     def summary(n: int) -> IngestSummary:
         return IngestSummary(location, kind, read, n, read - n, len(bad), note)

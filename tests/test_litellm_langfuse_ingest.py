@@ -27,6 +27,9 @@ def test_litellm_spendlogs_jsonl_and_postgres_csv_give_the_same_rows(cli, tmp_pa
     assert code == 0
     (summary,) = json.loads(out)["files"]
     assert (summary["rows_read"], summary["rows_added"], summary["rows_quarantined"]) == (4, 4, 0)
+    # the failed call (5th line) is counted, not dropped silently (new-user check, session 11)
+    assert summary["note"] == ("1 record skipped (blank lines, or failed requests: status "
+                               "failure, no usage)")
     code, _, _ = cli(["ingest", "litellm", data_dir / "litellm/spendlogs_postgres.csv", "--db",
                       db_c])
     assert code == 0
@@ -130,3 +133,26 @@ def test_ingest_requests_names_the_right_command_for_other_tools_records(cli, tm
         "no usage object (null or missing); a LiteLLM SpendLogs row: use prefixscope ingest litellm",
         "no usage object (null or missing); a Langfuse observation: use prefixscope ingest langfuse",
         "no usage object (null or missing); an OTLP trace export: use prefixscope ingest otlp"]
+
+
+def test_record_files_note_skipped_records_in_every_form(tmp_path):
+    """JSON lines, one JSON document and CSV: a record ``to_row`` skips is counted in the note."""
+    from prefixscope.ingest.record_files import ingest_record_file
+
+    def to_row(rec):
+        if rec.get("skip"):
+            return None
+        return {"request_id": str(rec["id"]), "ts_unix_s": 1_795_960_000.0, "model": "m",
+                "prompt_tokens": 10, "cached_tokens": None, "completion_tokens": 1}
+
+    files = {"r.jsonl": '{"id": 1}\n{"id": 2, "skip": true}\n\n',
+             "r.json": '[{"id": 1}, {"id": 2, "skip": true}]',
+             "r.csv": "id,skip\n1,\n2,yes\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        with store_db.writer(tmp_path / f"{name}.duckdb") as con:
+            res = ingest_record_file(con, tmp_path / name, kind="test-records", to_row=to_row,
+                                     skipped_what="what was skipped")
+        n = 2 if name == "r.jsonl" else 1  # the blank line too
+        assert res.summary.rows_read == 1, name
+        assert res.summary.note == f"{n} record{'s' if n > 1 else ''} skipped (what was skipped)", name

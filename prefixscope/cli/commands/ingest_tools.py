@@ -44,8 +44,9 @@ def litellm_cmd(
 
     to_row = partial(spendlog_to_row, hmac_key=optional_hmac_key(hmac_key_file),
                      run_id=run_id or "", instance=instance)
-    ingest_and_report(db, files, lambda con, f: ingest_record_file(con, f, kind=KIND,
-                                                                   to_row=to_row), as_json)
+    ingest_and_report(db, files, lambda con, f: ingest_record_file(
+        con, f, kind=KIND, to_row=to_row,
+        skipped_what="blank lines, or failed requests: status failure, no usage"), as_json)
 
 
 def langfuse_cmd(
@@ -73,8 +74,9 @@ def langfuse_cmd(
 
     to_row = partial(observation_to_row, hmac_key=optional_hmac_key(hmac_key_file),
                      run_id=run_id or "", instance=instance)
-    ingest_and_report(db, files, lambda con, f: ingest_record_file(con, f, kind=KIND,
-                                                                   to_row=to_row), as_json)
+    ingest_and_report(db, files, lambda con, f: ingest_record_file(
+        con, f, kind=KIND, to_row=to_row,
+        skipped_what="blank lines, or spans and generations without usage"), as_json)
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
