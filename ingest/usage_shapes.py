@@ -153,12 +153,21 @@ class _Record(_Response):
     resourceSpans: msgspec.Raw = msgspec.Raw(b"null")  # OTLP/JSON trace export
     usageDetails: msgspec.Raw = msgspec.Raw(b"null")  # Langfuse observation
     call_type: msgspec.Raw = msgspec.Raw(b"null")  # LiteLLM SpendLogs row
+    messages: msgspec.Raw = msgspec.Raw(b"null")  # a chat request (a replay trace)
+    hash_ids: msgspec.Raw = msgspec.Raw(b"null")  # a Mooncake trace record
+    prompt_token_ids: msgspec.Raw = msgspec.Raw(b"null")  # a token-ids trace record
 
 
 #: The command for a line that is another tool's record, not a usage object.
 _OTHER_TOOLS = (("resourceSpans", "an OTLP trace export: use prefixscope ingest otlp"),
                 ("usageDetails", "a Langfuse observation: use prefixscope ingest langfuse"),
-                ("call_type", "a LiteLLM SpendLogs row: use prefixscope ingest litellm"))
+                ("call_type", "a LiteLLM SpendLogs row: use prefixscope ingest litellm"),
+                ("messages", "a chat request without its response's usage: replay it "
+                             "(prefixscope replay sim FILE) or find what breaks its prefix "
+                             "(prefixscope diagnose FILE)"),
+                ("hash_ids", "a Mooncake trace record: replay it (prefixscope replay sim FILE)"),
+                ("prompt_token_ids", "a token-ids trace record: replay it (prefixscope replay "
+                                     "sim FILE)"))
 
 
 def _other_tool(rec: "_Record") -> str:

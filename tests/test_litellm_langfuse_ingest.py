@@ -156,3 +156,25 @@ def test_record_files_note_skipped_records_in_every_form(tmp_path):
         n = 2 if name == "r.jsonl" else 1  # the blank line too
         assert res.summary.rows_read == 1, name
         assert res.summary.note == f"{n} record{'s' if n > 1 else ''} skipped (what was skipped)", name
+
+
+def test_ingest_requests_names_replay_and_diagnose_for_trace_records(cli, tmp_path, data_dir):
+    """The new-user check of session 11: the bundled aider chat trace through `ingest
+    requests` gave "no usage object" 124 times with no pointer to the commands that read it."""
+    chat = data_dir / "captures/aider/chat-requests.jsonl"
+    code, out, _ = cli(["ingest", "requests", chat, "--db", tmp_path / "c.duckdb", "--json"])
+    assert code == 4
+    doc = json.loads(out)
+    assert doc["quarantined_total"] == 124
+    assert {q["reason"] for q in doc["quarantined"]} == {
+        "no usage object (null or missing); a chat request without its response's usage: "
+        "replay it (prefixscope replay sim FILE) or find what breaks its prefix "
+        "(prefixscope diagnose FILE)"}
+    f = tmp_path / "traces.jsonl"
+    f.write_text(json.dumps({"timestamp": 0, "input_length": 32, "output_length": 1,
+                             "hash_ids": [1, 2]}) + "\n"
+                 + json.dumps({"prompt_token_ids": [1, 2, 3], "output_tokens": 1}) + "\n")
+    code, out, _ = cli(["ingest", "requests", f, "--db", tmp_path / "t.duckdb", "--json"])
+    assert [q["reason"].split("; ", 1)[1] for q in json.loads(out)["quarantined"]] == [
+        "a Mooncake trace record: replay it (prefixscope replay sim FILE)",
+        "a token-ids trace record: replay it (prefixscope replay sim FILE)"]
