@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prefixscope.core.formatting import count_noun
 from prefixscope.core.errors import SourceUnavailable
 from prefixscope.core.paths import data_dir
 from prefixscope.store import db as store_db
@@ -152,7 +153,7 @@ def _build_demo(db_path: str, *, work_dir: str | None, with_replay: bool, with_s
 
     with store_db.writer(tmp) as con:
         n = load_prices(con, DATA / "prices.toml")
-        done(f"prices: {n} models from data/prices.toml")
+        done(f"prices: {count_noun(n, 'model')} from data/prices.toml")
         for name, instance, at in SCRAPE_TIMES:
             # bundled vLLM captures carry only vLLM's own labels: no HMAC key is needed (or read)
             s = ingest_exposition(con, str(CAPTURES / name), instance=instance, at_unix_s=at,

@@ -31,12 +31,38 @@ def dashboard_cmd(
     if print_command:
         out.print(" ".join(streamlit_argv(db, port=port, host=host)), markup=False, highlight=False)
         return
+    busy = _port_in_use(host, port)
+    if busy:
+        raise UsageError(f"--port {port}: {busy} on {host} (another dashboard?); pick another "
+                         "port with --port")
     if not Path(db).exists():
         err.print(f"note: no database at {db} yet; the dashboard will say how to create one "
                   "(make demo, or prefixscope ingest ...)", markup=False, highlight=False)
     out.print(f"prefixscope dashboard on http://{host}:{port} reading {db} (Ctrl-C to stop)",
               markup=False, highlight=False)
     serve(db, port=port, host=host)
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be served (``the port is in use``), or None when a listening
+    socket can be bound there (with ``SO_REUSEADDR``, as Tornado binds it); None too when the
+    host does not resolve (Streamlit then says why)."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError):
+        return None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "the port is in use"
+            return None
+    return None
 
 
 def register(groups: dict[str, typer.Typer]) -> None:

@@ -107,13 +107,18 @@ def prices_cmd(
         print_json(doc)
         return
     if file is not None:
-        out.print(f"{file}: {count_noun(n, 'model')} priced ({len(table)} names with aliases)",
+        out.print(f"{file}: {count_noun(n, 'model')} priced "
+                  f"({count_noun(len(table), 'name')} with aliases)",
                   markup=False, highlight=False)
         for r in table.itertuples(index=False):
             kind = "shadow" if r.shadow else "list"
+            source = str(r.price_source)
+            # the source already says what kind of price it is ("shadow price: ...")
+            said = source.lower().startswith(("shadow", "gpu-time", "list"))
             out.print(f"  {r.model:<32} {r.currency} in {r.input_per_mtok:g} / cached "
                       f"{r.cached_input_per_mtok:g} / write {r.cache_write_per_mtok:g} / out "
-                      f"{r.output_per_mtok:g} per 1M ({kind}: {r.price_source})",
+                      f"{r.output_per_mtok:g} per 1M "
+                      f"({source if said else f'{kind}: {source}'})",
                       markup=False, highlight=False)
     if refreshed is not None:
         out.print(f"{refreshed.version}: {count_noun(len(refreshed.priced), 'stored model')} "
