@@ -173,10 +173,11 @@ def _parse_lines_arrow(lines: list[bytes], line_no: int, ctx: _LineContext, *,
                 skipped += 1  # a blank line
                 continue
             # a line that decoded (a wrong type) or failed on UTF-8: say where the bad byte
-            # is; a malformed line keeps the decoder's first fault (as ingest decisions)
+            # is; a malformed line keeps its first fault (a bad UTF-8 byte before the
+            # decoder's fault is the first)
             bad_text = not_utf8_reason(raw) if isinstance(exc, msgspec.ValidationError) \
                 or "UTF-8" in str(exc) else None
-            field, reason = (None, bad_text) if bad_text else _split_error(exc)
+            field, reason = (None, bad_text) if bad_text else _split_error(exc, raw)
             quarantined.append(Quarantined(ctx.location, line_no, reason, field))
             continue
         append(t)

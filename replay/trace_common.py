@@ -237,7 +237,9 @@ class _Reader:
     def _decode(self, raw: bytes, lineno: int) -> dict[str, Any] | None:
         """One JSONL line as an object, or None after reporting why it is not one."""
         try:
-            text = raw.decode("utf-8")
+            # without its newline: a line cut short is at fault at its end (byte N of this
+            # line), not at byte 0 of a second line json.loads would otherwise count
+            text = raw.rstrip(b"\r\n").decode("utf-8")
         except UnicodeDecodeError as exc:  # (byte N): within the line, as the ingesters say
             self.bad(self.location, lineno, _Bad(None, invalid_json_reason(exc)))
             return None

@@ -71,3 +71,30 @@ def test_live_run_manifest_errors_use_the_same_wording(cli, tmp_path, db_path):
     (run / "run.json").write_bytes(b"\xff\xfe{")
     code, _, err = cli(["ingest", "live-run", run, "--db", db_path])
     assert code == 4 and "run.json:1: not UTF-8 text (byte 0)" in err and "Traceback" not in err
+
+
+def test_a_bad_utf8_byte_before_the_json_fault_is_the_reason(cli, tmp_path, db_path):
+    """The new-user check of session 11: a line starting with the invalid sequence C3 28 was
+    `JSON is malformed: invalid character (byte 0)`; its first fault is the UTF-8 one. A line
+    whose JSON fault comes first keeps it (NUL, then an invalid byte later)."""
+    usage = tmp_path / "u.jsonl"
+    usage.write_bytes(b'{"request_id":"a","model":"m","usage":{"prompt_tokens":10}}\n'
+                      b'\xc3\x28{"x":1}\n'
+                      b'\x00 \xff\n')
+    code, out, err = cli(["ingest", "requests", usage, "--db", db_path, "--json"])
+    assert code == 0
+    reasons = [(q["line"], q["reason"]) for q in json.loads(out)["quarantined"]]
+    assert reasons == [(2, "not valid JSON: not UTF-8 text (byte 0)"),
+                       (3, "not valid JSON: JSON is malformed: invalid character (byte 0)")]
+
+
+def test_a_trace_line_cut_short_is_at_fault_at_its_end(cli, tmp_path):
+    """`replay sim` on a record cut short (with its newline) said `(byte 0)`: json.loads saw
+    the newline as a second line. The byte is now the line's end."""
+    trace = tmp_path / "t.jsonl"
+    cut = b'{"prompt_token_ids":[1,2'
+    trace.write_bytes(b'{"prompt_token_ids":[1,2,3],"output_tokens":1}\n' + cut + b"\n")
+    code, _, err = cli(["replay", "sim", trace, "--out", tmp_path / "out"])
+    assert code == 0, err
+    assert (f"{trace}:2: not valid JSON: Expecting ',' delimiter (byte {len(cut)})"
+            in err.replace("\n", ""))

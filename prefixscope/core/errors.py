@@ -8,6 +8,7 @@ an expected condition. Bugs are assertions, not these.
 from __future__ import annotations
 
 import json
+import re
 
 #: The reason every reader (ingest and replay) gives for a line or file that is not JSON.
 NOT_JSON = "not valid JSON"
@@ -41,16 +42,23 @@ def invalid_json_reason(exc: ValueError, raw: bytes | None = None) -> str:
     """
     if isinstance(exc, UnicodeDecodeError):
         return f"{NOT_JSON}: not UTF-8 text (byte {exc.start})"
-    if raw is not None and "(byte " not in str(exc) and "UTF-8" in str(exc):
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            return f"{NOT_JSON}: not UTF-8 text (byte {bad.start})"
+    text = str(exc)
+    if raw is not None:
+        # an invalid UTF-8 sequence at or before the decoder's error is the reason: msgspec
+        # says "Invalid UTF-8 encoded string" without an offset inside a string, and
+        # "invalid character (byte N)" for one outside a string
+        at = re.search(r"\(byte (\d+)\)$", text)
+        if (at is None and "UTF-8" in text) or at is not None:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                if at is None or bad.start <= int(at.group(1)):
+                    return f"{NOT_JSON}: not UTF-8 text (byte {bad.start})"
     if isinstance(exc, json.JSONDecodeError):
         line_start = exc.doc.rfind("\n", 0, exc.pos) + 1
         offset = len(exc.doc[line_start:exc.pos].encode("utf-8", "surrogatepass"))
         return f"{NOT_JSON}: {exc.msg} (byte {offset})"
-    return f"{NOT_JSON}: {exc}"
+    return f"{NOT_JSON}: {text}"
 
 
 class PrefixscopeError(Exception):
