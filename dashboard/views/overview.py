@@ -23,11 +23,18 @@ EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
          "http://localhost:8000/metrics` (or a saved exposition file), or widen the time range.")
 
 
-def status_badge(hit_tokens, query_tokens, threshold: float) -> str:
-    """The status (:func:`prefixscope.core.report.hit_status`) as a coloured Markdown badge."""
-    word = report.hit_status(_tokens(hit_tokens), _tokens(query_tokens), threshold)
+def status_badge(hit_tokens, query_tokens, threshold: float, min_query_tokens: int = 1) -> str:
+    """The status (:func:`prefixscope.core.report.status_of`: NO DATA under
+    ``min_query_tokens`` query tokens, as the daily strip and the alert email say) as a
+    coloured Markdown badge; ``NO DATA`` of a window with some tokens says why."""
+    q = _tokens(query_tokens)
+    word = report.status_of(_tokens(hit_tokens), q, threshold=threshold,
+                            min_query_tokens=min_query_tokens)
     colour = {report.OK: "green", report.ALERT: "red", report.INCONSISTENT: "red"}.get(word, "gray")
-    return f":{colour}-badge[{word}]"
+    badge = f":{colour}-badge[{word}]"
+    if word == report.NO_DATA and q > 0:
+        badge += f" (under the {fmt_int(min_query_tokens)}-token minimum)"
+    return badge
 
 
 #: How a KPI card, the table and the banner name where a figure comes from.
@@ -285,6 +292,7 @@ with data.guard(db):
               .sort_values("window_start_s").groupby("model", dropna=False).tail(1)
               .set_index("model"))
     shown = totals[totals["query_tokens"].fillna(0) > 0].sort_values("model")
+    low_volume = data.min_query_tokens()  # under it: NO DATA, as the daily strip and alerts
     cols = st.columns(4)
     for i, (_, row) in enumerate(shown.iterrows()):
         model = row["model"]
@@ -298,14 +306,14 @@ with data.guard(db):
                       f"OK at {fmt_pct(threshold)} or more. The window radio does not change it."),
                 border=True,
             )
-            st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold)} "
+            st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold, low_volume)} "
                         f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} tokens "
                         f"({row['source']})",
                         help=TOKENS_SOURCE_HELP)
             if model in latest.index:
                 last = latest.loc[model]
                 st.markdown(f"Latest {window_label} window: **{fmt_pct(last['hit_rate'])}** "
-                            f"{status_badge(last['hit_tokens'], last['query_tokens'], threshold)}",
+                            f"{status_badge(last['hit_tokens'], last['query_tokens'], threshold, low_volume)}",
                             help=f"The window from {fmt_time(last['window_start_s'])}: "
                                  f"{fmt_int(last['hit_tokens'])} of "
                                  f"{fmt_int(last['query_tokens'])} query tokens from cache.")
@@ -314,7 +322,6 @@ with data.guard(db):
     daily_strip(db, f, shown)
 
     left, right = st.columns(2)
-    low_volume = data.min_query_tokens()
     left.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),
                                                  window_s=window_s, min_query_tokens=low_volume),
                       key="overview_hit_rate")
@@ -381,7 +388,8 @@ with data.guard(db):
             "Model": totals["model"],
             "Hit rate": [fmt_pct(r) if ok else NOT_REPORTED
                          for r, ok in zip(totals["hit_rate"], reported)],
-            "Status": [report.hit_status(_tokens(h), _tokens(q), data.alert_threshold(m))
+            "Status": [report.status_of(_tokens(h), _tokens(q), threshold=data.alert_threshold(m),
+                                        min_query_tokens=data.min_query_tokens())
                        if ok else NOT_REPORTED
                        for h, q, m, ok in zip(totals["hit_tokens"], totals["query_tokens"],
                                               totals["model"], reported)],
