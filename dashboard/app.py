@@ -139,7 +139,13 @@ def main() -> None:
         pass  # the page runs the same reads inside data.guard, which explains the problem
     filters.sidebar(values, now_s=now_s)
     newest = values.get("max_ts_unix_s")
-    if newest is not None:
+    newest_prod = values.get("production_max_ts_unix_s")
+    if newest is not None and newest_prod is not None and newest_prod < newest:
+        # replay runs are newer than production: say both (production is what pages show first)
+        st.sidebar.caption(f"Newest production data: {fmt_time(newest_prod)} "
+                           f"({fmt_age(now_s - newest_prod)} ago); newest run: "
+                           f"{fmt_time(newest)} ({fmt_age(now_s - newest)} ago)")
+    elif newest is not None:
         st.sidebar.caption(f"Newest data: {fmt_time(newest)} ({fmt_age(now_s - newest)} ago)")
     else:
         st.sidebar.caption("No data stored yet.")

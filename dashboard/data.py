@@ -212,7 +212,8 @@ def filter_values(db: str) -> dict:
 
     Returns:
         ``models``, ``instances`` (production instances first), ``run_ids`` (sorted lists) and ``min_ts_unix_s``,
-        ``max_ts_unix_s`` (Unix seconds, or None when nothing is stored).
+        ``max_ts_unix_s`` (Unix seconds, or None when nothing is stored),
+        ``production_max_ts_unix_s`` (the newest production data, ``run_id = ''``; None).
     """
     from prefixscope.store.queries import metrics as qm
     from prefixscope.store.queries import requests as qr
@@ -233,6 +234,9 @@ def filter_values(db: str) -> dict:
                            if x is not None}),
         "min_ts_unix_s": min(lows) if lows else None,
         "max_ts_unix_s": max(highs) if highs else None,
+        "production_max_ts_unix_s": max(prod) if (prod := [
+            v for v in (m.get("production_max_ts_unix_s"), r.get("production_max_ts_unix_s"))
+            if v is not None]) else None,
         "metric_max_ts_unix_s": m.get("max_ts_unix_s"),
         "request_max_ts_unix_s": r.get("max_ts_unix_s"),
     }

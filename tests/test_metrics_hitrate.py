@@ -182,7 +182,7 @@ def test_gauges_filters_and_staleness(con):
     f = metric_filter_values(con)
     assert f == {"models": ["m"], "instances": ["a", "a:8000"], "run_ids": [""],
                  "production_instances": ["a", "a:8000"],
-                 "min_ts_unix_s": 10.0, "max_ts_unix_s": 30.0}
+                 "min_ts_unix_s": 10.0, "max_ts_unix_s": 30.0, "production_max_ts_unix_s": 30.0}
     assert _rows(last_sample_ts(con), "instance", "last_ts_unix_s") == [("a", 20.0), ("a:8000", 30.0)]
 
 

@@ -128,7 +128,8 @@ def test_filter_values_and_flags(loaded, tmp_path):
     v = q.request_filter_values(con)
     assert v == {"models": ["m1", "m2"], "instances": ["a", "b"], "run_ids": [""],
                  "production_instances": ["a", "b"],
-                 "min_ts_unix_s": base + 10, "max_ts_unix_s": base + 3606}
+                 "min_ts_unix_s": base + 10, "max_ts_unix_s": base + 3606,
+                 "production_max_ts_unix_s": base + 3606}
     write_jsonl(tmp_path / "f.jsonl", [{"id": "z", "usage": {"prompt_tokens": 1,
                                                              "prompt_tokens_details": {
                                                                  "cached_tokens": 5}}}])

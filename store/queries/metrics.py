@@ -702,8 +702,10 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
     Returns:
         ``{"models": [...], "instances": [...], "run_ids": [...], "production_instances":
-        [...], "min_ts_unix_s": float | None, "max_ts_unix_s": float | None}``, lists sorted
-        ascending; ``production_instances`` are those with production samples (``run_id = ''``).
+        [...], "min_ts_unix_s": float | None, "max_ts_unix_s": float | None,
+        "production_max_ts_unix_s": float | None}``, lists sorted ascending;
+        ``production_instances`` are those with production samples (``run_id = ''``), and
+        ``production_max_ts_unix_s`` is their newest sample.
     """
     models = [r[0] for r in con.execute(
         "SELECT DISTINCT model FROM metric_samples WHERE model IS NOT NULL ORDER BY model"
@@ -715,14 +717,16 @@ def metric_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     production = [r[0] for r in con.execute(
         "SELECT DISTINCT instance FROM metric_samples WHERE run_id = '' ORDER BY instance"
     ).fetchall()]
-    lo, hi = con.execute(
-        "SELECT min(ts_unix_s), max(ts_unix_s) FROM metric_samples WHERE NOT created_zero"
+    lo, hi, hi_prod = con.execute(
+        "SELECT min(ts_unix_s), max(ts_unix_s), max(ts_unix_s) FILTER (WHERE run_id = '') "
+        "FROM metric_samples WHERE NOT created_zero"
     ).fetchone()
     lo = archive.with_archived_start(con, "metric_samples", lo)
     return {"models": models, "instances": instances, "run_ids": run_ids,
             "production_instances": production,
             "min_ts_unix_s": None if lo is None else float(lo),
-            "max_ts_unix_s": None if hi is None else float(hi)}
+            "max_ts_unix_s": None if hi is None else float(hi),
+            "production_max_ts_unix_s": None if hi_prod is None else float(hi_prod)}
 
 
 def last_sample_ts(con: duckdb.DuckDBPyConnection, *,

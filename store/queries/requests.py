@@ -849,7 +849,8 @@ def request_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
     Returns:
         ``{"models": [...], "instances": [...], "run_ids": [...], "production_instances": [...]}``
         (sorted, NULLs dropped; ``production_instances`` have ``run_id = ''`` rows) and
-        ``"min_ts_unix_s"``/``"max_ts_unix_s"`` (None without timed requests).
+        ``"min_ts_unix_s"``/``"max_ts_unix_s"`` (None without timed requests),
+        ``"production_max_ts_unix_s"`` (the newest of production, ``run_id = ''``; None).
     """
     table = "request_rollup_1m" if rollup_current(con) else "requests"
     lo_col, hi_col = (("min_ts_unix_s", "max_ts_unix_s") if table != "requests"
@@ -859,14 +860,16 @@ def request_filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
         return [r[0] for r in con.execute(
             f"SELECT DISTINCT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY 1").fetchall()]
 
-    lo, hi = con.execute(f"SELECT min({lo_col}), max({hi_col}) FROM {table}").fetchone()
+    lo, hi, hi_prod = con.execute(
+        f"SELECT min({lo_col}), max({hi_col}), max({hi_col}) FILTER (WHERE run_id = '') "
+        f"FROM {table}").fetchone()
     lo = archive.with_archived_start(con, "requests", lo)
     production = [r[0] for r in con.execute(
         f"SELECT DISTINCT instance FROM {table} WHERE run_id = '' AND instance IS NOT NULL "
         "ORDER BY 1").fetchall()]
     return {"models": distinct("model"), "instances": distinct("instance"),
             "run_ids": distinct("run_id"), "production_instances": production,
-            "min_ts_unix_s": lo, "max_ts_unix_s": hi}
+            "min_ts_unix_s": lo, "max_ts_unix_s": hi, "production_max_ts_unix_s": hi_prod}
 
 
 def request_flag_counts(con: duckdb.DuckDBPyConnection, *, start_s: float | None = None,
