@@ -432,3 +432,24 @@ def pick_decision_runs(db: str, *, key: str, empty: str = NO_DECISIONS) -> tuple
         st.info("Pick at least one run.", icon=":material/info:")
         st.stop()
     return picked
+
+
+def partial_windows_note(start_s: float | None, end_s: float | None, window_s: float, *,
+                         now_s: float) -> str:
+    """Which windows of a time range hold only part of their length (UTC-aligned windows of
+    ``window_s`` seconds; Unix seconds; None = open end): ``Bars are 1d windows (UTC); the
+    first starts at the range's start (2026-11-29 20:05 UTC) and the last ends now: both hold
+    part of a window.`` A quick pick (start set, end open) ends now; the range "all" (both
+    open) has no cut window. Empty when both ends are on window boundaries."""
+    from prefixscope.core.formatting import fmt_time, fmt_window
+
+    parts = []
+    if start_s is not None and float(start_s) % window_s:
+        parts.append(f"the first starts at the range's start ({fmt_time(start_s)})")
+    end = now_s if end_s is None else float(end_s)
+    if (start_s is not None or end_s is not None) and end % window_s:
+        parts.append("the last ends " + ("now" if end_s is None else f"at {fmt_time(end_s)}"))
+    if not parts:
+        return ""
+    return (f"Bars are {fmt_window(window_s)} windows (UTC); " + " and ".join(parts)
+            + (": both hold" if len(parts) == 2 else ": it holds") + " part of a window.")

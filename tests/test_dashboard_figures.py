@@ -458,3 +458,16 @@ def test_one_small_window_on_a_log_axis_is_drawn_with_readable_ticks():
     big = figures.window_lines(df.assign(per_s=[120.0]), series={"per_s": ""}, window_s=3600,
                                title="t", y_title="y", log_y=True)
     assert big.layout.yaxis.tickformat == ",.0f"
+
+
+def test_partial_windows_note_names_the_cut_windows():
+    from prefixscope.dashboard.filters import partial_windows_note
+
+    day = 86400.0
+    assert partial_windows_note(10 * day, 12 * day, day, now_s=20 * day) == ""
+    assert partial_windows_note(None, None, day, now_s=20 * day) == ""
+    one = partial_windows_note(10 * day + 3600, 12 * day, day, now_s=20 * day)
+    assert one.startswith("Bars are 1d windows (UTC); the first starts at the range's start (")
+    assert one.endswith(": it holds part of a window.")
+    both = partial_windows_note(10 * day + 3600, None, day, now_s=20 * day + 60)
+    assert "and the last ends now: both hold part of a window." in both

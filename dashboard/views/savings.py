@@ -197,6 +197,9 @@ with data.guard(db):
     by_window = data.savings_by_window(db, start_s=f.start_s, end_s=f.end_s, window_s=window_s,
                                        models=f.models, instances=f.instances, run_ids=f.run_ids)
     st.plotly_chart(figures.savings_over_time(by_window, window_s=window_s), key="savings_time")
+    partial = filters.partial_windows_note(f.start_s, f.end_s, window_s, now_s=data.clock())
+    if partial and not by_window.empty:
+        st.caption(partial)
     misses = by_window[by_window["miss_cost"].notna()] if "miss_cost" in by_window else by_window
     if not misses.empty and misses["currency"].nunique() == 1:
         cur = str(misses["currency"].iloc[0])
