@@ -223,6 +223,8 @@ def filter_values(db: str) -> dict:
         r = qr.request_filter_values(con)
     lows = [v for v in (m.get("min_ts_unix_s"), r.get("min_ts_unix_s")) if v is not None]
     highs = [v for v in (m.get("max_ts_unix_s"), r.get("max_ts_unix_s")) if v is not None]
+    prods = [v for v in (m.get("production_max_ts_unix_s"), r.get("production_max_ts_unix_s"))
+             if v is not None]
     production = {x for x in [*m.get("production_instances", []),
                               *r.get("production_instances", [])] if x}
     instances = {x for x in [*m.get("instances", []), *r.get("instances", [])] if x}
@@ -234,9 +236,7 @@ def filter_values(db: str) -> dict:
                            if x is not None}),
         "min_ts_unix_s": min(lows) if lows else None,
         "max_ts_unix_s": max(highs) if highs else None,
-        "production_max_ts_unix_s": max(prod) if (prod := [
-            v for v in (m.get("production_max_ts_unix_s"), r.get("production_max_ts_unix_s"))
-            if v is not None]) else None,
+        "production_max_ts_unix_s": max(prods) if prods else None,
         "metric_max_ts_unix_s": m.get("max_ts_unix_s"),
         "request_max_ts_unix_s": r.get("max_ts_unix_s"),
     }

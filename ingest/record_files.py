@@ -34,6 +34,7 @@ import duckdb
 
 from prefixscope.core.bounds import MAX_LINE_BYTES, TOO_DEEP, check_regular, json_too_deep
 from prefixscope.core.errors import SourceUnavailable, invalid_json_reason
+from prefixscope.core.formatting import count_noun
 from prefixscope.ingest.bookkeeping import (
     Checkpoint,
     IngestSummary,
@@ -201,9 +202,7 @@ def ingest_record_lines(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[
 def skipped_note(n: int, what: str) -> str | None:
     """The summary note of ``n`` records skipped (``to_row`` gave None, or a blank line):
     ``1 record skipped (failed requests: status failure, no usage)``; None for 0."""
-    if not n:
-        return None
-    return f"{n:,} record{'s' if n != 1 else ''} skipped ({what})"
+    return f"{count_noun(n, 'record')} skipped ({what})" if n else None
 
 
 def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,

@@ -389,7 +389,7 @@ with data.guard(db):
             "Hit rate": [fmt_pct(r) if ok else NOT_REPORTED
                          for r, ok in zip(totals["hit_rate"], reported)],
             "Status": [report.status_of(_tokens(h), _tokens(q), threshold=data.alert_threshold(m),
-                                        min_query_tokens=data.min_query_tokens())
+                                        min_query_tokens=low_volume)
                        if ok else NOT_REPORTED
                        for h, q, m, ok in zip(totals["hit_tokens"], totals["query_tokens"],
                                               totals["model"], reported)],

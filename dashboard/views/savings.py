@@ -14,23 +14,11 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_money, fmt_pct
+from prefixscope.core.formatting import fmt_money, fmt_pct, price_label
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
          "usage.jsonl` and a price table, or widen the time range.")
-
-
-def price_label(shadow: object, source: object) -> str:
-    """How a price is described, naming its kind and source: ``'shadow price: <source>'`` or
-    ``'list price: <source>'`` (a source that already starts with its kind is not repeated)."""
-    kind = "shadow price" if bool(shadow) else "list price"
-    src = str(source).strip() if source is not None and source == source else ""
-    if not src:
-        return f"{kind}: source not given"
-    if src.lower().startswith(kind):
-        return src
-    return f"{kind}: {src}"
 
 
 #: The baseline of a regression: the model's hit rate over at most this many days before it.

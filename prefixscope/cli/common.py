@@ -118,6 +118,5 @@ def print_quarantined(problems: Sequence[Any], *, total: int | None = None) -> N
     total = len(problems) if total is None else max(int(total), len(problems))
     if total > MAX_PROBLEMS_SHOWN:
         err.print(f"... and {total - min(len(problems), MAX_PROBLEMS_SHOWN):,} more quarantined "
-                  "lines: the "
-                  "quarantine table has every one (the dashboard's Data sources page lists "
-                  "them)", markup=False, highlight=False)
+                  "lines: the quarantine table has every one (the dashboard's Data sources page "
+                  "lists them)", markup=False, highlight=False)

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefixscope.core.formatting import count_noun
 from prefixscope.core.errors import SourceUnavailable
+from prefixscope.core.formatting import count_noun
 from prefixscope.core.paths import data_dir
 from prefixscope.store import db as store_db
 

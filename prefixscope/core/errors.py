@@ -48,7 +48,7 @@ def invalid_json_reason(exc: ValueError, raw: bytes | None = None) -> str:
         # says "Invalid UTF-8 encoded string" without an offset inside a string, and
         # "invalid character (byte N)" for one outside a string
         at = re.search(r"\(byte (\d+)\)$", text)
-        if (at is None and "UTF-8" in text) or at is not None:
+        if at is not None or "UTF-8" in text:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as bad:

@@ -143,6 +143,19 @@ def count_noun(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
+def price_label(shadow: object, source: object) -> str:
+    """How a price is described, naming its kind and source: ``'shadow price: <source>'`` or
+    ``'list price: <source>'`` (a source that already starts with its kind is not repeated);
+    the Savings page and ``ingest prices`` alike."""
+    kind = "shadow price" if bool(shadow) else "list price"
+    src = str(source).strip() if source is not None and source == source else ""
+    if not src:
+        return f"{kind}: source not given"
+    if src.lower().startswith(kind):
+        return src
+    return f"{kind}: {src}"
+
+
 def fmt_ms(value: float | None) -> str:
     """Milliseconds with one decimal and separators: ``1234.56 -> '1,234.6'``; None -> ``'—'``."""
     if _missing(value):

@@ -59,9 +59,7 @@ def _port_in_use(host: str, port: int) -> str | None:
         try:
             s.bind(addr)
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return "the port is in use"
-            return None
+            return "the port is in use" if exc.errno == errno.EADDRINUSE else None
     return None
 
 

@@ -8,7 +8,7 @@ import typer
 
 from prefixscope.cli.common import (DB_DEFAULT, DbOption, JsonOption, out, print_json,
                                      print_request_files)
-from prefixscope.core.formatting import count_noun
+from prefixscope.core.formatting import count_noun, price_label
 from prefixscope.core.errors import NothingIngested
 
 
@@ -111,14 +111,9 @@ def prices_cmd(
                   f"({count_noun(len(table), 'name')} with aliases)",
                   markup=False, highlight=False)
         for r in table.itertuples(index=False):
-            kind = "shadow" if r.shadow else "list"
-            source = str(r.price_source)
-            # the source already says what kind of price it is ("shadow price: ...")
-            said = source.lower().startswith(("shadow", "gpu-time", "list"))
             out.print(f"  {r.model:<32} {r.currency} in {r.input_per_mtok:g} / cached "
                       f"{r.cached_input_per_mtok:g} / write {r.cache_write_per_mtok:g} / out "
-                      f"{r.output_per_mtok:g} per 1M "
-                      f"({source if said else f'{kind}: {source}'})",
+                      f"{r.output_per_mtok:g} per 1M ({price_label(r.shadow, r.price_source)})",
                       markup=False, highlight=False)
     if refreshed is not None:
         out.print(f"{refreshed.version}: {count_noun(len(refreshed.priced), 'stored model')} "
