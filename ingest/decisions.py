@@ -32,8 +32,8 @@ import duckdb
 import msgspec
 
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined, source_id_for
-from prefixscope.ingest.jsonl_driver import (BadLine, complete_json_tail, ingest_jsonl_tail,
-                                             line_parser)
+from prefixscope.ingest.jsonl_driver import (TAIL_LEFT_NOTE, BadLine, complete_json_tail,
+                                             ingest_jsonl_tail, line_parser)
 from prefixscope.core.bounds import (MAX_COUNT, MAX_TOKENS, TIME_RANGE, out_of_range_reason,
                                      time_ok, token_bound_reason)
 from prefixscope.core.errors import NothingIngested, invalid_json_reason
@@ -251,11 +251,6 @@ def _insert_tagged(con: duckdb.DuckDBPyConnection, rows: list[tuple[str, tuple]]
     """The driver's inserter: rows tagged ``("decision", row)`` / ``("event", row)``."""
     return save_decisions(con, [r for k, r in rows if k == "decision"],
                           [r for k, r in rows if k == "event"])
-
-
-#: Summary note when the file's last line has no newline and is not complete JSON.
-TAIL_LEFT_NOTE = ("the last line has no newline and is not complete JSON: left for the next "
-                  "ingest (a writer may still be writing it)")
 
 
 def ingest_decisions_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *,

@@ -48,6 +48,7 @@ file order.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -383,6 +384,26 @@ class bounded_line_runs:  # noqa: N801 - used as an iterator
                 skipping, pending = len(pending), b""
             yield data, len(data)
         self.tail = pending if not skipping else b""
+
+
+#: Summary note when the file's last line has no newline and is not complete JSON: it is left
+#: for the next run (``ingest requests``, ``decisions``, ``litellm``, ``langfuse``).
+TAIL_LEFT_NOTE = ("the last line has no newline and is not complete JSON: left for the next "
+                  "ingest (a writer may still be writing it)")
+
+
+def with_tail_note(result: TailResult, location: str) -> TailResult:
+    """``result`` with :data:`TAIL_LEFT_NOTE` added to its summary's note when bytes past the
+    stored checkpoint (an unfinished last line) were left for the next run."""
+    try:
+        size = os.stat(location).st_size
+    except OSError:
+        return result
+    if size <= result.end.offset:
+        return result
+    s = result.summary
+    note = TAIL_LEFT_NOTE if not s.note else f"{s.note}; {TAIL_LEFT_NOTE}"
+    return dataclasses.replace(result, summary=dataclasses.replace(s, note=note))
 
 
 def complete_json_tail(tail: bytes) -> bool:

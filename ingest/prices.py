@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import duckdb
@@ -24,6 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from prefixscope.core.documents import load_config_file
 from prefixscope.core.errors import ConfigError
+
+
+#: Largest price per million tokens read (currency units): far above any real price, and
+#: within the store's DECIMAL(18, 6) price columns (1e400 or 1e30 was a DuckDB conversion
+#: traceback).
+MAX_PRICE_PER_MTOK = Decimal(1_000_000)
 
 
 class PriceEntry(BaseModel):
@@ -37,11 +43,11 @@ class PriceEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     currency: str = Field(pattern=r"^[A-Z]{3}$")
-    input: Decimal | None = Field(default=None, ge=0)
-    cached_input: Decimal | None = Field(default=None, ge=0)
-    cache_write: Decimal | None = Field(default=None, ge=0)
-    cache_write_1h: Decimal | None = Field(default=None, ge=0)
-    output: Decimal | None = Field(default=None, ge=0)
+    input: Decimal | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MTOK)
+    cached_input: Decimal | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MTOK)
+    cache_write: Decimal | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MTOK)
+    cache_write_1h: Decimal | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MTOK)
+    output: Decimal | None = Field(default=None, ge=0, le=MAX_PRICE_PER_MTOK)
     shadow: bool = False
     source: str = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
@@ -173,7 +179,14 @@ def read_price_file(path: str | os.PathLike[str], *,
                         "vllm:request_prefill_kv_computed_tokens samples for it (ingest "
                         "metrics first, or give a number)")
                 rate, how = Decimal(str(round(got, 1))), "measured from vllm:request_prefill_*"
-            inp, decode_out = gpu_time_prices(e.gpu_hour_price, rate, e.decode_tokens_per_s)
+            try:
+                inp, decode_out = gpu_time_prices(e.gpu_hour_price, rate, e.decode_tokens_per_s)
+            except InvalidOperation:  # past Decimal's precision when quantized: far too big
+                inp = decode_out = MAX_PRICE_PER_MTOK + 1
+            if any(x is not None and not x <= MAX_PRICE_PER_MTOK for x in (inp, decode_out)):
+                raise ConfigError(
+                    f'{p}: models."{name}".gpu_hour_price: gives a price over '
+                    f"{MAX_PRICE_PER_MTOK:,} {e.currency} per million tokens at this throughput")
             output = output if output is not None else decode_out
             cached = cached if cached is not None else Decimal(0)
             shadow = True

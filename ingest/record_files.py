@@ -52,7 +52,9 @@ from prefixscope.ingest.jsonl_driver import (
     ParsedChunk,
     TailResult,
     commit_batch,
+    complete_json_tail,
     ingest_jsonl_tail,
+    with_tail_note,
 )
 from prefixscope.ingest.usage_rows import insert_dict_rows, row_problem
 from prefixscope.store.db import release_between_batches
@@ -77,6 +79,8 @@ def _kind_of_file(path: str) -> str:
     if head.startswith(b"{"):
         # One pretty-printed document, or one record a line?
         first_line = head.split(b"\n", 1)[0].strip()
+        if json_too_deep(first_line):  # json.loads would recurse past Python's limit
+            return "jsonl"  # each line is then refused: JSON nested deeper than 64 levels
         try:
             json.loads(first_line)
             return "jsonl"
@@ -133,6 +137,7 @@ def ingest_record_lines(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[
                         kind: str, line_rows: Callable[[bytes], LineRows],
                         skip_line: Callable[[bytes], bool] | None = None,
                         note: Callable[[Any], str | None] | None = None,
+                        accept_tail: Callable[[bytes], bool] | None = None,
                         max_line_bytes: int = MAX_LINE_BYTES,
                         keep_problems: int = 100) -> TailResult:
     """Tail a file of JSON lines from its checkpoint (``ingest/jsonl_driver.py``): each line's
@@ -147,6 +152,8 @@ def ingest_record_lines(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[
             Raises :class:`BadLine` for a line refused whole.
         skip_line: a line it is true of is counted as skipped (not a record of this source).
         note: the driver's summary note (``counts -> str | None``).
+        accept_tail: read a final line without newline when this is true of it (default:
+            never; ``ingest_record_file`` reads it when it is complete JSON).
         max_line_bytes: longest line (default the shared 1 MiB bound); a longer one, or one
             nested too deep, is quarantined before ``line_rows`` sees it.
 
@@ -196,6 +203,7 @@ def ingest_record_lines(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[
 
     return ingest_jsonl_tail(con, location, kind=kind, parse_chunk=parse,
                              insert=insert_dict_rows, batch_bytes=16 << 20, note=note,
+                             accept_tail=accept_tail,
                              keep_problems=keep_problems, max_line_bytes=max_line_bytes)
 
 
@@ -241,9 +249,10 @@ def ingest_record_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
                 raise BadLine(None, invalid_json_reason(exc)) from None
             return _record_rows(to_row, rec)
 
-        return ingest_record_lines(
+        return with_tail_note(ingest_record_lines(
             con, location, kind=kind, line_rows=line_rows, keep_problems=keep_problems,
-            note=lambda c: skipped_note(c.lines_skipped, skipped_what))
+            note=lambda c: skipped_note(c.lines_skipped, skipped_what),
+            accept_tail=complete_json_tail), location)
     if form == "csv":
         return _csv_file(con, location, kind, source_id, to_row, keep_problems, skipped_what)
     return _whole_file(con, location, form, kind, source_id, to_row, keep_problems,

@@ -27,7 +27,7 @@ from prefixscope.ingest.bookkeeping import (
     resume_offset,
     source_id_for,
 )
-from prefixscope.ingest.jsonl_driver import RetryBatch, commit_batch
+from prefixscope.ingest.jsonl_driver import TAIL_LEFT_NOTE, RetryBatch, commit_batch
 from prefixscope.ingest.usage_read import (
     _COLUMN_LIST,
     BATCH_ROWS,
@@ -323,12 +323,6 @@ def reinterpreted_note(n: int) -> str:
     return (f"{n:,} request{'s' if n != 1 else ''} had cached tokens above prompt tokens: "
             "read as exclusive input (prompt = input + cache reads + writes, flag "
             f"{REINTERPRETED_FLAG}; docs/ingest.md)")
-
-
-#: The note of a run that leaves an unfinished last line (no newline, not complete JSON) for the
-#: next run: a writer may still be writing it (docs/ingest.md).
-TAIL_LEFT_NOTE = ("the last line has no newline and is not complete JSON: left for the next "
-                  "ingest (a writer may still be writing it)")
 
 
 def _summary(location: str, start: Checkpoint, read: int, added_before: int, n_quarantined: int,
