@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import time
+from datetime import date, datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -13,12 +18,71 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 
 
+@pytest.fixture(scope="session")
+def migrated_template(tmp_path_factory) -> Path:
+    """A DuckDB file with the full schema applied, migrated once per test run (migrating takes
+    0.25-1 s; copying the file, about 0.03 s)."""
+    path = tmp_path_factory.mktemp("template") / "template.duckdb"
+    with store_db.writer(str(path)):
+        pass
+    return path
+
+
 @pytest.fixture
-def con():
-    """An in-memory DuckDB with the full schema applied."""
-    c = store_db.memory()
+def con(migrated_template, tmp_path):
+    """A DuckDB with the full schema applied: a private copy of the run's migrated template
+    (:func:`migrated_template`), so each test starts from an empty, fully migrated store."""
+    import duckdb
+
+    target = tmp_path / "con.duckdb"
+    shutil.copyfile(migrated_template, target)
+    c = duckdb.connect(str(target))
     yield c
     c.close()
+
+
+#: The clock of the one demo build of a test run (:func:`demo_build`): 00:30 UTC on the day the
+#: run started. The story's week is the seven whole UTC days before that day whatever the hour,
+#: so the figures are those of a build at any hour (``make demo`` builds at "now"), and the
+#: default 7d range, which ends now, still shows the week.
+DEMO_END_S = time.time() // 86400 * 86400 + 1800.0
+
+
+class DemoBuild(NamedTuple):
+    """The demo database built once per test run: its path (read it, never write it: a test
+    that writes takes :func:`demo_copy`), the build's report, its clock and the story's release
+    day (day 5 of the week, ``YYYY-MM-DD``)."""
+
+    path: str
+    report: object
+    end_unix_s: float
+    release_day: str
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory) -> DemoBuild:
+    """The full demo (bundled captures, the replay and scope demos, the story's week), built
+    ONCE per test run at :data:`DEMO_END_S` and shared by every test that reads the demo
+    (tests/test_demo.py, test_demo_browser.py, test_demo_story_pages.py,
+    test_dashboard_tables.py): a build takes 1.5-6 minutes on two cores, and four builds were a
+    fifth of the suite's time (issue 30)."""
+    from prefixscope.cli.demo import build_demo
+
+    path = tmp_path_factory.mktemp("demo-once") / "demo.duckdb"
+    report = build_demo(str(path), end_unix_s=DEMO_END_S)
+    line = next(s for s in report.steps if "the week is in the database" in s)
+    release_day = re.search(r"\(day 5, (\d{4}-\d\d-\d\d): the release", line).group(1)
+    day = datetime.fromtimestamp(DEMO_END_S, tz=timezone.utc).date()
+    assert date.fromisoformat(release_day) == date.fromordinal(day.toordinal() - 3)
+    return DemoBuild(str(path), report, DEMO_END_S, release_day)
+
+
+@pytest.fixture
+def demo_copy(demo_build, tmp_path) -> str:
+    """A private copy of the run's demo database, for a test that writes to it."""
+    dest = tmp_path / "demo.duckdb"
+    shutil.copyfile(demo_build.path, dest)
+    return str(dest)
 
 
 @pytest.fixture

@@ -126,15 +126,10 @@ def _width_problems(table, where: str) -> list[str]:
     return []
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from prefixscope.cli.demo import build_demo
-
-    path = tmp_path_factory.mktemp("tables") / "demo.duckdb"
-    report = build_demo(str(path))
-    release_day = re.search(r"\(day 5, (\d{4}-\d\d-\d\d): the release", next(
-        s for s in report.steps if "the week is in the database" in s)).group(1)
-    return str(path), release_day
+@pytest.fixture
+def demo(demo_build):
+    """The run's one demo build (tests/conftest.py ``demo_build``) and its release day."""
+    return demo_build.path, demo_build.release_day
 
 
 @pytest.fixture(scope="module")

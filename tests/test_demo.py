@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import DEMO_END_S
+
 from prefixscope.store import db as store_db
 from prefixscope.store.queries.metrics import hit_rate_by_window, hit_rate_totals
 
 
-@pytest.fixture(scope="module")
-def demo_db(tmp_path_factory):
-    from prefixscope.cli.demo import build_demo
-
-    path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
-    report = build_demo(str(path), end_unix_s=STORY_END)
-    return str(path), report
+@pytest.fixture
+def demo_db(demo_build):
+    """The run's one demo build (tests/conftest.py ``demo_build``: 00:30 UTC today; the story's
+    week is the seven whole UTC days before today, day 5 its release day)."""
+    return demo_build.path, demo_build.report
 
 
-#: These tests build the demo at 23:59 UTC on Wed 2026-12-02 (the build's clock; the story's
-#: week is the seven full UTC days before it, 2026-11-25 to 2026-12-01): day 5 is 2026-11-29.
-#: tests/test_demo_story_pages.py builds it at 00:30: the same week, whatever the hour.
-STORY_END = 1796255940.0
+#: The build's clock (tests/conftest.py): the story's week ends at 00:00 UTC today.
+STORY_END = DEMO_END_S
 
 
 def test_demo_counter_hit_rates_match_the_readme(demo_db):
@@ -74,11 +72,11 @@ def test_demo_rebuild_replaces_the_database(tmp_path):
     assert report.db_path == path
 
 
-def test_story_release_day_reads_alert_for_the_coder_only(demo_db, cli, tmp_path):
-    path, _ = demo_db
+def test_story_release_day_reads_alert_for_the_coder_only(demo_build, demo_copy, cli, tmp_path):
+    path = demo_copy  # `report daily` may record what it sent
     config = tmp_path / "prefixscope.toml"
     config.write_text("")
-    code, out, _ = cli(["report", "daily", "--db", path, "--date", "2026-11-29", "--tz", "UTC",
+    code, out, _ = cli(["report", "daily", "--db", path, "--date", demo_build.release_day, "--tz", "UTC",
                         "--config", str(config)])
     assert "Status: ALERT" in out
     # one line per instance under the model served by two; the hint names the top breaker
@@ -119,8 +117,8 @@ def test_story_production_pages_see_two_models_on_three_instances(demo_db):
     assert scrape_gap == 15.0
 
 
-def test_story_fix_replay_recovers_the_hit_rate(demo_db):
-    path, report = demo_db
+def test_story_fix_replay_recovers_the_hit_rate(demo_build):
+    path, report = demo_build.path, demo_build.report
     from prefixscope.cli.demo_story import RUN_AS_RECORDED, RUN_FIXED
 
     with store_db.reader(path) as con:
@@ -128,7 +126,7 @@ def test_story_fix_replay_recovers_the_hit_rate(demo_db):
             "SELECT run_id, sum(cached_tokens) / sum(prompt_tokens) FROM requests "
             "WHERE run_id IN (?, ?) GROUP BY run_id", [RUN_AS_RECORDED, RUN_FIXED]).fetchall())
     assert rates[RUN_AS_RECORDED] < 0.5 < rates[RUN_FIXED]
-    diag = next(s for s in report.steps if s.startswith("diagnose chatlog-gpu-a1-2026-11-29.jsonl"))
+    diag = next(s for s in report.steps if s.startswith(f"diagnose chatlog-gpu-a1-{demo_build.release_day}.jsonl"))
     # prefixscope diagnose names the release's line: a timestamp on line 1 of the system prompt
     assert "#1 level 1 timestamp message 0 (system), line 1" in diag
 

@@ -1,6 +1,6 @@
 """First contact (issue 14): the demo database in a real headless Chromium at 1400 px.
 
-Every page of the router opens on the demo (built now, so the default range shows it) and
+Every page of the router opens on the demo (built once per run at 00:30 UTC today, so the default range shows it) and
 shows no exception box; every chart has data in the default range (no "no data" figure) and
 no chart title (or subplot title) is cut at the chart's edge; no
 ``None`` / ``nan`` text; Overview says ALERT for coder-7b and the Alerts page does for the
@@ -18,7 +18,7 @@ import pytest
 
 from tests import dashboard_support as ds
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]  # builds the whole demo first
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]  # the first test may build the whole demo
 
 ERROR_SELECTORS = ('[data-testid="stException"]', '[data-testid="stAlertContentError"]')
 SHOTS = ds.ROOT / "out" / "screenshots" / "demo"
@@ -46,13 +46,11 @@ CUT_TITLES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')
 })"""
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from prefixscope.cli.demo import build_demo
-
-    path = tmp_path_factory.mktemp("demo-browser") / "demo.duckdb"
-    report = build_demo(str(path))
-    return str(path), report
+@pytest.fixture
+def demo(demo_build):
+    """The run's one demo build (tests/conftest.py ``demo_build``: 00:30 UTC today, so the
+    default 7d range shows the week)."""
+    return demo_build.path, demo_build.report
 
 
 @pytest.fixture

@@ -23,23 +23,17 @@ from tests import dashboard_support as ds
 pytestmark = pytest.mark.timeout(1800)
 
 
-@pytest.fixture(scope="module")
-def story(tmp_path_factory):
-    from prefixscope.cli.demo import build_demo
-
-    path = tmp_path_factory.mktemp("story") / "demo.duckdb"
-    # built at 00:30 UTC today (tests/test_demo.py builds at 23:59): the story's week is the
-    # seven full UTC days before today whatever the hour, so these pages read the same figures
-    # as a build at any hour would (session 7 finding 3: a build at 00:32 had a 32-minute day 7)
-    today = time.time() // 86400 * 86400
-    report = build_demo(str(path), with_replay=False, end_unix_s=today + 1800.0)
-    line = next(s for s in report.steps if "the week is in the database" in s)
-    release_day = re.search(r"\(day 5, (\d{4}-\d\d-\d\d): the release adds a timestamp to "
-                            r"coder-7b's system prompt at 07:00 UTC on gpu-a1, 09:30 UTC on "
-                            r"gpu-a2\): built in \d+ s, ingested in \d+ s", line).group(1)
-    assert date.fromisoformat(release_day) == date.fromordinal(
-        datetime.fromtimestamp(today, tz=timezone.utc).date().toordinal() - 3)
-    return str(path), release_day
+@pytest.fixture
+def story(demo_build):
+    """The run's one demo build (tests/conftest.py ``demo_build``, 00:30 UTC today: the story's
+    week is the seven full UTC days before today whatever the hour, so these pages read the
+    same figures as a build at any hour would; session 7 finding 3: a build at 00:32 had a
+    32-minute day 7) and its release day; the step line names the release as the story tells it."""
+    line = next(s for s in demo_build.report.steps if "the week is in the database" in s)
+    assert re.search(r"\(day 5, (\d{4}-\d\d-\d\d): the release adds a timestamp to "
+                     r"coder-7b's system prompt at 07:00 UTC on gpu-a1, 09:30 UTC on "
+                     r"gpu-a2\): built in \d+ s, ingested in \d+ s", line)
+    return demo_build.path, demo_build.release_day
 
 
 @pytest.fixture

@@ -25,3 +25,14 @@ def test_every_importable_data_folder_is_a_listed_package():
     assert expected, "no data folders found"
     assert expected <= packages, sorted(expected - packages)
     assert {"prefixscope.data.captures.aider", "prefixscope.data.layouts"} <= expected
+
+
+def test_the_license_file_is_the_license_pyproject_declares():
+    """Issue 30 item 7: a LICENSE file at the root whose text is the license ``pyproject.toml``
+    names (Apache-2.0), so the wheel's metadata and the repository say the same."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert config["project"]["license"] == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.lstrip().startswith("Apache License\n")
+    assert "Version 2.0, January 2004" in text
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text

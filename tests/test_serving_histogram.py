@@ -19,7 +19,7 @@ from prefixscope.store.queries.serving import (
 )
 from prefixscope.store.sqlhelpers import window_start_sql
 
-STORY_END = 1796255940.0  # tests/test_demo.py's demo build (its week ends 2026-12-02 00:00)
+from tests.conftest import DEMO_END_S as STORY_END  # the run's one demo build (tests/conftest.py)
 
 
 def _reference(con, *, window_s: float, by: tuple[str, ...], start_s=None, end_s=None):
