@@ -128,7 +128,7 @@ def time_queries(db: str, repeat: int) -> tuple[dict[str, float], float]:
         con.execute("SET enable_progress_bar = false")
         bare = best_of(lambda: con.execute(BARE_SCAN).fetchall(), repeat)
         for page, name, fn in panel_queries():
-            out[f"{page}: {name}"] = best_of(lambda: fn(con), repeat)
+            out[f"{page}: {name}"] = best_of(lambda fn=fn: fn(con), repeat)
     return out, bare
 
 

@@ -217,7 +217,7 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
             shown = s.map(lambda v: MISSING if _is_missing(v) else fmt_int(v))
         elif pd.api.types.is_float_dtype(s):
             whole = bool(s.dropna().map(float.is_integer).all())
-            shown = s.map(lambda v: MISSING if _is_missing(v) else
+            shown = s.map(lambda v, whole=whole: MISSING if _is_missing(v) else
                           (fmt_int(v) if whole else f"{float(v):,.2f}"))
         elif pd.api.types.is_datetime64_any_dtype(s):
             shown = s.map(lambda v: MISSING if _is_missing(v) else

@@ -990,7 +990,7 @@ def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
         return df
     parts = []
     groups = df.groupby(list(keys), dropna=False, sort=False) if keys else [((), df)]
-    for key, g in groups:
+    for _key, g in groups:
         lo, hi = float(g["window_start_s"].min()), float(g["window_start_s"].max())
         n = int(round((hi - lo) / float(window_s))) + 1
         if n > max_windows or n == len(g):

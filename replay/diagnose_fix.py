@@ -294,7 +294,7 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
         seen.update(groups)
         order = sorted(groups.items(), key=lambda kv: (-kv[1]["tokens_after"], -kv[1]["requests"]))
         level_breakers = []
-        for n, (key, g) in enumerate(order):
+        for n, (_key, g) in enumerate(order):
             neut = neutraliser(g)
             text, transforms, fixable = suggestion(g)
             lost, measured, wi, cf = g["tokens_after"], False, None, None

@@ -53,7 +53,7 @@ def render(capture: str, *, created_unix_s: float | None = None,
         text = _CREATED_LINE.sub(lambda m: f"{m.group(1)} {created_unix_s!r}", text)
     for name, value in (values or {}).items():
         pat = re.compile(rf'^({re.escape(name)}\{{engine="0",model_name="[^"]*"\}}) \S+$', re.M)
-        text, n = pat.subn(lambda m: f"{m.group(1)} {float(value)!r}", text)
+        text, n = pat.subn(lambda m, value=value: f"{m.group(1)} {float(value)!r}", text)
         assert n == 1, f"{name}: {n} lines"
     return text
 

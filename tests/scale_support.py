@@ -143,7 +143,7 @@ def build_deployment(path: str | os.PathLike[str], *, requests: int, scrape_s: f
             # ``decision_every``-th request, at its time, in 3 scopes and 6 namespaces;
             # candidates carry the request's identity and a rejected request shows no cached
             # tokens (no invariant is violated)
-            con.execute(f"""
+            con.execute("""
                 INSERT INTO gateway_decisions (run_id, request_id, source_id, line, ts_unix_s,
                     instance, model, scope, namespace_digest, decision, first_mismatch, reasons,
                     candidate_cached_tokens, accepted_cached_tokens, salt_applied, model_digest,

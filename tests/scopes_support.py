@@ -73,7 +73,7 @@ class Outcome:
         (ground truth from vLLM's block hashes; trace order = sequential replay order)."""
         written: dict[bytes, set[str]] = {}
         bad = 0
-        for rid, r in self.forwarded.items():
+        for rid in self.forwarded:
             tenant = self.tenants[rid]
             hs = self.hashes(rid)
             hit_blocks = self.results[rid].cached_tokens // BLOCK

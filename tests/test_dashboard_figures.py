@@ -80,7 +80,7 @@ def test_tokens_over_time_panels_per_series():
 
 
 def test_histogram_and_over_time():
-    req = requests_frame()
+    requests_frame()
     bins = pd.DataFrame({"bin_start": [0.0, 0.5], "bin_end": [0.5, 1.0], "requests": [15, 16]})
     h = figures.request_hit_rate_histogram(bins)
     assert list(h.data[0].y) == [15, 16] and list(h.data[0].x) == [0.25, 0.75]

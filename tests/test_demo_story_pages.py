@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import date, datetime, timezone
+from datetime import date
 
 import pytest
 

@@ -44,7 +44,7 @@ async def _race(make_store, trials: int) -> list[tuple[bool, int]]:
 
 
 def _check(results):
-    for permit, revoked, after, epoch in results:
+    for _permit, revoked, after, epoch in results:
         assert revoked == 2 and epoch == 2          # the revocation always commits (CAS from 1)
         assert after is False                       # no permit at the old epoch after it
     assert len(results) == TRIALS
@@ -59,11 +59,11 @@ def test_memory_gate_race_never_both_in_threads():
         res = {}
         barrier = threading.Barrier(2)
 
-        def permit():
+        def permit(ns=ns, res=res, barrier=barrier):
             barrier.wait()
             res["permit"] = store.acquire_permit_sync(ns, 1)
 
-        def revoke():
+        def revoke(ns=ns, res=res, barrier=barrier):
             barrier.wait()
             res["revoke"] = store.revoke_sync(ns, 1)
 

@@ -6,7 +6,6 @@ an unknown tenant refused by /admin/revoke, a stopped public generation reported
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import pytest

@@ -6,8 +6,9 @@ A module may import only from its own layer's package or from layers below; the 
 by ``|`` never import each other. Every ``import`` statement counts, at module level or inside a
 function, ``if TYPE_CHECKING`` blocks included (a type-only import is still an arrow).
 
-The check reads the source with :mod:`ast` (the folders are mapped onto ``prefixscope.*`` by
-``pyproject.toml``, which import-linter's file walker cannot follow; this is the same contract).
+The check reads the source with :mod:`ast`; import-linter checks the same contract
+(``pyproject.toml`` ``[tool.importlinter]``, run by tests/test_static_checks.py) through the
+``prefixscope/<folder>`` links.
 """
 
 from __future__ import annotations

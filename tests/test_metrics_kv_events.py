@@ -40,7 +40,7 @@ def reference_cached_set(*names, until_seq=None) -> set[int]:
         for m in _lines(name):
             batches[(m["payload"][0], m["seq"])] = m["payload"][1]
     counts: dict[int, int] = {}
-    for (ts, seq), events in sorted(batches.items()):
+    for (_ts, seq), events in sorted(batches.items()):
         if until_seq is not None and seq > until_seq:
             continue
         for ev in events:

@@ -44,7 +44,7 @@ def test_prometheus_pull_equals_direct_scrapes(tmp_path, cli):
     ]
     t_start = time.time() - 2.0
     with ExpositionServer(states[:1]) as srv, PrometheusServer([srv.hostport]) as prom:
-        for i, text in enumerate(states + ["restart"]):
+        for text in states + ["restart"]:
             if text == "restart":
                 # the server goes down (Prometheus sees failed scrapes: stale series), comes
                 # back with new counters created at its start; it answers only after that

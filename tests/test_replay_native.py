@@ -220,7 +220,7 @@ def test_keys_that_repeat_within_a_request_fail_alike_and_leave_the_pool(native,
         num_lookup = rnd.randint(0, num_keyed)
         keys = [rnd.randrange(4) for _ in range(num_keyed)]
         outcome = []
-        for pool, run in ((a, a.run_alone), (b, b._run_alone_python)):
+        for run in (a.run_alone, b._run_alone_python):
             try:
                 outcome.append(run(list(keys), num_lookup, num_blocks, num_keyed))
             except ValueError as e:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from prefixscope.ingest.decisions import ingest_decisions_file
-from prefixscope.core.errors import NothingIngested
+from prefixscope.core.errors import InvalidArgument, NothingIngested
 from prefixscope.store.queries import scopes as q
 
 NS = "0123456789abcdef"
@@ -94,7 +94,7 @@ def test_join_with_usage_and_queries(con, tmp_path):
     assert q.top_rejected_namespaces(con)["namespace_digest"].tolist() == [NS]
     assert len(q.decision_rows(con, decisions=["reject"])) == 1
     assert q.scope_filter_values(con)["scopes"] == ["PUBLIC", "TENANT"]
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidArgument, match="unknown invariant 'nope'"):
         q.invariant_violations(con, invariant="nope")
 
 

@@ -211,7 +211,7 @@ def checked_url(url: str, key: str, error: type[Exception] = ConfigError) -> str
         parts = urlsplit(url)
         ok = (parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
               and not any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url))
-        parts.port  # ValueError: a port that is not a number
+        _ = parts.port  # ValueError: a port that is not a number
     except ValueError:
         ok = False
     if not ok:

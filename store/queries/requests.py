@@ -176,9 +176,9 @@ def _refresh_latency_rollup(con: duckdb.DuckDBPyConnection, batch: str, *, all_n
         con.execute(f"DELETE FROM latency_rollup_1d WHERE {in_days}")
         con.execute(f"INSERT INTO latency_rollup_1d ({LATENCY_ROLLUP_COLUMNS}) "
                     + LATENCY_ROLLUP_SELECT_SQL.replace("FROM requests", f"FROM {rel}").format(
-                        where=f"floor(ts_unix_s / 86400.0) * 86400.0 IN (SELECT b FROM "
-                              f"_ps_lat_days) OR (ts_unix_s IS NULL AND EXISTS (SELECT 1 FROM "
-                              f"_ps_lat_days WHERE b IS NULL))"))
+                        where="floor(ts_unix_s / 86400.0) * 86400.0 IN (SELECT b FROM "
+                              "_ps_lat_days) OR (ts_unix_s IS NULL AND EXISTS (SELECT 1 FROM "
+                              "_ps_lat_days WHERE b IS NULL))"))
     con.execute("DROP TABLE _ps_lat_days").fetchall()
     archive.trim_rollup(con, "requests")
 

@@ -17,7 +17,6 @@ import tracemalloc
 from pathlib import Path
 
 import msgspec
-import pytest
 import zmq
 
 import prefixscope.ingest.exposition as exposition
