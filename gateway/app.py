@@ -70,15 +70,16 @@ from prefixscope.core.identity import (
     CacheIdentity,
     Decision,
     PublicInventory,
-    canonical_json,
+    bundle_digest,
     check_acceptance,
     derive_salt,
     namespace_digest,
     namespace_for,
     prefix_digests,
     reason_class,
+    render_digest,
     resolve_scope,
-    sha256_hex,
+    salt_generation,
 )
 from prefixscope.gateway.auth import AuthContext, Authenticator
 from prefixscope.gateway.config import GatewayConfig
@@ -760,10 +761,14 @@ class Gateway:
         else:
             dig = digests()
         t_digest = dig.toolset
+        # every other field that can change the tokens (documents, chat_template_kwargs...,
+        # core.identity.RENDER_FIELDS): in the prompt bundle digest, so in the identity and
+        # the salt, and on the inventory for PUBLIC
+        render = render_digest(body)
         scope = call.auth.scope
         if self.cfg.mode == "public":  # PUBLIC unless the snapshot says public is stopped
             scope = resolve_scope(call.auth.scope, list(dig.message), t_digest or None,
-                                  self.inventory)
+                                  self.inventory, render)
         ns = self._public_ns if scope == PUBLIC else call.ns
         # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
         # adapter upgrade finds the old object and reports the version field (replay rule)
@@ -779,9 +784,7 @@ class Gateway:
         if scope == PUBLIC:
             call.scope, call.ns = PUBLIC, ns
         ctx_epoch = current if call.auth.epoch is None else call.auth.epoch
-        bundle = info.prompt_bundle_digest
-        if body.get("chat_template") is not None:
-            bundle = sha256_hex(bundle + "\x00" + canonical_json(body["chat_template"]).decode())
+        bundle = bundle_digest(info.prompt_bundle_digest, render)
         base = dict(scope=call.scope, namespace=ns, model_digest=info.model_digest,
                     tokenizer_digest=info.tokenizer_digest, runtime_digest=info.runtime_digest,
                     adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
@@ -848,9 +851,11 @@ class Gateway:
                 self.cfg.policy_revision, current)
         salt = self._salt_cache.get(skey)
         if salt is None:
-            generation = sha256_hex("\x00".join(
-                [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
-                 str(self.cfg.policy_revision), str(current)]))
+            generation = salt_generation(
+                model_digest=info.model_digest, tokenizer_digest=info.tokenizer_digest,
+                adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
+                toolset_digest=t_digest, policy_revision=self.cfg.policy_revision,
+                authorization_epoch=current)
             salt = derive_salt(self.key, scope=call.scope, namespace=ns,
                                cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
                                generation=generation)
