@@ -63,7 +63,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from prefixscope.core.bounds import TOO_DEEP, escape_line, json_too_deep
+from prefixscope.core.bounds import MAX_COUNT, TOO_DEEP, escape_line, json_too_deep
 from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record, lookup_key
 from prefixscope.core.identity import (
     PUBLIC,
@@ -81,7 +81,7 @@ from prefixscope.core.identity import (
     resolve_scope,
     salt_generation,
 )
-from prefixscope.gateway.auth import AuthContext, Authenticator
+from prefixscope.gateway.auth import AuthContext, Authenticator, BadIdentityHeader
 from prefixscope.gateway.config import GatewayConfig
 from prefixscope.gateway.logs import JsonlLog
 from prefixscope.gateway.metrics import GatewayMetrics
@@ -433,7 +433,11 @@ class Gateway:
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_models(self, request: Request) -> Response:
-        if self.auth.authenticate(request.headers, _client_host(request)) is None:
+        try:
+            auth = self.auth.authenticate(request.headers, _client_host(request))
+        except BadIdentityHeader as exc:
+            return _error(400, "bad_request", str(exc))
+        if auth is None:
             return _error(401, "unauthorized", "no valid API key or trusted proxy identity")
         bases = self.cfg.upstreams
         if len(bases) == 1:
@@ -468,10 +472,15 @@ class Gateway:
         if not hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
             return _error(401, "unauthorized", "admin token missing or wrong")
         path = request.url.path
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            return _error(400, "bad_request", "admin body must be JSON")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > ADMIN_MAX_BODY_BYTES:
+                return _error(413, "too_large", f"admin body above {ADMIN_MAX_BODY_BYTES:,} "
+                              "bytes")
+        body, problem = _admin_body(bytes(raw))
+        if problem is not None:
+            return _error(400, "bad_request", problem)
         now = time.time()
         if path == "/admin/cache-epoch/bump":
             epoch = await self.store.bump_cache_epoch()
@@ -479,8 +488,9 @@ class Gateway:
             return JSONResponse({"cache_epoch": epoch})
         if path == "/admin/revoke":
             tenant = body.get("tenant")
-            if not isinstance(tenant, str) or not tenant:
-                return _error(400, "bad_request", "revoke needs a tenant (and optionally principal)")
+            if not _admin_id(tenant):
+                return _error(400, "bad_request", "revoke needs a tenant (and optionally "
+                              "principal): a non-empty string of valid Unicode")
             force = body.get("force", False)
             if not isinstance(force, bool):
                 return _error(400, "bad_request", "force must be true or false")
@@ -489,9 +499,16 @@ class Gateway:
                               "tenant; a tenant that only comes through the trusted-proxy "
                               "headers is revoked with \"force\": true")
             principal = body.get("principal")
+            if principal is not None and not _admin_id(principal):
+                return _error(400, "bad_request", "principal must be a non-empty string")
+            from_epoch = body.get("from_epoch")
+            if from_epoch is not None and (type(from_epoch) is not int
+                                           or not 0 <= from_epoch <= MAX_COUNT):
+                return _error(400, "bad_request", "from_epoch must be an integer from 0 to "
+                              "2^62 (the authorization epoch the revoker saw)")
             scope = "PRINCIPAL" if principal else "TENANT"
             ns = namespace_for(self.key, scope=scope, tenant_id=tenant, principal_id=principal)
-            new = await self.store.revoke(ns, body.get("from_epoch"))
+            new = await self.store.revoke(ns, from_epoch)
             if new is None:
                 return _error(409, "conflict", "the authorization epoch moved (compare-and-set)")
             self._event(event_record(now, "authorization_epoch_bump",
@@ -538,7 +555,12 @@ class Gateway:
             if name not in hdrs:  # the first of repeated headers, as Starlette's Headers.get
                 hdrs[name] = v.decode("latin-1")
         client = scope.get("client")
-        auth = self.auth.authenticate(hdrs, client[0] if client else None)
+        try:
+            auth = self.auth.authenticate(hdrs, client[0] if client else None)
+        except BadIdentityHeader as exc:
+            self._m_client_err("bad_request").inc()
+            await _send_error(send, 400, "bad_request", str(exc))
+            return
         if auth is None:
             self._m_client_err("unauthorized").inc()
             await _send_error(send, 401, "unauthorized", "no valid API key or trusted proxy identity")
@@ -1228,6 +1250,42 @@ def _discovery_error(url: str, exc: BaseException) -> str:
     if isinstance(exc, (ValueError, TypeError, AttributeError)):
         return f"{url}/v1/models is not a JSON model list"
     return f"{url}: {type(exc).__name__}"
+
+
+#: Largest admin request body, bytes (the bodies are a few small fields; 1 MiB lets a
+#: 100,000-deep body be told it is too deep rather than too large).
+ADMIN_MAX_BODY_BYTES = 1 << 20
+
+
+def _admin_body(raw: bytes) -> tuple[dict, str | None]:
+    """The admin request body as an object (empty body: ``{}``), or ``({}, problem)`` with
+    the sentence of the 400: not UTF-8 JSON, nested deeper than the ingester's bound (the
+    stdlib decoder recurses), or not a JSON object (``[]``, ``null``, ``"acme"``). The
+    problem never quotes the body."""
+    if not raw.strip():
+        return {}, None
+    if json_too_deep(raw):
+        return {}, f"admin body is {TOO_DEEP}"
+    try:  # the stdlib decoder: NaN and 1e999 decode, so the field check below names them
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return {}, "admin body must be JSON"
+    if not isinstance(body, dict):
+        return {}, "admin body must be a JSON object, e.g. {\"tenant\": \"...\"}"
+    return body, None
+
+
+def _admin_id(value: Any) -> bool:
+    """A tenant or principal id of an admin body: a non-empty string that is valid Unicode
+    (the stdlib decoder keeps a lone surrogate such as ``"\\ud800"``, which cannot be hashed
+    as UTF-8)."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _client_host(request: Request) -> str | None:
