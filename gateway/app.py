@@ -143,13 +143,18 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 #: Refusals after which the connection is closed: the rest of the body is not read.
 _CLOSE_AFTER = frozenset({408, 413})
+#: Refusals of a bound (size, time, load): they carry ``retry-after`` and log one line.
+_BOUND_CODES = frozenset({"too_large", "client_timeout", "overloaded"})
 
 
-async def _send_error(send, status: int, code: str, message: str) -> None:
+async def _send_error(send, status: int, code: str, message: str,
+                      retry_after_s: int | None = None) -> None:
     body = _error_body(code, message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status in _CLOSE_AFTER:  # uvicorn closes the connection after this response
+    if status in _CLOSE_AFTER or code == "overloaded":  # uvicorn closes after this response
         headers.append((b"connection", b"close"))
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -213,6 +218,7 @@ class _Call:
     blocks: bytes | None = None
     task: asyncio.Task | None = None  # the request's task (cut at the shutdown deadline)
     resp: Any = None  # the upstream answer being streamed
+    body_bytes: int = 0  # of body_bytes_in_flight, this request's (released when it ends)
 
 
 class Gateway:
@@ -248,6 +254,8 @@ class Gateway:
         self.usage_log: JsonlLog | None = None
         self.decision_log: JsonlLog | None = None
         self.in_flight = 0
+        #: request body bytes held by requests in flight (bounded by max_inflight_body_bytes)
+        self.body_bytes_in_flight = 0
         self._calls: dict[int, _Call] = {}  # requests in flight, for the shutdown deadline
         self._drain_timer: asyncio.TimerHandle | None = None
         self._drain_t0: float | None = None  # drain() began (monotonic s)
@@ -575,7 +583,13 @@ class Gateway:
         try:
             prepared = await self._prepare(receive, hdrs, call)
             if prepared is None:  # refused; call.error/status set
-                await _send_error(send, call.status, call.error, call.message)
+                bound = call.error in _BOUND_CODES
+                if bound:  # one line per refused client: no tenant id, no request text
+                    peer = "%s:%d" % tuple(client) if client else "unknown"
+                    _log.warning("gateway: refused client %s: %d %s", peer, call.status,
+                                 call.error)
+                await _send_error(send, call.status, call.error, call.message,
+                                  self.cfg.retry_after_s if bound else None)
                 return
             if prepared is _DISCONNECTED:
                 return
@@ -593,6 +607,8 @@ class Gateway:
             except Exception:  # noqa: BLE001 (the response had begun or the client is gone)
                 pass
         finally:
+            self.body_bytes_in_flight -= call.body_bytes
+            call.body_bytes = 0
             self._calls.pop(id(call), None)
             if not call.finished:
                 await self._finish_shielded(call)
@@ -685,6 +701,14 @@ class Gateway:
                         if size > limit:
                             return self._refuse(call, 413, "too_large",
                                                 f"request body above {limit} bytes")
+                        if (self.body_bytes_in_flight + len(chunk)
+                                > self.cfg.max_inflight_body_bytes):
+                            return self._refuse(
+                                call, 503, "overloaded", "the gateway holds "
+                                f"max_inflight_body_bytes ({self.cfg.max_inflight_body_bytes:,}"
+                                f") of request bodies; retry in {self.cfg.retry_after_s} s")
+                        self.body_bytes_in_flight += len(chunk)
+                        call.body_bytes += len(chunk)
                         chunks.append(chunk)
                     if not msg.get("more_body", False):
                         break
