@@ -63,24 +63,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from prefixscope.core.bounds import TOO_DEEP, escape_line, json_too_deep
+from prefixscope.core.bounds import MAX_COUNT, TOO_DEEP, escape_line, json_too_deep
 from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record, lookup_key
 from prefixscope.core.identity import (
     PUBLIC,
     CacheIdentity,
     Decision,
     PublicInventory,
-    canonical_json,
+    bundle_digest,
     check_acceptance,
     derive_salt,
     namespace_digest,
     namespace_for,
     prefix_digests,
     reason_class,
+    render_digest,
     resolve_scope,
-    sha256_hex,
+    salt_generation,
 )
-from prefixscope.gateway.auth import AuthContext, Authenticator
+from prefixscope.gateway.auth import AuthContext, Authenticator, BadIdentityHeader
 from prefixscope.gateway.config import GatewayConfig
 from prefixscope.gateway.logs import JsonlLog
 from prefixscope.gateway.metrics import GatewayMetrics
@@ -142,13 +143,18 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 #: Refusals after which the connection is closed: the rest of the body is not read.
 _CLOSE_AFTER = frozenset({408, 413})
+#: Refusals of a bound (size, time, load): they carry ``retry-after`` and log one line.
+_BOUND_CODES = frozenset({"too_large", "client_timeout", "overloaded"})
 
 
-async def _send_error(send, status: int, code: str, message: str) -> None:
+async def _send_error(send, status: int, code: str, message: str,
+                      retry_after_s: int | None = None) -> None:
     body = _error_body(code, message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status in _CLOSE_AFTER:  # uvicorn closes the connection after this response
+    if status in _CLOSE_AFTER or code == "overloaded":  # uvicorn closes after this response
         headers.append((b"connection", b"close"))
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -212,6 +218,7 @@ class _Call:
     blocks: bytes | None = None
     task: asyncio.Task | None = None  # the request's task (cut at the shutdown deadline)
     resp: Any = None  # the upstream answer being streamed
+    body_bytes: int = 0  # of body_bytes_in_flight, this request's (released when it ends)
 
 
 class Gateway:
@@ -247,6 +254,8 @@ class Gateway:
         self.usage_log: JsonlLog | None = None
         self.decision_log: JsonlLog | None = None
         self.in_flight = 0
+        #: request body bytes held by requests in flight (bounded by max_inflight_body_bytes)
+        self.body_bytes_in_flight = 0
         self._calls: dict[int, _Call] = {}  # requests in flight, for the shutdown deadline
         self._drain_timer: asyncio.TimerHandle | None = None
         self._drain_t0: float | None = None  # drain() began (monotonic s)
@@ -432,7 +441,11 @@ class Gateway:
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_models(self, request: Request) -> Response:
-        if self.auth.authenticate(request.headers, _client_host(request)) is None:
+        try:
+            auth = self.auth.authenticate(request.headers, _client_host(request))
+        except BadIdentityHeader as exc:
+            return _error(400, "bad_request", str(exc))
+        if auth is None:
             return _error(401, "unauthorized", "no valid API key or trusted proxy identity")
         bases = self.cfg.upstreams
         if len(bases) == 1:
@@ -467,10 +480,15 @@ class Gateway:
         if not hmac.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
             return _error(401, "unauthorized", "admin token missing or wrong")
         path = request.url.path
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            return _error(400, "bad_request", "admin body must be JSON")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > ADMIN_MAX_BODY_BYTES:
+                return _error(413, "too_large", f"admin body above {ADMIN_MAX_BODY_BYTES:,} "
+                              "bytes")
+        body, problem = _admin_body(bytes(raw))
+        if problem is not None:
+            return _error(400, "bad_request", problem)
         now = time.time()
         if path == "/admin/cache-epoch/bump":
             epoch = await self.store.bump_cache_epoch()
@@ -478,8 +496,9 @@ class Gateway:
             return JSONResponse({"cache_epoch": epoch})
         if path == "/admin/revoke":
             tenant = body.get("tenant")
-            if not isinstance(tenant, str) or not tenant:
-                return _error(400, "bad_request", "revoke needs a tenant (and optionally principal)")
+            if not _admin_id(tenant):
+                return _error(400, "bad_request", "revoke needs a tenant (and optionally "
+                              "principal): a non-empty string of valid Unicode")
             force = body.get("force", False)
             if not isinstance(force, bool):
                 return _error(400, "bad_request", "force must be true or false")
@@ -488,9 +507,16 @@ class Gateway:
                               "tenant; a tenant that only comes through the trusted-proxy "
                               "headers is revoked with \"force\": true")
             principal = body.get("principal")
+            if principal is not None and not _admin_id(principal):
+                return _error(400, "bad_request", "principal must be a non-empty string")
+            from_epoch = body.get("from_epoch")
+            if from_epoch is not None and (type(from_epoch) is not int
+                                           or not 0 <= from_epoch <= MAX_COUNT):
+                return _error(400, "bad_request", "from_epoch must be an integer from 0 to "
+                              "2^62 (the authorization epoch the revoker saw)")
             scope = "PRINCIPAL" if principal else "TENANT"
             ns = namespace_for(self.key, scope=scope, tenant_id=tenant, principal_id=principal)
-            new = await self.store.revoke(ns, body.get("from_epoch"))
+            new = await self.store.revoke(ns, from_epoch)
             if new is None:
                 return _error(409, "conflict", "the authorization epoch moved (compare-and-set)")
             self._event(event_record(now, "authorization_epoch_bump",
@@ -537,7 +563,12 @@ class Gateway:
             if name not in hdrs:  # the first of repeated headers, as Starlette's Headers.get
                 hdrs[name] = v.decode("latin-1")
         client = scope.get("client")
-        auth = self.auth.authenticate(hdrs, client[0] if client else None)
+        try:
+            auth = self.auth.authenticate(hdrs, client[0] if client else None)
+        except BadIdentityHeader as exc:
+            self._m_client_err("bad_request").inc()
+            await _send_error(send, 400, "bad_request", str(exc))
+            return
         if auth is None:
             self._m_client_err("unauthorized").inc()
             await _send_error(send, 401, "unauthorized", "no valid API key or trusted proxy identity")
@@ -552,7 +583,13 @@ class Gateway:
         try:
             prepared = await self._prepare(receive, hdrs, call)
             if prepared is None:  # refused; call.error/status set
-                await _send_error(send, call.status, call.error, call.message)
+                bound = call.error in _BOUND_CODES
+                if bound:  # one line per refused client: no tenant id, no request text
+                    peer = "%s:%d" % tuple(client) if client else "unknown"
+                    _log.warning("gateway: refused client %s: %d %s", peer, call.status,
+                                 call.error)
+                await _send_error(send, call.status, call.error, call.message,
+                                  self.cfg.retry_after_s if bound else None)
                 return
             if prepared is _DISCONNECTED:
                 return
@@ -570,6 +607,8 @@ class Gateway:
             except Exception:  # noqa: BLE001 (the response had begun or the client is gone)
                 pass
         finally:
+            self.body_bytes_in_flight -= call.body_bytes
+            call.body_bytes = 0
             self._calls.pop(id(call), None)
             if not call.finished:
                 await self._finish_shielded(call)
@@ -662,6 +701,14 @@ class Gateway:
                         if size > limit:
                             return self._refuse(call, 413, "too_large",
                                                 f"request body above {limit} bytes")
+                        if (self.body_bytes_in_flight + len(chunk)
+                                > self.cfg.max_inflight_body_bytes):
+                            return self._refuse(
+                                call, 503, "overloaded", "the gateway holds "
+                                f"max_inflight_body_bytes ({self.cfg.max_inflight_body_bytes:,}"
+                                f") of request bodies; retry in {self.cfg.retry_after_s} s")
+                        self.body_bytes_in_flight += len(chunk)
+                        call.body_bytes += len(chunk)
                         chunks.append(chunk)
                     if not msg.get("more_body", False):
                         break
@@ -760,10 +807,14 @@ class Gateway:
         else:
             dig = digests()
         t_digest = dig.toolset
+        # every other field that can change the tokens (documents, chat_template_kwargs...,
+        # core.identity.RENDER_FIELDS): in the prompt bundle digest, so in the identity and
+        # the salt, and on the inventory for PUBLIC
+        render = render_digest(body)
         scope = call.auth.scope
         if self.cfg.mode == "public":  # PUBLIC unless the snapshot says public is stopped
             scope = resolve_scope(call.auth.scope, list(dig.message), t_digest or None,
-                                  self.inventory)
+                                  self.inventory, render)
         ns = self._public_ns if scope == PUBLIC else call.ns
         # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
         # adapter upgrade finds the old object and reports the version field (replay rule)
@@ -779,9 +830,7 @@ class Gateway:
         if scope == PUBLIC:
             call.scope, call.ns = PUBLIC, ns
         ctx_epoch = current if call.auth.epoch is None else call.auth.epoch
-        bundle = info.prompt_bundle_digest
-        if body.get("chat_template") is not None:
-            bundle = sha256_hex(bundle + "\x00" + canonical_json(body["chat_template"]).decode())
+        bundle = bundle_digest(info.prompt_bundle_digest, render)
         base = dict(scope=call.scope, namespace=ns, model_digest=info.model_digest,
                     tokenizer_digest=info.tokenizer_digest, runtime_digest=info.runtime_digest,
                     adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
@@ -848,9 +897,11 @@ class Gateway:
                 self.cfg.policy_revision, current)
         salt = self._salt_cache.get(skey)
         if salt is None:
-            generation = sha256_hex("\x00".join(
-                [info.model_digest, info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
-                 str(self.cfg.policy_revision), str(current)]))
+            generation = salt_generation(
+                model_digest=info.model_digest, tokenizer_digest=info.tokenizer_digest,
+                adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
+                toolset_digest=t_digest, policy_revision=self.cfg.policy_revision,
+                authorization_epoch=current)
             salt = derive_salt(self.key, scope=call.scope, namespace=ns,
                                cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
                                generation=generation)
@@ -1223,6 +1274,42 @@ def _discovery_error(url: str, exc: BaseException) -> str:
     if isinstance(exc, (ValueError, TypeError, AttributeError)):
         return f"{url}/v1/models is not a JSON model list"
     return f"{url}: {type(exc).__name__}"
+
+
+#: Largest admin request body, bytes (the bodies are a few small fields; 1 MiB lets a
+#: 100,000-deep body be told it is too deep rather than too large).
+ADMIN_MAX_BODY_BYTES = 1 << 20
+
+
+def _admin_body(raw: bytes) -> tuple[dict, str | None]:
+    """The admin request body as an object (empty body: ``{}``), or ``({}, problem)`` with
+    the sentence of the 400: not UTF-8 JSON, nested deeper than the ingester's bound (the
+    stdlib decoder recurses), or not a JSON object (``[]``, ``null``, ``"acme"``). The
+    problem never quotes the body."""
+    if not raw.strip():
+        return {}, None
+    if json_too_deep(raw):
+        return {}, f"admin body is {TOO_DEEP}"
+    try:  # the stdlib decoder: NaN and 1e999 decode, so the field check below names them
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return {}, "admin body must be JSON"
+    if not isinstance(body, dict):
+        return {}, "admin body must be a JSON object, e.g. {\"tenant\": \"...\"}"
+    return body, None
+
+
+def _admin_id(value: Any) -> bool:
+    """A tenant or principal id of an admin body: a non-empty string that is valid Unicode
+    (the stdlib decoder keeps a lone surrogate such as ``"\\ud800"``, which cannot be hashed
+    as UTF-8)."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _client_host(request: Request) -> str | None:

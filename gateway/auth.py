@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -42,6 +43,20 @@ class AuthContext:
     scope: str
     epoch: int | None
     source: str
+
+
+#: An authorization epoch header: ASCII digits only (``str.isdigit`` also takes ``²`` and
+#: other Unicode digits, which ``int`` refuses), at most 18 (below 2^63).
+_EPOCH = re.compile(r"[0-9]{1,18}")
+
+
+class BadIdentityHeader(ValueError):
+    """A trusted proxy's identity header holds a value that is not one (``header``: its
+    name; the message never quotes the value). The gateway answers 400."""
+
+    def __init__(self, header: str, reason: str) -> None:
+        super().__init__(f"{header}: {reason}")
+        self.header = header
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +136,13 @@ class Authenticator:
 
     def authenticate(self, headers: Mapping[str, str], client_host: str | None
                      ) -> AuthContext | None:
-        """The trusted context, or None (no valid credential: the caller answers 401)."""
+        """The trusted context, or None (no valid credential: the caller answers 401).
+
+        Raises:
+            BadIdentityHeader: from a trusted proxy, an epoch header that is not 1-18 ASCII
+                digits (a malformed epoch is never read as "current": that would make a stale
+                credential current).
+        """
         auth = headers.get("authorization", "")
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
         if key:
@@ -146,6 +167,11 @@ class Authenticator:
             if scope not in (TENANT, PRINCIPAL) or (scope == PRINCIPAL and not principal):
                 return None
             raw_epoch = headers.get(self.h_epoch)
-            epoch = int(raw_epoch) if raw_epoch and raw_epoch.isdigit() else None
+            epoch = None
+            if raw_epoch:
+                if not _EPOCH.fullmatch(raw_epoch):
+                    raise BadIdentityHeader(self.h_epoch, "must be an authorization epoch: 1 "
+                                            "to 18 ASCII digits")
+                epoch = int(raw_epoch)
             return AuthContext(tenant, principal, scope, epoch, "trusted_proxy")
         return None

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from prefixscope.core.documents import DocumentError, parse_toml, read_document
 from prefixscope.core.errors import ConfigError
@@ -77,8 +78,20 @@ class GatewayConfig(BaseModel):
     client_header_timeout_s: float = Field(10.0, gt=0.0)
     client_body_timeout_s: float = Field(30.0, gt=0.0)
     max_connections: int = Field(2048, ge=1)
+    max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_inflight_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    retry_after_s: int = Field(1, ge=0, le=3600)
     workers: int = Field(1, ge=1, le=64)
     tokenize: Literal["off", "upstream"] = "off"
+
+    @model_validator(mode="after")
+    def _inflight_holds_one_body(self) -> GatewayConfig:
+        """``max_inflight_body_bytes`` is at least ``max_body_bytes`` (else no request of the
+        largest allowed size could ever be read)."""
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be "
+                             f"at least max_body_bytes ({self.max_body_bytes})")
+        return self
 
     @field_validator("upstreams")
     @classmethod

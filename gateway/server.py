@@ -7,6 +7,8 @@ fsyncs the logs and saves the in-process state)."""
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -64,40 +66,107 @@ def build_gateway(cfg: GatewayConfig, *, faults: Faults | None = None) -> Gatewa
                    faults=faults)
 
 
-def header_timeout_protocol(timeout_s: float, on_timeout=None):
-    """uvicorn's httptools HTTP protocol with a deadline on the request headers, which uvicorn
-    does not have (its ``timeout_keep_alive`` only covers the idle time between requests).
+#: The operator log of refused clients (one line each: status, code, peer address; never a
+#: tenant id or request text).
+_log = logging.getLogger("prefixscope.gateway")
 
-    A connection's request line and headers must arrive within ``timeout_s`` of the connection
-    being made (first request) or of the request's first byte (later keep-alive requests);
-    else the gateway answers ``408 client_timeout`` and closes it (a slowloris client trickling
-    one header a second, or a half-open connection that never sends, holds nothing for long).
-    ``on_timeout()`` is called for each (the metric). The timer is one ``call_later`` per
-    request, cancelled when the headers are complete.
+
+#: Seconds a refused connection stays open after its answer, its input read and dropped.
+REFUSAL_LINGER_S = 0.5
+
+
+def refusal_response(status: int, code: str, message: str, retry_after_s: int,
+                     default_headers=()) -> bytes:
+    """A complete HTTP/1.1 refusal (JSON error body, ``connection: close``,
+    ``retry-after: <retry_after_s>``) written straight to a transport, before any ASGI
+    request exists (header deadline, header size, connection cap)."""
+    reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+              503: b"Service Unavailable"}[status]
+    body = (b'{"error":{"message":%s,"type":"gateway_error","code":"%s"}}'
+            % (json.dumps(message).encode(), code.encode()))
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+    for name, value in default_headers:
+        head.extend([name, b": ", value, b"\r\n"])
+    head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
+                b"retry-after: %d\r\nconnection: close\r\n\r\n" % (len(body), retry_after_s))
+    return b"".join(head) + body
+
+
+def bounded_protocol(cfg: GatewayConfig, on_refused=None):
+    """uvicorn's httptools HTTP protocol with the bounds uvicorn's does not have
+    (``docs/gateway.md#slow-clients``): a deadline on the request headers, a bound on their
+    size, and the connection cap answered at once.
+
+    - **Header deadline** (``client_header_timeout_s``): a connection's request line and
+      headers must arrive within that long of the connection being made (first request) or of
+      the request's first byte (later keep-alive requests): else ``408 client_timeout``
+      (uvicorn's ``timeout_keep_alive`` only covers the idle time between requests). One
+      ``call_later`` per request, cancelled when the headers are complete.
+    - **Header size** (``max_header_bytes``): httptools buffers an unfinished header whole
+      and has no limit of its own (20 connections x 16 MiB of headers took the gateway from
+      88 to 424 MB); the bytes received before the end of the headers are counted per request
+      and past the bound the answer is ``431 header_too_large`` without feeding the parser. A
+      chunk that holds the end of the headers within the bound (and the body after it) passes.
+    - **Connection cap** (``max_connections``): a connection made while that many are open is
+      answered ``503 overloaded`` and closed at once, before anything is read (uvicorn's
+      ``limit_concurrency`` still answers requests past the cap of tasks).
+
+    Every refusal carries ``retry-after: <retry_after_s>`` and ``connection: close``, calls
+    ``on_refused(code)`` (the metric) and logs one line (status, code, peer address).
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    body = (b'{"error":{"message":"the request headers did not arrive within '
-            b'client_header_timeout_s (%s s)","type":"gateway_error","code":"client_timeout"}}'
-            % f"{timeout_s:g}".encode())
+    timeout_s = cfg.client_header_timeout_s
+    limit = cfg.max_header_bytes
+    retry = cfg.retry_after_s
 
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
+    class BoundedProtocol(HttpToolsProtocol):
         _header_timer = None
+        _refused = False
+        _in_headers = True   # the current request's headers are not complete
+        _header_bytes = 0    # bytes received for them so far
+        _tail = b""          # the last 3 bytes received while in headers (a split CRLFCRLF)
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            if len(self.connections) > cfg.max_connections:
+                self._refuse(503, "overloaded", f"the gateway has max_connections "
+                             f"({cfg.max_connections}) connections open; retry in {retry} s")
+                return
             self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            if self._in_headers:
+                room = limit - self._header_bytes
+                if len(data) > room:
+                    # past the bound unless the headers end within it
+                    window = self._tail + data[:max(room, 0) + 4]
+                    if b"\r\n\r\n" not in window:
+                        self._refuse(431, "header_too_large", "the request line and headers "
+                                     f"are above max_header_bytes ({limit:,} bytes)")
+                        return
+                self._header_bytes += len(data)
+                self._tail = data[-3:]
+            super().data_received(data)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self._header_timer is None:
+            if self._header_timer is None and not self._refused:
                 self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
 
         def on_headers_complete(self) -> None:
+            self._in_headers = False
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            # a keep-alive or pipelined request's headers come next
+            self._in_headers, self._header_bytes, self._tail = True, 0, b""
 
         def connection_lost(self, exc) -> None:
             if self._header_timer is not None:
@@ -114,34 +183,46 @@ def header_timeout_protocol(timeout_s: float, on_timeout=None):
                 # sent: look again later, never write into that answer
                 self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
                 return
-            if on_timeout is not None:
-                on_timeout()
-            head = [b"HTTP/1.1 408 Request Timeout\r\n"]
-            for name, value in self.server_state.default_headers:
-                head.extend([name, b": ", value, b"\r\n"])
-            head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
-                        b"connection: close\r\n\r\n" % len(body))
-            self.transport.write(b"".join(head) + body)
-            self.transport.close()
+            self._refuse(408, "client_timeout", "the request headers did not arrive within "
+                         f"client_header_timeout_s ({timeout_s:g} s)")
 
-    return HeaderTimeoutProtocol
+        def _refuse(self, status: int, code: str, message: str) -> None:
+            """Answer ``status`` at once and close (the connection is read no further)."""
+            self._refused = True
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            if on_refused is not None:
+                on_refused(code)
+            peer = "%s:%d" % tuple(self.client) if self.client else "unknown"
+            _log.warning("gateway: refused client %s: %d %s", peer, status, code)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.transport.close()  # an answer is being written: never write into it
+                return
+            self.transport.write(refusal_response(status, code, message, retry,
+                                                  self.server_state.default_headers))
+            # a lingering close: what the client still sends is read and dropped for a
+            # moment (data_received), so its kernel gets the answer before the close, not a
+            # reset that discards it
+            self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
+
+    return BoundedProtocol
 
 
-def _uvicorn_config(app, cfg: GatewayConfig, *, on_header_timeout=None):
+def _uvicorn_config(app, cfg: GatewayConfig, *, on_refused=None):
     """The uvicorn configuration of a gateway: see ``docs/gateway.md#slow-clients`` for the
-    client timeouts and the connection cap."""
+    client timeouts, the header bound and the connection cap."""
     import uvicorn
 
     # proxy_headers off: the client address is the TCP peer (trusted proxies are the gateway's
-    # own rule, gateway/auth.py); uvloop (uvicorn's "auto") and httptools with a header
-    # deadline (header_timeout_protocol); limit_concurrency: above max_connections open
-    # connections (or requests in flight) a new request is answered 503 at once
+    # own rule, gateway/auth.py); uvloop (uvicorn's "auto") and httptools with the header
+    # deadline, header bound and connection cap (bounded_protocol); limit_concurrency: with
+    # max_connections requests in flight a new request is answered 503 at once
     return uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
                           access_log=False, lifespan="on", proxy_headers=False,
                           loop="auto", backlog=4096,
-                          http=header_timeout_protocol(cfg.client_header_timeout_s,
-                                                       on_header_timeout),
-                          limit_concurrency=cfg.max_connections,
+                          http=bounded_protocol(cfg, on_refused),
+                          limit_concurrency=cfg.max_connections + 1,
                           # the gateway ends what is left at shutdown_grace_s itself
                           # (Gateway.drain); uvicorn's own cancellation is only a backstop
                           timeout_graceful_shutdown=cfg.shutdown_grace_s + SHUTDOWN_BACKSTOP_S)
@@ -166,9 +247,10 @@ def make_server(gw: Gateway, cfg: GatewayConfig):
             gw.drain(cfg.shutdown_grace_s)
             await super().shutdown(sockets)
 
-    return GatewayServer(_uvicorn_config(
-        gw.app, cfg, on_header_timeout=gw.metrics.child(gw.metrics.client_errors,
-                                                        "client_timeout").inc))
+    def refused(code: str) -> None:
+        gw.metrics.child(gw.metrics.client_errors, code).inc()
+
+    return GatewayServer(_uvicorn_config(gw.app, cfg, on_refused=refused))
 
 
 def tune_gc() -> None:

@@ -23,32 +23,68 @@ from __future__ import annotations
 import hashlib
 from array import array
 
+from prefixscope.core.identity import RENDER_FIELDS, render_options
+
 #: Bytes kept per block hash.
 BLOCK_HASH_BYTES = 8
 
-#: The fields of a chat request that change what ``/tokenize`` renders.
-CHAT_FIELDS = ("messages", "tools", "chat_template", "chat_template_kwargs",
-               "add_generation_prompt", "continue_final_message", "add_special_tokens",
-               "mm_processor_kwargs")
+#: How each of :data:`~prefixscope.core.identity.RENDER_FIELDS` (the one list of fields that
+#: can change the tokens) reaches vLLM's ``POST /tokenize`` for a chat request
+#: (``TokenizeChatRequest``, vLLM 0.32): passed as they are ...
+TOKENIZE_CHAT_DIRECT = ("chat_template", "chat_template_kwargs", "add_generation_prompt",
+                        "continue_final_message", "add_special_tokens", "mm_processor_kwargs",
+                        "media_io_kwargs")
+#: ... or given to the template inside ``chat_template_kwargs``, as the chat route does
+#: (``ChatCompletionRequest.build_chat_params``: ``documents`` and ``reasoning_effort`` join
+#: the template's keyword arguments, ``reasoning_effort`` also sets ``enable_thinking``
+#: unless the request set it).
+TOKENIZE_CHAT_KWARGS = ("documents", "reasoning_effort")
+#: For a completions request: ``TokenizeCompletionRequest`` takes ``add_special_tokens``.
+TOKENIZE_COMPLETIONS_DIRECT = ("add_special_tokens",)
+#: The fields a chat ``/tokenize`` body carries besides ``model``.
+CHAT_FIELDS = ("messages", "tools") + TOKENIZE_CHAT_DIRECT
+# every other render field (truncate_prompt_tokens, response_format, a tool_choice beside
+# tools, prompt_embeds...) cannot be said to /tokenize: such a request gets no token ids and
+# its candidate tokens stay an upper bound, never a wrong "exact"
+assert set(TOKENIZE_CHAT_DIRECT + TOKENIZE_CHAT_KWARGS) <= set(RENDER_FIELDS)
 
 
 def tokenize_request(endpoint: str, body: dict) -> dict | list[int] | None:
     """The ``/tokenize`` body for a request body, its token ids already (a completions prompt
-    given as ids), or None (endpoint not covered: ``messages``, or a list of prompts)."""
+    given as ids), or None: endpoint not covered (``messages``, a list of prompts), or the
+    request sets a render field ``/tokenize`` cannot take (the tokens would not be the ones
+    the request is served with)."""
     model = body.get("model")
+    opts = render_options(body)
     if endpoint == "chat":
+        if not body.get("tools"):
+            opts.pop("tool_choice", None)  # vLLM renders tool_choice only beside tools
+        if any(k not in TOKENIZE_CHAT_DIRECT and k not in TOKENIZE_CHAT_KWARGS for k in opts):
+            return None
         req = {"model": model}
-        req.update({k: body[k] for k in CHAT_FIELDS if k in body and body[k] is not None})
+        req.update({k: body[k] for k in ("messages", "tools") if body.get(k) is not None})
+        req.update({k: v for k, v in opts.items() if k in TOKENIZE_CHAT_DIRECT})
+        extra = {k: opts[k] for k in TOKENIZE_CHAT_KWARGS if k in opts}
+        if extra:
+            kwargs = req.get("chat_template_kwargs") or {}
+            if not isinstance(kwargs, dict):
+                return None  # vLLM refuses the request itself
+            kwargs = dict(kwargs)
+            if "reasoning_effort" in extra and "enable_thinking" not in kwargs:
+                extra["enable_thinking"] = extra["reasoning_effort"] != "none"
+            kwargs.update(extra)
+            req["chat_template_kwargs"] = kwargs
         return req
     if endpoint == "completions":
+        if any(k not in TOKENIZE_COMPLETIONS_DIRECT for k in opts):
+            return None
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
-        if isinstance(prompt, list):
+        if isinstance(prompt, list):  # token ids: add_special_tokens adds nothing to ids
             return [int(t) for t in prompt]
         req = {"model": model, "prompt": prompt}
-        if body.get("add_special_tokens") is not None:
-            req["add_special_tokens"] = body["add_special_tokens"]
+        req.update(opts)
         return req
     return None
 

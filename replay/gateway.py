@@ -61,6 +61,7 @@ from prefixscope.core.identity import (
     CacheIdentity,
     Decision,
     PublicInventory,
+    bundle_digest,
     canonical_json,
     check_acceptance,
     content_digest,
@@ -69,7 +70,9 @@ from prefixscope.core.identity import (
     message_digest,
     namespace_digest,
     namespace_for,
+    render_digest,
     resolve_scope,
+    salt_generation,
     sha256_hex,
     short_digest,
     toolset_digest,
@@ -255,25 +258,35 @@ class Gateway:
 
     def route(self, req: GatewayRequest) -> Routed:
         """Decide one request: resolve, salt, look up, check, forward, record."""
-        tok, tok_digest, bundle_digest = self._tokenizer()
+        tok, tok_digest, served_bundle = self._tokenizer()
         B = self.header.block_size
         tools_name = self.toolset_override.get(req.tools_ref, req.tools_ref) if req.tools_ref else None
         tools = list(self.toolsets.get(tools_name, [])) if tools_name else []
         messages = list(req.messages)
-        ids = tok.encode(tok.render(messages, tools=tools or None, add_generation_prompt=True))
+        # the render options the template sees (core.identity.RENDER_FIELDS; the replay's
+        # template is the tokenizer's own, so a request's chat_template enters the identity
+        # only)
+        render = dict(req.render)
+        kwargs = dict(render.get("chat_template_kwargs") or {})
+        kwargs.update({k: render[k] for k in ("documents", "continue_final_message")
+                       if k in render})
+        ids = tok.encode(tok.render(messages, tools=tools or None,
+                                    add_generation_prompt=render.get("add_generation_prompt",
+                                                                     True), **kwargs))
         n = len(ids)
         # message boundaries: prefix objects are everything before the last message
         bounds: list[int] = []
         for k in range(len(messages) - 1):
             pre = tok.encode(tok.render(messages[:k + 1], tools=tools or None,
-                                        add_generation_prompt=False))
+                                        add_generation_prompt=False, **kwargs))
             m = len(pre)
             if ids[:m] != pre:  # a tokenizer merged across the boundary: keep the common part
                 m = next((i for i, (a, b) in enumerate(zip(ids, pre)) if a != b), min(m, n))
             bounds.append(m)
         t_digest = toolset_digest(tools) if tools else None
+        r_digest = render_digest(render)  # the live gateway's rule, core.identity
         scope = resolve_scope(req.auth.scope, [message_digest(m) for m in messages], t_digest,
-                              self.inventory)
+                              self.inventory, r_digest)
         if scope == PUBLIC:
             ns = namespace_for(self.key, scope=PUBLIC)
         else:
@@ -286,7 +299,8 @@ class Gateway:
         runtime_digest = self.runtime_digest()
         base = dict(scope=scope, namespace=ns, model_digest=self.model_digest(),
                     tokenizer_digest=tok_digest, runtime_digest=runtime_digest,
-                    adapter_digest=adapter_digest, prompt_bundle_digest=bundle_digest,
+                    adapter_digest=adapter_digest,
+                    prompt_bundle_digest=bundle_digest(served_bundle, r_digest),
                     toolset_digest=t_digest or "",
                     policy_revision=(self.policy_base if scope == PUBLIC
                                      else self.policy_revision(req.auth.tenant_id)),
@@ -322,8 +336,18 @@ class Gateway:
             verdict = check_acceptance(exp_ident, cand.identity)
             if verdict.accepted and not self.gate.acquire_permit(ns, ctx_epoch):
                 verdict = Decision("reject", "authorization_epoch", ("authorization_epoch",))
+        # the live gateway's salt rule (core.identity): namespace, cache epoch, runtime, and
+        # the generation of every other version (render options included) at the current
+        # authorization epoch
         derived = derive_salt(self.key, scope=scope, namespace=ns, cache_epoch=self.cache_epoch,
-                              runtime_digest=runtime_digest)
+                              runtime_digest=runtime_digest, generation=salt_generation(
+                                  model_digest=base["model_digest"],
+                                  tokenizer_digest=tok_digest,
+                                  adapter_digest=adapter_digest,
+                                  prompt_bundle_digest=base["prompt_bundle_digest"],
+                                  toolset_digest=base["toolset_digest"],
+                                  policy_revision=base["policy_revision"],
+                                  authorization_epoch=current_epoch))
         salt = None if (self.faults.drop_salt and self.faults.drop_salt(req)) else derived
         salt_ok = salt == derived
         if not salt_ok:  # forward check: a private request must carry its derived salt

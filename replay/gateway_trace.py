@@ -16,7 +16,7 @@ from typing import Any
 
 from prefixscope.core.documents import DocumentError, parse_json, read_document
 from prefixscope.core.errors import ParseError, SourceUnavailable
-from prefixscope.core.identity import PRINCIPAL, TENANT
+from prefixscope.core.identity import PRINCIPAL, TENANT, render_options
 
 TRACE_FORMAT = "prefixscope-multitenant/v1"
 EVENT_KINDS = ("model_upgrade", "tokenizer_upgrade", "runtime_upgrade", "adapter_upgrade",
@@ -61,6 +61,9 @@ class GatewayRequest:
         output_tokens: tokens to generate.
         cache_handle: an untrusted client hint naming a cached object (re-checked in full).
         source: ``file:line``.
+        render: the request's render options (``prefixscope.core.identity.RENDER_FIELDS``
+            it sets: ``documents``, ``chat_template_kwargs``, ``add_generation_prompt``...),
+            as the trace line gives them; empty when none.
     """
 
     request_id: str
@@ -71,6 +74,7 @@ class GatewayRequest:
     output_tokens: int = 0
     cache_handle: str | None = None
     source: str | None = None
+    render: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +269,8 @@ def read_multitenant_trace(path: str | os.PathLike[str]) -> MultiTenantTrace:
         items.append((t_s, i, GatewayRequest(
             rid, t_s, AuthContext(auth["tenant"], auth.get("principal"), scope,
                                   int(auth.get("epoch_lag", 0))),
-            tuple(resolved), tools_ref, out, obj.get("cache_handle"), where)))
+            tuple(resolved), tools_ref, out, obj.get("cache_handle"), where,
+            render_options(obj))))
     items.sort(key=lambda x: (x[0], x[1]))
     return MultiTenantTrace(header, tuple(x[2] for x in items), p.parent)
 

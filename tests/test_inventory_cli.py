@@ -69,6 +69,21 @@ def test_a_text_file_is_one_system_message_and_tools_get_their_own_line(cli, tmp
         f"sha256:{toolset_digest(tools)} team prompts"]
 
 
+def test_a_request_with_render_options_gets_their_line(cli, tmp_path):
+    from prefixscope.core.identity import render_digest
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hello?"}],
+            "documents": [{"title": "t", "text": "public handbook"}],
+            "chat_template_kwargs": {"enable_thinking": False}}
+    f = tmp_path / "rag.json"
+    f.write_text(json.dumps(body))
+    code, out, err = cli(["inventory", "digest", f])
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"sha256:{message_digest(body['messages'][0])} rag.json message 0 (user)",
+        f"sha256:{render_digest(body)} rag.json render 0 (render options)"]
+
+
 def test_a_file_of_another_shape_is_a_usage_error(cli, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": "m"}))

@@ -69,6 +69,30 @@ GENERATION_FIELDS = ("authorization_epoch", "cache_epoch")
 EXTRA_REASONS = ("salt",)
 ALL_REASONS = IDENTITY_FIELDS + EXTRA_REASONS
 
+#: The request fields, besides the prompt itself (``messages``, ``system``, ``prompt``: the
+#: content digest) and ``tools`` (the toolset digest), that can change the token sequence vLLM
+#: builds from a request: the chat template and what it is given (``ChatCompletionRequest
+#: .build_chat_params``: ``chat_template``, ``chat_template_kwargs``, ``documents``,
+#: ``add_generation_prompt``, ``continue_final_message``, ``reasoning_effort`` (also sets
+#: ``enable_thinking``), ``tool_choice``, ``response_format``, ``media_io_kwargs``), the
+#: tokenization (``build_tok_params``: ``add_special_tokens``, ``truncate_prompt_tokens``,
+#: ``truncation_side``), multimodal processing (``mm_processor_kwargs``), a completions
+#: request's ``prompt_embeds`` and the Anthropic route's ``thinking``
+#: (``vllm/entrypoints/openai/chat_completion/protocol.py``, vLLM 0.32 and later). One list for
+#: every endpoint (a field an endpoint does not take is simply absent from its bodies), owned
+#: here and used by the identity and salt (:func:`render_digest`, :func:`bundle_digest`), the
+#: PUBLIC rule (:func:`resolve_scope`), the gateway's ``/tokenize`` (``gateway/tokens.py``)
+#: and the replay model (``replay/gateway.py``). Not listed, because they change the output
+#: and never the prompt's tokens: ``echo`` (prepends the last message to the *answer*),
+#: sampling parameters, ``stream``/``stream_options``, ``cache_salt`` (replaced by the
+#: gateway). Seed rule: everything that can change the token sequence is part of the identity.
+RENDER_FIELDS = (
+    "chat_template", "chat_template_kwargs", "documents", "add_generation_prompt",
+    "continue_final_message", "add_special_tokens", "reasoning_effort", "tool_choice",
+    "response_format", "mm_processor_kwargs", "media_io_kwargs", "truncate_prompt_tokens",
+    "truncation_side", "prompt_embeds", "thinking",
+)
+
 MIN_KEY_BYTES = 32
 #: Largest HMAC key file read, bytes (a key is 32-64 bytes; anything far larger is not a key).
 MAX_KEY_FILE_BYTES = 4096
@@ -282,6 +306,38 @@ def prefix_digests(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappin
                          sha256_hex(t) if tools else "")
 
 
+def render_options(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`RENDER_FIELDS` a request body sets (a ``null`` value counts as not set:
+    vLLM's default applies), in :data:`RENDER_FIELDS` order."""
+    return {k: body[k] for k in RENDER_FIELDS if body.get(k) is not None}
+
+
+def render_digest(body: Mapping[str, Any]) -> str:
+    """SHA-256 hex of the canonicalised :func:`render_options` of a request body, or ``""``
+    when it sets none of them (every such request renders with the served defaults).
+
+    Two bodies that differ in any :data:`RENDER_FIELDS` value get different digests; a value
+    given explicitly equal to vLLM's default (``"add_generation_prompt": true``) counts as
+    different from an absent one (one more cache split, never a wrong share). This is also
+    the digest the public inventory approves for a request's render options
+    (``prefixscope inventory digest``)."""
+    opts = render_options(body)
+    return sha256_hex(canonical_json(opts)) if opts else ""
+
+
+def bundle_digest(served: str, render: str) -> str:
+    """The ``prompt_bundle_digest`` of a request: the served prompt bundle's digest (chat
+    template and tokenizer settings the upstream loaded) alone when the request sets no
+    render option (``render`` = ``""``), else SHA-256 hex of both (NUL-separated), so the
+    identity, and through it the salt, differ whenever the rendering may.
+
+    Args:
+        served: the upstream's (or the replay's) prompt bundle digest, 64 hex.
+        render: :func:`render_digest` of the request body.
+    """
+    return served if not render else sha256_hex(served + "\x00" + render)
+
+
 def message_digest(message: Mapping[str, Any]) -> str:
     """SHA-256 hex of one canonicalised message (what the public inventory lists)."""
     return sha256_hex(canonical_json(message))
@@ -447,6 +503,20 @@ def validate_cache_salt(salt: str | None) -> None:
             raise ValueError(f"cache_salt contains a forbidden character {ch!r}")
 
 
+def salt_generation(*, model_digest: str, tokenizer_digest: str, adapter_digest: str,
+                    prompt_bundle_digest: str, toolset_digest: str, policy_revision: int,
+                    authorization_epoch: int) -> str:
+    """The ``generation`` of :func:`derive_salt`: SHA-256 hex over the versions that shape the
+    tokens (model, tokenizer, adapter, prompt bundle with the request's render options,
+    toolset), the policy revision and the namespace's *current* authorization epoch, joined
+    by NUL. One rule for the live gateway and its replay model: two requests whose identities
+    differ in any of these are sent under different salts, so vLLM's block hashes keep them
+    apart even for a PUBLIC prefix."""
+    return sha256_hex("\x00".join([model_digest, tokenizer_digest, adapter_digest,
+                                   prompt_bundle_digest, toolset_digest, str(policy_revision),
+                                   str(authorization_epoch)]))
+
+
 def derive_salt(key: bytes, *, scope: str, namespace: str, cache_epoch: int,
                 runtime_digest: str, generation: str = "") -> str:
     """The ``cache_salt`` a request is forwarded with (note 3).
@@ -518,11 +588,14 @@ class PublicInventory:
 
 
 def resolve_scope(auth_scope: str, message_digests: Sequence[str], tools_digest: str | None,
-                  inventory: PublicInventory) -> str:
-    """Scope of a request: PUBLIC only when every message and the tool set are on the inventory
+                  inventory: PublicInventory, render: str | None = None) -> str:
+    """Scope of a request: PUBLIC only when every source of the prompt is on the inventory:
+    every message, the tool set and, when the request sets any :data:`RENDER_FIELDS`
+    (``documents``, ``chat_template_kwargs``...), their :func:`render_digest` ``render``
     (never inferred from content); otherwise the scope of the authentication context."""
     assert auth_scope in (TENANT, PRINCIPAL), "auth scope comes from the trusted context"
-    parts = list(message_digests) + ([tools_digest] if tools_digest else [])
+    parts = (list(message_digests) + ([tools_digest] if tools_digest else [])
+             + ([render] if render else []))
     return PUBLIC if inventory.approves(parts) else auth_scope
 
 

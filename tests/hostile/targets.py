@@ -153,3 +153,59 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("sim-chat", _chat, ("t", "output_tokens"), ("request_id", "messages[0].content"), 1,
            _sim_runner("chat"), "skipped"),
 )}
+
+
+# --------------------------------------------------------------------------- gateway endpoints
+
+@dataclass(frozen=True)
+class GatewayTarget:
+    """One HTTP endpoint of the gateway under attack (``tests/hostile/test_gateway_endpoints.py``).
+
+    Attributes:
+        path: the route; ``method`` POST (a JSON body) or GET.
+        body: a good body (the attacks replace it whole or one field of it).
+        numbers / strings: JSON paths of numeric / identifier and text fields attacked.
+        admin: the admin bearer token is sent (else the tenant's API key).
+    """
+
+    path: str
+    body: dict[str, Any]
+    numbers: tuple[str, ...] = ()
+    strings: tuple[str, ...] = ()
+    admin: bool = False
+    method: str = "POST"
+
+    def cases(self) -> Iterator[tuple[str, bytes]]:
+        good = json.dumps(self.body).encode()
+        yield "good", good
+        yield from whole_line_attacks(good)
+        for p in self.numbers:
+            yield from number_attacks(self.body, p)
+        for p in self.strings:
+            yield from string_attacks(self.body, p)
+
+
+_GW_CHAT = {"model": "tiny-llama-random", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hello?"}]}
+
+#: Every POST endpoint of the gateway: a new endpoint is covered by one line here.
+GATEWAY_TARGETS: dict[str, GatewayTarget] = {t.path: t for t in (
+    GatewayTarget(
+        "/v1/chat/completions", dict(_GW_CHAT, temperature=0.5, documents=[{"text": "d"}],
+                                     chat_template_kwargs={"x": "y"}),
+        ("max_tokens", "temperature"),
+        ("model", "messages[0].content", "messages[0].role", "documents[0].text",
+         "chat_template_kwargs.x")),
+    GatewayTarget("/v1/completions", {"model": "tiny-llama-random", "prompt": "Hello?",
+                                      "max_tokens": 4}, ("max_tokens",), ("model", "prompt")),
+    GatewayTarget("/v1/messages", {"model": "tiny-llama-random", "max_tokens": 4,
+                                   "system": "terse", "messages": [
+                                       {"role": "user", "content": "Hello?"}]},
+                  ("max_tokens",), ("system", "messages[0].content")),
+    GatewayTarget("/admin/revoke", {"tenant": "acme", "principal": "p", "from_epoch": 1,
+                                    "force": False}, ("from_epoch",),
+                  ("tenant", "principal", "force"), admin=True),
+    GatewayTarget("/admin/bypass", {"on": False}, (), ("on",), admin=True),
+    GatewayTarget("/admin/cache-epoch/bump", {}, admin=True),
+    GatewayTarget("/admin/public/stop", {}, admin=True),
+)}

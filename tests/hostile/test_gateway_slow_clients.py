@@ -195,3 +195,110 @@ def test_above_max_connections_a_request_is_a_503_at_once(tmp_path, upstream):
         assert r.status_code == 200
     finally:
         g.stop()
+
+
+# --------------------------------------------------------------------------- bounds (issue 27)
+
+def _status_and_headers(out: bytes) -> tuple[int, dict[str, str]]:
+    head = out.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    hdrs = {}
+    for line in head[1:]:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    return int(head[0].split()[1]), hdrs
+
+
+def test_headers_above_max_header_bytes_get_a_431_and_the_connection_closed(tmp_path, upstream,
+                                                                          caplog):
+    import logging
+
+    g = RunningGateway(gateway_config(tmp_path, upstream[0].url, max_header_bytes=16384,
+                                      client_header_timeout_s=30))
+    try:
+        s = _connect(g)
+        sent = {"bytes": 0}
+
+        def flood() -> None:  # one header value that never ends (16 MiB offered)
+            try:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-big: ")
+                for _ in range(256):
+                    s.sendall(b"a" * 65536)
+                    sent["bytes"] += 65536
+            except OSError:
+                pass
+
+        with caplog.at_level(logging.WARNING, logger="prefixscope.gateway"):
+            t = threading.Thread(target=flood, daemon=True)
+            t.start()
+            out = _read_to_close(s)
+            t.join(30)
+        status, hdrs = _status_and_headers(out)
+        assert status == 431 and hdrs["connection"] == "close" and hdrs["retry-after"] == "1"
+        err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
+        assert err["code"] == "header_too_large" and "max_header_bytes (16,384 bytes)" in err[
+            "message"]
+        assert not t.is_alive()  # the flood ended: read and dropped, then the close
+        assert _client_errors(g, "header_too_large") == 1
+        lines = [r.getMessage() for r in caplog.records if "refused client" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].endswith(": 431 header_too_large")
+        # headers just under the bound, with a body in the same packet, are served
+        pad = b"X-pad: " + b"p" * (16384 - 400) + b"\r\n"
+        s2 = _connect(g)
+        s2.sendall(HEAD + pad + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(BODY)
+                   + BODY)
+        assert _read_to_close(s2).startswith(b"HTTP/1.1 200 ")
+    finally:
+        g.stop()
+
+
+def test_the_connection_cap_answers_503_with_retry_after_at_once(tmp_path, upstream):
+    g = RunningGateway(gateway_config(tmp_path, upstream[0].url, max_connections=4,
+                                      client_header_timeout_s=30, retry_after_s=7))
+    try:
+        held = [_connect(g) for _ in range(4)]
+        time.sleep(0.3)
+        s = _connect(g)
+        s.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        out = _read_to_close(s, limit_s=5)
+        status, hdrs = _status_and_headers(out)
+        assert status == 503 and hdrs["retry-after"] == "7"
+        assert json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "overloaded"
+        assert _client_errors(g, "overloaded") == 1
+        for h in held:
+            h.close()
+    finally:
+        g.stop()
+
+
+def test_bodies_past_max_inflight_body_bytes_are_a_503_overloaded(tmp_path, upstream):
+    g = RunningGateway(gateway_config(tmp_path, upstream[0].url, max_body_bytes=4096,
+                                      max_inflight_body_bytes=8192, client_body_timeout_s=10))
+    try:
+        # two clients hold 4,090 body bytes each, unfinished (Content-Length 4,096)
+        holders = []
+        for _ in range(2):
+            h = _connect(g)
+            h.sendall(HEAD + b"Content-Length: 4096\r\n\r\n" + b" " * 4090)
+            holders.append(h)
+        time.sleep(0.5)
+        s = _connect(g)
+        s.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        out = _read_to_close(s)
+        status, hdrs = _status_and_headers(out)
+        assert status == 503 and hdrs["retry-after"] == "1", out[:300]
+        err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
+        assert err["code"] == "overloaded" and "max_inflight_body_bytes (8,192)" in err["message"]
+        for h in holders:
+            h.close()
+        # released when they end: a request is served again
+        deadline = time.monotonic() + 10
+        while True:
+            r = httpx.post(g.url + "/v1/chat/completions", json=CHAT, headers=headers_for("acme"),
+                           timeout=10)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200
+        assert g.gw.body_bytes_in_flight == 0
+    finally:
+        g.stop()

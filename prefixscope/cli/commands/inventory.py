@@ -26,7 +26,7 @@ def _entries(path: str, role: str) -> list[dict[str, Any]]:
     """
     from prefixscope.core.documents import DocumentError, read_document
     from prefixscope.core.errors import UsageError
-    from prefixscope.core.identity import message_digest, toolset_digest
+    from prefixscope.core.identity import message_digest, render_digest, toolset_digest
 
     try:
         text = read_document(path)
@@ -41,11 +41,13 @@ def _entries(path: str, role: str) -> list[dict[str, Any]]:
         raise UsageError(f"{path}: not valid JSON") from None
     messages: list = []
     tools: list = []
+    render = ""
     if isinstance(doc, dict) and isinstance(doc.get("role"), str):
         messages = [doc]
     elif isinstance(doc, dict):
         messages = list(doc.get("messages") or [])
         tools = list(doc.get("tools") or [])
+        render = render_digest(doc)  # documents, chat_template_kwargs... (RENDER_FIELDS)
         if doc.get("system") is not None:  # /v1/messages: system becomes the first message
             messages.insert(0, {"role": "system", "content": doc["system"]})
     elif isinstance(doc, list) and doc and all(isinstance(m, dict) for m in doc):
@@ -64,6 +66,8 @@ def _entries(path: str, role: str) -> list[dict[str, Any]]:
     if tools:
         found.append({"kind": "toolset", "index": 0, "role": None,
                       "digest": toolset_digest(tools)})
+    if render:
+        found.append({"kind": "render", "index": 0, "role": None, "digest": render})
     return found
 
 
@@ -84,8 +88,10 @@ def digest_cmd(
     """Print the public-inventory lines (sha256:<digest> label) for prompts and tool sets.
 
     The digests are the gateway's: SHA-256 of each canonicalised message and of the tool list
-    (prefixscope.core.identity message_digest / toolset_digest), with the sha256: prefix the
-    inventory file needs. A request is PUBLIC only when every message and its tool set are on
+    (prefixscope.core.identity message_digest / toolset_digest) and, for a request body that
+    sets documents, chat_template_kwargs or another field that changes the rendering, of
+    those render options (render_digest), with the sha256: prefix the inventory file needs.
+    A request is PUBLIC only when every message, its tool set and its render options are on
     the inventory, so approve the questions too, not only the system prompt. Restart the
     gateway to load the new file. Prompt text is never printed.
 
@@ -105,7 +111,7 @@ def digest_cmd(
     rows = []
     for f in files:
         for e in _entries(f, role):
-            what = e["role"] if e["kind"] == "message" else "tools"
+            what = {"message": e["role"], "toolset": "tools"}.get(e["kind"], "render options")
             text = label or f"{Path(f).name} {e['kind']} {e['index']} ({what})"
             rows.append({**e, "source": f, "line": f"sha256:{e['digest']} {text}"})
     known: set[str] = set()
