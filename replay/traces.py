@@ -19,12 +19,13 @@ gzip-compressed, ``.gz``):
     JSONL ``{"prompt_token_ids": [...], "output_tokens": n, "t": s, "cache_salt": ...}``
     (optional ``request_id``, ``model``, ``lora_name``, ``lora_path``, ``output_token_ids``,
     ``finished_s`` (the recorded end of the answer, for ``--clock observed``),
-    ``prompt_logprobs``/``skip_reading``; ``prompt`` as a token-id list is accepted too).
+    ``prompt_logprobs``/``skip_reading``, ``conversation`` and ``instance`` (attrs, for
+    ``replay fleet``'s session and recorded routers); ``prompt`` as a token-id list is accepted too).
 ``chat``
     JSONL of OpenAI chat-completions request bodies (``messages``, ``tools``, ``model``,
     ``max_tokens``...), bare or wrapped as ``request_body``/``body``/``request`` (so the
     pydantic-ai capture lines read as they are), with optional ``t`` (seconds from the trace
-    start), ``request_id``, ``conversation``, ``output_tokens``, ``response_text`` (the recorded
+    start), ``request_id``, ``conversation``, ``instance``, ``output_tokens``, ``response_text`` (the recorded
     reply: its tokens plus the template's end-of-turn token become ``output_token_ids``, so the
     decode blocks are cached as vLLM would cache them). Anthropic ``/v1/messages``
     bodies are converted to the OpenAI shape first. A layout (``replay/layouts.py``) is applied,
@@ -100,6 +101,28 @@ def _opt_str(obj: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
+def _routing_attrs(obj: Mapping[str, Any]) -> dict[str, str]:
+    """``conversation`` and ``instance`` of a token-ids or chat record, as attrs (fleet replay's
+    session and recorded routers). ``conversation``: any value, as text (the chat reader's rule);
+    ``instance``: a non-empty string or an integer, at most the id length."""
+    out = {}
+    if obj.get("conversation") is not None:  # as the chat reader always took it
+        out["conversation"] = str(obj["conversation"])
+    for name in ("instance",):
+        value = obj.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+            raise _Bad(f"$.{name}", "must be a non-empty string or an integer")
+        if isinstance(value, int) and abs(value) >= 10**MAX_ID_CHARS:
+            raise _Bad(f"$.{name}", ID_TOO_LONG)
+        text = str(value)
+        if not id_ok(text):
+            raise _Bad(f"$.{name}", ID_TOO_LONG)
+        out[name] = text
+    return out
+
+
 def _request_id(obj: Mapping[str, Any]) -> str | None:
     """The record's ``request_id`` as text (a string or an integer of at most
     :data:`~prefixscope.core.bounds.MAX_ID_CHARS` characters), None when absent."""
@@ -173,6 +196,7 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
             lora_path = _opt_str(obj, "lora_path")
             skip = bool(obj.get("skip_reading")) or obj.get("prompt_logprobs") is not None
             rid = _request_id(obj)
+            tags = _routing_attrs(obj)
         except _Bad as exc:
             r.bad(r.location, lineno, exc)
             continue
@@ -191,7 +215,7 @@ def _read_token_ids(r: _Reader) -> Iterator[TraceRequest]:
             lora_path=lora_path,
             skip_reading=skip,
             source=f"{r.location}:{lineno}",
-            attrs={"trace": stem},
+            attrs={"trace": stem, **tags},
             finished_s=finished,
         )
 
@@ -279,6 +303,7 @@ def chat_records(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None, la
             model = body.get("model")
             if isinstance(model, str) and not id_ok(model):
                 raise _Bad("$.model", ID_TOO_LONG)
+            tags = _routing_attrs(obj)
         except _Bad as exc:
             r.bad(r.location, lineno, exc)
             continue
@@ -287,9 +312,7 @@ def chat_records(r: _Reader, *, tokenizer_dir: str | os.PathLike[str] | None, la
                                            str(exc) or type(exc).__name__))
             continue
         previous = arrival
-        attrs = {"trace": stem}
-        if obj.get("conversation") is not None:
-            attrs["conversation"] = str(obj["conversation"])
+        attrs = {"trace": stem, **tags}
         if layout is not None:
             attrs["layout"] = layout.name
         logprobs = body.get("prompt_logprobs") is not None or (

@@ -1,0 +1,417 @@
+"""The miss ledger: every prompt token of every request in exactly one class.
+
+Classes (``CLASSES``, the order of the tests below; docs/metrics.md "Miss ledger" has the
+formulas and the reason for the order, with the 3C model of Hill & Smith (1989) it extends):
+
+``hit``
+    served from the instance's cache: ``h x B`` tokens (``h`` hit blocks, ``B`` block size).
+``granularity``
+    engine granularity, ``P - K x B`` with ``K = floor((P - 1) / B)``: the partial last block and
+    the last prompt token, which vLLM always recomputes (``vllm/v1/core/kv_cache_manager.py``
+    ``get_computed_blocks``, 0.33.0; the cap is the manager's rule 1 here). No cache serves them.
+Each block ``j`` in ``[h, K)`` (``B`` tokens each) is a missed block; the first of them
+(``j = h``) is the chain *break*. Its class is the first test that holds:
+
+1. ``routing``: its key is resident on another instance of the fleet at arrival (another routing
+   decision alone would have served it, with every cache as it was).
+2. ``capacity``: its key was stored in the fleet before (on this or another instance) and is
+   resident on none now: it was evicted; more memory would have served it.
+3. ``isolation``: its key was never stored, but the same prefix (the chain computed without the
+   salt and LoRA adapter) was stored under another ``cache_salt``/adapter: separated by design.
+4. ``prompt_change``: the block's tokens (alone, without the parent chain: a position-free content
+   index, under the same salt/adapter) occurred in an earlier request, so the content was seen but
+   this prompt diverged before it.
+5. ``cold``: none of these: the content was never seen anywhere in the fleet (compulsory).
+
+A missed block after the break whose key *is* resident on this instance (reachable only through
+the broken chain) takes the break's class: the break is what made it miss.
+
+Observation, not hooks: residency is read from each instance's block map
+(``BlockPool.get_cached_block``, the map vLLM's lookup reads) at arrival, before the request runs;
+"stored before" is the union of every request's own registrations (``keys[h:num_keyed]``, the
+blocks ``BlockPool.run_alone`` / ``cache_full_blocks`` register), so the plain replay path is not
+touched and costs nothing extra when no ledger is kept. A key stored before and resident nowhere
+was evicted (vLLM emits ``BlockRemoved`` exactly then).
+
+Prompt change is block-aligned: content moved by whole blocks is found, content shifted by a
+length that is not a multiple of ``B`` reads as ``cold`` (the exact breaker regions are
+``diagnose``'s, issue 26 item 2). Hash-id traces (Mooncake, kv-cache-tester) key blocks by
+prefix ids, so a block's content there names its prefix: ``prompt_change`` is 0 and such blocks
+are ``cold``. Content keys are Python's 64-bit tuple hashes (a collision would move one block
+from ``cold`` to ``prompt_change``).
+
+Memory: one entry per distinct block key ever stored and per distinct block content, i.e.
+proportional to the distinct prompt blocks of the trace (what "never seen before" needs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from prefixscope.replay.block_pool import BlockPool
+from prefixscope.replay.hashing import BlockHasher
+from prefixscope.replay.kv_cache_manager import SimRequest
+from prefixscope.replay.types import SimConfig, TraceRequest
+
+#: Token classes in the order they are tested (most specific first); they partition each
+#: request's prompt tokens.
+CLASSES = ("hit", "granularity", "routing", "capacity", "isolation", "prompt_change", "cold")
+#: The classes a missed block can take (the tests 1-5 of the module docstring, in order).
+MISS_CLASSES = ("routing", "capacity", "isolation", "prompt_change", "cold")
+#: Dimensions :func:`group_totals` can group by (fields of :class:`LedgerRecord`).
+GROUP_BY = ("model", "instance", "day", "scope")
+_MULTI = object()  # free_index value: stored under two or more identities
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """One request's prompt tokens by class (tokens; the seven classes sum to ``prompt_tokens``).
+
+    Attributes:
+        request_id: the trace request's id.
+        instance: the instance (replica) that served it.
+        prompt_tokens: prompt length, tokens.
+        hit, granularity, routing, capacity, isolation, prompt_change, cold: tokens per class.
+        model: the trace's model name, or None.
+        scope: the request's scope: ``attrs["scope"]`` when the trace names one, else ``salted``
+            (a ``cache_salt`` or LoRA adapter) or ``none``. Never the salt itself.
+        day: trace day, ``floor(arrival_s / 86400)`` (0 = the first 24 h of the trace).
+        break_block: index of the first missed block (the chain break), None without missed
+            blocks.
+        break_class: the break block's class, None without missed blocks.
+        capacity_belady: tokens of ``capacity`` that Belady's MIN at the same capacity would
+            have served on this instance (``replay.belady``; 0 unless that pass ran).
+    """
+
+    request_id: str
+    instance: str
+    prompt_tokens: int
+    hit: int
+    granularity: int
+    routing: int
+    capacity: int
+    isolation: int
+    prompt_change: int
+    cold: int
+    model: str | None = None
+    scope: str = "none"
+    day: int = 0
+    break_block: int | None = None
+    break_class: str | None = None
+    capacity_belady: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """``{class: tokens}`` in :data:`CLASSES` order."""
+        return {c: getattr(self, c) for c in CLASSES}
+
+
+@dataclass(slots=True)
+class LedgerTotals:
+    """Sums of :class:`LedgerRecord` fields over requests (tokens; ``requests`` a count).
+
+    ``missed`` is every prompt token not hit (the six loss classes); ``hit_rate`` is
+    ``hit / prompt_tokens`` (a fraction, None when no tokens).
+    """
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit: int = 0
+    granularity: int = 0
+    routing: int = 0
+    capacity: int = 0
+    isolation: int = 0
+    prompt_change: int = 0
+    cold: int = 0
+    capacity_belady: int = 0
+
+    def add(self, r: LedgerRecord) -> None:
+        """Add one request's record."""
+        self.requests += 1
+        self.prompt_tokens += r.prompt_tokens
+        self.hit += r.hit
+        self.granularity += r.granularity
+        self.routing += r.routing
+        self.capacity += r.capacity
+        self.isolation += r.isolation
+        self.prompt_change += r.prompt_change
+        self.cold += r.cold
+        self.capacity_belady += r.capacity_belady
+
+    @property
+    def missed(self) -> int:
+        """Prompt tokens not served from cache (tokens)."""
+        return self.prompt_tokens - self.hit
+
+    @property
+    def hit_rate(self) -> float | None:
+        """``hit / prompt_tokens`` in [0, 1], None when there are no prompt tokens."""
+        return self.hit / self.prompt_tokens if self.prompt_tokens else None
+
+    def share_of_missed(self, cls: str) -> float | None:
+        """Class ``cls``'s tokens over the missed tokens, in [0, 1]; None when nothing missed."""
+        m = self.missed
+        return getattr(self, cls) / m if m else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: the fields plus ``missed`` and ``hit_rate``."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["missed"] = self.missed
+        d["hit_rate"] = self.hit_rate
+        return d
+
+
+def group_totals(records: Iterable[LedgerRecord],
+                 by: Sequence[str] = GROUP_BY) -> dict[tuple[Any, ...], LedgerTotals]:
+    """Totals per group: ``{(value of each field in by): LedgerTotals}``, groups in first-seen
+    order. ``by`` names fields of :class:`LedgerRecord` among :data:`GROUP_BY` (``()`` gives one
+    group, key ``()``).
+
+    Raises:
+        ValueError: a name in ``by`` is not one of :data:`GROUP_BY`.
+    """
+    bad = [b for b in by if b not in GROUP_BY]
+    if bad:
+        raise ValueError(f"cannot group the ledger by {bad}: choose from {list(GROUP_BY)}")
+    out: dict[tuple[Any, ...], LedgerTotals] = {}
+    for r in records:
+        key = tuple(getattr(r, b) for b in by)
+        t = out.get(key)
+        if t is None:
+            t = out[key] = LedgerTotals()
+        t.add(r)
+    return out
+
+
+def scope_of(tr: TraceRequest) -> str:
+    """The ledger's scope label of ``tr``: ``attrs["scope"]``, else ``salted`` or ``none``."""
+    s = tr.attrs.get("scope") if tr.attrs else None
+    if s:
+        return str(s)
+    return "salted" if (tr.cache_salt or tr.lora_name is not None) else "none"
+
+
+def _identity(tr: TraceRequest) -> tuple[str | None, str | None, str | None] | None:
+    if tr.cache_salt or tr.lora_name is not None:
+        return (tr.cache_salt or None, tr.lora_name, tr.lora_path)
+    return None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What :meth:`MissLedger.classify` computed for :meth:`MissLedger.stored` to register."""
+
+    instance: int
+    identity: Any
+    content: list[int] | None
+    free_keys: list[Hashable] | None
+    hit_blocks: int
+
+
+class MissLedger:
+    """Classifies each request's prompt tokens while a fleet of cache models replays.
+
+    Use: for each request in trace order, :meth:`classify` it against the instance it is routed
+    to *before* that instance runs it, run it (``KVCacheManager.run_alone`` or
+    ``scheduler.run_steps``), then call :meth:`stored` with the finished request (before
+    ``release_tokens``). Sequential replay only: nothing runs between the two calls.
+
+    Args:
+        pools: the instances' block pools (``KVCacheManager.block_pool``), index = instance.
+        names: instance names, same order (what records carry).
+        config: the replay's :class:`SimConfig` (block size, hash algorithm and seed: the
+            salt-free chain for ``isolation`` is computed with the same hash).
+    """
+
+    def __init__(self, pools: Sequence[BlockPool], names: Sequence[str], config: SimConfig):
+        assert len(pools) == len(names) and pools
+        self.pools = list(pools)
+        self.names = list(names)
+        self.block_size = config.block_size
+        self.config = config
+        self._maps = [p._first for p in self.pools]  # key -> block: the map lookups read
+        self.ever: dict[Hashable, int] = {}  # key -> bitmask of instances that stored it
+        self.free_index: dict[Hashable, Any] = {}  # salt-free key of salted blocks -> identity
+        self.content: set[int] = set()
+        self._free_hasher: BlockHasher | None = None
+        self._pending: _Pending | None = None
+
+    # -- classification -------------------------------------------------------------------
+    def classify(self, instance: int, tr: TraceRequest, req: SimRequest) -> LedgerRecord:
+        """The record of ``req`` (not yet run) if it runs on ``instance`` now.
+
+        Args:
+            instance: index into ``pools``.
+            tr: the trace request (model, salt, attrs, arrival).
+            req: its simulator state with the prompt's block keys computed
+                (``SimRequest.block_keys``), not yet looked up.
+
+        Returns:
+            :class:`LedgerRecord` whose ``hit`` equals the hit tokens the instance's lookup
+            will give (vLLM's rule: longest resident prefix of the first ``K`` keys).
+        """
+        bs = self.block_size
+        p = req.num_prompt_tokens
+        keys = req.block_keys
+        num_lookup = (p - 1) // bs
+        mine = self._maps[instance]
+        others = [m for i, m in enumerate(self._maps) if i != instance]
+        h = 0
+        get = mine.get
+        while h < num_lookup and get(keys[h]) is not None:
+            h += 1
+        identity = _identity(tr)
+        num_full = p // bs
+        content = self._content_keys(tr, req, identity, h, num_full)
+        free_keys = self._free_keys(tr, req, identity) if identity is not None else None
+        counts = dict.fromkeys(MISS_CLASSES, 0)
+        break_class = None
+        stored_possible = True  # "stored before" is prefix-closed: once false, false after
+        free_possible = True
+        ever, free_index, seen = self.ever, self.free_index, self.content
+        for j in range(h, num_lookup):
+            key = keys[j]
+            cls = None
+            if j > h and get(key) is not None:
+                cls = break_class
+            elif stored_possible:
+                if any(m.get(key) is not None for m in others):
+                    cls = "routing"
+                elif key in ever:
+                    cls = "capacity"
+                else:
+                    stored_possible = False
+            if cls is None and free_possible:
+                if identity is None:
+                    owner = free_index.get(key)
+                    if owner is not None:
+                        cls = "isolation"
+                else:
+                    fk = free_keys[j]
+                    owner = free_index.get(fk)
+                    if fk in ever or (owner is not None and owner != identity):
+                        cls = "isolation"
+                    elif owner is None:
+                        free_possible = False
+                if cls is None and identity is None:
+                    free_possible = False
+            if cls is None:
+                cls = "prompt_change" if content is not None and content[j - h] in seen \
+                    else "cold"
+            if j == h:
+                break_class = cls
+            counts[cls] += bs
+        self._pending = _Pending(instance, identity, content, free_keys, h)
+        return LedgerRecord(
+            request_id=tr.request_id, instance=self.names[instance], prompt_tokens=p,
+            hit=h * bs, granularity=p - num_lookup * bs, model=tr.model, scope=scope_of(tr),
+            day=int(tr.arrival_s // 86400),
+            break_block=h if h < num_lookup else None, break_class=break_class, **counts)
+
+    def _content_keys(self, tr: TraceRequest, req: SimRequest, identity: Any, start: int,
+                      stop: int) -> list[int] | None:
+        """Content keys of prompt blocks ``start .. stop-1`` (None for hash-id traces)."""
+        if tr.block_keys is not None or req.prompt is None or start >= stop:
+            return None if (tr.block_keys is not None or req.prompt is None) else []
+        bs = self.block_size
+        ids = req.prompt
+        if type(ids) is not list:
+            ids = list(ids[start * bs:stop * bs])
+            base = start * bs
+        else:
+            base = 0
+        return [hash((identity, tuple(ids[j * bs - base:(j + 1) * bs - base])))
+                for j in range(start, stop)]
+
+    def _free_keys(self, tr: TraceRequest, req: SimRequest, identity: Any) -> list[Hashable]:
+        """The request's prompt block keys without salt and adapter (the ``isolation`` chain)."""
+        if tr.block_keys is not None and self.config.hash_algo == "fast":
+            return list(tr.block_keys)
+        h = self._free_hasher
+        if h is None:
+            c = self.config
+            h = self._free_hasher = BlockHasher(algo=c.hash_algo, block_size=c.block_size,
+                                                seed=c.hash_seed)
+        out: list[Hashable] = []
+        ids = tr.prompt_token_ids
+        assert ids is not None
+        h.extend(out, ids if type(ids) is list else list(ids))
+        return out
+
+    # -- registration -----------------------------------------------------------------------
+    def stored(self, req: SimRequest) -> None:
+        """Register what the request just classified and run stored: its new block keys (on its
+        instance), the salt-free keys of its salted prompt blocks, and its blocks' content.
+
+        ``req`` has run (``num_computed_tokens`` = prompt + fed-back output tokens) and still
+        holds its keys (call before ``release_tokens``).
+        """
+        pend = self._pending
+        assert pend is not None, "stored() without classify()"
+        self._pending = None
+        self.register(pend.instance, req, pend.hit_blocks, pend)
+
+    def stored_unclassified(self, instance: int, tr: TraceRequest, req: SimRequest,
+                            hit_tokens: int) -> None:
+        """Register a request that ran without a record (a skip-read request: it writes blocks
+        but is not counted, as in vLLM's counters)."""
+        identity = _identity(tr)
+        h = hit_tokens // self.block_size
+        num_full = req.num_prompt_tokens // self.block_size
+        pend = _Pending(instance, identity, self._content_keys(tr, req, identity, h, num_full),
+                        self._free_keys(tr, req, identity) if identity is not None else None, h)
+        self.register(instance, req, h, pend)
+
+    def register(self, instance: int, req: SimRequest, h: int, pend: _Pending) -> None:
+        """Add the request's registrations ``keys[h:num_keyed]`` to the fleet's history."""
+        bs = self.block_size
+        p = req.num_prompt_tokens
+        num_full = p // bs
+        num_keyed = req.num_computed_tokens // bs
+        if req.prompt is None:  # block-key mode: decode keys are fresh objects, never read
+            num_keyed = min(num_keyed, num_full)
+        bit = 1 << instance
+        ever = self.ever
+        get = ever.get
+        for key in req.block_keys[h:num_keyed]:
+            ever[key] = get(key, 0) | bit
+        if pend.free_keys is not None:
+            fi = self.free_index
+            for fk in pend.free_keys[h:num_full]:
+                owner = fi.get(fk)
+                if owner is None:
+                    fi[fk] = pend.identity
+                elif owner is not _MULTI and owner != pend.identity:
+                    fi[fk] = _MULTI
+        if pend.content is not None:
+            self.content.update(pend.content)
+            if req.output_token_ids is not None and num_keyed > num_full:
+                # Decode blocks of a known reply: a later prompt may re-send it.
+                toks = [*req.prompt[num_full * bs:], *req.outputs]
+                self.content.update(
+                    hash((pend.identity, tuple(toks[k * bs:(k + 1) * bs])))
+                    for k in range(num_keyed - num_full))
+
+
+def check_record(r: LedgerRecord) -> None:
+    """Assert the ledger's invariant on one record: the classes sum to the prompt tokens and
+    none is negative (a bug otherwise)."""
+    counts = r.counts()
+    assert all(v >= 0 for v in counts.values()), (r.request_id, counts)
+    assert sum(counts.values()) == r.prompt_tokens, (r.request_id, counts, r.prompt_tokens)
+
+
+def records_as_dicts(records: Iterable[LedgerRecord]) -> list[dict[str, Any]]:
+    """JSON-ready records (field names as in :class:`LedgerRecord`)."""
+    return [asdict(r) for r in records]
+
+
+def totals_as_rows(groups: Mapping[tuple[Any, ...], LedgerTotals],
+                   by: Sequence[str]) -> list[dict[str, Any]]:
+    """``group_totals`` output as rows: the group fields then :meth:`LedgerTotals.as_dict`."""
+    return [{**dict(zip(by, k)), **t.as_dict()} for k, t in groups.items()]
+
+
+__all__ = ["CLASSES", "GROUP_BY", "LedgerRecord", "LedgerTotals", "MISS_CLASSES", "MissLedger",
+           "check_record", "group_totals", "records_as_dicts", "scope_of", "totals_as_rows"]
