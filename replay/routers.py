@@ -23,12 +23,14 @@ Policies (:data:`ROUTERS`):
     engines' KV events); ties go to the instance with the fewest requests so far, then the lowest
     index.
 ``longest-prefix-bounded``
-    the same, but an instance is a candidate only while its *load* plus this request's prompt
-    tokens stays within ``load_factor`` x the mean load after adding them (bounded loads, as in
-    Mirrokni, Thorup and Zadimoghaddam 2018); when none qualifies, the least loaded. Load = the
-    prompt tokens routed to the instance whose arrival is within the last ``load_window_s``
-    seconds of trace time (sequential replay has no requests in flight, so queue length is not
-    modelled; a trace without times has every arrival at 0, and the window then covers it all).
+    the same among the instances within a load bound (consistent hashing with bounded loads,
+    Mirrokni, Thorup and Zadimoghaddam 2018): an instance is a candidate while its load plus this
+    request is at most ``ceil(load_factor x (L + 1) / N)``, ``L`` the fleet's load; ties by lower
+    load, then index. Load = requests routed to the instance whose arrival is within the last
+    ``load_window_s`` seconds of trace time: sequential replay has no requests in flight, so the
+    requests of a recent window stand in for them (a trace without times has every arrival at 0,
+    and the window then holds the whole trace: the bound then balances the totals). The least
+    loaded instance always qualifies.
 ``recorded``
     the instance the trace names (``attrs["instance"]``: the token-ids and chat readers'
     ``instance`` field); names are numbered in order of first appearance.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import random
 from collections import deque
 from collections.abc import Hashable, Sequence
@@ -224,32 +227,32 @@ class BoundedLongestPrefix(Router):
             raise UsageError("--load-window must be > 0 seconds")
         self.load_factor = load_factor
         self.window_s = load_window_s
-        self.recent: deque[tuple[float, int, int]] = deque()  # (arrival, instance, tokens)
+        self.recent: deque[tuple[float, int]] = deque()  # (arrival, instance), oldest first
         self.load = [0] * self.n
-        self.total = 0
+        self.bounds: list[int] = []  # bound for each total: ceil(k * (total + 1) / N)
+
+    def bound(self, total: int) -> int:
+        """Most requests an instance may hold in the window, with this request counted:
+        ``ceil(load_factor * (total + 1) / N)`` (at least 1)."""
+        return max(1, math.ceil(self.load_factor * (total + 1) / self.n - 1e-9))
 
     def choose(self, tr: TraceRequest, req: SimRequest) -> int:
         now = tr.arrival_s
         recent, load = self.recent, self.load
         while recent and recent[0][0] <= now - self.window_s:
-            _, i, t = recent.popleft()
-            load[i] -= t
-            self.total -= t
-        p = tr.num_prompt_tokens
-        bound = self.load_factor * (self.total + p) / self.n
+            load[recent.popleft()[1]] -= 1
+        bound = self.bound(len(recent))
         view = self.view
         best, best_key = None, None
         for i in range(self.n):
-            if load[i] + p > bound:
+            if load[i] + 1 > bound:
                 continue
-            k = (-view.prefix_blocks(i, req), view.requests[i], i)
+            k = (-view.prefix_blocks(i, req), load[i], i)
             if best_key is None or k < best_key:
                 best, best_key = i, k
-        if best is None:
-            best = min(range(self.n), key=lambda i: (load[i], i))
-        recent.append((now, best, p))
-        load[best] += p
-        self.total += p
+        assert best is not None  # the least loaded instance holds at most the mean
+        recent.append((now, best))
+        load[best] += 1
         return best
 
 

@@ -1,0 +1,148 @@
+"""``prefixscope replay fleet`` and ``prefixscope replay capacity``: a trace through N replicas
+under routing policies, with the miss ledger; a sweep of cache sizes with LRU and Belady's MIN."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from prefixscope.cli.common import JsonOption, err, out, print_json
+from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocksOption,
+                                     FormatOption, HashIdBlockSizeOption, LayoutOption,
+                                     LimitOption, MaxModelLenOption, OutputTokensOption,
+                                     SeedOption, StrictOption, TokenizerOption, TraceArg,
+                                     sim_spec_from_options)
+from prefixscope.core.errors import NothingIngested
+
+#: Rows of the side-by-side table: (label, ledger class).
+_CLASS_ROWS = (("engine granularity", "granularity"), ("routing", "routing"),
+               ("capacity", "capacity"), ("isolation", "isolation"),
+               ("prompt change", "prompt_change"), ("cold", "cold"))
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _report_problems(problems: list, *, quiet: bool) -> None:
+    if quiet:
+        return
+    for p in problems[:20]:
+        err.print(f"skipped {p}", markup=False, highlight=False)
+    if len(problems) > 20:
+        err.print(f"... and {len(problems) - 20} more skipped records", markup=False,
+                  highlight=False)
+
+
+def print_fleet(doc: dict[str, Any]) -> None:
+    """The side-by-side table of ``replay fleet`` (one column per policy)."""
+    pols = doc["policies"]
+    cap = "unbounded" if doc["capacity_blocks"] is None else f"{doc['capacity_blocks']:,} blocks"
+    first = pols[0]
+    out.print(f"{doc['trace']}: {first['requests']:,} requests ({first['rejected_requests']:,} "
+              f"rejected, {doc['skipped_records']:,} trace records skipped); "
+              f"{doc['instances']} instances of {cap} each, block size {doc['block_size']}, "
+              f"sequential replay", markup=False, highlight=False)
+    widths = [max(10, len(p["router"]) + 2) for p in pols]
+    rows: list[tuple[str, list[str]]] = [
+        ("hit rate", [_pct(p["hit_rate"]) for p in pols]),
+        ("cached tokens", [f"{p['cached_tokens']:,}" for p in pols]),
+        ("missed tokens", [f"{p['missed_tokens']:,}" for p in pols]),
+    ]
+    for label, cls in _CLASS_ROWS:
+        rows.append((f"  {label}", [
+            f"{_pct(p['ledger'][cls] / p['prompt_tokens'] if p['prompt_tokens'] else None)}"
+            for p in pols]))
+    rows += [
+        ("routing / missed", [_pct(p["routing_share_of_missed"]) for p in pols]),
+        ("requests max/mean", [_ratio(p["requests_max_over_mean"]) for p in pols]),
+        ("prompt max/mean", [_ratio(p["prompt_tokens_max_over_mean"]) for p in pols]),
+    ]
+    out.print(f"{'':<20}" + "".join(f"{p['router']:>{w}}" for p, w in zip(pols, widths)),
+              markup=False, highlight=False)
+    for label, vals in rows:
+        out.print(f"{label:<20}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths)),
+                  markup=False, highlight=False)
+    out.print("ledger rows: share of prompt tokens; routing / missed: routing's share of the "
+              "missed tokens; max/mean: the busiest instance over the mean (1.00 = even)",
+              markup=False, highlight=False)
+
+
+def fleet_cmd(
+    trace: TraceArg,
+    instances: Annotated[int, typer.Option(
+        "--instances", min=1, max=1024, help="Replicas in the fleet (each its own cache).")] = 4,
+    router: Annotated[str | None, typer.Option(
+        "--router", help="Policies, comma-separated: round-robin, random, session, hash-prefix, "
+                         "longest-prefix, longest-prefix-bounded, recorded (default: all; "
+                         "recorded when the trace names instances).")] = None,
+    fmt: FormatOption = "auto",
+    block_size: BlockSizeOption = 16,
+    capacity_blocks: CapacityBlocksOption = None,
+    algo: AlgoOption = "sha256",
+    hash_id_block_size: HashIdBlockSizeOption = 512,
+    output_tokens: OutputTokensOption = "trace",
+    max_model_len: MaxModelLenOption = None,
+    tokenizer: TokenizerOption = None,
+    layout: LayoutOption = None,
+    limit: LimitOption = None,
+    seed: SeedOption = None,
+    strict: StrictOption = False,
+    router_seed: Annotated[int, typer.Option(
+        "--router-seed", help="Seed of the random policy.")] = 0,
+    hash_blocks: Annotated[int, typer.Option(
+        "--hash-blocks", min=1, help="hash-prefix: blocks of the prefix hashed (K).")] = 4,
+    load_factor: Annotated[float, typer.Option(
+        "--load-factor", min=1.0,
+        help="longest-prefix-bounded: an instance is a candidate while its load (with this "
+             "request) is at most this multiple of the mean, rounded up.")] = 1.25,
+    load_window: Annotated[float, typer.Option(
+        "--load-window", min=0.001,
+        help="longest-prefix-bounded: load = requests routed in this many seconds of "
+             "trace time.")] = 60.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Replay a trace through N replicas under routing policies, side by side, with the ledger.
+
+    Each replica is an exact model of one vLLM engine's prefix cache (--capacity-blocks each);
+    requests replay sequentially in trace order. For each policy: hit rate, every prompt
+    token's class (hit, engine granularity, routing, capacity, isolation, prompt change,
+    cold; docs/metrics.md), routing's share of the missed tokens, and load balance.
+
+    Examples:
+
+      prefixscope replay fleet data/traces/mooncake/conversation_trace.jsonl.gz --format mooncake --block-size 512 --algo fast --capacity-blocks 2000 --instances 4
+
+      prefixscope replay fleet trace.jsonl --format token-ids --router round-robin,longest-prefix-bounded --json
+    """
+    from prefixscope.replay.fleet import RouterParams
+    from prefixscope.replay.fleet_run import run_fleet
+
+    spec = sim_spec_from_options(
+        trace, fmt=fmt, block_size=block_size, capacity_blocks=capacity_blocks, algo=algo,
+        hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+        max_model_len=max_model_len, tokenizer=tokenizer, limit=limit, seed=seed, strict=strict,
+        layout_path=str(layout) if layout else None)
+    report = run_fleet(spec, instances=instances, routers=router,
+                       params=RouterParams(seed=router_seed, hash_blocks=hash_blocks,
+                                           load_factor=load_factor, load_window_s=load_window))
+    _report_problems(report.problems, quiet=as_json)
+    if not report.results or report.results[0].requests == 0:
+        first = f" (first: {report.problems[0]})" if report.problems else ""
+        raise NothingIngested(f"{trace}: no usable requests; {len(report.problems)} records "
+                              f"skipped{first}")
+    doc = report.as_dict()
+    if as_json:
+        print_json(doc)
+        return
+    print_fleet(doc)
+
+
+def register(groups: dict[str, typer.Typer]) -> None:
+    """Add ``replay fleet``."""
+    groups["replay"].command("fleet")(fleet_cmd)
