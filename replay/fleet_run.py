@@ -141,3 +141,31 @@ def run_fleet(spec: SimRunSpec, *, instances: int, routers: str | None = None,
             report.problems = list(read.problems)
             report.format = read.format
     return report
+
+
+def run_capacity(spec: SimRunSpec, sizes: list[int], *, jobs: int | None = None
+                 ) -> dict[str, Any]:
+    """``replay capacity`` as a call: hash ``spec``'s trace once, sweep ``sizes``
+    (``num_gpu_blocks`` each) with LRU and Belady's MIN (:mod:`prefixscope.replay.belady`).
+
+    Returns:
+        ``{"trace", "format", "block_size", "hash_algo", "requests", "skipped_records",
+        "rows": [CapacityRow.as_dict()...], "seconds", "problems"}`` (``problems``: the skipped
+        trace records, for the caller to print; not JSON).
+
+    Raises:
+        UsageError: ``--concurrency`` (the sweep is sequential); the trace reader's and the
+        simulator's errors.
+    """
+    from prefixscope.replay.belady import capacity_sweep, collect_accesses
+
+    if spec.concurrency is not None:
+        raise UsageError("replay capacity is sequential: no --concurrency")
+    started = time.time()
+    read = _read(spec)
+    acc = collect_accesses(read.requests, spec.sim_config())
+    rows = capacity_sweep(acc, sizes, jobs=jobs)
+    return {"trace": spec.trace, "format": read.format, "block_size": spec.block_size,
+            "hash_algo": spec.algo, "requests": len(acc) + acc.rejected,
+            "skipped_records": len(read.problems), "rows": [r.as_dict() for r in rows],
+            "seconds": round(time.time() - started, 3), "problems": list(read.problems)}

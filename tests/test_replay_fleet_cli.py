@@ -97,3 +97,34 @@ def test_replay_fleet_errors_are_messages_not_tracebacks(capsys):
     code = run(["replay", "fleet", str(AIDER), "--format", "chat", "--router", "recorded"])
     assert code == 2
     assert "the trace's first request names no instance" in capsys.readouterr().err
+
+
+def test_replay_capacity_rows_match_replay_sim_and_min_is_never_below():
+    res = CliRunner().invoke(app, ["replay", "capacity", str(AIDER), "--format", "chat",
+                                   "--capacities", "150,400", "--jobs", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert [r["num_gpu_blocks"] for r in doc["rows"]] == [150, 400]
+    for row in doc["rows"]:
+        cfg = SimConfig(block_size=16, num_gpu_blocks=row["num_gpu_blocks"])
+        run = simulate(read_trace(AIDER, format="chat").requests, cfg)
+        for _ in run:
+            pass
+        s = run.summary()
+        assert row["lru_cached_tokens"] == s.cached_tokens
+        assert row["prompt_tokens"] == s.prompt_tokens
+        assert row["rejected"] == s.rejected_requests
+        assert row["min_cached_tokens"] >= row["lru_cached_tokens"]
+    res = CliRunner().invoke(app, ["replay", "capacity", str(AIDER), "--format", "chat",
+                                   "--capacities", "150,400"])
+    assert res.exit_code == 0, res.output
+    assert "LRU (vLLM)" in res.output and "MIN - LRU" in res.output
+
+
+def test_replay_capacity_bad_sizes(capsys):
+    from prefixscope.cli.main import run
+
+    assert run(["replay", "capacity", str(AIDER), "--capacities", "400,abc"]) == 2
+    assert "--capacities: 'abc' is not a number of blocks" in capsys.readouterr().err
+    assert run(["replay", "capacity", str(AIDER), "--capacities", "1"]) == 2
+    assert "--capacities: 1 is outside 2..4,000,000 blocks" in capsys.readouterr().err

@@ -143,6 +143,96 @@ def fleet_cmd(
     print_fleet(doc)
 
 
+def parse_capacities(text: str) -> list[int]:
+    """``--capacities``: comma-separated ``num_gpu_blocks`` values (null block included),
+    each from 2 to ``MAX_CAPACITY_BLOCKS``.
+
+    Raises:
+        UsageError: an empty list, a value that is not an integer or out of range.
+    """
+    from prefixscope.cli.options import MAX_CAPACITY_BLOCKS
+    from prefixscope.core.errors import UsageError
+
+    sizes = []
+    for part in (t.strip() for t in text.split(",")):
+        if not part:
+            continue
+        try:
+            n = int(part.replace("_", ""))
+        except ValueError:
+            raise UsageError(f"--capacities: {part!r} is not a number of blocks") from None
+        if not 2 <= n <= MAX_CAPACITY_BLOCKS:
+            raise UsageError(f"--capacities: {n} is outside 2..{MAX_CAPACITY_BLOCKS:,} blocks "
+                             "(num_gpu_blocks, null block included)")
+        sizes.append(n)
+    if not sizes:
+        raise UsageError("--capacities: give at least one size, e.g. 2000,4000,8000")
+    return sizes
+
+
+def capacity_cmd(
+    trace: TraceArg,
+    capacities: Annotated[str, typer.Option(
+        "--capacities", help="Cache sizes to sweep, comma-separated num_gpu_blocks (null block "
+                             "included), e.g. 1000,2000,4000,8000.")],
+    fmt: FormatOption = "auto",
+    block_size: BlockSizeOption = 16,
+    algo: AlgoOption = "sha256",
+    hash_id_block_size: HashIdBlockSizeOption = 512,
+    output_tokens: OutputTokensOption = "trace",
+    max_model_len: MaxModelLenOption = None,
+    tokenizer: TokenizerOption = None,
+    layout: LayoutOption = None,
+    limit: LimitOption = None,
+    seed: SeedOption = None,
+    strict: StrictOption = False,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", min=1, help="Processes running sizes at once (default: the CPUs).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Sweep cache sizes: vLLM's LRU hit rate and Belady's optimal (MIN) beside it, one row each.
+
+    The trace is hashed once; each size replays its block keys through the exact model (the
+    hits 'replay sim --capacity-blocks N' gives) and through MIN (evict the block whose next use
+    is farthest), sizes in parallel processes. A large MIN - LRU gap says better eviction or a
+    CPU offload tier would pay; a small one at a low hit rate says add memory or fix routing.
+
+    Example: prefixscope replay capacity data/traces/mooncake/conversation_trace.jsonl.gz --format mooncake --block-size 512 --algo fast --capacities 500,1000,2000,4000,8000,16000
+    """
+    from prefixscope.replay.fleet_run import run_capacity
+
+    sizes = parse_capacities(capacities)
+    spec = sim_spec_from_options(
+        trace, fmt=fmt, block_size=block_size, capacity_blocks=None, algo=algo,
+        hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
+        max_model_len=max_model_len, tokenizer=tokenizer, limit=limit, seed=seed, strict=strict,
+        layout_path=str(layout) if layout else None)
+    report = run_capacity(spec, sizes, jobs=jobs)
+    _report_problems(report["problems"], quiet=as_json)
+    if report["requests"] == 0:
+        raise NothingIngested(f"{trace}: no usable requests; {len(report['problems'])} records "
+                              "skipped")
+    doc = {k: v for k, v in report.items() if k != "problems"}
+    if as_json:
+        print_json(doc)
+        return
+    out.print(f"{trace}: {doc['requests']:,} requests, block size {block_size}, sequential "
+              f"replay; {doc['skipped_records']:,} trace records skipped", markup=False,
+              highlight=False)
+    out.print(f"{'num_gpu_blocks':>16}{'tokens':>14}{'LRU (vLLM)':>12}{'MIN':>9}"
+              f"{'MIN - LRU':>11}{'rejected':>10}", markup=False, highlight=False)
+    for r in doc["rows"]:
+        gap = None if r["prompt_tokens"] == 0 else r["min_minus_lru_tokens"] / r["prompt_tokens"]
+        out.print(f"{r['num_gpu_blocks']:>16,}{(r['num_gpu_blocks'] - 1) * block_size:>14,}"
+                  f"{_pct(r['lru_hit_rate']):>12}{_pct(r['min_hit_rate']):>9}"
+                  f"{'n/a' if gap is None else f'{100 * gap:+.1f} pp':>11}"
+                  f"{r['rejected']:>10,}", markup=False, highlight=False)
+    out.print("hit rates: cached / prompt tokens of the requests each size can hold; tokens: "
+              "usable KV capacity (num_gpu_blocks - 1) x block size", markup=False,
+              highlight=False)
+
+
 def register(groups: dict[str, typer.Typer]) -> None:
-    """Add ``replay fleet``."""
+    """Add ``replay fleet`` and ``replay capacity``."""
     groups["replay"].command("fleet")(fleet_cmd)
+    groups["replay"].command("capacity")(capacity_cmd)
