@@ -37,8 +37,9 @@ Prompt change is block-aligned: content moved by whole blocks is found, content 
 length that is not a multiple of ``B`` reads as ``cold`` (the exact breaker regions are
 ``diagnose``'s, issue 26 item 2). Hash-id traces (Mooncake, kv-cache-tester) key blocks by
 prefix ids, so a block's content there names its prefix: ``prompt_change`` is 0 and such blocks
-are ``cold``. Content keys are Python's 64-bit tuple hashes (a collision would move one block
-from ``cold`` to ``prompt_change``).
+are ``cold``. Content keys are 64-bit random linear hashes of a block's tokens (a collision,
+probability at most 2^-33 per pair of different blocks, would move one block from ``cold`` to
+``prompt_change``).
 
 Memory: one entry per distinct block key ever stored and per distinct block content, i.e.
 proportional to the distinct prompt blocks of the trace (what "never seen before" needs).
@@ -46,6 +47,7 @@ proportional to the distinct prompt blocks of the trace (what "never seen before
 
 from __future__ import annotations
 
+from array import array as _array
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -207,6 +209,7 @@ class _Pending:
     content: list[int] | None
     free_keys: list[Hashable] | None
     hit_blocks: int
+    stored_end: int  # first missed block never stored before (all later ones neither)
 
 
 class MissLedger:
@@ -231,7 +234,7 @@ class MissLedger:
         self.block_size = config.block_size
         self.config = config
         self._maps = [p._first for p in self.pools]  # key -> block: the map lookups read
-        self.ever: dict[Hashable, int] = {}  # key -> bitmask of instances that stored it
+        self.ever: set[Hashable] = set()  # every key stored on some instance so far
         self.free_index: dict[Hashable, Any] = {}  # salt-free key of salted blocks -> identity
         self.content: set[int] = set()
         self._free_hasher: BlockHasher | None = None
@@ -250,59 +253,74 @@ class MissLedger:
         Returns:
             :class:`LedgerRecord` whose ``hit`` equals the hit tokens the instance's lookup
             will give (vLLM's rule: longest resident prefix of the first ``K`` keys).
+
+        The missed blocks fall in three runs, because "stored before" is prefix-closed (a
+        request registers its keys after its hits, all of them chained): blocks stored before
+        (resident here behind the break, routing or capacity), then never-stored blocks whose
+        salt-free prefix another identity stored (isolation; also prefix-closed), then the rest
+        (prompt change or cold, by content), counted in one pass.
         """
         bs = self.block_size
         p = req.num_prompt_tokens
         keys = req.block_keys
         num_lookup = (p - 1) // bs
         mine = self._maps[instance]
-        others = [m for i, m in enumerate(self._maps) if i != instance]
         h = 0
-        get = mine.get
-        while h < num_lookup and get(keys[h]) is not None:
+        while h < num_lookup and keys[h] in mine:
             h += 1
         identity = _identity(tr)
         num_full = p // bs
         content = self._content_keys(tr, req, identity, h, num_full)
         free_keys = self._free_keys(tr, req, identity) if identity is not None else None
         counts = dict.fromkeys(MISS_CLASSES, 0)
-        break_class = None
-        stored_possible = True  # "stored before" is prefix-closed: once false, false after
-        free_possible = True
-        ever, free_index, seen = self.ever, self.free_index, self.content
-        for j in range(h, num_lookup):
-            key = keys[j]
-            cls = None
-            if j > h and get(key) is not None:
-                cls = break_class
-            elif stored_possible:
-                if any(m.get(key) is not None for m in others):
-                    cls = "routing"
-                elif key in ever:
+        ever = self.ever
+        classes: list[str] = []  # classes of the blocks of the first two runs, in order
+        # Run 1: blocks stored before.
+        s = h
+        if s < num_lookup and keys[s] in ever:
+            others = [m for i, m in enumerate(self._maps) if i != instance]
+            while s < num_lookup and keys[s] in ever:
+                key = keys[s]
+                if s > h and key in mine:
+                    cls = classes[0]
+                else:
                     cls = "capacity"
-                else:
-                    stored_possible = False
-            if cls is None and free_possible:
-                if identity is None:
-                    owner = free_index.get(key)
-                    if owner is not None:
-                        cls = "isolation"
-                else:
-                    fk = free_keys[j]
-                    owner = free_index.get(fk)
-                    if fk in ever or (owner is not None and owner != identity):
-                        cls = "isolation"
-                    elif owner is None:
-                        free_possible = False
-                if cls is None and identity is None:
-                    free_possible = False
-            if cls is None:
-                cls = "prompt_change" if content is not None and content[j - h] in seen \
-                    else "cold"
-            if j == h:
-                break_class = cls
-            counts[cls] += bs
-        self._pending = _Pending(instance, identity, content, free_keys, h)
+                    for m in others:
+                        if key in m:
+                            cls = "routing"
+                            break
+                classes.append(cls)
+                s += 1
+        # Run 2: never stored, the same prefix under another salt or adapter.
+        t = s
+        fi = self.free_index
+        if identity is None:
+            while t < num_lookup and keys[t] in fi:
+                t += 1
+        else:
+            while t < num_lookup:
+                fk = free_keys[t]
+                owner = fi.get(fk)
+                if not (fk in ever or (owner is not None and owner != identity)):
+                    break
+                t += 1
+        classes.extend(["isolation"] * (t - s))
+        for c in classes:
+            counts[c] += bs
+        # Run 3: content seen before (prompt change) or not (cold).
+        n_rest = num_lookup - t
+        if n_rest:
+            if content is not None:
+                n_pc = sum(map(self.content.__contains__, content[t - h:num_lookup - h]))
+                first_rest = "prompt_change" if content[t - h] in self.content else "cold"
+            else:
+                n_pc, first_rest = 0, "cold"
+            counts["prompt_change"] += n_pc * bs
+            counts["cold"] += (n_rest - n_pc) * bs
+        break_class = None
+        if h < num_lookup:
+            break_class = classes[0] if classes else first_rest
+        self._pending = _Pending(instance, identity, content, free_keys, h, s)
         return LedgerRecord(
             request_id=tr.request_id, instance=self.names[instance], prompt_tokens=p,
             hit=h * bs, granularity=p - num_lookup * bs, model=tr.model, scope=scope_of(tr),
@@ -311,18 +329,14 @@ class MissLedger:
 
     def _content_keys(self, tr: TraceRequest, req: SimRequest, identity: Any, start: int,
                       stop: int) -> list[int] | None:
-        """Content keys of prompt blocks ``start .. stop-1`` (None for hash-id traces)."""
-        if tr.block_keys is not None or req.prompt is None or start >= stop:
-            return None if (tr.block_keys is not None or req.prompt is None) else []
-        bs = self.block_size
-        ids = req.prompt
-        if type(ids) is not list:
-            ids = list(ids[start * bs:stop * bs])
-            base = start * bs
-        else:
-            base = 0
-        return [hash((identity, tuple(ids[j * bs - base:(j + 1) * bs - base])))
-                for j in range(start, stop)]
+        """Content keys of prompt blocks ``start .. stop-1`` (None for hash-id traces): a random
+        linear hash of each block's tokens modulo 2^64 plus the identity's hash (two different
+        blocks collide with probability at most 2^-33), computed with numpy in one pass."""
+        if tr.block_keys is not None or req.prompt is None:
+            return None
+        if start >= stop:
+            return []
+        return _block_hashes(req.prompt, start, stop, self.block_size, hash(identity))
 
     def _free_keys(self, tr: TraceRequest, req: SimRequest, identity: Any) -> list[Hashable]:
         """The request's prompt block keys without salt and adapter (the ``isolation`` chain)."""
@@ -360,7 +374,8 @@ class MissLedger:
         h = hit_tokens // self.block_size
         num_full = req.num_prompt_tokens // self.block_size
         pend = _Pending(instance, identity, self._content_keys(tr, req, identity, h, num_full),
-                        self._free_keys(tr, req, identity) if identity is not None else None, h)
+                        self._free_keys(tr, req, identity) if identity is not None else None, h,
+                        h)
         self.register(instance, req, h, pend)
 
     def register(self, instance: int, req: SimRequest, h: int, pend: _Pending) -> None:
@@ -371,11 +386,7 @@ class MissLedger:
         num_keyed = req.num_computed_tokens // bs
         if req.prompt is None:  # block-key mode: decode keys are fresh objects, never read
             num_keyed = min(num_keyed, num_full)
-        bit = 1 << instance
-        ever = self.ever
-        get = ever.get
-        for key in req.block_keys[h:num_keyed]:
-            ever[key] = get(key, 0) | bit
+        self.ever.update(req.block_keys[h:num_keyed])
         if pend.free_keys is not None:
             fi = self.free_index
             for fk in pend.free_keys[h:num_full]:
@@ -389,9 +400,31 @@ class MissLedger:
             if req.output_token_ids is not None and num_keyed > num_full:
                 # Decode blocks of a known reply: a later prompt may re-send it.
                 toks = [*req.prompt[num_full * bs:], *req.outputs]
-                self.content.update(
-                    hash((pend.identity, tuple(toks[k * bs:(k + 1) * bs])))
-                    for k in range(num_keyed - num_full))
+                self.content.update(_block_hashes(toks, 0, num_keyed - num_full, bs,
+                                                  hash(pend.identity)))
+
+
+_COEF: Any = None  # odd 64-bit multipliers per token position (a fixed seed: reproducible)
+
+
+def _block_hashes(ids: Sequence[int], start: int, stop: int, block_size: int,
+                  salt: int) -> list[int]:
+    """``sum(ids[j*B + i] * R_i) + salt mod 2^64`` for blocks ``start .. stop-1`` (ints)."""
+    global _COEF
+    import numpy as np
+
+    if _COEF is None or len(_COEF) < block_size:
+        rng = np.random.default_rng(0x5EED)
+        _COEF = rng.integers(0, 2**63, size=max(block_size, 64), dtype=np.uint64) * 2 + 1
+    part = ids[start * block_size:stop * block_size]
+    try:  # array('q') reads a list of ints several times faster than numpy does
+        arr = np.frombuffer(_array("q", part), dtype=np.uint64)
+    except (TypeError, OverflowError):
+        arr = np.asarray(part, dtype=np.int64).view(np.uint64)
+    arr = arr.reshape(stop - start, block_size)
+    with np.errstate(over="ignore"):
+        h = (arr * _COEF[:block_size]).sum(axis=1, dtype=np.uint64) + np.uint64(salt & (2**64 - 1))
+    return h.tolist()
 
 
 def check_record(r: LedgerRecord) -> None:
