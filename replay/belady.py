@@ -165,7 +165,7 @@ def min_hits(acc: AccessTrace, num_gpu_blocks: int) -> list[int]:
     resident: dict[int, int] = {}  # key -> its priority (next use << 20 | depth)
     heap: list[int] = []
     push, pop = heapq.heappush, heapq.heappop
-    out = []
+    out: list[int] = []
     append = out.append
     for keys, nl, nb, nu in zip(acc.keys, acc.num_lookup, acc.num_blocks, next_use):
         if nb > cap:

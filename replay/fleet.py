@@ -45,6 +45,10 @@ class RouterParams:
     load_window_s: float = 60.0
 
 
+#: The default router settings (a module-level value: an immutable default argument).
+DEFAULT_ROUTER_PARAMS = RouterParams()
+
+
 @dataclass
 class InstanceStats:
     """One instance's share of a fleet run (counted requests; tokens)."""
@@ -202,7 +206,7 @@ class FleetRun(Iterator[LedgerRecord]):
 
 
 def replay_fleet(requests: Iterable[TraceRequest], config: SimConfig, *, instances: int,
-                 router: str = "round-robin", params: RouterParams = RouterParams(),
+                 router: str = "round-robin", params: RouterParams = DEFAULT_ROUTER_PARAMS,
                  instance_names: list[str] | None = None) -> FleetRun:
     """Replay ``requests`` through ``instances`` cache models routed by ``router``.
 
@@ -237,5 +241,5 @@ def check_fleet_records(records: Iterable[LedgerRecord]) -> int:
     return n
 
 
-__all__ = ["FleetResult", "FleetRun", "InstanceStats", "RouterParams", "check_fleet_records",
+__all__ = ["DEFAULT_ROUTER_PARAMS", "FleetResult", "FleetRun", "InstanceStats", "RouterParams", "check_fleet_records",
            "replay_fleet"]

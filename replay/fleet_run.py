@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixscope.core.errors import UsageError
-from prefixscope.replay.fleet import FleetResult, RouterParams, replay_fleet
+from prefixscope.replay.fleet import DEFAULT_ROUTER_PARAMS, FleetResult, RouterParams, replay_fleet
 from prefixscope.replay.routers import ROUTERS
 from prefixscope.replay.runner import SimRunSpec
 from prefixscope.replay.trace_common import TraceProblem
@@ -103,7 +103,7 @@ def trace_instances(spec: SimRunSpec) -> list[str] | None:
 
 
 def run_fleet(spec: SimRunSpec, *, instances: int, routers: str | None = None,
-              params: RouterParams = RouterParams()) -> FleetReport:
+              params: RouterParams = DEFAULT_ROUTER_PARAMS) -> FleetReport:
     """Replay ``spec``'s trace through ``instances`` cache models once per policy.
 
     Args:

@@ -298,6 +298,7 @@ class MissLedger:
             while t < num_lookup and keys[t] in fi:
                 t += 1
         else:
+            assert free_keys is not None
             while t < num_lookup:
                 fk = free_keys[t]
                 owner = fi.get(fk)
