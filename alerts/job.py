@@ -27,6 +27,8 @@ from pathlib import Path
 from prefixscope.alerts.daily import DailyReport, ReportLine, build_daily_report, default_day, line_dict, resolve_tz
 from prefixscope.alerts.mailer import SmtpSettings, SmtpUnavailable, build_message, deliver, new_message_id, smtp_settings
 from prefixscope.alerts.render import render_chart_png, render_html, render_text, subject, worst_line
+from prefixscope.alerts.webhook import Webhook, WebhookUnavailable, post, webhooks
+from prefixscope.alerts.webhook import body as webhook_body
 from prefixscope.core.config import AlertsConfig, Settings
 from prefixscope.core.errors import ConfigError
 from prefixscope.store import db as store_db
@@ -155,6 +157,8 @@ class DailyRun:
 
     report: DailyReport
     outcomes: list[SendOutcome] = field(default_factory=list)
+    #: One outcome per configured webhook (``recipients`` is ``("webhook:NAME",)``).
+    webhook_outcomes: list[SendOutcome] = field(default_factory=list)
     smtp_where: str | None = None
     #: What the run found and did before sending (e.g. a claim left by a run that died).
     notes: list[str] = field(default_factory=list)
@@ -168,12 +172,21 @@ class DailyRun:
         """The report and the emails, JSON-ready (``--json``)."""
         d = self.report.as_dict()
         d["emails"] = [o.as_dict() for o in self.outcomes]
+        d["webhooks"] = [o.as_dict() for o in self.webhook_outcomes]
         d["notes"] = list(self.notes)
         return d
 
     def raise_for_failures(self) -> None:
-        """Raise :class:`~alerts.mailer.SmtpUnavailable` when any email failed (after every
-        other email was tried and every outcome recorded)."""
+        """Raise :class:`~alerts.mailer.SmtpUnavailable` when any email failed, else
+        :class:`~alerts.webhook.WebhookUnavailable` when any webhook failed (after every other
+        email and webhook was tried and every outcome recorded); both exit 3."""
+        hooks = [o for o in self.webhook_outcomes if o.status == FAILED]
+        if not self.failed and hooks:
+            raise WebhookUnavailable(
+                f"{len(hooks)} report webhook(s) not delivered ("
+                + "; ".join(f"{o.recipients[0]}: {o.error} after {o.attempts} attempt(s)"
+                            for o in hooks)
+                + "); recorded as failed, not sent: the next run retries them")
         if not self.failed:
             return
         parts = [f"to {', '.join(o.recipients)}: {o.error} after {o.attempts} attempt(s)"
@@ -328,9 +341,11 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
     run = DailyRun(report=report, notes=released)
     if not send:
         return run
+    hooks = webhooks(cfg, env=env)
     no_recipients = dry_run and not has_recipients(cfg)
-    emails = [preview_email(report)] if no_recipients else plan_emails(report, cfg)
-    smtp: SmtpSettings | None = None if dry_run else smtp_settings(cfg, env=env)
+    emails = ([preview_email(report)] if no_recipients
+              else [] if hooks and not has_recipients(cfg) else plan_emails(report, cfg))
+    smtp: SmtpSettings | None = None if dry_run or not emails else smtp_settings(cfg, env=env)
     run.smtp_where = smtp.where if smtp else f"{cfg.smtp_host}:{cfg.smtp_port}"
     day_s = day.isoformat()
     for i, email in enumerate(emails):
@@ -388,7 +403,62 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
         run.outcomes.append(SendOutcome(**base, status=status, attempts=result.attempts,
                                         message_id=msg["Message-ID"], error=result.error,
                                         send_id=send_id, eml_path=eml))
+    url = link_url(settings, dashboard_url)
+    for hook in hooks:
+        run.webhook_outcomes.append(_send_webhook(
+            db, hook, report, cfg, day_s=day_s, tz=tz, active=active, sent_at=sent_at,
+            resend=resend, dry_run=dry_run, dashboard_url=url, lock_s=lock_s, sleep=sleep))
     return run
+
+
+def _send_webhook(db: str, hook: Webhook, report: DailyReport, cfg: AlertsConfig, *, day_s: str,
+                  tz: str, active: set[str], sent_at: Mapping[str, float | None], resend: bool,
+                  dry_run: bool, dashboard_url: str, lock_s: float,
+                  sleep: Callable[[float], None]) -> SendOutcome:
+    """POST the day's report to one webhook once: the email's claim / deliver / finish steps
+    (:func:`run_daily`) with ``webhook:NAME`` as the recipient set and the URL's host as the
+    server recorded (never the URL: it is a secret)."""
+    top = worst_line(report.lines)
+    base = dict(recipients=(hook.key,), subject=subject(report, report.lines),
+                report_status=top.status if top else "NO DATA")
+    if hook.key in active and not resend:
+        when = sent_at.get(hook.key)
+        why = (f"already sent for {day_s} ({tz}) at "
+               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(when))} UTC: use --resend to "
+               "send again" if when is not None else
+               f"being sent for {day_s} ({tz}) by another run right now: not sent twice")
+        return SendOutcome(**base, status=SKIPPED, error=why)
+    payload = webhook_body(hook, report, dashboard_url=dashboard_url)
+    if dry_run:
+        return SendOutcome(**base, status=DRY_RUN)
+    send_id = uuid.uuid4().hex
+    lines_json = json.dumps([line_dict(ln) for ln in report.lines], default=str)
+    with store_db.writer(db, lock_timeout_s=lock_s) as con:
+        claimed = q.claim_send(
+            con, send_id=send_id, day=day_s, tz=tz, recipients=hook.key,
+            subject=base["subject"], report_status=base["report_status"],
+            message_id=f"webhook-{send_id}", resend=resend, smtp_host=hook.host,
+            lines_json=lines_json, now_unix_s=time.time(), claim_timeout_s=CLAIM_TIMEOUT_S,
+            claimed_by=claimer())
+    if not claimed:
+        return SendOutcome(**base, status=SKIPPED,
+                           error=f"already sent or being sent for {day_s} ({tz}) by another run")
+    w = next(c for c in cfg.webhooks if c.name == hook.name)
+    try:
+        result = post(hook, payload, attempts=w.attempts or cfg.smtp_attempts,
+                      backoff_s=cfg.smtp_backoff_s if w.backoff_s is None else w.backoff_s,
+                      timeout_s=w.timeout_s or cfg.smtp_timeout_s, sleep=sleep)
+    except BaseException as exc:  # a bug or Ctrl-C: never leave the claim looking sent
+        with store_db.writer(db, lock_timeout_s=lock_s) as con:
+            q.finish_send(con, send_id=send_id, status=FAILED, attempts=1,
+                          error=f"interrupted: {type(exc).__name__}", now_unix_s=time.time())
+        raise
+    status = SENT if result.ok else FAILED
+    with store_db.writer(db, lock_timeout_s=lock_s) as con:
+        q.finish_send(con, send_id=send_id, status=status, attempts=result.attempts,
+                      error=result.error, now_unix_s=time.time())
+    return SendOutcome(**base, status=status, attempts=result.attempts,
+                       message_id=f"webhook-{send_id}", error=result.error, send_id=send_id)
 
 
 def describe_outcomes(outcomes: Sequence[SendOutcome]) -> list[str]:

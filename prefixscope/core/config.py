@@ -45,6 +45,27 @@ class PricingConfig(_Section):
     prices_file: str = "data/prices.toml"
 
 
+class WebhookConfig(_Section):
+    """One ``[[alerts.webhooks]]`` table: where the daily report is also POSTed
+    (``docs/alerts.md#webhooks``; ``prefixscope.alerts.webhook``).
+
+    ``name`` identifies it in the sends log (``webhook:NAME``: letters, digits, ``._-``); the
+    URL comes from exactly one of ``url``, ``url_file`` (a file holding it) or ``url_env`` (an
+    environment variable): a Slack webhook URL holds its token, so prefer the file or the
+    variable. ``format``: ``slack`` (``{"text": ...}``, also taken by Mattermost and
+    Rocket.Chat) or ``json`` (the report's figures). ``attempts``, ``backoff_s``, ``timeout_s``
+    default to the email's ``smtp_attempts``, ``smtp_backoff_s``, ``smtp_timeout_s``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")  # Rust regex: $ ends the text
+    url: str | None = None
+    url_file: str | None = None
+    url_env: str | None = None
+    format: str = Field("slack", pattern=r"^(slack|json)$")
+    attempts: int | None = Field(None, ge=1, le=20)
+    backoff_s: float | None = Field(None, ge=0.0, le=3600.0)
+    timeout_s: float | None = Field(None, gt=0.0, le=600.0)
+
+
 class AlertsConfig(_Section):
     """``[alerts]``: thresholds and delivery of the daily report (see ``docs/alerts.md``).
 
@@ -77,6 +98,7 @@ class AlertsConfig(_Section):
     recipients: list[str] = Field(default_factory=list)
     recipients_by_model: dict[str, list[str]] = Field(default_factory=dict)
     recipients_by_scope: dict[str, list[str]] = Field(default_factory=dict)
+    webhooks: list[WebhookConfig] = Field(default_factory=list)
 
 
 class IdentityConfig(_Section):

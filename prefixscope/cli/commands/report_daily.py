@@ -12,12 +12,14 @@ from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, out, print_
 def daily_cmd(
     db: DbOption = DB_DEFAULT,
     date: Annotated[str | None, typer.Option(
-        "--date", help="Local day to report, YYYY-MM-DD (default: yesterday in --tz).")] = None,
+        "--date", "--day", help="Local day to report, YYYY-MM-DD (default: yesterday in "
+                                "--tz); --day is the same option (the pages' ?day=).")] = None,
     tz: Annotated[str | None, typer.Option(
         "--tz", help="IANA time zone of the day boundary (default [alerts] timezone).")] = None,
     as_json: JsonOption = False,
     send: Annotated[bool, typer.Option(
-        "--send", help="Email the report (once per day and recipient group).")] = False,
+        "--send", help="Email the report (once per day and recipient group) and POST it to "
+                       "the [[alerts.webhooks]] (once per day each).")] = False,
     resend: Annotated[bool, typer.Option(
         "--resend", help="Send again even if already sent for this day (implies --send).")] = False,
     dry_run: Annotated[bool, typer.Option(
@@ -36,8 +38,9 @@ def daily_cmd(
     """Daily prefix-cache report per model and scope: OK, ALERT, NO DATA or STALE.
 
     Prints the report; with --send emails it (text + HTML + chart) to the [alerts]
-    recipients and records the send in the database, so that a second run the same day
-    sends nothing. Exit code 3 when SMTP failed after retries.
+    recipients and POSTs it to the [[alerts.webhooks]] (Slack-compatible or plain JSON), and
+    records each send in the database, so that a second run the same day sends nothing.
+    Exit code 3 when SMTP or a webhook failed after retries.
 
     Example: prefixscope report daily --date 2026-11-28 --tz Europe/Berlin --send
     """
@@ -55,7 +58,7 @@ def daily_cmd(
     else:
         out.print(render_text(run.report, dashboard_url=link_url(settings, dashboard_url)),
                   markup=False, highlight=False, end="")
-        for line in [*run.notes, *describe_outcomes(run.outcomes)]:
+        for line in [*run.notes, *describe_outcomes([*run.outcomes, *run.webhook_outcomes])]:
             out.print(line, markup=False, highlight=False)
     run.raise_for_failures()
 
