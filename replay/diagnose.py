@@ -703,8 +703,12 @@ def _region(new: str, old: str) -> tuple[str | None, str | None, str, str] | Non
 
 def _region_goes_on(r: Rendered, e: Struct, i: int,
                     region: tuple[str | None, str | None, str, str]) -> bool:
-    """A changing block is a breaker when the content goes on after it: a stable line after it
-    in the message, or the next message the same in both requests."""
+    """A changing block is a breaker when it is part of a message (a stable line before or
+    after it: a whole message that differs is another prompt) and the content goes on after
+    it: a stable line after it in the message, or the next message the same in both
+    requests."""
+    if region[0] is None and region[1] is None:
+        return False
     if region[1] is not None and region[1].strip():
         return True
     if e.messages and i + 1 < len(e.messages) and i + 1 < len(r.messages):

@@ -361,13 +361,14 @@ def suggestion(g: dict[str, Any], *, allow_rewrites: bool = False
     A layout fix only moves lines or normalises what the model reads the same either way
     (tool order, JSON key order: :data:`prefixscope.replay.layouts.REWRITING_TYPES` are never
     among them) unless ``allow_rewrites``: then a placeholder or whitespace normalisation is
-    suggested too, its text starting with :data:`REWRITE_LABEL`. A breaker seen in a single
-    request is not worth a transform (fixable False)."""
+    suggested too, its text starting with :data:`REWRITE_LABEL`. A changing value or
+    whitespace seen in a single request is not worth a transform (fixable False); a tool order
+    is (each order is cached once, so it breaks once however often it recurs)."""
     kind, pos = g["kind"], g["position"]
     once = g.get("requests", 0) < 2
-    if kind == "tools_reordered" and not once:
+    if kind == "tools_reordered":
         return "sort the tool list by name (sort_tools)", [{"type": "sort_tools"}], True
-    if kind == "tool_key_order" and not once:
+    if kind == "tool_key_order":
         return ("render tool schemas with sorted keys (canonical_tool_json)",
                 [{"type": "canonical_tool_json"}], True)
     if kind in VALUE_KINDS and pos is not None and pos.segment == "message" and not once:
@@ -394,7 +395,7 @@ def suggestion(g: dict[str, Any], *, allow_rewrites: bool = False
                     [x for x in neutraliser(g) or [] if isinstance(x, dict)], True)
         return ("not fixable by a layout that keeps the prompt: send the text with the same "
                 "whitespace every time (--allow-rewrites suggests normalising it)", [], False)
-    if once and kind in (*VALUE_KINDS, "whitespace", "tools_reordered", "tool_key_order"):
+    if once and kind in (*VALUE_KINDS, "whitespace"):
         return "not worth a transform: seen in a single request", [], False
     if kind in CLIENT_FIXES:
         return "not fixable by layout: " + CLIENT_FIXES[kind], [], False
