@@ -28,7 +28,7 @@ def _where(b: dict[str, Any]) -> str:
     if seg == "message":
         return f"message {b['message_index']} ({b['role']}), line {b['line']}"
     if seg == "tools":
-        if b.get("kind") != "tool_schema":
+        if b.get("kind") not in ("tool_schema", "tool_description", "tool_key_order"):
             return "tools"
         extra = f" {b['tool']}" if b.get("tool") else ""
         key = f", key {b['schema_key']}" if b.get("schema_key") else ""
@@ -154,7 +154,7 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
           f"({w['cached_tokens_delta']:+,} cached tokens{cost}), exact replay")
         if w.get("all_spans_matched_hit_rate") is not None and \
                 w["all_spans_matched_hit_rate"] > (w["hit_rate"] or 0) + 1e-9:
-            p(f"  with every span fixed to one value (placeholders instead of moves): "
+            p(f"  with every breaker neutralised (counterfactual, not a suggestion): "
               f"{_pct(w['all_spans_matched_hit_rate'])}")
         if doc["suggested_layout"] and doc["suggested_layout"].get("path"):
             p(f"  written to {doc['suggested_layout']['path']} (replay sim --layout reproduces it)")
