@@ -151,3 +151,69 @@ def test_the_cli_prints_the_net_prefill_headline(cli, tmp_path):
     code, out, _ = cli(["diagnose", path, "--out", tmp_path / "p"])
     assert f"suggested layout (moves content only): saves {w['prefill_saved_tokens']:,} " \
            "prefill tokens" in out
+
+
+@pytest.mark.parametrize(("sent", "how"), [
+    ("Use  **pip**\n\ninstall x", "with its whitespace collapsed"),
+    ("Use **pip**", "truncated"),
+    ("Use pip\n\ninstall x", "with its markdown re-rendered"),
+    ("Use conda instead", "edited"),
+])
+def test_how_a_re_sent_reply_differs(sent, how):
+    from prefixscope.replay.diagnose import reply_change
+
+    assert reply_change(sent, "Use **pip**\n\ninstall x") == how
+    assert reply_change("Use pip.", "<think>plan</think>\nUse pip.") == "with its reasoning stripped"
+
+
+def test_same_content_allows_moves_and_sorts_only():
+    body = {"messages": [{"role": "system", "content": "Rules\nTime: 10:00\nBe brief"},
+                         {"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "b"}},
+                      {"type": "function", "function": {"name": "a"}}]}
+    move = Layout.model_validate({"name": "m", "transforms": [
+        {"type": "move_lines", "pattern": "^Time: ", "to": "last_user_end", "separator": "\n\n"},
+        {"type": "sort_tools"}]})
+    moved = move.apply(body)
+    assert moved["messages"][1]["content"] == "hi\n\nTime: 10:00" and same_content(body, moved)
+    placeholder = Layout.model_validate({"name": "p", "transforms": [
+        {"type": "replace", "pattern": r"\d\d:\d\d", "with": "<time>"}]})
+    assert not same_content(body, placeholder.apply(body))
+
+
+def test_a_move_that_saves_nothing_is_not_suggested(tmp_path):
+    """A per-conversation line at the end of a short system prompt: moving it saves no block
+    and adds separator tokens to every request (the what-if came out below the recorded hit
+    rate). The breaker is reported, its move is not suggested."""
+    from tests.diagnose_logs import _write
+
+    records = []
+    for c in range(4):
+        history: list[dict] = []
+        for turn in range(4):
+            system = f"You are Helix.\nAccount: {71810 + c} (seat u{c}.k)"
+            q = f"Question {turn} of conversation {c}: how do I rotate my API tokens safely?"
+            reply = f"Answer {turn}: open the control panel, choose API tokens, rotate. " * 3
+            records.append({"request_id": f"c{c}-{turn}", "messages": [
+                {"role": "system", "content": system}, *history, {"role": "user", "content": q}],
+                "response_text": reply})
+            history += [{"role": "user", "content": q}, {"role": "assistant", "content": reply}]
+    path = _write(tmp_path / "short.jsonl", records)
+    d = diagnose(_spec(path))
+    assert d.suggested_layout is None and d.what_if is None
+    move = {"type": "move_lines", "pattern": "^Account: ", "to": "first_user_end",
+            "from": "first_system", "separator": "\n\n"}
+    moved = replay_totals(_spec(path), layout=Layout.model_validate(
+        {"name": "m", "transforms": [move]}))
+    assert prefill_saved(d.summary, moved) < 0  # the move computes more prompt tokens
+    # Offered that move (both targets), the suggestion step replays it and drops it.
+    from prefixscope.replay.diagnose_fix import Breaker, _suggest
+
+    b = Breaker(level=1, kind="fields", position=None, requests=15, distinct_values=4,
+                lost_tokens=1, measured=True, suggestion="move line 2", fixable=True,
+                transforms=[move], neutraliser=None, example_request=None,
+                earlier_request=None, detail=None)
+    assert _suggest(_spec(path), [b], d.summary, measure=True) == (None, None, 2)
+    assert (b.fixable, b.transforms) == (False, [])
+    assert b.suggestion.startswith("not suggested: the fix replayed computes no fewer prompt "
+                                   "tokens")
