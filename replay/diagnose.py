@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from prefixscope.replay.diagnose_render import Position, Rendered
+from prefixscope.replay.diagnose_render import Position, Rendered, contents_of
 from prefixscope.replay.diagnose_replay import (  # noqa: F401  (re-exported)
     DiagnoseSpec,
     ExactCache,
@@ -52,10 +52,41 @@ from prefixscope.replay.types import TraceRequest
 #: have been served from cache); ``new_content`` and ``short`` are not (nothing earlier to
 #: match, or nothing cacheable).
 KINDS = (
-    "timestamp", "id", "number", "name", "whitespace", "tools_reordered", "tools_added",
-    "tools_removed", "tool_schema", "reordered_content", "history_rewritten", "edited_text",
-    "different_salt", "model_switch", "evicted", "divergent_block", "new_content", "short",
+    "timestamp", "id", "number", "name", "value", "fields", "whitespace", "changing_region",
+    "reply_resent", "tools_reordered", "tools_added", "tools_removed", "tool_key_order",
+    "tool_description", "tool_schema", "template_text", "reordered_content",
+    "history_rewritten", "edited_text", "different_salt", "model_switch", "evicted",
+    "divergent_block", "new_content", "short",
 )
+#: Every kind in plain words (``--json`` ``what``; the terminal's breaker lines).
+KIND_WORDS = {
+    "timestamp": "a date or time that changes",
+    "id": "an id that changes (session, request, UUID)",
+    "number": "a number that changes",
+    "name": "a name that changes",
+    "value": "a value that changes (a handle, a code)",
+    "fields": "several values on one line that change",
+    "whitespace": "only whitespace changes",
+    "changing_region": "a block of lines that changes (retrieved documents, a pasted file, "
+                       "a list)",
+    "reply_resent": "an earlier reply re-sent differently from what the model generated",
+    "tools_reordered": "the same tools in another order",
+    "tools_added": "tools added to the list",
+    "tools_removed": "tools removed from the list",
+    "tool_key_order": "a tool's JSON keys in another order",
+    "tool_description": "a tool's description changes",
+    "tool_schema": "a tool's schema changes",
+    "template_text": "the chat template's own text changes",
+    "reordered_content": "the same lines in another order",
+    "history_rewritten": "older turns rewritten (summarised or truncated)",
+    "edited_text": "the text was edited",
+    "different_salt": "another cache_salt",
+    "model_switch": "another model",
+    "evicted": "the prefix was cached but evicted",
+    "divergent_block": "requests part at this block (no text in the trace)",
+    "new_content": "new content (not a breaker)",
+    "short": "shorter than one block (not a breaker)",
+}
 NOT_BREAKERS = ("new_content", "short")
 #: Children of a block key compared for the first divergent token.
 MAX_CHILDREN = 16
@@ -105,6 +136,8 @@ class Struct:
     model: str | None
     scope: tuple[Any, ...]
     num_tokens: int
+    #: The reply the model generated (token ids, with the end-of-turn), when the trace has it.
+    reply_ids: tuple[int, ...] = ()
 
 
 class _Node:
@@ -156,6 +189,17 @@ class Attribution:
     # In memory only, for the fix of replay/diagnose_fix.py (never stored or printed):
     # (stable text before the value on its line, new line, old line).
     fix_hint: tuple[str, str, str] | None = None
+    #: In memory only: the changing lines of a text divergence (a ``changing_region``, or one
+    #: line): message index, role, the stable line before them and after them (None: the
+    #: content's start / end), the earlier request's lines there (the fixed value of the
+    #: counterfactual), this request's lines, and their first and last line numbers here.
+    region: tuple[int, str, str | None, str | None, str, str, int, int] | None = None
+    #: The kinds of the changing fields of a line (``fields``; one entry for one field).
+    fields: tuple[str, ...] | None = None
+    #: In memory only (``reply_resent``): (the re-sent content, the model's reply).
+    reply: tuple[str, str] | None = None
+    #: In memory only (tool kinds): (tool name, the earlier request's JSON of that tool).
+    tool_fix: tuple[str, str] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,7 +256,33 @@ def classify_text(new_line: str, old_line: str, new_content: str, old_content: s
     wb = old_line[i:eb].strip() or vb
     if _NAME.match(_word_span(new_line, i, ea) or wa) and _NAME.match(_word_span(old_line, i, eb) or wb):
         return "name", va
+    if _VALUE.match(va) and _VALUE.match(vb):
+        return "value", va
     return "edited_text", va or new_line
+
+
+#: A value-like word: no spaces, at most 40 characters, with a digit or one of ``._@/-``
+#: between letters ("dana.k", "eu-west-3", "A-1042").
+_VALUE = re.compile(r"^(?=\S*[\d._@/-])[\w.@/+:-]{1,40}$")
+_FIELD_TOKEN = re.compile(r"[\w][\w.@/+:-]*|\S")
+
+
+def line_fields(new_line: str, old_line: str) -> list[tuple[str, str]]:
+    """The changing fields of one line: ``[(kind, new value), ...]`` in line order, one per
+    run of words that differs (difflib on words; the punctuation between them is stable). A
+    line can hold several ("Account: 71810 (seat dana.k)": a number and a value). The kind of
+    each is :func:`classify_text`'s for that field alone (``edited_text`` when it is prose)."""
+    import difflib
+
+    a, b = _FIELD_TOKEN.findall(new_line), _FIELD_TOKEN.findall(old_line)
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        va, vb = " ".join(a[i1:i2]), " ".join(b[j1:j2])
+        kind, _ = classify_text(va, vb, va, vb) if va and vb else ("edited_text", va)
+        out.append((kind, va))
+    return out
 
 
 def group_key(kind: str, pos: Position | None) -> tuple[Any, ...]:
@@ -224,7 +294,7 @@ def group_key(kind: str, pos: Position | None) -> tuple[Any, ...]:
         return (kind,)
     if kind in ("tools_reordered", "tools_added", "tools_removed"):
         return (kind, "tools")
-    if kind == "tool_schema":
+    if kind in ("tool_schema", "tool_key_order", "tool_description"):
         return (kind, "tools", pos.tool_name, pos.schema_key)
     if pos.segment == "message":
         return (kind, "message", pos.role, pos.message_index, pos.line)
@@ -237,8 +307,10 @@ class Attributor:
     """The prefix index and the per-request attribution (see the module docstring)."""
 
     def __init__(self, block_size: int, *, with_context: str | None = None,
-                 capacity: int = MIN_INDEX_BLOCKS) -> None:
+                 capacity: int = MIN_INDEX_BLOCKS,
+                 decode: Callable[[tuple[int, ...]], str] | None = None) -> None:
         self.bs = block_size
+        self.decode = decode  # reply token ids -> text (chat traces), for reply_resent
         self.capacity = capacity  # most blocks in the index (index_capacity)
         self.pruned_blocks = 0  # blocks pruned so far
         self.index: dict[Hashable, _Node] = {}
@@ -262,8 +334,9 @@ class Attributor:
             return Struct(tr.request_id, None, (), (), tr.model, scope, num_tokens)
         msgs = tuple((self._intern(str(m.get("role"))), self._intern(str(m.get("content") or "")))
                      for m in rendered.messages)
+        reply = tuple(tr.output_token_ids or ()) if self.decode is not None else ()
         return Struct(tr.request_id, msgs, tuple(self._intern(t) for t in rendered.tool_json),
-                      tuple(rendered.tool_names()), tr.model, scope, num_tokens)
+                      tuple(rendered.tool_names()), tr.model, scope, num_tokens, reply)
 
     def attribute(self, tr: TraceRequest, rendered: Rendered | None, req: SimRequest | None,
                   cached_tokens: int) -> Attribution:
@@ -451,14 +524,22 @@ class Attributor:
                 kind = "tools_removed"
                 a.detail = "removed " + ", ".join(sorted(set(old_names) - set(new_names)) or ["a tool"])
             else:
-                kind = "tool_schema"
+                kind = _tool_change(r, e, pos)
                 a.detail = f"tool {pos.tool_name}, key {pos.schema_key}"
+                if pos.tool_name in e.tool_names:
+                    a.tool_fix = (str(pos.tool_name),
+                                  e.tool_json[list(e.tool_names).index(pos.tool_name)])
             a.kind, a.position = kind, pos
             a.value_digest = digest("\n".join(r.tool_json))
             return
         a.position = pos
         i = pos.message_index
         n_old = len(e.messages or ())
+        if decode and self.decode is not None and e.reply_ids:
+            ai = _reply_index(r, pos)
+            if ai is not None and ai == n_old:
+                self._reply_resent(a, r, e, ai)
+                return
         if i is None or i >= n_old or decode:
             a.kind = "new_content"
             return
@@ -470,21 +551,53 @@ class Attributor:
                 a.detail = f"message {i} is {r.messages[i].get('role')} (was {old_role})"
             elif new_content == old_content and i == n_old - 1:
                 a.kind = "new_content"
+            elif new_content == old_content and e.messages[:i] == contents_of(r)[:i]:
+                a.kind = "template_text"  # the same messages: the template rendered otherwise
+                a.group = ("template_text", "template", pos.role, i)
             else:
                 a.kind = "history_rewritten" if _rewritten(r, e, i) else "edited_text"
             return
         new_line = r.line_text(i, pos.line or 1)
         old_lines = old_content.split("\n")
         old_line = old_lines[pos.line - 1] if pos.line and pos.line <= len(old_lines) else ""
+        region = None if _rewritten(r, e, i) else _region(new_content, old_content)
+        if region is not None and _region_goes_on(r, e, i, region):
+            before, after, new_block, old_block = region
+            a.kind = "changing_region"
+            a.value_digest = digest(new_block)
+            role = str(r.messages[i].get("role"))
+            n_lines = new_block.count("\n") + 1
+            a.region = (i, role, before, after, old_block, new_block, pos.line or 1,
+                        (pos.line or 1) + n_lines - 1)
+            a.group = ("changing_region", "message", role, i, digest(before or ""),
+                       digest(after or ""))
+            a.detail = f"{n_lines} changing lines from line {pos.line}"
+            if self.with_context is not None and a.request_id == self.with_context:
+                a.context = _context(r, char, new_line, old_line)
+            return
+        fields: list[tuple[str, str]] = []
         if _rewritten(r, e, i):
             kind, value = "history_rewritten", new_line
         else:
             kind, value = classify_text(new_line, old_line, new_content, old_content)
+            if kind not in ("whitespace", "reordered_content"):
+                fields = line_fields(new_line, old_line)
+                if len(fields) > 1 and all(k != "edited_text" for k, _ in fields):
+                    kind, value = "fields", new_line
+                    a.fields = tuple(k for k, _ in fields)
+                    a.detail = f"{len(fields)} changing values on the line: " + ", ".join(
+                        k for k, _ in fields)
             if kind not in ("whitespace", "reordered_content") and not _same_after(
                     r, e, i, char - _content_start(r, i), self.bs):
                 kind = "new_content"  # the request's own content: nothing after it matches
         a.kind = kind
         a.value_digest = digest(value)
+        if pos.line:
+            lines = new_content.split("\n")
+            a.region = (i, str(r.messages[i].get("role")),
+                        lines[pos.line - 2] if pos.line > 1 else None,
+                        lines[pos.line] if pos.line < len(lines) else None, old_line, new_line,
+                        pos.line, pos.line)
         ci, _, _ = _diff_span(new_line, old_line)
         start = ci
         while start > 0 and _WORDCH.match(new_line[start - 1]):
@@ -494,6 +607,114 @@ class Attributor:
             a.detail = "lines present in both versions, in another order"
         if self.with_context is not None and a.request_id == self.with_context:
             a.context = _context(r, char, new_line, old_line)
+
+
+    def _reply_resent(self, a: Attribution, r: Rendered, e: Struct, ai: int) -> None:
+        """The assistant message ``ai`` is the reply the earlier request generated, re-sent
+        otherwise (``reply_resent``): fixable only by the client."""
+        assert self.decode is not None
+        sent = str(r.messages[ai].get("content") or "")
+        reply = self.decode(e.reply_ids)
+        a.kind = "reply_resent"
+        a.group = ("reply_resent",)
+        a.reply = (sent, reply)
+        a.value_digest = digest(sent)
+        a.detail = "the client re-sent the model's reply " + reply_change(sent, reply)
+
+
+def reply_change(sent: str, reply: str) -> str:
+    """How a re-sent reply ``sent`` differs from the model's ``reply``, in words:
+    ``with its whitespace collapsed``, ``with its reasoning stripped``, ``truncated``,
+    ``with its markdown re-rendered``, or ``edited``."""
+    squash = re.compile(r"\s+")
+    if squash.sub("", sent) == squash.sub("", reply):
+        return "with its whitespace collapsed"
+    bare = re.sub(r"<think>.*?</think>\s*", "", reply, flags=re.S)
+    if bare != reply and squash.sub("", bare) == squash.sub("", sent):
+        return "with its reasoning stripped"
+    if sent.strip() and reply.startswith(sent.rstrip()):
+        return "truncated"
+    marks = re.compile(r"[\s*_`#>|-]+")
+    if marks.sub("", sent) == marks.sub("", reply):
+        return "with its markdown re-rendered"
+    return "edited"
+
+
+def _reply_index(r: Rendered, pos: Position) -> int | None:
+    """The assistant message a divergence at ``pos`` is in: its content or tool calls, or the
+    template text right after it (a truncated reply ends early)."""
+    i = pos.message_index
+    if i is None:
+        return None
+    if pos.segment in ("message", "tool_calls") and pos.role == "assistant":
+        return i
+    if pos.segment == "template" and 0 < i <= len(r.messages) \
+            and r.messages[i - 1].get("role") == "assistant":
+        return i - 1
+    return None
+
+
+def _tool_change(r: Rendered, e: Struct, pos: Position) -> str:
+    """``tool_key_order`` (the same tool with its keys in another order: canonical JSON fixes
+    it), ``tool_description`` (a description differs) or ``tool_schema`` (the schema
+    changed), for a divergence inside tool ``pos.tool_index``."""
+    import json
+
+    k = pos.tool_index
+    names = list(e.tool_names)
+    if k is None or k >= len(r.tool_json) or pos.tool_name not in names:
+        return "tool_schema"
+    new = json.loads(r.tool_json[k])
+    old = json.loads(e.tool_json[names.index(pos.tool_name)])
+    if new == old:
+        return "tool_key_order"
+
+    def bare(t: Any) -> Any:
+        if isinstance(t, dict):
+            return {x: bare(v) for x, v in t.items() if x != "description"}
+        if isinstance(t, list):
+            return [bare(v) for v in t]
+        return t
+
+    return "tool_description" if bare(new) == bare(old) else "tool_schema"
+
+
+def _region(new: str, old: str) -> tuple[str | None, str | None, str, str] | None:
+    """The changing block of two versions of a message, when it spans more than one line in
+    either: (the stable line before it or None, the stable line after it or None, its lines in
+    ``new``, its lines in ``old``); None for a one-line change, the same lines in another
+    order, or whitespace only."""
+    import difflib
+
+    a, b = new.split("\n"), old.split("\n")
+    hunks = [o for o in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+             if o[0] != "equal"]
+    if not hunks:
+        return None
+    _, i1, i2, j1, j2 = hunks[0]  # the first changing block: where the prefix breaks
+    ra, rb = a[i1:i2], b[j1:j2]
+    if max(len(ra), len(rb)) < 2 or sorted(ra) == sorted(rb):
+        return None
+    if re.sub(r"\s+", "", "".join(ra)) == re.sub(r"\s+", "", "".join(rb)):
+        return None
+    return (a[i1 - 1] if i1 else None, a[i2] if i2 < len(a) else None, "\n".join(ra),
+            "\n".join(rb))
+
+
+def _region_goes_on(r: Rendered, e: Struct, i: int,
+                    region: tuple[str | None, str | None, str, str]) -> bool:
+    """A changing block is a breaker when it is part of a message (a stable line before or
+    after it: a whole message that differs is another prompt) and the content goes on after
+    it: a stable line after it in the message, or the next message the same in both
+    requests."""
+    if region[0] is None and region[1] is None:
+        return False
+    if region[1] is not None and region[1].strip():
+        return True
+    if e.messages and i + 1 < len(e.messages) and i + 1 < len(r.messages):
+        nxt = r.messages[i + 1]
+        return (str(nxt.get("role")), str(nxt.get("content") or "")) == e.messages[i + 1]
+    return False
 
 
 def _realigns(mine: list[int], theirs: list[int], j: int, *, run: int = 4, shift: int = 4
@@ -634,6 +855,79 @@ class Pass:
     pruned_blocks: int = 0  # of them, pruned (least recently used; Attributor.prune)
 
 
+#: Re-sent replies a ``reply_resent`` breaker keeps (their counterfactual restores them).
+MAX_REPLIES = 20_000
+#: Request ids a breaker keeps (what the ``requests`` count and a client fix refer to).
+MAX_GROUP_IDS = 100_000
+
+
+def _reply_decoder(spec: DiagnoseSpec) -> Callable[[tuple[int, ...]], str]:
+    """Token ids of a recorded reply (with the template's end of turn) -> its text."""
+    from prefixscope.replay.tokenization import load_chat_tokenizer
+
+    tok = load_chat_tokenizer(spec.tokenizer_dir)
+    end = tok.end_of_turn
+
+    def decode(ids: tuple[int, ...]) -> str:
+        text = tok._tokenizer.decode(list(ids), skip_special_tokens=False)
+        return text[:-len(end)] if end and text.endswith(end) else text
+
+    return decode
+
+
+#: Kinds of a text divergence that a changing block of lines next to it absorbs.
+REGION_PARTS = ("changing_region", "edited_text", "reordered_content", "value", "number", "id")
+
+
+def merge_regions(groups: dict[tuple[Any, ...], dict[str, Any]]) -> None:
+    """Merge, in place, the breakers of one message whose changing lines overlap or touch a
+    ``changing_region``'s into one ``changing_region``: a block of retrieved documents that
+    changes every turn parts from an earlier request at whichever of its lines differs first
+    (line 1 in one request, line 3 or a single line in another); it is one region. The merged
+    region runs from the first line of any part to the last, between the stable line before
+    the first part and the one after the last; counts, lost-token bounds, values and request
+    ids are summed (united)."""
+    by_msg: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for key, g in groups.items():
+        if g["kind"] in REGION_PARTS and g.get("region") is not None:
+            by_msg.setdefault(g["region"][:2], []).append(key)
+    for keys in by_msg.values():
+        if not any(groups[k]["kind"] == "changing_region" for k in keys):
+            continue
+        keys.sort(key=lambda k: (groups[k]["region"][6], -groups[k]["region"][7]))
+        runs: list[list[tuple[Any, ...]]] = []
+        end = -1
+        for k in keys:
+            lo, hi = groups[k]["region"][6:8]
+            if runs and lo <= end + 1:
+                runs[-1].append(k)
+                end = max(end, hi)
+            else:
+                runs.append([k])
+                end = hi
+        for run in runs:
+            if len(run) < 2 or not any(groups[k]["kind"] == "changing_region" for k in run):
+                continue
+            parts = [groups.pop(k) for k in run]
+            first = parts[0]
+            last = max(parts, key=lambda g: g["region"][7])
+            main = max((g for g in parts if g["kind"] == "changing_region"),
+                       key=lambda g: g["requests"])
+            i, role, before = first["region"][:3]
+            after, hi = last["region"][3], last["region"][7]
+            merged = dict(main)
+            merged["region"] = (i, role, before, after, main["region"][4], main["region"][5],
+                                first["region"][6], hi)
+            merged["requests"] = sum(g["requests"] for g in parts)
+            merged["tokens_after"] = sum(g["tokens_after"] for g in parts)
+            merged["distinct"] = set().union(*(g["distinct"] for g in parts))
+            merged["request_ids"] = set().union(*(g["request_ids"] for g in parts))
+            merged["position"] = first["position"]
+            merged["detail"] = f"lines {first['region'][6]} to {hi} change"
+            groups[("changing_region", "message", role, i, digest(before or ""),
+                    digest(after or ""))] = merged
+
+
 def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: bool = False,
                      explain: str | None = None) -> Pass:
     """Run the exact model and the attribution over the whole trace once.
@@ -652,7 +946,8 @@ def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: 
     config = spec.sim_config()
     cache = ExactCache(config, scope_by_model=spec.scope_by_model)
     att = Attributor(spec.block_size, with_context=explain,
-                     capacity=index_capacity(config.num_gpu_blocks))
+                     capacity=index_capacity(config.num_gpu_blocks),
+                     decode=_reply_decoder(spec) if src.format == "chat" else None)
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     records: list[Attribution] | None = [] if keep_records else None
     p = Pass(summary=cache.summary(), groups=groups, problems=src.problems, format=src.format)
@@ -680,8 +975,17 @@ def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: 
             g = groups[a.group] = {"kind": a.kind, "position": a.position, "requests": 0,
                                    "distinct": set(), "example": a.request_id,
                                    "earlier": a.earlier_request_id, "detail": a.detail,
-                                   "tokens_after": 0, "prefix": None, "pairs": []}
+                                   "tokens_after": 0, "prefix": None, "pairs": [],
+                                   "region": a.region, "fields": a.fields, "replies": {},
+                                   "tool_fix": a.tool_fix,
+                                   "request_ids": set()}
         g["requests"] += 1
+        if len(g["request_ids"]) < MAX_GROUP_IDS:
+            g["request_ids"].add(a.request_id)
+        if a.reply is not None and len(g["replies"]) < MAX_REPLIES:
+            g["replies"].setdefault(a.reply[0], a.reply[1])
+        if a.fields is not None and len(a.fields) > len(g["fields"] or ()):
+            g["fields"] = a.fields
         if a.fix_hint is not None:
             pre, new_line, old_line = a.fix_hint
             g["prefix"] = pre if g["prefix"] is None else _common_prefix(g["prefix"], pre)
@@ -690,6 +994,7 @@ def attribution_pass(spec: DiagnoseSpec, *, layout: Any = "spec", keep_records: 
         g["tokens_after"] += max(0, a.limit_tokens - (a.divergence_token or 0))
         if a.value_digest and len(g["distinct"]) < 100_000:
             g["distinct"].add(a.value_digest)
+    merge_regions(groups)
     p.summary = cache.summary()
     p.records = records
     p.unique_blocks = len(att.index) + att.pruned_blocks

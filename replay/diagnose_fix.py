@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prefixscope.replay.diagnose import (
+    KIND_WORDS,
     NOT_BREAKERS,
     DiagnoseSpec,
     Pass,
@@ -36,7 +37,7 @@ from prefixscope.replay.diagnose import (
     replay_totals,
 )
 from prefixscope.replay.diagnose_render import Position
-from prefixscope.replay.layouts import Layout
+from prefixscope.replay.layouts import REWRITING_TYPES, Layout
 from prefixscope.replay.sim import SimSummary
 
 #: Breakers measured by counterfactual replay per level (the rest get an upper bound).
@@ -58,8 +59,6 @@ _NOT_FIXABLE = {
                      "that vary after the stable ones)",
     "reordered_content": "the client sends the same content in another order: sort documents "
                          "or pages in a stable order before sending them",
-    "history_rewritten": "earlier turns were rewritten (summarised or truncated): every "
-                         "rewrite starts the conversation's cache again",
     "edited_text": "the text was edited: every version is a new prefix (nothing a layout can "
                    "undo)",
     "different_salt": "requests use different cache_salt values: isolation by design",
@@ -95,6 +94,14 @@ class Breaker:
     counterfactual: SimSummary | None = None
     rank: int = 0
     share: float | None = None
+    #: The kinds of a line's changing values (``fields``), else None.
+    fields: tuple[str, ...] | None = None
+    #: A fix that needs a client change: ``{"change": words, "measured": bool,
+    #: "hit_rate", "cached_tokens", "prompt_tokens", "prefill_saved_tokens"}`` (the trace
+    #: replayed with that change applied; None figures when it cannot be replayed).
+    client_fix: dict[str, Any] | None = None
+    #: The suggested transforms rewrite values (only with ``allow_rewrites``).
+    rewrites_prompt: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (never prompt text; transforms hold the regular expressions the user's
@@ -115,6 +122,8 @@ class Breaker:
             "transforms": self.transforms, "example_request": self.example_request,
             "earlier_request": self.earlier_request, "detail": self.detail,
             "what_if": self.what_if,
+            "what": KIND_WORDS.get(self.kind, self.kind), "fields": list(self.fields or ()) or None,
+            "client_fix": self.client_fix, "rewrites_prompt": self.rewrites_prompt,
         }
 
 
@@ -131,11 +140,29 @@ class Diagnosis:
     levels: int
     passes: int = 0
     notes: list[str] = field(default_factory=list)
+    allow_rewrites: bool = False
 
     @property
     def summary(self) -> SimSummary:
         """The exact model's totals as recorded (= ``replay sim``)."""
         return self.base.summary
+
+    @property
+    def prefill_saved(self) -> int | None:
+        """The headline gain of the suggested layout: prompt tokens computed (prefilled) as
+        recorded minus with the layout (tokens; > 0 by construction), None without one."""
+        return None if self.what_if is None else prefill_saved(self.base.summary, self.what_if)
+
+
+def prefill(s: SimSummary) -> int:
+    """Prompt tokens computed, not served from cache (tokens)."""
+    return s.prompt_tokens - s.cached_tokens
+
+
+def prefill_saved(before: SimSummary, after: SimSummary) -> int:
+    """Net prefill saved from ``before`` to ``after``: ``prefill(before) - prefill(after)``
+    (tokens; negative when ``after`` computes more, e.g. a longer prompt)."""
+    return prefill(before) - prefill(after)
 
 
 def _selector(pos: Position) -> Any:
@@ -152,14 +179,135 @@ def _selector_in(pos: Position, roles_first: dict[str, int] | None = None) -> An
     return _selector(pos)
 
 
-def neutraliser(g: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """Layout transforms that make a breaker's span match across requests (the counterfactual
-    of its lost tokens), or None when no layout can (new tools, salts, evictions...)."""
+class _Counterfactual:
+    """A change of the requests that measures a breaker (never suggested: it may rewrite what
+    the model reads); ``apply(body)`` as a layout transform's."""
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - overridden
+        return body
+
+
+def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [dict(m) for m in body.get("messages") or []]
+
+
+def _find_region(lines: list[str], before: str | None, after: str | None) -> tuple[int, int] | None:
+    """[start, end) of the lines between the stable line ``before`` (None: the start) and the
+    first ``after`` below it (None: the end); None when a stable line is missing."""
+    start = 0
+    if before is not None:
+        if before not in lines:
+            return None
+        start = lines.index(before) + 1
+    end = len(lines)
+    if after is not None:
+        if after not in lines[start:]:
+            return None
+        end = lines.index(after, start)
+    return start, end
+
+
+class FixRegion(_Counterfactual):
+    """The counterfactual of a ``changing_region``: its lines (between the stable lines
+    ``before`` and ``after`` of message ``index`` when it has ``role``) replaced by one fixed
+    value, the earlier request's, in every request; everything else as recorded."""
+
+    def __init__(self, index: int, role: str, before: str | None, after: str | None,
+                 fixed: str) -> None:
+        self.index, self.role, self.before, self.after, self.fixed = index, role, before, after, fixed
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = _messages_of(body)
+        if self.index >= len(messages) or messages[self.index].get("role") != self.role:
+            return body
+        text = messages[self.index].get("content")
+        if not isinstance(text, str):
+            return body
+        lines = text.split("\n")
+        span = _find_region(lines, self.before, self.after)
+        if span is None:
+            return body
+        messages[self.index]["content"] = "\n".join(
+            lines[:span[0]] + self.fixed.split("\n") + lines[span[1]:])
+        return dict(body, messages=messages)
+
+
+class MoveRegionAfterHistory(FixRegion):
+    """The client change "put the changing block after the history": its lines move from
+    message ``index`` to the end of the last user message (nothing is rewritten)."""
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = _messages_of(body)
+        if self.index >= len(messages) or messages[self.index].get("role") != self.role:
+            return body
+        text = messages[self.index].get("content")
+        users = [k for k, m in enumerate(messages) if m.get("role") == "user"]
+        if not isinstance(text, str) or not users or users[-1] == self.index:
+            return body
+        lines = text.split("\n")
+        span = _find_region(lines, self.before, self.after)
+        if span is None or span[0] == span[1]:
+            return body
+        block = lines[span[0]:span[1]]
+        messages[self.index]["content"] = "\n".join(lines[:span[0]] + lines[span[1]:])
+        last = messages[users[-1]]
+        last["content"] = str(last.get("content") or "") + "\n\n" + "\n".join(block)
+        return dict(body, messages=messages)
+
+
+class RestoreReplies(_Counterfactual):
+    """The client change "send earlier replies back verbatim": every assistant message whose
+    content is a re-sent reply of ``replies`` (re-sent text -> the model's reply) becomes the
+    model's reply."""
+
+    def __init__(self, replies: dict[str, str]) -> None:
+        self.replies = dict(replies)
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages") or []
+        if not any(m.get("role") == "assistant" and m.get("content") in self.replies
+                   for m in messages):
+            return body
+        out = _messages_of(body)
+        for m in out:
+            if m.get("role") == "assistant" and m.get("content") in self.replies:
+                m["content"] = self.replies[m["content"]]
+        return dict(body, messages=out)
+
+
+class FixTool(_Counterfactual):
+    """A tool held at one version (the earlier request's JSON of tool ``name``)."""
+
+    def __init__(self, name: str, tool_json: str) -> None:
+        import json
+
+        self.name, self.tool = name, json.loads(tool_json)
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        tools = body.get("tools")
+        if not isinstance(tools, list):
+            return body
+        out = [self.tool if isinstance(t, dict) and isinstance(t.get("function"), dict)
+               and t["function"].get("name") == self.name else t for t in tools]
+        return dict(body, tools=out)
+
+
+def neutraliser(g: dict[str, Any]) -> list[Any] | None:
+    """What makes a breaker's span match across requests (the counterfactual of its lost
+    tokens): layout transforms (dicts) or :class:`_Counterfactual` objects, or None when
+    nothing can (new tools, salts, evictions...)."""
     kind, pos = g["kind"], g["position"]
     if kind == "tools_reordered":
         return [{"type": "sort_tools"}]
-    if kind == "tool_schema":
+    if kind == "tool_key_order":
         return [{"type": "canonical_tool_json"}]
+    if kind in ("tool_description", "tool_schema") and g.get("tool_fix"):
+        return [FixTool(*g["tool_fix"])]
+    if kind == "reply_resent" and g.get("replies"):
+        return [RestoreReplies(g["replies"])]
+    if kind == "changing_region" and g.get("region"):
+        i, role, before, after, fixed = g["region"][:5]
+        return [FixRegion(i, role, before, after, fixed)]
     if pos is None or pos.segment != "message":
         return None
     sel = _selector_in(pos)
@@ -167,7 +315,7 @@ def neutraliser(g: dict[str, Any]) -> list[dict[str, Any]] | None:
         return [{"type": "replace", "pattern": r"[ \t]+$", "with": "", "in": sel},
                 {"type": "replace", "pattern": r"\s+", "with": " ", "in": sel}]
     prefix = (g.get("prefix") or "").rstrip()
-    if kind in ("timestamp", "id", "number", "name"):
+    if kind in ("timestamp", "id", "number", "name", "value", "fields"):
         if len(prefix) >= 3:
             # A short line (a label and its value): the rest of the line becomes the
             # placeholder. A long line (a document on one line after a session id): only the
@@ -186,29 +334,71 @@ def neutraliser(g: dict[str, Any]) -> list[dict[str, Any]] | None:
     return None
 
 
-def suggestion(g: dict[str, Any]) -> tuple[str, list[dict[str, Any]], bool]:
-    """(what to do, layout transforms that do it, fixable by layout) for one breaker."""
+#: What the client can change when no layout can (``Breaker.client_fix``).
+CLIENT_FIXES = {
+    "reply_resent": "send earlier replies back verbatim, exactly as the model generated them "
+                    "(a client change)",
+    "history_rewritten": "stop rewriting older turns: keep the history as sent, or rewrite it "
+                         "rarely and all at once (a client change)",
+    "changing_region": "put the changing block (retrieved documents, a pasted file) after the "
+                       "history, at the end of the last user message (a client change)",
+    "tool_description": "keep the tool's description fixed; send what changes in it (a date, "
+                        "a count) in the user message (a client change)",
+    "tool_schema": "keep one version of every tool (a client change)",
+    "template_text": "keep the chat template's own text fixed (no date or value rendered by "
+                     "the template)",
+}
+#: Kinds whose fix is a value rewrite (a placeholder, rounding): suggested only with
+#: ``allow_rewrites``.
+VALUE_KINDS = ("timestamp", "id", "number", "name", "value", "fields")
+REWRITE_LABEL = "rewrites the prompt (--allow-rewrites): "
+
+
+def suggestion(g: dict[str, Any], *, allow_rewrites: bool = False
+               ) -> tuple[str, list[dict[str, Any]], bool]:
+    """(what to do, layout transforms that do it, fixable by layout) for one breaker.
+
+    A layout fix only moves lines or normalises what the model reads the same either way
+    (tool order, JSON key order: :data:`prefixscope.replay.layouts.REWRITING_TYPES` are never
+    among them) unless ``allow_rewrites``: then a placeholder or whitespace normalisation is
+    suggested too, its text starting with :data:`REWRITE_LABEL`. A changing value or
+    whitespace seen in a single request is not worth a transform (fixable False); a tool order
+    is (each order is cached once, so it breaks once however often it recurs)."""
     kind, pos = g["kind"], g["position"]
+    once = g.get("requests", 0) < 2
     if kind == "tools_reordered":
         return "sort the tool list by name (sort_tools)", [{"type": "sort_tools"}], True
-    if kind == "tool_schema":
-        return ("render tool schemas with sorted keys (canonical_tool_json); if the schema "
-                "itself changed, keep one version", [{"type": "canonical_tool_json"}], True)
-    if kind in ("timestamp", "id", "number", "name") and pos is not None \
-            and pos.segment == "message":
+    if kind == "tool_key_order":
+        return ("render tool schemas with sorted keys (canonical_tool_json)",
+                [{"type": "canonical_tool_json"}], True)
+    if kind in VALUE_KINDS and pos is not None and pos.segment == "message" and not once:
         prefix = g.get("prefix") or ""
         where = f"line {pos.line} of the {pos.role} message"
-        if len(prefix.rstrip()) >= 3 and not _long_line(g):
+        if len(prefix.rstrip()) >= 3 and not _long_line(g) and pos.role in ("system", "developer"):
             move = {"type": "move_lines", "pattern": "^" + _escape(prefix),
                     "from": _selector_in(pos), "to": "first_user_end", "separator": "\n\n"}
-            if pos.role in ("system", "developer"):
-                return (f"move {where} ({_article(kind)} {kind}) {FIRST_USER_TEXT}", [move], True)
-        t = neutraliser(g) or []
+            what = f"{_article(kind)} {kind}" if kind != "fields" else \
+                "values: " + ", ".join(g.get("fields") or ())
+            return (f"move {where} ({what}) {FIRST_USER_TEXT}", [move], True)
+        t = [x for x in neutraliser(g) or [] if isinstance(x, dict)]
+        if t and allow_rewrites:
+            return (REWRITE_LABEL + f"replace the {kind} on {where} with a fixed placeholder "
+                    "(replace)" + (" or round it (round_times)" if kind == "timestamp" else ""),
+                    t, True)
         if t:
-            return (f"replace the {kind} on {where} with a fixed placeholder (replace)"
-                    + (" or round it (round_times)" if kind == "timestamp" else ""), t, True)
-    if kind == "whitespace":
-        return "normalise whitespace in that message (replace)", neutraliser(g) or [], True
+            return ("not fixable by a layout that keeps the prompt: a fixed placeholder "
+                    f"for the {kind} would fix it, which changes what the model reads "
+                    "(--allow-rewrites suggests it)", [], False)
+    if kind == "whitespace" and not once:
+        if allow_rewrites:
+            return (REWRITE_LABEL + "normalise whitespace in that message (replace)",
+                    [x for x in neutraliser(g) or [] if isinstance(x, dict)], True)
+        return ("not fixable by a layout that keeps the prompt: send the text with the same "
+                "whitespace every time (--allow-rewrites suggests normalising it)", [], False)
+    if once and kind in (*VALUE_KINDS, "whitespace"):
+        return "not worth a transform: seen in a single request", [], False
+    if kind in CLIENT_FIXES:
+        return "not fixable by layout: " + CLIENT_FIXES[kind], [], False
     text = _NOT_FIXABLE.get(kind, "not fixable by layout")
     return "not fixable by layout: " + text, [], False
 
@@ -259,14 +449,49 @@ def _compose(base: Layout | None, extra: list[dict[str, Any]], name: str) -> Lay
     return Layout.model_validate({"name": name, "transforms": transforms + extra})
 
 
+class _Chain:
+    """A layout followed by counterfactual changes (what a counterfactual replay applies)."""
+
+    def __init__(self, name: str, steps: list[Any]) -> None:
+        self.name, self.steps = name, steps
+
+    def apply(self, body: Any) -> dict[str, Any]:
+        out = dict(body)
+        for st in self.steps:
+            out = st.apply(out)
+        return out
+
+
+def _counterfactual(base: Layout | None, extra: list[Any], name: str) -> Any:
+    """``base`` then ``extra`` (layout transforms as dicts, or :class:`_Counterfactual`
+    objects), in order."""
+    if all(isinstance(t, dict) for t in extra):
+        return _compose(base, extra, name)
+    steps: list[Any] = [base] if base is not None else []
+    run: list[dict[str, Any]] = []
+    for t in extra:
+        if isinstance(t, dict):
+            run.append(t)
+            continue
+        if run:
+            steps.append(Layout.model_validate({"name": name, "transforms": run}))
+            run = []
+        steps.append(t)
+    if run:
+        steps.append(Layout.model_validate({"name": name, "transforms": run}))
+    return _Chain(name, steps)
+
+
 def _what_if(s: SimSummary, before: SimSummary) -> dict[str, Any]:
     return {"hit_rate": s.hit_rate, "cached_tokens": s.cached_tokens,
             "cached_tokens_delta": s.cached_tokens - before.cached_tokens,
-            "prompt_tokens": s.prompt_tokens}
+            "prompt_tokens": s.prompt_tokens,
+            "prefill_saved_tokens": prefill_saved(before, s)}
 
 
 def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
-             max_measured: int = MAX_MEASURED, measure: bool = True) -> Diagnosis:
+             max_measured: int = MAX_MEASURED, measure: bool = True,
+             allow_rewrites: bool = False) -> Diagnosis:
     """Diagnose a trace: attribution, breakers ranked by lost tokens per level, the suggested
     layout and its exact replay.
 
@@ -275,15 +500,20 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
         max_levels: levels diagnosed at most.
         max_measured: breakers per level measured by counterfactual replay.
         measure: False skips every counterfactual replay (attribution and counts only).
+        allow_rewrites: also suggest transforms that rewrite values (placeholders, whitespace
+            normalisation), labelled as changing the prompt; off: only moves and
+            normalisations of tool order and JSON key order.
 
     Returns:
-        :class:`Diagnosis`.
+        :class:`Diagnosis`. Its suggested layout keeps only the fixes that lower the prefill
+        (prompt tokens computed), each checked by replay in rank order on top of the ones kept,
+        so its ``what_if`` never computes more prompt tokens than the trace as recorded.
     """
     base = attribution_pass(spec)
     passes = 1
     breakers: list[Breaker] = []
     seen: set[Any] = set()
-    applied: list[dict[str, Any]] = []  # neutralisers of the levels below
+    applied: list[Any] = []  # neutralisers of the levels below
     level_pass, level_total = base, base.summary
     neutralised: SimSummary | None = None
     for level in range(1, max_levels + 1):
@@ -296,30 +526,31 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
         level_breakers = []
         for n, (_key, g) in enumerate(order):
             neut = neutraliser(g)
-            text, transforms, fixable = suggestion(g)
+            text, transforms, fixable = suggestion(g, allow_rewrites=allow_rewrites)
             lost, measured, wi, cf = g["tokens_after"], False, None, None
             if measure and n < max_measured and (neut or g["kind"] == "evicted"):
                 if g["kind"] == "evicted":
-                    cf = replay_totals(spec, layout=_compose(spec.layout, applied, "cf"),
+                    cf = replay_totals(spec, layout=_counterfactual(spec.layout, applied, "cf"),
                                        capacity_blocks=None)
                 else:
-                    cf = replay_totals(spec, layout=_compose(spec.layout, applied + neut,
-                                                             "counterfactual"))
+                    cf = replay_totals(spec, layout=_counterfactual(spec.layout, applied + neut,
+                                                                    "counterfactual"))
                 passes += 1
                 lost, measured = max(0, cf.cached_tokens - level_total.cached_tokens), True
                 wi = _what_if(cf, base.summary)
-                if lost == 0 and g["kind"] == "tool_schema":
-                    # Sorted keys did not help: the schema itself changed.
-                    lost, measured, wi, neut, cf = g["tokens_after"], False, None, None, None
-                    text, transforms, fixable = ("not fixable by layout: the tool schema "
-                                                 "changed: keep one version of every tool",
-                                                 [], False)
             level_breakers.append(Breaker(
                 level=level, kind=g["kind"], position=g["position"], requests=g["requests"],
                 distinct_values=len(g["distinct"]), lost_tokens=lost, measured=measured,
                 suggestion=text, fixable=fixable, transforms=transforms, neutraliser=neut,
                 example_request=g["example"], earlier_request=g["earlier"], detail=g["detail"],
-                what_if=wi, value_digests=sorted(g["distinct"])[:16], counterfactual=cf))
+                what_if=wi, value_digests=sorted(g["distinct"])[:16], counterfactual=cf,
+                fields=g.get("fields"), rewrites_prompt=fixable and any(
+                    t.get("type") in REWRITING_TYPES for t in transforms)))
+            if g["kind"] in CLIENT_FIXES and not fixable:
+                level_breakers[-1].client_fix = _client_fix(
+                    spec, g, level_total, applied, measure=measure and n < max_measured)
+                passes += int(level_breakers[-1].client_fix.get("measured", False)
+                              and g["kind"] == "changing_region")
         # A span whose counterfactual gains nothing is not a breaker (it changes, but what
         # follows it differs anyway).
         level_breakers = [b for b in level_breakers if not (b.measured and b.lost_tokens == 0)]
@@ -329,7 +560,7 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
         if not measure or not new_neut or level == max_levels:
             break
         applied = applied + new_neut
-        level_pass = attribution_pass(spec, layout=_compose(spec.layout, applied, "fixed"))
+        level_pass = attribution_pass(spec, layout=_counterfactual(spec.layout, applied, "fixed"))
         passes += 1
         level_total = level_pass.summary
         neutralised = level_total
@@ -337,33 +568,8 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
     for i, b in enumerate(breakers, start=1):
         b.rank = i
         b.share = (b.lost_tokens / missed) if missed else None
-    fixes = []
-    for b in breakers:
-        if b.fixable:
-            for t in b.transforms:
-                if t not in fixes:
-                    fixes.append(t)
-    suggested = _compose(spec.layout, fixes, "suggested") if fixes else None
-    what_if = None
-    if suggested is not None and measure:
-        what_if = replay_totals(spec, layout=suggested)
-        passes += 1
-        alternative = _moved_to_last_user(fixes)
-        if alternative != fixes:
-            # A value that changes every request is better at the end of the last user message
-            # (the history before it stays a prefix); one that changes once a day or session is
-            # better at the end of the first (every later turn keeps it in place). The replay
-            # decides: the target with more cached tokens is suggested.
-            alt_layout = _compose(spec.layout, alternative, "suggested")
-            alt = replay_totals(spec, layout=alt_layout)
-            passes += 1
-            if alt.cached_tokens > what_if.cached_tokens:
-                suggested, what_if = alt_layout, alt
-                for b in breakers:
-                    if b.fixable and _moved_to_last_user(b.transforms) != b.transforms:
-                        b.transforms = _moved_to_last_user(b.transforms)
-                        b.suggestion = b.suggestion.replace(
-                            FIRST_USER_TEXT, LAST_USER_TEXT)
+    suggested, what_if, n = _suggest(spec, breakers, base.summary, measure=measure)
+    passes += n
     notes = []
     s = base.summary
     if s.rejected_requests:
@@ -383,7 +589,81 @@ def diagnose(spec: DiagnoseSpec, *, max_levels: int = MAX_LEVELS,
                          "served from cache at this block size")
     return Diagnosis(spec=spec, base=base, breakers=breakers, suggested_layout=suggested,
                      what_if=what_if, neutralised=neutralised, levels=max(
-                         [b.level for b in breakers], default=0), passes=passes, notes=notes)
+                         [b.level for b in breakers], default=0), passes=passes, notes=notes,
+                     allow_rewrites=allow_rewrites)
+
+
+def _client_fix(spec: DiagnoseSpec, g: dict[str, Any], before: SimSummary, applied: list[Any],
+                *, measure: bool) -> dict[str, Any]:
+    """The client change that fixes breaker ``g`` (:data:`CLIENT_FIXES`), replayed with that
+    change applied on top of the neutralisers of the levels below when it can be: a changing
+    block moved after the history; earlier replies sent back verbatim; a tool held at one
+    version. Rewritten history cannot be replayed (the older turns are not in the log).
+    ``prefill_saved_tokens`` is against ``before``: the trace with the lower levels'
+    neutralisers applied (as recorded at level 1)."""
+    kind = g["kind"]
+    change: list[Any] | None = None
+    if kind == "changing_region" and g.get("region"):
+        i, role, lo, hi, fixed = g["region"][:5]
+        change = [MoveRegionAfterHistory(i, role, lo, hi, fixed)]
+    elif kind in ("reply_resent", "tool_description", "tool_schema", "template_text"):
+        change = [x for x in neutraliser(g) or [] if not isinstance(x, dict)] or None
+    fix: dict[str, Any] = {"change": CLIENT_FIXES[kind], "measured": False, "hit_rate": None,
+                           "cached_tokens": None, "prompt_tokens": None,
+                           "prefill_saved_tokens": None}
+    if change is None or not measure:
+        return fix
+    s = replay_totals(spec, layout=_counterfactual(spec.layout, applied + change, "client fix"))
+    fix.update(measured=True, hit_rate=s.hit_rate, cached_tokens=s.cached_tokens,
+               prompt_tokens=s.prompt_tokens, prefill_saved_tokens=prefill_saved(before, s))
+    return fix
+
+
+def _suggest(spec: DiagnoseSpec, breakers: list[Breaker], before: SimSummary, *, measure: bool
+             ) -> tuple[Layout | None, SimSummary | None, int]:
+    """(the suggested layout, its replay, replays run). Each fixable breaker's transforms, in
+    rank order, are replayed on top of the ones kept (a moved line both to the end of the first
+    and of the last user message) and kept only when they lower the prefill; the breaker's
+    transforms and text follow the target kept. Unmeasured (``measure`` False): every fix,
+    not replayed."""
+    fixes: list[dict[str, Any]] = []
+    if not measure:
+        for b in breakers:
+            for t in b.transforms if b.fixable else []:
+                if t not in fixes:
+                    fixes.append(t)
+        return (_compose(spec.layout, fixes, "suggested") if fixes else None), None, 0
+    current, replays = before, 0
+    for b in breakers:
+        new = [t for t in (b.transforms if b.fixable else []) if t not in fixes]
+        if not new:
+            continue
+        options = [new]
+        if _moved_to_last_user(new) != new:
+            # A value that changes every request is better at the end of the last user message
+            # (the history before it stays a prefix); one that changes once a day or session is
+            # better at the end of the first (every later turn keeps it in place).
+            options.append(_moved_to_last_user(new))
+        best: tuple[int, list[dict[str, Any]], SimSummary] | None = None
+        for opt in options:
+            s = replay_totals(spec, layout=_compose(spec.layout, fixes + opt, "suggested"))
+            replays += 1
+            saved = prefill_saved(current, s)
+            if saved > 0 and (best is None or saved > best[0]):
+                best = (saved, opt, s)
+        if best is None:
+            b.fixable, b.transforms = False, []
+            b.suggestion = ("not suggested: the fix replayed computes no fewer prompt tokens "
+                            "(" + b.suggestion + ")")
+            continue
+        _, opt, current = best
+        fixes.extend(opt)
+        if opt is not new:
+            b.transforms = opt
+            b.suggestion = b.suggestion.replace(FIRST_USER_TEXT, LAST_USER_TEXT)
+    if not fixes:
+        return None, None, replays
+    return _compose(spec.layout, fixes, "suggested"), current, replays
 
 
 def suggested_layout_file(d: Diagnosis) -> str:

@@ -407,6 +407,41 @@ class Layout(BaseModel):
         return out
 
 
+#: Transform types that rewrite values (what the model reads changes): ``diagnose`` suggests
+#: them only when asked (``--allow-rewrites``). The others move lines or normalise what the
+#: model reads the same either way (tool order, JSON key order).
+REWRITING_TYPES = frozenset({"replace", "remove_lines", "round_times"})
+
+
+def rewrites(layout: Layout | None) -> bool:
+    """Whether ``layout`` has a transform of :data:`REWRITING_TYPES`."""
+    return layout is not None and any(t.type in REWRITING_TYPES for t in layout.transforms)
+
+
+def content_lines(body: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """What a request says, regardless of order and place: the sorted non-empty lines of all
+    its message contents, the sorted tools as JSON with sorted keys, the sorted tool calls
+    likewise (each a tuple; ``same_content`` compares them)."""
+    lines: list[str] = []
+    calls: list[str] = []
+    for m in body.get("messages") or []:
+        text = _text_of(m.get("content")) if isinstance(m, Mapping) else None
+        if text:
+            lines.extend(x for x in text.split("\n") if x.strip())
+        for c in (m.get("tool_calls") or []) if isinstance(m, Mapping) else []:
+            calls.append(json.dumps(_canonical_call(c), sort_keys=True, ensure_ascii=False))
+    tools = [json.dumps(t, sort_keys=True, ensure_ascii=False) for t in body.get("tools") or []]
+    return [tuple(sorted(lines)), tuple(sorted(tools)), tuple(sorted(calls))]
+
+
+def same_content(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether ``after`` (a request with a layout applied) keeps the content of ``before``:
+    the same multiset of message lines, tools and tool calls, only in another order or place
+    (:func:`content_lines`). A move or a sort keeps it; a placeholder, rounding or removal
+    does not."""
+    return content_lines(before) == content_lines(after)
+
+
 #: The layout that changes nothing (requests as recorded).
 AS_RECORDED = Layout(name="as-recorded", description="requests exactly as recorded")
 

@@ -217,7 +217,9 @@ def test_token_trace_breaking_in_the_first_block_is_not_nothing_shared(cli, tmp_
 
 def test_an_id_before_a_document_on_one_line_becomes_a_placeholder(cli, tmp_path):
     """The system prompt is one long line: "Session <id> " and then a document. Moving that
-    line would move the document too (nothing gained); the fix replaces the id only."""
+    line would move the document too (nothing gained); the fix replaces the id only, which
+    changes what the model reads: suggested only with --allow-rewrites (issue 26; this test
+    used to expect the placeholder by default), labelled so."""
     import random
 
     rnd = random.Random(2)
@@ -226,11 +228,19 @@ def test_an_id_before_a_document_on_one_line_becomes_a_placeholder(cli, tmp_path
     path.write_text("".join(json.dumps({"request_id": f"s-{i}", "output_tokens": 5, "messages": [
         {"role": "system", "content": f"Session {i * 7919:x}abc{i} " + doc},
         {"role": "user", "content": "summarise"}]}) + "\n" for i in range(6)), encoding="utf-8")
-    code, out, _ = cli(["diagnose", path, "--out", tmp_path / "o", "--json"])
+    code, out, _ = cli(["diagnose", path, "--out", tmp_path / "n", "--json"])
     d = json.loads(out)
     top = d["breakers"][0]
     assert (top["kind"], top["message_index"], top["line"]) == ("id", 0, 1)
-    assert top["suggestion"].startswith("replace the id on line 1 of the system message")
+    assert (top["fixable"], top["transforms"], d["suggested_layout"], d["what_if"]) == \
+        (False, [], None, None)
+    assert "--allow-rewrites suggests it" in top["suggestion"]
+    code, out, _ = cli(["diagnose", path, "--out", tmp_path / "o", "--json", "--allow-rewrites"])
+    d = json.loads(out)
+    top = d["breakers"][0]
+    assert top["suggestion"].startswith("rewrites the prompt (--allow-rewrites): replace the id "
+                                        "on line 1 of the system message")
+    assert top["rewrites_prompt"] and d["what_if"]["rewrites_prompt"]
     (t,) = d["suggested_layout"]["transforms"]
     assert (t["type"], t["with"]) == ("replace", r"\g<1><id>")
     assert t["pattern"].startswith("^(Session )(?:")

@@ -96,13 +96,30 @@ def test_tools_added_removed_or_reordered(tmp_path, change, kind):
         assert not b["fixable"]
 
 
-def test_tool_schema_change_names_the_tool_and_key(tmp_path):
+def test_tool_description_change_names_the_tool_and_key(tmp_path):
+    # Issue 26: a changed description was called tool_schema, and canonical_tool_json (which
+    # cannot change a description) was suggested. It is tool_description, a client fix.
     changed = [_tool("read_file", "Reads a file.")] + TOOLS[1:]
     bodies = [_req("You are a coding agent.", QUESTIONS[i],
                    tools=TOOLS if i < 3 else changed) for i in range(6)]
     b = _top(_write(tmp_path, bodies))
     assert (b["kind"], b["segment"], b["tool"], b["schema_key"]) == \
-        ("tool_schema", "tools", "read_file", "description")
+        ("tool_description", "tools", "read_file", "description")
+    assert not b["fixable"] and b["transforms"] == []
+    assert b["client_fix"]["change"].startswith("keep the tool's description fixed")
+
+
+def test_a_changed_tool_schema_is_not_a_key_order(tmp_path):
+    """A parameter added to a tool's schema: tool_schema, no layout fix (canonical_tool_json,
+    which only sorts keys, is not suggested)."""
+    grown = json.loads(json.dumps(TOOLS))
+    grown[0]["function"]["parameters"]["properties"]["encoding"] = {"type": "string"}
+    bodies = [_req("You are a coding agent.", QUESTIONS[i], tools=TOOLS if i < 3 else grown)
+              for i in range(6)]
+    b = _top(_write(tmp_path, bodies))
+    assert (b["kind"], b["tool"], b["fixable"], b["transforms"]) == \
+        ("tool_schema", "read_file", False, [])
+    assert b["client_fix"]["change"] == "keep one version of every tool (a client change)"
 
 
 def test_instruction_edited_with_one_typo(tmp_path):

@@ -28,7 +28,7 @@ def _where(b: dict[str, Any]) -> str:
     if seg == "message":
         return f"message {b['message_index']} ({b['role']}), line {b['line']}"
     if seg == "tools":
-        if b.get("kind") != "tool_schema":
+        if b.get("kind") not in ("tool_schema", "tool_description", "tool_key_order"):
             return "tools"
         extra = f" {b['tool']}" if b.get("tool") else ""
         key = f", key {b['schema_key']}" if b.get("schema_key") else ""
@@ -52,6 +52,8 @@ def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
                   seconds: float = 0.0) -> dict[str, Any]:
     """The ``--json`` document of a :class:`~prefixscope.replay.diagnose_fix.Diagnosis`
     (fields documented in docs/diagnose.md#json)."""
+    from prefixscope.replay.layouts import rewrites
+
     s = d.summary
     base_cost = _cost(s, price)
     what_if = None
@@ -68,6 +70,9 @@ def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
             "cost_delta": None if wc is None or base_cost is None
             else wc["cost_with_cache"] - base_cost["cost_with_cache"],
             "all_spans_matched_hit_rate": None if d.neutralised is None else d.neutralised.hit_rate,
+            "prefill_saved_tokens": d.prefill_saved,
+            "prompt_tokens_delta": w.prompt_tokens - s.prompt_tokens,
+            "rewrites_prompt": rewrites(d.suggested_layout),
         }
     breakers = []
     for b in d.breakers:
@@ -96,6 +101,7 @@ def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
         "skipped_records": len(d.base.problems),
         "problems": [str(p) for p in d.base.problems[:20]],
         "notes": d.notes, "replays": d.passes, "seconds": round(seconds, 3),
+        "allow_rewrites": d.allow_rewrites,
     }
     return doc
 
@@ -124,22 +130,31 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
         share = "" if b["share"] is None else f", {_pct(b['share'])} of missed"
         p(f"  #{b['rank']} level {b['level']} {b['kind']:<17} {_where(b)}: {_n(b['requests'], 'request')}, "
           f"{_n(b['distinct_values'], 'value')}, {lost}{share}")
+        p(f"     what: {b['what']}")
         if b.get("detail") and not no_text:
             p(f"     {b['detail']}")
         sug = b["suggestion"]
         if no_text:
-            sug = sug.split(":")[0] if sug.startswith("not fixable") else sug.split(" (")[0]
+            sug = sug.split(":")[0] if sug.startswith("not ") else sug.split(" (")[0]
         p(f"     fix: {sug}")
+        cf = b.get("client_fix")
+        if cf is not None and cf["measured"]:
+            p(f"     client fix replayed: hit rate {_pct(cf['hit_rate'])}, "
+              f"{cf['prefill_saved_tokens']:+,} prefill tokens saved")
     w = doc["what_if"]
     if w is not None:
         cost = ""
         if w["cost_delta"] is not None:
             cost = f"; cost with cache {w['cost_delta']:+,.4f} {doc['cost']['currency']}"
-        p(f"suggested layout: hit rate {_pct(doc['hit_rate'])} -> {_pct(w['hit_rate'])} "
+        label = "suggested layout (rewrites the prompt)" if w.get("rewrites_prompt") \
+            else "suggested layout (moves content only)"
+        p(f"{label}: saves {w['prefill_saved_tokens']:,} prefill tokens (prompt tokens computed, "
+          f"{_pct(w['prefill_saved_tokens'] / max(1, doc['missed_tokens']))} of the missed); "
+          f"hit rate {_pct(doc['hit_rate'])} -> {_pct(w['hit_rate'])} "
           f"({w['cached_tokens_delta']:+,} cached tokens{cost}), exact replay")
         if w.get("all_spans_matched_hit_rate") is not None and \
                 w["all_spans_matched_hit_rate"] > (w["hit_rate"] or 0) + 1e-9:
-            p(f"  with every span fixed to one value (placeholders instead of moves): "
+            p(f"  with every breaker neutralised (counterfactual, not a suggestion): "
               f"{_pct(w['all_spans_matched_hit_rate'])}")
         if doc["suggested_layout"] and doc["suggested_layout"].get("path"):
             p(f"  written to {doc['suggested_layout']['path']} (replay sim --layout reproduces it)")
@@ -201,6 +216,10 @@ def diagnose_cmd(
         "--no-text", help="Print structure only: no prompt text, patterns or context.")] = False,
     levels: Annotated[int, typer.Option("--levels", min=1, max=5,
                                         help="Levels of breakers to look for.")] = 3,
+    allow_rewrites: Annotated[bool, typer.Option(
+        "--allow-rewrites", help="Also suggest transforms that change what the model reads "
+                                 "(placeholders, whitespace normalisation), labelled as "
+                                 "such. Default: moves and tool/JSON order only.")] = False,
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Directory for suggested-layout.yaml and breakers.json "
                       "(default out/replay/diagnose-<trace>-<time>Z-<hex>).")] = None,
@@ -264,7 +283,7 @@ def diagnose_cmd(
             return
         _explain(p.explained, no_text=no_text)
         return
-    d = diagnose(spec, max_levels=levels)
+    d = diagnose(spec, max_levels=levels, allow_rewrites=allow_rewrites)
     for prob in d.base.problems[:20] if not as_json else []:
         err.print(f"skipped {prob}", markup=False, highlight=False)
     if len(d.base.problems) > 20 and not as_json:
