@@ -49,9 +49,11 @@ def _cost(summary: Any, price: Any) -> dict[str, Any] | None:
 
 
 def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
-                  seconds: float = 0.0) -> dict[str, Any]:
+                  seconds: float = 0.0, ledger: Any = None) -> dict[str, Any]:
     """The ``--json`` document of a :class:`~prefixscope.replay.diagnose_fix.Diagnosis`
-    (fields documented in docs/diagnose.md#json)."""
+    (fields documented in docs/diagnose.md#json); ``ledger``: the trace's
+    :class:`~prefixscope.replay.ledger.LedgerTotals` (the ``ledger`` field; None: omitted)."""
+    from prefixscope.replay.diagnose_ledger import ledger_doc
     from prefixscope.replay.layouts import rewrites
 
     s = d.summary
@@ -102,6 +104,7 @@ def diagnosis_doc(d: Any, *, price: Any = None, layout_path: str | None = None,
         "problems": [str(p) for p in d.base.problems[:20]],
         "notes": d.notes, "replays": d.passes, "seconds": round(seconds, 3),
         "allow_rewrites": d.allow_rewrites,
+        "ledger": None if ledger is None else ledger_doc(ledger, breakers[0] if breakers else None),
     }
     return doc
 
@@ -117,6 +120,12 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
     p(f"{_n(doc['requests'], 'request')}, {doc['prompt_tokens']:,} prompt tokens, "
       f"{doc['cached_tokens']:,} from cache ({_pct(doc['hit_rate'])}); exact model: block size "
       f"{doc['block_size']}, capacity {cap}, {doc['hash_algo']}")
+    if doc.get("ledger") is not None:
+        from prefixscope.replay.diagnose_ledger import waterfall_lines
+
+        top = doc["breakers"][0] if doc["breakers"] else None
+        for line in waterfall_lines(doc["ledger"], where=_where(top) if top else None):
+            p(line)
     for note in doc["notes"]:
         p(note)
     if not doc["breakers"]:
@@ -302,8 +311,10 @@ def diagnose_cmd(
         outd.mkdir(parents=True, exist_ok=True)
         layout_path = outd / "suggested-layout.yaml"
         layout_path.write_text(suggested_layout_file(d), encoding="utf-8")
+    from prefixscope.replay.diagnose_ledger import trace_ledger
+
     doc = diagnosis_doc(d, price=price, layout_path=str(layout_path) if layout_path else None,
-                        seconds=time.time() - started)
+                        seconds=time.time() - started, ledger=trace_ledger(spec))
     ingested = None
     if ingest:
         ingested = _ingest(spec, d, doc, outd, model=model, db=db)
