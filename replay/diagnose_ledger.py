@@ -81,7 +81,7 @@ def waterfall_lines(doc: dict[str, Any], *, where: str | None = None) -> list[st
         return f"{100 * v / p:5.1f}%" if p else "    —"
 
     width = max(len(f"{p:,}"), 1)
-    out = [f"where the prompt tokens went (miss ledger, exact replay, one instance):",
+    out = ["where the prompt tokens went (miss ledger, exact replay, one instance):",
            f"  {'prompt tokens':<20} {p:>{width},} {pct(p)}"]
     for cls, name, what in STEPS:
         v = doc["classes"][cls]
