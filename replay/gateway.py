@@ -1,7 +1,8 @@
 """A cache gateway model for replay: identity, salts, candidate lookup, acceptance, decisions.
 
 Per request, in trace order, :class:`Gateway` does what ``cache-identity.md`` asks of a gateway in
-front of vLLM:
+front of vLLM, by the live gateway's own procedure (``prefixscope.core.decision``: the same pure
+stages ``gateway/app.py`` calls):
 
 1. **Resolve identity** from the trusted authentication context (tenant, principal, scope; never
    from the request body): the namespace (HMAC), the versions in force (model, tokenizer,
@@ -18,14 +19,15 @@ front of vLLM:
 4. **Check acceptance** (``prefixscope.core.identity.check_acceptance``): every identity field must match,
    then a use-permit is taken from the :class:`~prefixscope.core.identity.AuthorizationGate`. Before
    forwarding, the outgoing salt must equal the derived one (reason ``salt`` otherwise).
-5. **Forward**: an accepted or missed request goes to the engine as is; a rejected one is sent
-   with vLLM's ``skip_reading_prefix_cache`` (``TraceRequest.skip_reading``) so it reads no cached
-   KV at all (any mismatch is a miss) yet still writes its blocks. Its objects then replace the
-   rejected ones in the registry, so the new generation is reusable.
+5. **Forward**: an accepted or missed request goes to the engine with its derived salt; a
+   rejected one (a stale credential and a lost permit included) with a salt unique to it, as
+   the live gateway, and vLLM's ``skip_reading_prefix_cache`` (``TraceRequest.skip_reading``).
+   It registers nothing and forgets the mismatching entries under its own keys, so the next
+   request is a miss that writes the new generation (``prefixscope.core.decision`` note 2).
 6. **Record** one :class:`DecisionRecord` per request (``docs/scopes.md#decision-log``).
 
-Registry objects are written only by requests forwarded with their derived salt and a current
-authorization epoch. The registry does not see engine evictions or restarts: an accepted
+Registry objects are written only by accepted or missed requests forwarded with their derived
+salt and a current authorization epoch. The registry does not see engine evictions or restarts: an accepted
 candidate may still find nothing in the engine (accepted > cached tokens in the usage join).
 
 Version events (:data:`prefixscope.replay.gateway_trace.EVENT_KINDS`) change the state; ``model_upgrade``, ``tokenizer_upgrade``,
