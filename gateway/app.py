@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import hmac
 import itertools
 import json
@@ -63,23 +62,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prefixscope.core import decision
 from prefixscope.core.bounds import MAX_COUNT, TOO_DEEP, escape_line, json_too_deep
-from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record, lookup_key
+from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record
 from prefixscope.core.identity import (
     PUBLIC,
     CacheIdentity,
     Decision,
     PublicInventory,
-    bundle_digest,
-    check_acceptance,
-    derive_salt,
     namespace_digest,
     namespace_for,
     prefix_digests,
     reason_class,
     render_digest,
-    resolve_scope,
-    salt_generation,
 )
 from prefixscope.gateway.auth import AuthContext, Authenticator, BadIdentityHeader
 from prefixscope.gateway.config import GatewayConfig
@@ -265,12 +260,12 @@ class Gateway:
         self._id_prefix = secrets.token_hex(6)
         self._ids = itertools.count(1)
         self._ns_cache: dict[tuple, str] = {}
-        self._salt_cache: dict[tuple, str] = {}
+        self._salt_cache: dict[decision.SaltInputs, str] = {}
         self._canonical = CanonicalCache()  # canonical_json of recurring messages and tools
         self._short_cache: dict[CacheIdentity, dict] = {}  # CacheIdentity.short (a keyed HMAC)
         # the handle HMAC keyed once; each handle is a copy fed the rest (same digest as
         # hmac.new(key, b"handle" + ...), without re-keying per request)
-        self._handle_mac = hmac.new(key, b"handle", hashlib.sha256)
+        self._handle_mac = decision.handle_mac(key)
         self._public_ns = namespace_for(key, scope=PUBLIC)
         self.session: UpstreamPool | None = None
         self.app = self  # the ASGI app (:meth:`__call__`)
@@ -783,7 +778,7 @@ class Gateway:
             call.register = []
             call.forget = []
             call.salt_applied = False
-            salt = f"ps1-iso-{self._id_prefix}-{call.rid}"
+            salt = decision.isolated_salt(f"{self._id_prefix}-{call.rid}")
         stream = stream is True
         strip_usage = False
         if stream and call.endpoint in ("chat", "completions"):
@@ -795,7 +790,9 @@ class Gateway:
     async def _decide(self, presented: str | None, call: _Call, body: dict, prompt,
                       info: ModelInfo, size: int = 0) -> str:
         """Steps 3-5 (identity, lookup, acceptance, permit); returns the ``cache_salt`` to send.
-        Raises whatever the store raises (the caller fails closed)."""
+        The rule is ``prefixscope.core.decision`` (shared with the replay model); this method
+        does its I/O: the store's snapshot and lookup, the handle, the permit. Raises whatever
+        the store raises (the caller fails closed)."""
         tools = prompt.tools
         digests = functools.partial(prefix_digests, prompt.messages, tools, prompt.boundaries,
                                     canonical=self._canonical,
@@ -806,109 +803,57 @@ class Gateway:
             dig = await asyncio.get_running_loop().run_in_executor(None, digests)
         else:
             dig = digests()
-        t_digest = dig.toolset
-        # every other field that can change the tokens (documents, chat_template_kwargs...,
-        # core.identity.RENDER_FIELDS): in the prompt bundle digest, so in the identity and
-        # the salt, and on the inventory for PUBLIC
         render = render_digest(body)
-        scope = call.auth.scope
-        if self.cfg.mode == "public":  # PUBLIC unless the snapshot says public is stopped
-            scope = resolve_scope(call.auth.scope, list(dig.message), t_digest or None,
-                                  self.inventory, render)
-        ns = self._public_ns if scope == PUBLIC else call.ns
-        # lookup material: adapter name (the model id) + the messages alone, so a tool-set or
-        # adapter upgrade finds the old object and reports the version field (replay rule)
-        key_fn = self.faults.lookup_key or lookup_key
-        keys = [key_fn(ns, f"{info.model}|{m}") for m in dig.messages_only]
+        route = functools.partial(
+            decision.route, mode=self.cfg.mode, auth_scope=call.auth.scope,
+            auth_namespace=call.ns, public_namespace=self._public_ns,
+            message_digests=dig.message, toolset_digest=dig.toolset, render=render,
+            messages_only=dig.messages_only, served_model=info.model, inventory=self.inventory,
+            key_fn=self.faults.lookup_key)
+        routed = route(public_stopped=False)
         # generation, authorization epoch and registry entries in one store round trip
-        gen, current, found = await self.store.snapshot(ns, keys)
-        if scope == PUBLIC and gen.public_stopped:
-            scope, ns = call.auth.scope, call.ns
-            keys = [key_fn(ns, f"{info.model}|{m}") for m in dig.messages_only]
-            current = await self.store.auth_epoch(ns)
-            found = await self.store.lookup(keys)
-        if scope == PUBLIC:
-            call.scope, call.ns = PUBLIC, ns
-        ctx_epoch = current if call.auth.epoch is None else call.auth.epoch
-        bundle = bundle_digest(info.prompt_bundle_digest, render)
-        base = dict(scope=call.scope, namespace=ns, model_digest=info.model_digest,
-                    tokenizer_digest=info.tokenizer_digest, runtime_digest=info.runtime_digest,
-                    adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
-                    toolset_digest=t_digest, policy_revision=self.cfg.policy_revision,
-                    authorization_epoch=ctx_epoch, cache_epoch=gen.cache_epoch)
-        expected = [CacheIdentity(content_digest=d, **base) for d in dig.content]
-        full = CacheIdentity(content_digest=dig.full, **base)
-        cand, cand_k = None, None
-        if presented:
-            cand = await self.store.by_handle(presented)
-            if cand is not None:
-                cand_k = next((i for i in range(len(expected) - 1, -1, -1)
-                               if expected[i].content_digest == cand.identity.content_digest),
-                              len(expected) - 1 if expected else None)
-        if cand is None and keys:
-            for i in range(len(found) - 1, -1, -1):
-                if found[i] is not None:
-                    cand, cand_k = found[i], i
-                    break
-        exp = expected[cand_k] if cand_k is not None else full
-        call.expected, call.candidate = exp, cand
-        verdict = Decision("miss") if cand is None else check_acceptance(exp, cand.identity)
-        stale = ctx_epoch != current
-        if stale and verdict.outcome != "reject":
-            verdict = Decision("reject", "authorization_epoch", ("authorization_epoch",))
-        call.bypass = gen.bypass
-        isolated = (self.cfg.mode == "shadow" or gen.bypass or verdict.outcome == "reject")
-        permit_lost = False
-        if not isolated:
+        gen, current, found = await self.store.snapshot(routed.namespace, list(routed.keys))
+        if gen.public_stopped and routed.scope == PUBLIC:  # looked up under PUBLIC: again
+            routed = route(public_stopped=True)
+            current = await self.store.auth_epoch(routed.namespace)
+            found = await self.store.lookup(list(routed.keys))
+        cand = await self.store.by_handle(presented) if presented else None
+        judged = decision.judge(
+            routed, mode=self.cfg.mode, versions=self._versions(info),
+            content=dig.content, full_content=dig.full, toolset_digest=dig.toolset,
+            render=render, cache_epoch=gen.cache_epoch, bypass=gen.bypass,
+            current_epoch=current, ctx_epoch=call.auth.epoch, found=found, presented=cand)
+        permit = None
+        if judged.needs_permit:
             if self.faults.between_lookup_and_permit is not None:
-                await self.faults.between_lookup_and_permit(ns)
-            if await self.store.acquire_permit(ns, ctx_epoch):
-                call.permit = True
-            else:  # the revocation won: no cached KV for this request
-                verdict = Decision("reject", "authorization_epoch",
-                                   ("authorization_epoch",) + tuple(
-                                       f for f in verdict.mismatches if f != "authorization_epoch"))
-                isolated = permit_lost = True
-        call.decision = verdict
-        call.salt_applied = not isolated
-        # registry entries: only what the engine holds (or, in shadow mode, would hold) under
-        # this request's derived salt, at the current epoch. A reject goes isolated: vLLM
-        # writes its blocks under a salt nobody else uses, so it registers nothing, and it
-        # forgets the mismatching entries found under its own keys (compare-and-delete on the
-        # writer), so the next request is a miss that writes under the current salt, not an
-        # accept of blocks the engine never stored under it (and not one more reject).
-        if verdict.outcome == "reject":
-            if not stale and not gen.bypass and not permit_lost:
-                call.forget = [(k, o.request_id) for k, o, e in zip(keys, found, expected)
-                               if o is not None and o.identity != e]
-        elif not stale and not gen.bypass and not permit_lost:
-            nsb = ns.encode()
-            for i, k in enumerate(keys):
-                h = self._handle_mac.copy()
-                h.update(k + nsb)
-                handle = "h-" + h.hexdigest()[:32]
-                call.register.append((k, StoredObject(expected[i], 0, call.rid, handle)))
-        if isolated:
-            return f"ps1-iso-{self._id_prefix}-{call.rid}"  # unique to this request
-        # the salt remembered by everything it derives from (the generation digest is
-        # computed on a miss only)
-        skey = (call.scope, ns, gen.cache_epoch, info.runtime_digest, info.model_digest,
-                info.tokenizer_digest, info.adapter_digest, bundle, t_digest,
-                self.cfg.policy_revision, current)
-        salt = self._salt_cache.get(skey)
+                await self.faults.between_lookup_and_permit(routed.namespace)
+            permit = call.permit = await self.store.acquire_permit(routed.namespace,
+                                                                   judged.ctx_epoch)
+        d = decision.settle(judged, permit)
+        call.scope, call.ns = d.scope, d.namespace
+        call.expected, call.candidate = d.expected, judged.candidate
+        call.decision, call.bypass, call.salt_applied = d.verdict, d.bypass, d.salt_applied
+        call.forget = list(d.forget)
+        nsb = d.namespace
+        call.register = [(k, StoredObject(ident, 0, call.rid,
+                                          decision.cache_handle(self._handle_mac, k, nsb)))
+                         for _, k, ident in d.register]
+        if d.salt is None:
+            return decision.isolated_salt(f"{self._id_prefix}-{call.rid}")
+        salt = self._salt_cache.get(d.salt)  # remembered by everything it derives from
         if salt is None:
-            generation = salt_generation(
-                model_digest=info.model_digest, tokenizer_digest=info.tokenizer_digest,
-                adapter_digest=info.adapter_digest, prompt_bundle_digest=bundle,
-                toolset_digest=t_digest, policy_revision=self.cfg.policy_revision,
-                authorization_epoch=current)
-            salt = derive_salt(self.key, scope=call.scope, namespace=ns,
-                               cache_epoch=gen.cache_epoch, runtime_digest=info.runtime_digest,
-                               generation=generation)
+            salt = decision.salt_for(self.key, d.salt)
             if len(self._salt_cache) > 100_000:
                 self._salt_cache.clear()
-            self._salt_cache[skey] = salt
+            self._salt_cache[d.salt] = salt
         return salt
+
+    def _versions(self, info: ModelInfo) -> decision.Versions:
+        """The versions in force for a model (the live gateway has one policy revision)."""
+        p = self.cfg.policy_revision
+        return decision.Versions(info.model, info.model_digest, info.tokenizer_digest,
+                                 info.runtime_digest, info.adapter_digest,
+                                 info.prompt_bundle_digest, p, p)
 
     def _refuse(self, call: _Call, status: int, code: str, message: str) -> None:
         call.error, call.status, call.message = code, status, message

@@ -1,7 +1,8 @@
 """A cache gateway model for replay: identity, salts, candidate lookup, acceptance, decisions.
 
 Per request, in trace order, :class:`Gateway` does what ``cache-identity.md`` asks of a gateway in
-front of vLLM:
+front of vLLM, by the live gateway's own procedure (``prefixscope.core.decision``: the same pure
+stages ``gateway/app.py`` calls):
 
 1. **Resolve identity** from the trusted authentication context (tenant, principal, scope; never
    from the request body): the namespace (HMAC), the versions in force (model, tokenizer,
@@ -18,14 +19,15 @@ front of vLLM:
 4. **Check acceptance** (``prefixscope.core.identity.check_acceptance``): every identity field must match,
    then a use-permit is taken from the :class:`~prefixscope.core.identity.AuthorizationGate`. Before
    forwarding, the outgoing salt must equal the derived one (reason ``salt`` otherwise).
-5. **Forward**: an accepted or missed request goes to the engine as is; a rejected one is sent
-   with vLLM's ``skip_reading_prefix_cache`` (``TraceRequest.skip_reading``) so it reads no cached
-   KV at all (any mismatch is a miss) yet still writes its blocks. Its objects then replace the
-   rejected ones in the registry, so the new generation is reusable.
+5. **Forward**: an accepted or missed request goes to the engine with its derived salt; a
+   rejected one (a stale credential and a lost permit included) with a salt unique to it, as
+   the live gateway, and vLLM's ``skip_reading_prefix_cache`` (``TraceRequest.skip_reading``).
+   It registers nothing and forgets the mismatching entries under its own keys, so the next
+   request is a miss that writes the new generation (``prefixscope.core.decision`` note 2).
 6. **Record** one :class:`DecisionRecord` per request (``docs/scopes.md#decision-log``).
 
-Registry objects are written only by requests forwarded with their derived salt and a current
-authorization epoch. The registry does not see engine evictions or restarts: an accepted
+Registry objects are written only by accepted or missed requests forwarded with their derived
+salt and a current authorization epoch. The registry does not see engine evictions or restarts: an accepted
 candidate may still find nothing in the engine (accepted > cached tokens in the usage join).
 
 Version events (:data:`prefixscope.replay.gateway_trace.EVENT_KINDS`) change the state; ``model_upgrade``, ``tokenizer_upgrade``,
@@ -43,15 +45,14 @@ Pure: no DuckDB, no HTTP; reads only the trace, its text library, inventory and 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefixscope.core.decision_log import (DecisionRecord, candidate_tokens, event_record,
-                                            lookup_key)
+from prefixscope.core import decision
+from prefixscope.core.decision_log import DecisionRecord, candidate_tokens, event_record
 from prefixscope.core.errors import ParseError
 from prefixscope.core.identity import (
     PRINCIPAL,
@@ -59,20 +60,12 @@ from prefixscope.core.identity import (
     TENANT,
     AuthorizationGate,
     CacheIdentity,
-    Decision,
     PublicInventory,
-    bundle_digest,
-    canonical_json,
-    check_acceptance,
-    content_digest,
-    derive_salt,
     file_digest,
-    message_digest,
     namespace_digest,
     namespace_for,
+    prefix_digests,
     render_digest,
-    resolve_scope,
-    salt_generation,
     sha256_hex,
     short_digest,
     toolset_digest,
@@ -100,21 +93,18 @@ class Routed:
     decision: DecisionRecord
 
 
-#: Registry lookup key (``prefixscope.core.decision_log.lookup_key``, shared with the live gateway).
-default_short_key = lookup_key
-
-
 @dataclass
 class Faults:
     """Failure injection for negative tests (never used by the CLI).
 
     Attributes:
         drop_salt: requests for which the outgoing salt is lost after derivation (a proxy bug).
-        short_key: replaces the registry lookup key function (e.g. a deliberately weak hash).
+        lookup_key: replaces the registry key function (e.g. a deliberately weak hash); the
+            live gateway's ``Faults.lookup_key``.
     """
 
     drop_salt: Callable[[GatewayRequest], bool] | None = None
-    short_key: Callable[[str, str], bytes] | None = None
+    lookup_key: Callable[[str, str], bytes] | None = None
 
 
 class Gateway:
@@ -127,11 +117,15 @@ class Gateway:
         inventory: approved public inventory (default: the header's file, or empty).
         faults: failure injection for tests.
         run_id, instance: copied into decision records.
+        mode: the live gateway's mode (``prefixscope.core.decision.MODES``): ``public``
+            (default: PUBLIC prompts shared), ``tenant`` or ``shadow``.
     """
 
     def __init__(self, key: bytes, header: TraceHeader, *, base_dir: str | os.PathLike[str] = ".",
                  inventory: PublicInventory | None = None, faults: Faults | None = None,
-                 run_id: str | None = None, instance: str | None = None) -> None:
+                 run_id: str | None = None, instance: str | None = None,
+                 mode: str = "public") -> None:
+        assert mode in decision.MODES, f"unknown mode {mode!r}"
         self.key = key
         self.header = header
         self.base_dir = Path(base_dir)
@@ -156,6 +150,13 @@ class Gateway:
         self.handles: dict[str, StoredObject] = {}
         self._handle_by_request: dict[str, str] = {}
         self._tok_cache: dict[str, Any] = {}
+        self.mode = mode
+        #: PUBLIC sharing stopped (:meth:`stop_public`; one way, as ``/admin/public/stop``)
+        self.public_stopped = False
+        #: every request isolated (as ``/admin/bypass``; :meth:`set_bypass`)
+        self.bypass = False
+        self._public_ns = namespace_for(key, scope=PUBLIC)
+        self._handle_mac = decision.handle_mac(key)
 
     # ---- state
 
@@ -185,6 +186,18 @@ class Gateway:
     def policy_revision(self, tenant_id: str) -> int:
         """Policy revision in force for a tenant: global base + the tenant's own revocations."""
         return self.policy_base + self.policy_by_tenant.get(tenant_id, 0)
+
+    def stop_public(self) -> None:
+        """Stop PUBLIC sharing for good (the live ``/admin/public/stop``): later requests are
+        TENANT or PRINCIPAL."""
+        self.public_stopped = True
+
+    def set_bypass(self, on: bool) -> None:
+        """Switch the bypass (the live ``/admin/bypass``): while on, every request is isolated;
+        turning it off advances the cache epoch, so nothing from before is used again."""
+        if self.bypass and not on:
+            self.cache_epoch += 1
+        self.bypass = on
 
     def handle_for(self, request_id: str) -> str | None:
         """The cache handle a client would have received for a request's deepest object."""
@@ -257,7 +270,11 @@ class Gateway:
     # ---- requests
 
     def route(self, req: GatewayRequest) -> Routed:
-        """Decide one request: resolve, salt, look up, check, forward, record."""
+        """Decide one request: resolve, look up, check, take the permit, salt, forward, record.
+
+        The rule is ``prefixscope.core.decision`` (the live gateway's, one procedure); this
+        method gives it the model's state: the versions in force, the in-memory registry and
+        gate."""
         tok, tok_digest, served_bundle = self._tokenizer()
         B = self.header.block_size
         tools_name = self.toolset_override.get(req.tools_ref, req.tools_ref) if req.tools_ref else None
@@ -283,105 +300,81 @@ class Gateway:
             if ids[:m] != pre:  # a tokenizer merged across the boundary: keep the common part
                 m = next((i for i, (a, b) in enumerate(zip(ids, pre)) if a != b), min(m, n))
             bounds.append(m)
-        t_digest = toolset_digest(tools) if tools else None
+        dig = prefix_digests(messages, tools, range(1, len(messages)))
         r_digest = render_digest(render)  # the live gateway's rule, core.identity
-        scope = resolve_scope(req.auth.scope, [message_digest(m) for m in messages], t_digest,
-                              self.inventory, r_digest)
-        if scope == PUBLIC:
-            ns = namespace_for(self.key, scope=PUBLIC)
+        auth = req.auth
+        adapter = self.adapter_for(auth.tenant_id)
+        versions = decision.Versions(
+            served_model=adapter[0] if adapter else self.header.model,
+            model_digest=self.model_digest(), tokenizer_digest=tok_digest,
+            runtime_digest=self.runtime_digest(),
+            adapter_digest=sha256_hex(f"adapter:{adapter[0]}:{adapter[1]}") if adapter else "",
+            served_bundle_digest=served_bundle,
+            policy_revision=self.policy_revision(auth.tenant_id),
+            public_policy_revision=self.policy_base)
+        routed = decision.route(
+            mode=self.mode, auth_scope=auth.scope,
+            auth_namespace=namespace_for(self.key, scope=auth.scope, tenant_id=auth.tenant_id,
+                                         principal_id=auth.principal_id),
+            public_namespace=self._public_ns, message_digests=dig.message,
+            toolset_digest=dig.toolset, render=r_digest, messages_only=dig.messages_only,
+            served_model=versions.served_model, inventory=self.inventory,
+            public_stopped=self.public_stopped, key_fn=self.faults.lookup_key)
+        ns = routed.namespace
+        current = self.gate.current(ns)
+        presented = self.handles.get(req.cache_handle) if req.cache_handle is not None else None
+        judged = decision.judge(
+            routed, mode=self.mode, versions=versions, content=dig.content,
+            full_content=dig.full, toolset_digest=dig.toolset, render=r_digest,
+            cache_epoch=self.cache_epoch, bypass=self.bypass, current_epoch=current,
+            ctx_epoch=current - max(0, auth.epoch_lag),
+            found=[self.registry.get(k) for k in routed.keys], presented=presented)
+        d = decision.settle(judged, self.gate.acquire_permit(ns, judged.ctx_epoch)
+                            if judged.needs_permit else None)
+        if self.faults.drop_salt and self.faults.drop_salt(req):
+            d, salt = decision.salt_lost(d), None  # the forward check catches the lost salt
+        elif d.salt is None:
+            salt = decision.isolated_salt(f"replay-{req.request_id}")
         else:
-            ns = namespace_for(self.key, scope=req.auth.scope, tenant_id=req.auth.tenant_id,
-                               principal_id=req.auth.principal_id)
-        current_epoch = self.gate.current(ns)
-        ctx_epoch = current_epoch - max(0, req.auth.epoch_lag)
-        adapter = self.adapter_for(req.auth.tenant_id)
-        adapter_digest = sha256_hex(f"adapter:{adapter[0]}:{adapter[1]}") if adapter else ""
-        runtime_digest = self.runtime_digest()
-        base = dict(scope=scope, namespace=ns, model_digest=self.model_digest(),
-                    tokenizer_digest=tok_digest, runtime_digest=runtime_digest,
-                    adapter_digest=adapter_digest,
-                    prompt_bundle_digest=bundle_digest(served_bundle, r_digest),
-                    toolset_digest=t_digest or "",
-                    policy_revision=(self.policy_base if scope == PUBLIC
-                                     else self.policy_revision(req.auth.tenant_id)),
-                    authorization_epoch=ctx_epoch, cache_epoch=self.cache_epoch)
-        expected = [CacheIdentity(content_digest=content_digest(messages[:k + 1], tools), **base)
-                    for k in range(len(bounds))]
-        full_expected = CacheIdentity(content_digest=content_digest(messages, tools), **base)
-        short_key = self.faults.short_key or default_short_key
-        # lookup material: adapter *name* (not version) + the messages alone (not the tools),
-        # so an adapter or tool-set upgrade finds the old object and reports the version field
-        lookup = [f"{adapter[0] if adapter else ''}|"
-                  f"{sha256_hex(canonical_json(messages[:k + 1]))}" for k in range(len(bounds))]
-
-        # candidate lookup: an untrusted handle first (re-checked in full), else own keys
-        cand: StoredObject | None = None
-        cand_k: int | None = None
-        if req.cache_handle is not None and req.cache_handle in self.handles:
-            cand = self.handles[req.cache_handle]
-            cand_k = next((k for k in range(len(expected) - 1, -1, -1)
-                           if expected[k].content_digest == cand.identity.content_digest),
-                          len(expected) - 1 if expected else None)
-        else:
-            for k in range(len(expected) - 1, -1, -1):
-                obj = self.registry.get(short_key(ns, lookup[k]))
-                if obj is not None:
-                    cand, cand_k = obj, k
-                    break
-        exp_ident = expected[cand_k] if cand_k is not None else full_expected
-
-        if cand is None:
-            verdict = Decision("miss")
-        else:
-            verdict = check_acceptance(exp_ident, cand.identity)
-            if verdict.accepted and not self.gate.acquire_permit(ns, ctx_epoch):
-                verdict = Decision("reject", "authorization_epoch", ("authorization_epoch",))
-        # the live gateway's salt rule (core.identity): namespace, cache epoch, runtime, and
-        # the generation of every other version (render options included) at the current
-        # authorization epoch
-        derived = derive_salt(self.key, scope=scope, namespace=ns, cache_epoch=self.cache_epoch,
-                              runtime_digest=runtime_digest, generation=salt_generation(
-                                  model_digest=base["model_digest"],
-                                  tokenizer_digest=tok_digest,
-                                  adapter_digest=adapter_digest,
-                                  prompt_bundle_digest=base["prompt_bundle_digest"],
-                                  toolset_digest=base["toolset_digest"],
-                                  policy_revision=base["policy_revision"],
-                                  authorization_epoch=current_epoch))
-        salt = None if (self.faults.drop_salt and self.faults.drop_salt(req)) else derived
-        salt_ok = salt == derived
-        if not salt_ok:  # forward check: a private request must carry its derived salt
-            verdict = Decision("reject", "salt", ("salt",) + verdict.mismatches)
-        outcome = verdict.outcome
+            salt = decision.salt_for(self.key, d.salt)
+        self._apply_registry(d, bounds, req.request_id)
+        outcome = d.verdict.outcome
+        cand = judged.candidate
         cand_tokens = candidate_tokens(cand.num_tokens, n, B) if cand is not None else 0
         record = DecisionRecord(
-            ts_unix_s=self.header.t0_unix_s + req.t_s, request_id=req.request_id, scope=scope,
-            namespace_digest=namespace_digest(ns), decision=outcome,
-            reasons=verdict.mismatches, candidate_cached_tokens=cand_tokens,
-            accepted_cached_tokens=cand_tokens if outcome == "accept" else 0,
-            salt_applied=salt_ok, expected=exp_ident.short(self.key),
+            ts_unix_s=self.header.t0_unix_s + req.t_s, request_id=req.request_id,
+            scope=d.scope, namespace_digest=namespace_digest(ns), decision=outcome,
+            reasons=d.verdict.mismatches, candidate_cached_tokens=cand_tokens,
+            accepted_cached_tokens=(cand_tokens if outcome == "accept" and not d.bypass
+                                    else 0),
+            salt_applied=d.salt_applied, expected=d.expected.short(self.key),
             candidate=None if cand is None else cand.identity.short(self.key),
             candidate_request_id=None if cand is None else cand.request_id,
-            run_id=self.run_id, instance=self.instance, model=self.header.model)
-
-        # store this request's prefix objects (only under its derived salt, current epoch)
-        if salt_ok and ctx_epoch == current_epoch:
-            handle = None
-            for k, ident in enumerate(expected):
-                skey = short_key(ns, lookup[k])
-                handle = "h-" + hashlib.sha256(b"handle" + skey + ns.encode()).hexdigest()[:32]
-                obj = StoredObject(ident, bounds[k], req.request_id, handle)
-                self.registry[skey] = obj
-                self.handles[handle] = obj
-            if handle is not None:
-                self._handle_by_request[req.request_id] = handle
-
+            run_id=self.run_id, instance=self.instance, model=self.header.model,
+            bypass=True if d.bypass else None)
         tr = TraceRequest(
             request_id=req.request_id, arrival_s=req.t_s, num_prompt_tokens=n,
             prompt_token_ids=ids, output_tokens=req.output_tokens, model=self.header.model,
             cache_salt=salt, lora_name=adapter[0] if adapter else None,
             lora_path=adapter[1] if adapter else None, skip_reading=(outcome == "reject"),
             source=req.source,
-            attrs={"scope": scope, "tenant_digest": namespace_digest(ns), "decision": outcome})
+            attrs={"scope": d.scope, "tenant_digest": namespace_digest(ns), "decision": outcome})
         return Routed(tr, record)
 
+    def _apply_registry(self, d: decision.RequestDecision, bounds: list[int],
+                        request_id: str) -> None:
+        """Register the decision's objects (``bounds``: each boundary's length in tokens) and
+        forget its entries (compare-and-delete on the writer), as the live store does."""
+        for key, writer in d.forget:
+            old = self.registry.get(key)
+            if old is not None and old.request_id == writer:
+                del self.registry[key]
+                self.handles.pop(old.handle, None)
+        handle = None
+        for i, key, ident in d.register:
+            handle = decision.cache_handle(self._handle_mac, key, d.namespace)
+            obj = StoredObject(ident, bounds[i], request_id, handle)
+            self.registry[key] = obj
+            self.handles[handle] = obj
+        if handle is not None:
+            self._handle_by_request[request_id] = handle

@@ -2,10 +2,10 @@
 them wherever they meet (issue 11, item 4).
 
 Real data: the bundled multi-tenant trace (``data/multitenant/trace.jsonl``, the demo's run)
-through ``replay gateway``. The counters read 85.1% (714,720 / 839,952) and the per-request
-figure 69.2% (714,720 / 1,032,930): the 57 rejected requests are forwarded with
+through ``replay gateway``. The counters read 74.9% (641,536 / 856,368) and the per-request
+figure 62.1% (641,536 / 1,032,930): the 52 rejected requests are forwarded with
 ``skip_reading_prefix_cache``, which vLLM leaves out of its prefix-cache counters, while the
-per-request figure counts their 192,978 prompt tokens. Before the fix every place showed one of
+per-request figure counts their 176,562 prompt tokens. Before the fix every place showed one of
 the two numbers with no word about the other."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tests import dashboard_support as ds
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "data" / "multitenant" / "trace.jsonl"
-NOTE = ("counters 714,720 of 839,952 (85.1%), per request 714,720 of 1,032,930 (69.2%): vLLM's "
-        "counters leave out the 192,978 prompt tokens of 57 rejected requests (sent with "
+NOTE = ("counters 641,536 of 856,368 (74.9%), per request 641,536 of 1,032,930 (62.1%): vLLM's "
+        "counters leave out the 176,562 prompt tokens of 52 rejected requests (sent with "
         "skip_reading_prefix_cache), the per-request figure counts them")
 
 
@@ -43,13 +43,13 @@ def test_gateway_replay_prints_both_figures(tmp_path, cli):
     code, out, err = cli(["replay", "gateway", TRACE, "--hmac-key-file", key, "--run-id", "x",
                           "--no-ingest", "--out", tmp_path / "o"])
     assert code == 0, err
-    assert "714,720 of 1,032,930 prompt tokens from cache (69.2%)" in out
+    assert "641,536 of 1,032,930 prompt tokens from cache (62.1%)" in out
     assert NOTE in out
     code, out, _ = cli(["replay", "gateway", TRACE, "--hmac-key-file", key, "--run-id", "x",
                         "--no-ingest", "--out", tmp_path / "o2", "--json"])
     doc = json.loads(out)
-    assert (doc["counter_cached_tokens"], doc["counter_prompt_tokens"]) == (714_720, 839_952)
-    assert (doc["uncounted_requests"], doc["uncounted_prompt_tokens"]) == (57, 192_978)
+    assert (doc["counter_cached_tokens"], doc["counter_prompt_tokens"]) == (641_536, 856_368)
+    assert (doc["uncounted_requests"], doc["uncounted_prompt_tokens"]) == (52, 176_562)
     assert doc["prompt_tokens"] - doc["uncounted_prompt_tokens"] == doc["counter_prompt_tokens"]
 
 
@@ -57,10 +57,10 @@ def test_hitrate_and_report_name_both(gateway_db, cli):
     db, _ = gateway_db
     code, out, err = cli(["hitrate", "--db", db, "--run", "mt-1", "--window", "1d"])
     assert code == 0, err
-    assert "85.1%" in out and f"note: {NOTE}" in out
+    assert "74.9%" in out and f"note: {NOTE}" in out
     code, out, err = cli(["report", "--db", db, "--run", "mt-1"])
     assert code == 0, err
-    assert "714,720 of 839,952 prompt tokens from cache (85.1%): OK" in out
+    assert "641,536 of 856,368 prompt tokens from cache (74.9%): OK" in out
     assert f"note: {NOTE}" in out
     code, out, _ = cli(["report", "--db", db, "--run", "mt-1", "--source", "requests", "--json"])
     doc = json.loads(out)
@@ -78,7 +78,7 @@ def _pick_run(at):
     at.radio(key="filter_range").set_value("all")
 
 
-@pytest.mark.parametrize("page, figure", [("views/overview.py", "85.1%"),
+@pytest.mark.parametrize("page, figure", [("views/overview.py", "74.9%"),
                                           ("views/scopes.py", None)])
 def test_dashboard_pages_show_both(gateway_db, monkeypatch, page, figure):
     db, _ = gateway_db

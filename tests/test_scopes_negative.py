@@ -83,12 +83,16 @@ def test_stale_authorization_epoch_is_rejected():
              ev(2, "authorization_epoch_bump", tenant="B"),
              req("B1", 3, "B", DOC_B, epoch_lag=1),   # token issued before the revocation
              req("B2", 4, "B", DOC_B),                 # fresh token, old object
-             req("B3", 5, "B", DOC_B)])                # fresh token, new object
+             req("B3", 5, "B", DOC_B),                 # forgotten: a miss that writes anew
+             req("B4", 6, "B", DOC_B)])                # fresh token, new object
     assert o.decisions["B1"].decision == "reject"
     assert o.decisions["B1"].first_mismatch == "authorization_epoch"
     assert o.decisions["B2"].decision == "reject"
     assert o.decisions["B2"].reasons == ("authorization_epoch",)
-    assert o.decisions["B3"].decision == "accept" and o.results["B3"].cached_tokens > 0
+    # the live gateway's rule (core/decision.py note 2): a reject registers nothing and
+    # forgets the old object, so the next request is a miss and the one after an accept
+    assert o.decisions["B3"].decision == "miss" and o.results["B3"].cached_tokens == 0
+    assert o.decisions["B4"].decision == "accept" and o.results["B4"].cached_tokens > 0
     _assert_isolated(o)
 
 
@@ -98,7 +102,7 @@ def _weak_hash(namespace: str, material: str) -> bytes:
 
 def test_forced_collision_across_tenants_is_rejected_by_full_identity():
     o = run([req("A1", 0, "A", DOC_A), req("B1", 1, "B", DOC_B)],
-            faults=Faults(short_key=_weak_hash))
+            faults=Faults(lookup_key=_weak_hash))
     d = o.decisions["B1"]
     assert d.candidate_request_id == "A1"
     assert d.decision == "reject" and d.first_mismatch == "namespace"
@@ -108,7 +112,7 @@ def test_forced_collision_across_tenants_is_rejected_by_full_identity():
 
 def test_forced_collision_inside_one_tenant_is_rejected_on_content():
     o = run([req("A1", 0, "A", DOC_A), req("A2", 1, "A", DOC_A2)],
-            faults=Faults(short_key=_weak_hash))
+            faults=Faults(lookup_key=_weak_hash))
     d = o.decisions["A2"]
     assert d.decision == "reject" and d.reasons == ("content_digest",)
     _assert_isolated(o)
@@ -118,11 +122,13 @@ def test_adapter_switch_rejects_old_adapter_objects():
     hdr = header(adapters={"B": ("b-lora", "adapters/b/v1")})
     o = run([req("A1", 0, "A", DOC_A), req("B0", 1, "B", DOC_B),
              ev(2, "adapter_upgrade", "adapters/b/v2", tenant="B"),
-             req("B1", 3, "B", DOC_B), req("B2", 4, "B", DOC_B)], hdr=hdr)
+             req("B1", 3, "B", DOC_B), req("B2", 4, "B", DOC_B), req("B3", 5, "B", DOC_B)],
+            hdr=hdr)
     assert o.decisions["B1"].decision == "reject"
     assert o.decisions["B1"].reasons == ("adapter_digest",)
     assert o.forwarded["B1"].lora_path == "adapters/b/v2"
-    assert o.decisions["B2"].decision == "accept" and o.results["B2"].cached_tokens > 0
+    assert o.decisions["B2"].decision == "miss"
+    assert o.decisions["B3"].decision == "accept" and o.results["B3"].cached_tokens > 0
     _assert_isolated(o)
 
 
@@ -133,22 +139,26 @@ def test_tokenizer_switch_rejects_old_tokenizer_objects(restart):
     restart_on = ("tokenizer_upgrade",) if restart else ()
     o = run([req("A1", 0, "A", DOC_A), req("B0", 1, "B", DOC_B),
              ev(2, "tokenizer_upgrade", "tokenizer-v2"),
-             req("B1", 3, "B", DOC_B), req("B2", 4, "B", DOC_B)], restart_on=restart_on)
+             req("B1", 3, "B", DOC_B), req("B2", 4, "B", DOC_B), req("B3", 5, "B", DOC_B)],
+            restart_on=restart_on)
     assert o.decisions["B1"].decision == "reject"
     assert o.decisions["B1"].reasons == ("tokenizer_digest",)
     assert o.results["B1"].cached_tokens == 0
-    assert o.decisions["B2"].decision == "accept"
+    assert o.decisions["B2"].decision == "miss"
+    assert o.decisions["B3"].decision == "accept"
     _assert_isolated(o)
 
 
 def test_policy_revocation_rejects_objects_of_the_old_policy():
     o = run([req("A1", 0, "A", DOC_A), req("B0", 1, "B", DOC_B),
              ev(2, "policy_revocation", tenant="B"),
-             req("B1", 3, "B", DOC_B), req("A2", 4, "A", DOC_A), req("B2", 5, "B", DOC_B)])
+             req("B1", 3, "B", DOC_B), req("A2", 4, "A", DOC_A), req("B2", 5, "B", DOC_B),
+             req("B3", 6, "B", DOC_B)])
     assert o.decisions["B1"].reasons == ("policy_revision",)
-    assert o.results["B1"].cached_tokens == 0        # same salt, same tokens: skip-read saved it
+    assert o.results["B1"].cached_tokens == 0        # sent isolated: nothing read
     assert o.decisions["A2"].decision == "accept"    # A's policy did not change
-    assert o.decisions["B2"].decision == "accept"
+    assert o.decisions["B2"].decision == "miss"      # the old object was forgotten
+    assert o.decisions["B3"].decision == "accept"
     _assert_isolated(o)
 
 

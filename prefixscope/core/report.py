@@ -320,8 +320,8 @@ def uncounted_note(requests: int, prompt_tokens: int, *, counters_hit: int | Non
 
     vLLM leaves a request sent with ``skip_reading_prefix_cache`` (a gateway rejection) out of
     ``prefix_cache_queries``/``hits``; the per-request figure counts its prompt tokens (cached
-    0). Both figures are named when given: ``counters 714,720 of 839,952 (85.1%), per request
-    714,720 of 1,032,930 (69.2%): vLLM's counters leave out the 192,978 prompt tokens of 57
+    0). Both figures are named when given: ``counters 641,536 of 856,368 (74.9%), per request
+    641,536 of 1,032,930 (62.1%): vLLM's counters leave out the 176,562 prompt tokens of 52
     rejected requests (sent with skip_reading_prefix_cache)``.
     """
     if requests <= 0 or prompt_tokens <= 0:
