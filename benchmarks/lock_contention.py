@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "prefixscope.cli.main"]
+CLI = [sys.executable, "-m", "prefixscope.cli.root"]
 
 
 _CLI: list[str] = []

@@ -192,7 +192,7 @@ def test_a_run_killed_during_smtp_is_named_and_retried(daily_db, tmp_path):
     server = start_smtp()
     try:
         cfg = _config(tmp_path, server.port)
-        done = subprocess.run([sys.executable, "-c", "from prefixscope.cli.main import main; main()",
+        done = subprocess.run([sys.executable, "-c", "from prefixscope.cli.root import main; main()",
                                *args[1:-3], "--config", cfg, "--send"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr

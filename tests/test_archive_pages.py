@@ -16,7 +16,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from prefixscope.cli.main import run
+from prefixscope.cli.root import run
 from prefixscope.ingest.usage import save_usage_rows
 from prefixscope.store import db as store_db
 from prefixscope.store.queries import alerts as alq

@@ -80,7 +80,7 @@ def test_fitted_step_time_agreement_on_both_tracks(captures):
 
 
 def test_cli_fit_steps_and_sim_record_the_coefficients(captures, tmp_path):
-    from prefixscope.cli.main import app
+    from prefixscope.cli.root import app
     from prefixscope.replay.live_outputs import result_to_usage_line
     from prefixscope.replay.sim import simulate
     from prefixscope.replay.traces import read_trace
@@ -160,7 +160,7 @@ def test_observed_clock_reaches_99_percent_on_both_tracks(captures):
 
 
 def test_cli_observed_clock_on_a_recorded_trace(captures, tmp_path, capsys):
-    from prefixscope.cli.main import app, run
+    from prefixscope.cli.root import app, run
 
     results, order = captures[9]["runs"][0]
     live = {r.request_id: r for r in results}

@@ -88,7 +88,7 @@ def test_replay_fleet_text_and_recorded_router(tmp_path):
 
 
 def test_replay_fleet_errors_are_messages_not_tracebacks(capsys):
-    from prefixscope.cli.main import run
+    from prefixscope.cli.root import run
 
     code = run(["replay", "fleet", str(AIDER), "--format", "chat", "--router", "nearest"])
     assert code == 2
@@ -122,7 +122,7 @@ def test_replay_capacity_rows_match_replay_sim_and_min_is_never_below():
 
 
 def test_replay_capacity_bad_sizes(capsys):
-    from prefixscope.cli.main import run
+    from prefixscope.cli.root import run
 
     assert run(["replay", "capacity", str(AIDER), "--capacities", "400,abc"]) == 2
     assert "--capacities: 'abc' is not a number of blocks" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefixscope.cli.main import run
+from prefixscope.cli.root import run
 from prefixscope.core.times import parse_time
 from prefixscope.ingest.usage import save_usage_rows
 from prefixscope.store import db as store_db
@@ -221,7 +221,7 @@ def _slow_archive_range(*args, **kwargs):
 
 arc.archive_range = _slow_archive_range
 arc.CHUNK_ROWS = 150  # a chunk of a day or two: many chunks, each committed on its own
-from prefixscope.cli.main import main
+from prefixscope.cli.root import main
 sys.argv = ["prefixscope", "archive", "--db", sys.argv[1], "--to", sys.argv[2],
             "--before", "2026-10-31"]
 main()

@@ -140,7 +140,7 @@ def run_story_replays(db_path: str, out_dir: str | Path, chat_log: Path,
 
 def diagnose_available() -> bool:
     """True when this prefixscope has a ``diagnose`` command (issue 13)."""
-    from prefixscope.cli.main import app
+    from prefixscope.cli.root import app
 
     names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
     names |= {g.name for g in app.registered_groups}
@@ -166,7 +166,7 @@ def diagnose_hook(db_path: str, chat_log: Path, out_dir: Path | None = None) -> 
             "--model", spec.model, "--ingest", "--db", db_path, "--no-text"]
     if out_dir is not None:
         args += ["--out", str(out_dir)]
-    proc = subprocess.run([sys.executable, "-c", "from prefixscope.cli.main import main; main()",
+    proc = subprocess.run([sys.executable, "-c", "from prefixscope.cli.root import main; main()",
                            *args], capture_output=True, text=True, timeout=600)
     lines = (proc.stdout or proc.stderr).strip().splitlines()
     if proc.returncode != 0:

@@ -202,3 +202,7 @@ def _interrupted() -> int:
 def main() -> None:
     """Console-script entry point."""
     sys.exit(run())
+
+
+if __name__ == "__main__":  # python -m prefixscope.cli.root ... (benchmarks/lock_contention.py)
+    main()
