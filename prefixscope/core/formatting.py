@@ -146,9 +146,17 @@ def count_noun(n: int, noun: str) -> str:
 def price_label(shadow: object, source: object) -> str:
     """How a price is described, naming its kind and source: ``'shadow price: <source>'`` or
     ``'list price: <source>'`` (a source that already starts with its kind is not repeated);
-    the Savings page and ``ingest prices`` alike."""
+    the Savings page and ``ingest prices`` alike.
+
+    ``shadow`` is a bool, or missing (None, NaN, ``pd.NA``: the store's ``shadow`` of a model
+    without a price): missing with no source reads ``'no price'``, missing with a source
+    ``'price: <source>'``. A missing ``source`` reads ``'source not given'``. Plain text: a
+    page escapes it (:func:`md_text`) before it reaches Markdown.
+    """
+    src = "" if _missing(source) else str(source).strip()
+    if _missing(shadow):
+        return f"price: {src}" if src else "no price"
     kind = "shadow price" if bool(shadow) else "list price"
-    src = str(source).strip() if source is not None and source == source else ""
     if not src:
         return f"{kind}: source not given"
     if src.lower().startswith(kind):
