@@ -119,3 +119,32 @@ def test_price_label_of_a_missing_price():
     assert price_label(True, pd.NA) == "shadow price: source not given"
     assert price_label(False, "x") == "list price: x"
     assert price_label(True, "shadow price: y") == "shadow price: y"
+
+
+def test_regression_cost_leaves_unreported_cached_tokens_out(stores, use_db):
+    """Issue 28 finding 2: "What the regression cost" counts only the requests that reported
+    cached tokens (the coverage rule of every hit rate), by the hand computation in the module
+    docstring: 80.0% -> 20.0%, 9,600 tokens, at USD 0.50 per million missed tokens USD
+    0.0048 (was 16.0%, 12,800 tokens and USD 0.0064); the coverage is said under it."""
+    at = _savings(use_db(stores["all"]))
+    kpi = ds.metrics(at)
+    assert kpi["Hit rate: before → since"] == "80.0% → 20.0%"
+    assert kpi["Tokens recomputed beyond the baseline"] == "9,600"
+    assert kpi["m-alert: cost since 2026-01-04"] == "$0.00480"
+    captions = ds.texts(at, "caption")
+    assert any("m-alert: 16 of 20 requests since 2026-01-04 reported cached tokens (80.0%)" in c
+               for c in captions), captions
+
+
+def test_regression_cost_since_agrees_with_the_store_hit_rate(stores):
+    """The "since" hit rate is the store's per-request hit rate of those days (the figure
+    Overview, Alerts and ``hitrate`` show), not Σ cached ÷ Σ every prompt."""
+    from prefixscope.store import db as store_db
+    from prefixscope.store.queries.requests import request_hit_rate_totals
+
+    with store_db.reader(stores["all"]) as con:
+        t = request_hit_rate_totals(con, start_s=DAY0 + 3 * 86400, end_s=None,
+                                    models=("m-alert",)).iloc[0]
+    assert (int(t["requests"]), int(t["reported_requests"])) == (20, 16)
+    assert (int(t["reported_prompt_tokens"]), int(t["cached_tokens"])) == (16_000, 3_200)
+    assert float(t["hit_rate"]) == pytest.approx(0.2)

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_money, fmt_pct, price_label
+from prefixscope.core.formatting import fmt_int, fmt_money, fmt_pct, price_label
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
@@ -70,22 +70,28 @@ def regression_costs(db: str, f) -> None:
         base = data.request_hit_rate_totals(db, start_s=b0, end_s=d0, by=("model",),
                                             models=(model,), instances=f.instances,
                                             run_ids=f.run_ids)
+        # since: the coverage rule of every hit rate (request_hit_rate_totals: a request whose
+        # cached_tokens is null is in neither sum); the price: savings_by_model's miss_cost
+        since = data.request_hit_rate_totals(db, start_s=d0, end_s=f.end_s, by=("model",),
+                                             models=(model,), instances=f.instances,
+                                             run_ids=f.run_ids)
         after = data.savings_by_model(db, start_s=d0, end_s=f.end_s, models=(model,),
                                       instances=f.instances, run_ids=f.run_ids)
-        if base.empty or after.empty or base["hit_rate"].isna().all():
+        if base.empty or since.empty or after.empty or base["hit_rate"].isna().all():
             continue
-        b, a = base.iloc[0], after.iloc[0]
-        if pd.isna(a["cached_tokens"]) or pd.isna(a["prompt_tokens"]):
+        b, s, a = base.iloc[0], since.iloc[0], after.iloc[0]
+        if pd.isna(s["cached_tokens"]) or pd.isna(s["reported_prompt_tokens"]):
             continue  # cached tokens not reported since: no cost to state (never counted as 0)
         rc = regression_cost(baseline_hit_rate=float(b["hit_rate"]),
-                             prompt_tokens=int(a["prompt_tokens"]),
-                             cached_tokens=int(a["cached_tokens"]),
-                             miss_cost=a["miss_cost"] if "miss_cost" in a else None)
+                             prompt_tokens=int(s["reported_prompt_tokens"]),
+                             cached_tokens=int(s["cached_tokens"]),
+                             miss_cost=a["miss_cost"] if "miss_cost" in a else None,
+                             missed_tokens=int(a["prompt_tokens"]) - int(a["cached_tokens"]))
         if rc is None:
             continue
         cur = a["currency"] if isinstance(a["currency"], str) else None
-        out.append((model, begun.day, rc, cur, a))
-    for model, day, rc, cur, a in out:
+        out.append((model, begun.day, rc, cur, a, s))
+    for model, day, rc, cur, a, s in out:
         cols = st.columns(3)
         cols[0].metric(f"{model}: cost since {day.isoformat()}",
                        fmt_money(rc.cost, cur) if rc.cost is not None and cur else "no price",
@@ -99,6 +105,10 @@ def regression_costs(db: str, f) -> None:
                        f"{fmt_pct(rc.hit_rate)}", border=True,
                        help=f"Before: the {BASELINE_DAYS} days before {day.isoformat()}; since: "
                             f"{day.isoformat()} to the end of the range (usage log).")
+        st.caption(f"{model}: {fmt_int(s['reported_requests'])} of "
+                   f"{fmt_int(s['requests'])} requests since {day.isoformat()} reported cached "
+                   f"tokens ({fmt_pct(s['coverage'])}); the hit rate and the tokens count only "
+                   "those (a request that did not report is in neither sum, never counted as 0).")
     if out:
         st.caption("Since the first ALERT day of each model whose latest days read ALERT (the "
                    "daily report's rule, day by day): the prompt tokens the prefill recomputed "
