@@ -164,6 +164,72 @@ def price_label(shadow: object, source: object) -> str:
     return f"{kind}: {src}"
 
 
+#: Characters :func:`md_text` escapes with a backslash wherever they are: inline Markdown
+#: (emphasis ``* _ ~``, code `````, links and images ``[ ] ( ) !``, headings ``#``, tables
+#: ``|``, the escape itself), raw HTML and entities (``< > &``) and Streamlit's LaTeX (``$``).
+MD_ESCAPED = frozenset("\\`*_[]()!#~|<>&$")
+#: U+2060 WORD JOINER (invisible): put after a ``:`` or ``@`` and inside ``www.`` of data,
+#: it breaks the patterns Streamlit matches in the text AFTER the Markdown is parsed (so a
+#: backslash cannot stop them): icons ``:material/x:``, ``:streamlit:``, emoji ``:smile:``,
+#: colour directives ``:red[...]``, GFM's bare links ``https://...``, ``www.x`` and e-mail
+#: addresses (Streamlit 1.67 ``StreamlitMarkdown``; mdast-util-gfm-autolink-literal).
+MD_BREAK = "\u2060"
+# Line breaks and other C0/C1 controls, and the bidirectional overrides that make text read
+# other than it is stored (Trojan Source): none belongs in a label.
+_MD_SPACES = re.compile(r"[\t\n\v\f\r\x1c-\x1f\x85\u2028\u2029]+")
+_MD_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u061c\u200e\u200f"
+                          r"\u202a-\u202e\u2066-\u2069]")
+_MD_BREAK_AFTER = re.compile(r"([:@])(?=\S)")
+_MD_WWW = re.compile(r"(www)(?=\.)", re.IGNORECASE)
+# At the start of the text: a list item (``- x``, ``+ x``, ``1. x``, ``1) x``)
+_MD_LEADING_LIST = re.compile(r"^(\s*)(?:([-+])|(\d+)([.)]))")
+
+
+def md_text(value: object, *, code: bool = False) -> str:
+    """``value`` as text that Streamlit shows exactly as written wherever it takes Markdown
+    (``st.markdown``, captions, ``st.info``/``warning``/``error``/``success``, metric labels
+    and help, headings, expander and tab labels, widget labels and help): THE rule for every
+    string from data or from the URL (names, labels, sources, query parameters) that reaches
+    a page. Nothing from the data is ever Markdown, HTML, LaTeX, a directive, an icon or a link.
+
+    - Every character of :data:`MD_ESCAPED` gets a backslash; a leading list marker too
+      (``-``, ``+``, ``1.``, ``1)``).
+    - Line breaks, tabs and other whitespace controls become one space; other control
+      characters and bidirectional overrides become U+FFFD.
+    - :data:`MD_BREAK` (invisible) goes after every ``:`` and ``@`` followed by a character
+      and between ``www`` and ``.``: Streamlit matches icons, emoji and bare links in the
+      parsed text, where a backslash no longer is.
+
+    ``code=True``: the text as an inline code span instead (shown in monospace; no escapes
+    inside, which code spans would show): a backtick fence longer than any run of backticks
+    in the text, padded with a space when the text starts or ends with one; the same control
+    and :data:`MD_BREAK` rules.
+
+    Args:
+        value: any object; ``str(value)`` is escaped (None -> ``'None'``: format missing
+            values first, e.g. with :data:`MISSING`).
+
+    Returns:
+        The escaped text, for an f-string of Markdown. Not for a place that is not Markdown
+        (``st.dataframe`` cells, ``st.text``, ``st.code``, metric values): there it would show
+        the backslashes.
+    """
+    text = _MD_SPACES.sub(" ", str(value))
+    text = _MD_CONTROLS.sub("\ufffd", text)
+    text = _MD_WWW.sub(r"\1" + MD_BREAK, _MD_BREAK_AFTER.sub(r"\1" + MD_BREAK, text))
+    if code:
+        longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+        fence = "`" * (longest + 1)
+        pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else ""
+        return f"{fence}{pad}{text}{pad}{fence}" if text else "` `"
+    out = "".join("\\" + ch if ch in MD_ESCAPED else ch for ch in text)
+    m = _MD_LEADING_LIST.match(out)
+    if m:
+        lead, sign, digits, delim = m.groups()
+        out = lead + ("\\" + sign if sign else f"{digits}\\{delim}") + out[m.end():]
+    return out
+
+
 def fmt_ms(value: float | None) -> str:
     """Milliseconds with one decimal and separators: ``1234.56 -> '1,234.6'``; None -> ``'—'``."""
     if _missing(value):
