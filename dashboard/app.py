@@ -110,7 +110,7 @@ def main() -> None:
 
     from prefixscope.dashboard import data, filters
     from prefixscope.core.errors import PrefixscopeError
-    from prefixscope.core.formatting import fmt_age, fmt_time
+    from prefixscope.core.formatting import fmt_age, fmt_time, md_text
 
     st.set_page_config(page_title="prefixscope", page_icon=":material/cached:", layout="wide")
     db = data.db_path()
@@ -129,7 +129,7 @@ def main() -> None:
     nav = st.navigation(pages)
 
     st.sidebar.markdown("### prefixscope")
-    st.sidebar.caption(f"Database: `{db}`")
+    st.sidebar.caption(f"Database: {md_text(db, code=True)}")
     now_s = data.clock()  # the clock of the cache periods (time.time; tests move it)
     values = {"models": [], "instances": [], "run_ids": [], "min_ts_unix_s": None,
               "max_ts_unix_s": None}
@@ -163,7 +163,7 @@ def main() -> None:
         with st.sidebar:
             live_ticker(float(data.CACHE_TTL_S), db)()
     for rel in missing:
-        st.sidebar.caption(f"(page {rel} listed but not found)")
+        st.sidebar.caption(f"(page {md_text(rel)} listed but not found)")
     nav.run()
 
 
