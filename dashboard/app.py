@@ -104,6 +104,18 @@ def live_ticker(every_s: float, db: str):
     return _TICKS[(every_s, db)]
 
 
+def favicon():
+    """The browser tab's icon: a small image the dashboard serves itself (a teal disc, 32 x 32
+    px, a PIL image). A ``:material/...:`` or emoji ``page_icon`` makes Streamlit 1.67's page
+    fetch it from fonts.gstatic.com or a CDN: a request to a host the page does not name
+    (issue 27 #1, tests/test_dashboard_markdown_browser.py)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGBA", (32, 32), (0, 0, 0, 0))
+    ImageDraw.Draw(img).ellipse((2, 2, 29, 29), fill=(0, 128, 128, 255))
+    return img
+
+
 def main() -> None:
     """Draw the shared chrome and run the selected page."""
     import streamlit as st
@@ -112,7 +124,7 @@ def main() -> None:
     from prefixscope.core.errors import PrefixscopeError
     from prefixscope.core.formatting import fmt_age, fmt_time, md_text
 
-    st.set_page_config(page_title="prefixscope", page_icon=":material/cached:", layout="wide")
+    st.set_page_config(page_title="prefixscope", page_icon=favicon(), layout="wide")
     db = data.db_path()
 
     pages = []

@@ -433,7 +433,7 @@ def build_hostile_db(path: str | os.PathLike[str], *, usage_records: list[dict],
     work = Path(workdir)
     build_real_db(path)
     key = work / "hmac.key"
-    key.write_bytes(os.urandom(32))
+    key.write_text(os.urandom(32).hex(), encoding="ascii")  # read as text, stripped
     out = subprocess.run([PREFIXSCOPE, "replay", "gateway", str(DATA / "multitenant" / "trace.jsonl"),
                           "--db", str(path), "--out", str(work / "gateway"), "--hmac-key-file",
                           str(key), "--run-id", "gw-1"], cwd=str(work), capture_output=True,
