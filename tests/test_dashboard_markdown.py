@@ -109,6 +109,7 @@ def test_md_text_shows_the_text_as_written():
         assert html_mod.unescape(shown).replace(MD_BREAK, "") == text, (text, html)
         assert md.render(md_text(text, code=True)).count("<code>") == 1
     assert md_text("tiny-llama-random") == "tiny-llama-random"  # the common case unchanged
+    assert md_text("vllm-b:8000 after 09:30") == "vllm-b:8000 after 09:30"
     assert md_text("tiny-llama-random", code=True) == "`tiny-llama-random`"
 
 

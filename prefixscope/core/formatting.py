@@ -168,7 +168,8 @@ def price_label(shadow: object, source: object) -> str:
 #: (emphasis ``* _ ~``, code `````, links and images ``[ ] ( ) !``, headings ``#``, tables
 #: ``|``, the escape itself), raw HTML and entities (``< > &``) and Streamlit's LaTeX (``$``).
 MD_ESCAPED = frozenset("\\`*_[]()!#~|<>&$")
-#: U+2060 WORD JOINER (invisible): put after a ``:`` or ``@`` and inside ``www.`` of data,
+#: U+2060 WORD JOINER (invisible): put after a ``:`` (before a letter or ``/``), after an
+#: ``@`` and inside ``www.`` of data,
 #: it breaks the patterns Streamlit matches in the text AFTER the Markdown is parsed (so a
 #: backslash cannot stop them): icons ``:material/x:``, ``:streamlit:``, emoji ``:smile:``,
 #: colour directives ``:red[...]``, GFM's bare links ``https://...``, ``www.x`` and e-mail
@@ -179,7 +180,10 @@ MD_BREAK = "\u2060"
 _MD_SPACES = re.compile(r"[\t\n\v\f\r\x1c-\x1f\x85\u2028\u2029]+")
 _MD_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u061c\u200e\u200f"
                           r"\u202a-\u202e\u2066-\u2069]")
-_MD_BREAK_AFTER = re.compile(r"([:@])(?=\S)")
+# a ``:`` before a letter, ``/``, ``_``, ``+`` or ``-`` (an icon, emoji, directive or link can
+# follow; a digit cannot start a directive or icon: ``host:8000`` and ``09:30`` stay as they
+# are), an ``@`` before anything but a space (an e-mail address)
+_MD_BREAK_AFTER = re.compile(r"(:)(?=[A-Za-z/_+-])|(@)(?=\S)")
 _MD_WWW = re.compile(r"(www)(?=\.)", re.IGNORECASE)
 # At the start of the text: a list item (``- x``, ``+ x``, ``1. x``, ``1) x``)
 _MD_LEADING_LIST = re.compile(r"^(\s*)(?:([-+])|(\d+)([.)]))")
@@ -196,9 +200,11 @@ def md_text(value: object, *, code: bool = False) -> str:
       (``-``, ``+``, ``1.``, ``1)``).
     - Line breaks, tabs and other whitespace controls become one space; other control
       characters and bidirectional overrides become U+FFFD.
-    - :data:`MD_BREAK` (invisible) goes after every ``:`` and ``@`` followed by a character
-      and between ``www`` and ``.``: Streamlit matches icons, emoji and bare links in the
-      parsed text, where a backslash no longer is.
+    - :data:`MD_BREAK` (invisible) goes after a ``:`` followed by a letter, ``/``, ``_``,
+      ``+`` or ``-``, after an ``@`` followed by a character, and between ``www`` and ``.``:
+      Streamlit matches icons, emoji and bare links in the parsed text, where a backslash no
+      longer is. (``host:8000`` and ``09:30`` read as written: no icon, directive or link
+      starts with a digit.)
 
     ``code=True``: the text as an inline code span instead (shown in monospace; no escapes
     inside, which code spans would show): a backtick fence longer than any run of backticks
@@ -216,7 +222,8 @@ def md_text(value: object, *, code: bool = False) -> str:
     """
     text = _MD_SPACES.sub(" ", str(value))
     text = _MD_CONTROLS.sub("\ufffd", text)
-    text = _MD_WWW.sub(r"\1" + MD_BREAK, _MD_BREAK_AFTER.sub(r"\1" + MD_BREAK, text))
+    text = _MD_WWW.sub(r"\1" + MD_BREAK,
+                       _MD_BREAK_AFTER.sub(lambda m: m.group(0) + MD_BREAK, text))
     if code:
         longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
         fence = "`" * (longest + 1)
