@@ -791,11 +791,12 @@ class RegressionCost:
     Attributes:
         baseline_hit_rate: the model's hit rate before the regression, fraction.
         hit_rate: its hit rate since, fraction.
-        prompt_tokens, cached_tokens: Σ over the requests since the regression began.
+        prompt_tokens, cached_tokens: Σ over the requests since the regression began that
+            reported cached tokens (null is not 0: the others are in neither sum).
         extra_tokens: prompt tokens the prefill recomputed beyond what the baseline hit rate
             would have left it: ``max(0, baseline x prompt - cached)``.
-        cost: ``extra_tokens x`` the price of a missed token (``miss_cost / (prompt -
-            cached)`` of the same requests: input minus cached-input price, tiers included),
+        cost: ``extra_tokens x`` the price of a missed token (``miss_cost / missed_tokens``
+            of the requests since: input minus cached-input price, tiers included),
             in ``currency``; None without a price.
     """
 
@@ -808,22 +809,32 @@ class RegressionCost:
 
 
 def regression_cost(*, baseline_hit_rate: float, prompt_tokens: int, cached_tokens: int,
-                    miss_cost: float | None) -> RegressionCost | None:
-    """The cost of a regression from the figures of the requests since it began (Σ prompt and
-    cached tokens, the store's ``miss_cost`` of those requests) and the hit rate before it.
+                    miss_cost: float | None,
+                    missed_tokens: int | None = None) -> RegressionCost | None:
+    """The cost of a regression from the figures of the requests since it began and the hit
+    rate before it.
+
+    ``prompt_tokens`` and ``cached_tokens`` are Σ over the requests since that reported cached
+    tokens (``reported_prompt_tokens`` and ``cached_tokens`` of
+    ``prefixscope.store.queries.requests.request_hit_rate_totals``: a request whose
+    ``cached_tokens`` is null is left out of both, never counted as 0). ``miss_cost`` is the
+    store's ``miss_cost`` of the requests since (``savings_by_model``, currency units; None or
+    NaN without a price) and ``missed_tokens`` the missed prompt tokens it prices (its
+    ``prompt_tokens - cached_tokens``, unreported requests included: it gives the price of a
+    missed token, ``miss_cost / missed_tokens``); default ``prompt_tokens - cached_tokens``.
 
     Example: 1,000,000 prompt tokens since, 400,000 cached (40%), a baseline of 75% and misses
     costing USD 0.12 (600,000 missed tokens at USD 0.20 per million): 350,000 extra tokens,
     USD 0.07.
 
     Returns:
-        None when there are no prompt tokens since.
+        None when there are no (reporting) prompt tokens since.
     """
     p, c = int(prompt_tokens), int(cached_tokens)
     if p <= 0:
         return None
     extra = max(0, round(baseline_hit_rate * p - c))
-    missed = p - c
+    missed = p - c if missed_tokens is None else int(missed_tokens)
     cost = None
     if miss_cost is not None and miss_cost == miss_cost:
         cost = 0.0 if missed <= 0 else float(miss_cost) * extra / missed

@@ -104,15 +104,27 @@ def live_ticker(every_s: float, db: str):
     return _TICKS[(every_s, db)]
 
 
+def favicon():
+    """The browser tab's icon: a small image the dashboard serves itself (a teal disc, 32 x 32
+    px, a PIL image). A ``:material/...:`` or emoji ``page_icon`` makes Streamlit 1.67's page
+    fetch it from fonts.gstatic.com or a CDN: a request to a host the page does not name
+    (issue 27 #1, tests/test_dashboard_markdown_browser.py)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGBA", (32, 32), (0, 0, 0, 0))
+    ImageDraw.Draw(img).ellipse((2, 2, 29, 29), fill=(0, 128, 128, 255))
+    return img
+
+
 def main() -> None:
     """Draw the shared chrome and run the selected page."""
     import streamlit as st
 
     from prefixscope.dashboard import data, filters
     from prefixscope.core.errors import PrefixscopeError
-    from prefixscope.core.formatting import fmt_age, fmt_time
+    from prefixscope.core.formatting import fmt_age, fmt_time, md_text
 
-    st.set_page_config(page_title="prefixscope", page_icon=":material/cached:", layout="wide")
+    st.set_page_config(page_title="prefixscope", page_icon=favicon(), layout="wide")
     db = data.db_path()
 
     pages = []
@@ -129,7 +141,7 @@ def main() -> None:
     nav = st.navigation(pages)
 
     st.sidebar.markdown("### prefixscope")
-    st.sidebar.caption(f"Database: `{db}`")
+    st.sidebar.caption(f"Database: {md_text(db, code=True)}")
     now_s = data.clock()  # the clock of the cache periods (time.time; tests move it)
     values = {"models": [], "instances": [], "run_ids": [], "min_ts_unix_s": None,
               "max_ts_unix_s": None}
@@ -163,7 +175,7 @@ def main() -> None:
         with st.sidebar:
             live_ticker(float(data.CACHE_TTL_S), db)()
     for rel in missing:
-        st.sidebar.caption(f"(page {rel} listed but not found)")
+        st.sidebar.caption(f"(page {md_text(rel)} listed but not found)")
     nav.run()
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
-from prefixscope.core.formatting import count_noun
+from prefixscope.core.formatting import count_noun, md_text
 
 QUICK_PICKS: dict[str, float | None] = {
     "1h": 3600.0,
@@ -382,7 +382,8 @@ def refused_text(refused) -> str | None:
     if refused is None or len(refused) == 0:
         return None
     total = int(refused["requests"].sum())
-    by = ", ".join(f"{e} {fmt_int(int(n))}" for e, n in zip(refused["error"], refused["requests"]))
+    by = ", ".join(f"{md_text(e)} {fmt_int(int(n))}"
+                   for e, n in zip(refused["error"], refused["requests"]))
     noun = "request" if total == 1 else "requests"
     return (f"Refused / errors: {fmt_int(total)} {noun} ({by}) never reached the engine (the "
             "gateway answered them itself, or the upstream failed); they are left out of the "
@@ -424,10 +425,12 @@ def pick_decision_runs(db: str, *, key: str, empty: str = NO_DECISIONS) -> tuple
                         default=wanted or None)
     if side is not None and set(picked) != set(side):
         missing = [run_label(r) for r in side if r not in ids]
-        why = (f"the sidebar's run {', '.join(missing)} has no gateway decisions"
+        why = (f"the sidebar's run {', '.join(md_text(r) for r in missing)} has no gateway "
+               "decisions"
                if missing and not wanted else "picked here")
-        st.caption(f"Showing {', '.join(run_label(r) for r in picked) or 'no run'} "
-                   f"({why}); the sidebar's Run is {', '.join(run_label(r) for r in side)}.")
+        st.caption(f"Showing {', '.join(md_text(run_label(r)) for r in picked) or 'no run'} "
+                   f"({why}); the sidebar's Run is "
+                   f"{', '.join(md_text(run_label(r)) for r in side)}.")
     if not picked:
         st.info("Pick at least one run.", icon=":material/info:")
         st.stop()

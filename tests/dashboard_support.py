@@ -383,3 +383,74 @@ def app_tracebacks(log: str) -> list[str]:
         else:
             out.append(block)
     return [b for b in out if _STREAMLIT_TEARDOWN not in b]
+
+
+# --- a store whose text is hostile (issue 27 #1) -------------------------------------------
+
+#: Appended to every name, label, source and message of :func:`build_hostile_db`: Markdown
+#: (emphasis, a link, images: one at a loopback port nobody serves, one at a foreign host),
+#: HTML, LaTeX, Streamlit's colour directive, icon and emoji, bare links, a list marker after a
+#: newline, and control characters (NUL, RLO).
+HOSTILE = (" evil **bold** [Re-login](https://evil.example/login) "
+           "![p](http://127.0.0.1:9/p.png) ![q](https://evil.example/q.png) "
+           "<img src=https://evil.example/h.png> <b>html</b> &amp; $x^2$ :red[red] "
+           ":material/home: :smile: https://evil.example/bare www.evil.example "
+           "a@evil.example\n- item\r\n# head\x00\u202e|t|")
+
+#: Text columns :func:`build_hostile_db` rewrites (table -> columns): names that join keep
+#: joining (the same suffix everywhere), vocabularies the code reads (scope, status, kind,
+#: currency, digests, run ids: run ids are checked at ingest) are left as they are.
+HOSTILE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "requests": ("model", "instance", "endpoint", "provider"),
+    "request_rollup_1m": ("model", "instance"),
+    "latency_rollup_1d": ("model", "instance"),
+    "metric_samples": ("model", "instance"),
+    "metric_series_head": ("model", "instance"),
+    "counter_rollup_5m": ("model", "instance"),
+    "scope_rollup_5m": ("model",),
+    "gateway_decisions": ("model", "instance", "error"),
+    "prices": ("model", "price_source"),
+    "diagnoses": ("model",),
+    "breakers": ("role",),
+    "runs": ("label",),
+    "ingest_sources": ("location", "note"),
+    "ingest_runs": ("message",),
+    "quarantine": ("location", "reason"),
+    "kv_events": ("instance",),
+}
+
+
+def build_hostile_db(path: str | os.PathLike[str], *, usage_records: list[dict],
+                     workdir: str | os.PathLike[str]) -> str:
+    """A store with data for every page, then :data:`HOSTILE` appended to every text field of
+    :data:`HOSTILE_COLUMNS` (non-null values): the real captures, probe requests and prices
+    (:func:`build_real_db`), ``usage_records`` (a usage log, e.g. a model in ALERT), and a
+    gateway replay of ``data/multitenant/trace.jsonl`` (decisions, scopes, rejections, a replay
+    run), written through the CLI into ``path``."""
+    from prefixscope.ingest.usage import ingest_usage_file
+    from prefixscope.store import db as store_db
+
+    work = Path(workdir)
+    build_real_db(path)
+    key = work / "hmac.key"
+    key.write_text(os.urandom(32).hex(), encoding="ascii")  # read as text, stripped
+    out = subprocess.run([PREFIXSCOPE, "replay", "gateway", str(DATA / "multitenant" / "trace.jsonl"),
+                          "--db", str(path), "--out", str(work / "gateway"), "--hmac-key-file",
+                          str(key), "--run-id", "gw-1"], cwd=str(work), capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    log = work / "usage.jsonl"
+    log.write_text("".join(__import__("json").dumps(r) + "\n" for r in usage_records),
+                   encoding="utf-8")
+    with store_db.writer(path) as con:
+        ingest_usage_file(con, log)
+        tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        for table, cols in HOSTILE_COLUMNS.items():
+            if table not in tables:
+                continue
+            sets = ", ".join(f'"{c}" = CASE WHEN "{c}" IS NULL THEN NULL ELSE "{c}" || ? END'
+                             for c in cols)
+            con.execute(f'UPDATE "{table}" SET {sets}', [HOSTILE] * len(cols))
+        con.execute("CHECKPOINT")
+    return str(path)

@@ -141,5 +141,8 @@ def test_alerts_page_and_overview_why(gw_db, tmp_path, monkeypatch):
     at = ds.run_app(gw_db, setup=lambda a: a.radio(key="filter_range").set_value("all"))
     assert not at.exception, [e.value for e in at.exception]
     (banner,) = [w for w in ds.texts(at, "warning") if f"**{MODEL} below" in w]
-    assert f"Why, from the gateway's decision log: {HINT} (the Rejections page)" in banner
+    from prefixscope.core.formatting import md_text
+
+    # the hint names the decision log's reasons (data): escaped as every text from the data
+    assert f"Why, from the gateway's decision log: {md_text(HINT)} (the Rejections page)" in banner
     assert "No diagnosis of" not in banner

@@ -73,7 +73,8 @@ def week_and_gateway_db(tmp_path_factory) -> str:
     return db
 
 
-REFUSED = ("Refused / errors: 1 request (bad_request 1) never reached the engine (the gateway "
+# the reason is the decision log's (data): escaped by md_text in the Markdown source
+REFUSED = ("Refused / errors: 1 request (bad\\_request 1) never reached the engine (the gateway "
            "answered them itself, or the upstream failed); they are left out of the hit rates "
            "and the request and miss counts here (docs/metrics.md#refused-requests).")
 SHADOW = "Shadow: 2 accepts were not served (1,856 candidate tokens): the gateway forwarded them"

@@ -10,7 +10,6 @@ the sidebar filters do not apply: a report covers every model of one local day. 
 
 from __future__ import annotations
 
-import re
 from datetime import date, timedelta
 
 import pandas as pd
@@ -18,7 +17,7 @@ import streamlit as st
 
 from prefixscope.dashboard import alerts_data as dashboard_data
 from prefixscope.dashboard import data
-from prefixscope.core.formatting import fmt_pct, fmt_pp, fmt_time
+from prefixscope.core.formatting import fmt_pct, fmt_pp, fmt_time, md_text
 from prefixscope.dashboard.downloads import show_table
 
 #: Status colours of the badges (text, never emoji: a server may lack the fonts); the table's
@@ -31,15 +30,6 @@ def status_badge(status: str) -> str:
     """The status as a coloured Markdown badge (text, no emoji)."""
     return f":{STATUS_COLOUR.get(status, 'gray')}-badge[{status}]"
 
-
-
-#: Characters Markdown (and Streamlit's ``:colour[...]`` directives) would read in a value.
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]{}()#+\-.!|<>~$:])")
-
-
-def md_text(text: str) -> str:
-    """``text`` with every Markdown-special character backslash-escaped (shown literally)."""
-    return _MD_SPECIAL.sub(r"\\\1", str(text))
 
 
 def report_line_markdown(ln: dict) -> str:
@@ -122,14 +112,15 @@ if "tz" in params:
     if _valid_tz(params["tz"]):
         tz_default = params["tz"]
     else:
-        st.warning(f"The link's `tz` parameter ({params['tz'][:64]!r}) is not an IANA time zone "
-                   f"(such as UTC or Europe/Berlin): showing {tz_default} instead.",
+        st.warning(f"The link's `tz` parameter ({md_text(repr(params['tz'][:64]))}) is not an "
+                   f"IANA time zone (such as UTC or Europe/Berlin): showing "
+                   f"{md_text(tz_default)} instead.",
                    icon=":material/link_off:")
 day_default, alert_model, alert_last = None, None, None
 if "day" in params:
     day_default = _param_day(params["day"])
     if day_default is None:
-        st.warning(f"The link's `day` parameter ({params['day'][:32]!r}) is not a day in the "
+        st.warning(f"The link's `day` parameter ({md_text(repr(params['day'][:32]))}) is not a day in the "
                    "form YYYY-MM-DD between 1970-01-02 and 2099-12-30: showing the default day "
                    "instead.", icon=":material/link_off:")
 if day_default is None:
@@ -138,13 +129,13 @@ c1, c2 = st.columns(2)
 day = c1.date_input("Day (local)", value=day_default, key="alerts_day")
 tz = c2.text_input("Time zone (IANA)", value=tz_default, key="alerts_tz").strip() or "UTC"
 if not _valid_tz(tz):
-    st.error(f"Time zone: {tz[:64]!r} is not an IANA time zone: use a name such as UTC or "
+    st.error(f"Time zone: {md_text(repr(tz[:64]))} is not an IANA time zone: use a name such as UTC or "
              "Europe/Berlin.", icon=":material/error:")
     st.stop()
 if alert_model is not None and day == day_default:
     through = (f" and reads ALERT through {alert_last.isoformat()}"
                if alert_last is not None and alert_last != day else "")
-    st.caption(f"Showing {day.isoformat()}, the day the latest alert began: {alert_model} fell "
+    st.caption(f"Showing {day.isoformat()}, the day the latest alert began: {md_text(alert_model)} fell "
                f"below its threshold that day{through}. Pick another day above.")
 elif "day" not in params and day == day_default:
     st.caption(f"Showing {day.isoformat()} (yesterday): no alert in the last "
@@ -163,7 +154,7 @@ with data.guard(db):
     k4.metric("Stale sources", f"{len(rep['stale_sources']):,}", border=True,
               help="Metrics sources that stopped reporting during the day.")
 
-    st.subheader(f"Daily report {rep['day']} ({rep['tz']})")
+    st.subheader(f"Daily report {md_text(rep['day'])} ({md_text(rep['tz'])})")
     if not lines:
         st.info("No prefix-cache data for this day: no vLLM counters and no production requests "
                 "with cached_tokens. Pick another day, or ingest data.", icon=":material/info:")
@@ -192,7 +183,8 @@ with data.guard(db):
             # st.html sanitizes; every value in the email body is already HTML-escaped
             st.html(dashboard_data.daily_email_html(db, day_iso=day.isoformat(), tz=tz))
     for s in rep["stale_sources"]:
-        st.warning(f"STALE: no scrape from `{s['instance']}` ({s['model']}) after "
+        st.warning(f"STALE: no scrape from {md_text(s['instance'], code=True)} "
+                   f"({md_text(s['model'])}) after "
                    f"{fmt_time(s['last_ts_unix_s'])}; stale after {s['stale_after_s']:g} s of "
                    "silence.", icon=":material/sensors_off:")
     fell = rep["fell_models"] + rep["fell_namespaces"]
@@ -219,7 +211,7 @@ with data.guard(db):
         if not failed.empty:
             st.warning(f"{len(failed):,} send(s) failed (recorded as failed, not sent; the next "
                        "run retries them): " + "; ".join(
-                           f"{d} to {r}: {e}" for d, r, e in
+                           f"{md_text(d)} to {md_text(r)}: {md_text(e)}" for d, r, e in
                            zip(failed["day"], failed["recipients"], failed["error"])),
                        icon=":material/mail_lock:")
         show_table("alerts-3", pd.DataFrame({

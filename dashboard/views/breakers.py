@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from prefixscope.core.formatting import breaker_position, fmt_int, fmt_pct, fmt_time, fmt_tokens
+from prefixscope.core.formatting import breaker_position, fmt_int, fmt_pct, fmt_time, fmt_tokens, md_text
 from prefixscope.dashboard import data, figures
 from prefixscope.dashboard.downloads import show_table
 
@@ -103,7 +103,7 @@ with data.guard(db):
     st.caption(what_if_caption(d, b))
     if not pd.isna(d.get("what_if_cost_delta")) and isinstance(d.get("currency"), str):
         st.caption(f"Cost with cache after the suggested layout: "
-                   f"{d['what_if_cost_delta']:+,.4f} {d['currency']} over the trace.")
+                   f"{d['what_if_cost_delta']:+,.4f} {md_text(d['currency'])} over the trace.")
     if b.empty:
         st.success("No breakers: every request hit the longest prefix an earlier request had.",
                    icon=":material/check_circle:")
@@ -134,6 +134,7 @@ with data.guard(db):
         ALONE: st.column_config.Column(width=120, help=ALONE_HELP)})
     st.plotly_chart(figures.breakers_lost_figure(b), key="breakers_lost")
     top = b.iloc[0]
-    st.info(f"Top breaker: {str(top['kind']).replace('_', ' ')} at {breaker_position(top)}. `prefixscope diagnose TRACE` prints "
+    st.info(f"Top breaker: {md_text(str(top['kind']).replace('_', ' '))} at "
+            f"{md_text(breaker_position(top))}. `prefixscope diagnose TRACE` prints "
             "the fix and writes the suggested layout; `--request ID` shows one request's break "
             "on your terminal.", icon=":material/tips_and_updates:")

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data
-from prefixscope.core.formatting import fmt_int, fmt_time
+from prefixscope.core.formatting import fmt_int, fmt_time, md_text
 from prefixscope.dashboard.downloads import show_table
 
 
@@ -30,7 +30,7 @@ def split_location(location: object) -> tuple[str, str]:
 
 db = data.db_path()
 st.title("Data sources")
-st.caption(f"Everything ingested into `{db}` (not filtered by the sidebar).")
+st.caption(f"Everything ingested into {md_text(db, code=True)} (not filtered by the sidebar).")
 
 with data.guard(db):
     sources = data.ingest_sources(db)
@@ -44,7 +44,8 @@ with data.guard(db):
     legacy = notes[notes["note"].astype(str).str.contains("legacy", case=False)]
     if not legacy.empty:
         st.info("Legacy metric names: " + "; ".join(
-            f"`{loc}`: {note}" for loc, note in zip(legacy["location"], legacy["note"]))
+            f"{md_text(loc, code=True)}: {md_text(note)}"
+            for loc, note in zip(legacy["location"], legacy["note"]))
             + ". They feed the same hit-rate analysis.", icon=":material/history:")
 
     quarantine = data.quarantined_lines(db, limit=1000)

@@ -16,7 +16,7 @@ import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core import report
-from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_pct_vs, fmt_time, fmt_window
+from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_pct_vs, fmt_time, fmt_window, md_text
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
@@ -57,9 +57,10 @@ def why_text(model: str, hints) -> str:
         return "Why: the Breakers page"
     hint = hints.hint(model)
     if hint != ALERT_HINT:
-        return f"Why, from the gateway's decision log: {hint} (the Rejections page)"
-    return (f"No diagnosis of `{model}` yet: `prefixscope diagnose <log> --model {model} "
-            "--ingest` puts one on the Breakers page")
+        return f"Why, from the gateway's decision log: {md_text(hint)} (the Rejections page)"
+    command = md_text(f"prefixscope diagnose <log> --model {model} --ingest", code=True)
+    return (f"No diagnosis of {md_text(model, code=True)} yet: {command} puts one on the "
+            "Breakers page")
 
 
 REQUESTS_SOURCE = ("No vLLM counters for this selection: these figures are **per request**, from the "
@@ -168,20 +169,21 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
         run = [s for s in statuses if s.model == model and s.day >= first.day
                and s.status != STALE]
         days = ", ".join(f"{fmt_pct_vs(s.figures.hit_rate, s.threshold)} on {s.day:%m-%d}" for s in run)
-        sources = sorted({DAY_SOURCE.get(s.figures.source, str(s.figures.source)) for s in run})
+        sources = sorted({md_text(DAY_SOURCE.get(s.figures.source, str(s.figures.source)))
+                          for s in run})
         total = shown[shown["model"] == model]
         whole = "" if total.empty else (
             f" The whole range reads {fmt_pct(total['hit_rate'].iloc[0])} "
-            f"({total['source'].iloc[0]}): "
+            f"({md_text(total['source'].iloc[0])}): "
             + ("the days before still count in it." if any(
                 s.model == model and s.day < first.day and s.status != NO_DATA
                 for s in statuses) or _starts_before(total, first.day, tz) else
                "the same days, pooled (the range holds no day before them)."))
-        st.warning(f":red-badge[ALERT] **{model} below {fmt_pct(first.threshold)} since "
+        st.warning(f":red-badge[ALERT] **{md_text(model)} below {fmt_pct(first.threshold)} since "
                    f"{first.day.isoformat()}** (daily hit rate from the {' and '.join(sources)}: "
                    f"{days}).{whole} {why_text(model, hints)}; the day's report: "
                    "Alerts.", icon=":material/trending_down:")
-    st.markdown(f"**Daily status** (days in {tz}, as the daily report: Δhits ÷ Δqueries of "
+    st.markdown(f"**Daily status** (days in {md_text(tz)}, as the daily report: Δhits ÷ Δqueries of "
                 "each day from the counters, else the usage log)")
     seen = sorted({s.day for s in statuses})
     days = [seen[0] + timedelta(days=k) for k in range((seen[-1] - seen[0]).days + 1)]
@@ -192,7 +194,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
         col.caption(f"{d:%a %m-%d}")
     for model in sorted({s.model for s in statuses}):
         cols = st.columns([2] + [1] * len(days))
-        cols[0].markdown(f"`{model}`")
+        cols[0].markdown(md_text(model, code=True))
         for col, d in zip(cols[1:], days):
             s = by_key.get((model, d))
             if s is None:
@@ -270,7 +272,8 @@ with data.guard(db):
                 db, start_s=f.start_s, end_s=f.end_s, window_s=window_s, by=("model",),
                 models=sorted(logged["model"]), instances=f.instances, run_ids=f.run_ids))
             per_model = pd.concat([per_model, logged_windows], ignore_index=True)
-            st.info("No vLLM counters for " + ", ".join(f"`{m}`" for m in sorted(logged["model"]))
+            st.info("No vLLM counters for " + ", ".join(md_text(m, code=True)
+                                                        for m in sorted(logged["model"]))
                     + " in this selection: " + ("its" if len(logged) == 1 else "their")
                     + " figures below are per request, from the usage log (Σ cached_tokens ÷ "
                     "Σ prompt_tokens; docs/metrics.md#per-request-hit-rate-and-coverage); the "
@@ -299,7 +302,7 @@ with data.guard(db):
         threshold = data.alert_threshold(model)
         with cols[i % len(cols)]:
             st.metric(
-                label=f"{model} · whole range",
+                label=f"{md_text(model)} · whole range",
                 value=fmt_pct(row["hit_rate"]),
                 help=(f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} query tokens "
                       f"from cache over the selected range ({f.describe()}). "
@@ -308,7 +311,7 @@ with data.guard(db):
             )
             st.markdown(f"{status_badge(row['hit_tokens'], row['query_tokens'], threshold, low_volume)} "
                         f"{fmt_int(row['hit_tokens'])} of {fmt_int(row['query_tokens'])} tokens "
-                        f"({row['source']})",
+                        f"({md_text(row['source'])})",
                         help=TOKENS_SOURCE_HELP)
             if model in latest.index:
                 last = latest.loc[model]

@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens
+from prefixscope.core.formatting import fmt_money, fmt_pct, fmt_tokens, md_text
 from prefixscope.dashboard.downloads import show_table
 
 EACH_MODEL = "each run's own model"
@@ -115,7 +115,7 @@ with data.guard(db):
     cols[0].metric("Runs shown", f"{len(sel):,}", border=True)
     cols[1].metric("Best hit rate", fmt_pct(best["hit_rate"]) if best is not None else "—",
                    help=None if best is None else
-                   f"{labels[best['run_id']]}: {HIT_RATE_HELP}", border=True)
+                   f"{md_text(labels[best['run_id']])}: {HIT_RATE_HELP}", border=True)
     cols[2].metric("Tokens saved (sum)", fmt_tokens(sel["cached_tokens"].sum()), border=True)
 
     priced = sel[sel["cost_without_cache"].notna()]
@@ -123,8 +123,9 @@ with data.guard(db):
         kinds = {"shadow price" if bool(s) else "list price" for s in priced["shadow"]}
         srcs = sorted({str(s) for s in priced["price_source"] if isinstance(s, str)})
         st.info(f"Costs at the {' / '.join(sorted(kinds))}"
-                + (f" of `{price_as}`" if price_as != EACH_MODEL else "")
-                + (": " + "; ".join(srcs) if srcs else "") + ".", icon=":material/price_change:")
+                + (f" of {md_text(price_as, code=True)}" if price_as != EACH_MODEL else "")
+                + (": " + "; ".join(md_text(s) for s in srcs) if srcs else "") + ".",
+                icon=":material/price_change:")
 
     show_table("replay-1", pd.DataFrame({
         "Run": sel["label"],
@@ -156,7 +157,7 @@ with data.guard(db):
                     "cached-input price), at the price named above.")
     unpriced = sel[sel["cost_without_cache"].isna()]
     if not unpriced.empty:
-        st.caption("No price for the model of: " + ", ".join(unpriced["label"])
+        st.caption("No price for the model of: " + ", ".join(md_text(x) for x in unpriced["label"])
                    + " — pick a price-table entry above, or load one with "
                      "`prefixscope ingest prices data/prices.toml`.")
 

@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_window
+from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_window, md_text
 from prefixscope.dashboard.downloads import show_table
 
 
@@ -75,7 +75,7 @@ with data.guard(db):
     partial = coverage[coverage["coverage"].fillna(0.0) < 1.0]
     if not partial.empty:
         names = "; ".join(
-            f"{m if pd.isna(i) else f'{m} / {i}'}: cached tokens not reported by "
+            f"{md_text(m) if pd.isna(i) else f'{md_text(m)} / {md_text(i)}'}: cached tokens not reported by "
             f"{fmt_int(_count(n) - _count(r))} of {fmt_int(n)} requests ({fmt_pct(c)} reported)"
             for m, i, n, r, c in zip(partial["model"], partial["instance"], partial["requests"],
                                      partial["reported_requests"], partial["coverage"]))

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from prefixscope.core.formatting import MISSING, fmt_int
+from prefixscope.core.formatting import MISSING, fmt_int, md_text
 from prefixscope.dashboard import data, filters
 from prefixscope.dashboard.downloads import show_table
 from prefixscope.store.queries.residency import RESIDENCY_METRICS, histogram_quantile
@@ -56,7 +56,8 @@ def other_runs_note(runs: pd.DataFrame, selected) -> str:
             what.append(f"{fmt_int(r['kv_events'])} KV events")
         if r["histogram_samples"]:
             what.append(f"{fmt_int(r['histogram_samples'])} residency histogram samples")
-        parts.append(f"{' and '.join(what)} under the run `{filters.run_label(r['run_id'])}`")
+        run = md_text(filters.run_label(r["run_id"]), code=True)
+        parts.append(f"{' and '.join(what)} under the run {run}")
     runs_word = "it" if len(parts) == 1 else "one of them"
     return (f"Stored outside this selection: {'; '.join(parts)}. Pick {runs_word} in the "
             "sidebar's **Run** filter (or clear the filter for every run).")

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_money, fmt_pct, price_label
+from prefixscope.core.formatting import fmt_int, fmt_money, fmt_pct, md_text, price_label
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
@@ -70,28 +70,34 @@ def regression_costs(db: str, f) -> None:
         base = data.request_hit_rate_totals(db, start_s=b0, end_s=d0, by=("model",),
                                             models=(model,), instances=f.instances,
                                             run_ids=f.run_ids)
+        # since: the coverage rule of every hit rate (request_hit_rate_totals: a request whose
+        # cached_tokens is null is in neither sum); the price: savings_by_model's miss_cost
+        since = data.request_hit_rate_totals(db, start_s=d0, end_s=f.end_s, by=("model",),
+                                             models=(model,), instances=f.instances,
+                                             run_ids=f.run_ids)
         after = data.savings_by_model(db, start_s=d0, end_s=f.end_s, models=(model,),
                                       instances=f.instances, run_ids=f.run_ids)
-        if base.empty or after.empty or base["hit_rate"].isna().all():
+        if base.empty or since.empty or after.empty or base["hit_rate"].isna().all():
             continue
-        b, a = base.iloc[0], after.iloc[0]
-        if pd.isna(a["cached_tokens"]) or pd.isna(a["prompt_tokens"]):
+        b, s, a = base.iloc[0], since.iloc[0], after.iloc[0]
+        if pd.isna(s["cached_tokens"]) or pd.isna(s["reported_prompt_tokens"]):
             continue  # cached tokens not reported since: no cost to state (never counted as 0)
         rc = regression_cost(baseline_hit_rate=float(b["hit_rate"]),
-                             prompt_tokens=int(a["prompt_tokens"]),
-                             cached_tokens=int(a["cached_tokens"]),
-                             miss_cost=a["miss_cost"] if "miss_cost" in a else None)
+                             prompt_tokens=int(s["reported_prompt_tokens"]),
+                             cached_tokens=int(s["cached_tokens"]),
+                             miss_cost=a["miss_cost"] if "miss_cost" in a else None,
+                             missed_tokens=int(a["prompt_tokens"]) - int(a["cached_tokens"]))
         if rc is None:
             continue
         cur = a["currency"] if isinstance(a["currency"], str) else None
-        out.append((model, begun.day, rc, cur, a))
-    for model, day, rc, cur, a in out:
+        out.append((model, begun.day, rc, cur, a, s))
+    for model, day, rc, cur, a, s in out:
         cols = st.columns(3)
-        cols[0].metric(f"{model}: cost since {day.isoformat()}",
+        cols[0].metric(f"{md_text(model)}: cost since {day.isoformat()}",
                        fmt_money(rc.cost, cur) if rc.cost is not None and cur else "no price",
                        border=True,
                        help=f"The extra tokens at the price of a missed token "
-                            f"({price_label(a['shadow'], a['price_source'])}).")
+                            f"({md_text(price_label(a['shadow'], a['price_source']))}).")
         cols[1].metric("Tokens recomputed beyond the baseline", f"{rc.extra_tokens:,}",
                        border=True, help="max(0, baseline hit rate × prompt tokens since − "
                                          "cached tokens since).")
@@ -99,6 +105,10 @@ def regression_costs(db: str, f) -> None:
                        f"{fmt_pct(rc.hit_rate)}", border=True,
                        help=f"Before: the {BASELINE_DAYS} days before {day.isoformat()}; since: "
                             f"{day.isoformat()} to the end of the range (usage log).")
+        st.caption(f"{md_text(model)}: {fmt_int(s['reported_requests'])} of "
+                   f"{fmt_int(s['requests'])} requests since {day.isoformat()} reported cached "
+                   f"tokens ({fmt_pct(s['coverage'])}); the hit rate and the tokens count only "
+                   "those (a request that did not report is in neither sum, never counted as 0).")
     if out:
         st.caption("Since the first ALERT day of each model whose latest days read ALERT (the "
                    "daily report's rule, day by day): the prompt tokens the prefill recomputed "
@@ -128,7 +138,7 @@ with data.guard(db):
         shadowed = priced[priced["shadow"].fillna(False).astype(bool)]
         st.info("Self-hosted models are costed at a **shadow price** — what the same tokens would "
                 "cost elsewhere, not an invoice. " + " ".join(
-                    f"`{m}`: {price_label(True, src)}." for m, src in
+                    f"{md_text(m, code=True)}: {md_text(price_label(True, src))}." for m, src in
                     zip(shadowed["model"], shadowed["price_source"])),
                 icon=":material/price_change:")
 
@@ -140,14 +150,14 @@ with data.guard(db):
             continue  # the unpriced models: named below, never "(None, list)"
         kind = "shadow" if bool(row["shadow"]) else "list"
         cols = st.columns(4)
-        cols[0].metric(f"Without cache ({cur}, {kind})", fmt_money(row["cost_without_cache"], cur),
+        cols[0].metric(f"Without cache ({md_text(cur)}, {kind})", fmt_money(row["cost_without_cache"], cur),
                        border=True)
-        cols[1].metric(f"With cache ({cur}, {kind})", fmt_money(row["cost_with_cache"], cur),
+        cols[1].metric(f"With cache ({md_text(cur)}, {kind})", fmt_money(row["cost_with_cache"], cur),
                        border=True)
-        cols[2].metric(f"Saved ({cur}, {kind})", fmt_money(row["saved"], cur), border=True,
+        cols[2].metric(f"Saved ({md_text(cur)}, {kind})", fmt_money(row["saved"], cur), border=True,
                        help=f"{fmt_pct(row['saved_fraction'])} of the cost without cache.")
         cols[3].metric(f"Models ({kind} price)", f"{int(row['models']):,}", border=True,
-                       help=f"Price sources: {row['price_sources']}")
+                       help=f"Price sources: {md_text(row['price_sources'])}")
 
     regression_costs(db, f)
     st.plotly_chart(figures.savings_by_model_bars(by_model), key="savings_models")
@@ -170,13 +180,14 @@ with data.guard(db):
                     "scrape after it, so they can differ by the traffic after the range's last "
                     "scrape: docs/metrics.md#two-sources-of-token-counts). Price sources — "
                     + "; ".join(
-            f"{m}: {price_label(sh, src)}" for m, sh, src in
+            f"{md_text(m)}: {md_text(price_label(sh, src))}" for m, sh, src in
             zip(priced["model"], priced["shadow"], priced["price_source"])))
         notes = priced[priced["note"].notna()] if "note" in priced.columns else priced.iloc[0:0]
         for m, note in zip(notes["model"], notes["note"]):
-            st.caption(f"{m}: {note}")
+            st.caption(f"{md_text(m)}: {md_text(note)}")
     if not unpriced.empty:
-        st.warning("No price for: " + ", ".join(f"`{m}`" for m in unpriced["model"].astype(str))
+        st.warning("No price for: " + ", ".join(md_text(m, code=True)
+                                                for m in unpriced["model"].astype(str))
                    + ". Add them to the price table (`data/prices.toml`, see docs/metrics.md#cost-and-savings) "
                    "to see their cost; self-hosted models take a shadow price.",
                    icon=":material/money_off:")
@@ -193,7 +204,7 @@ with data.guard(db):
         cur = str(misses["currency"].iloc[0])
         total_miss = float(misses["miss_cost"].sum())
         st.subheader("What the misses cost")
-        st.caption(f"{fmt_money(total_miss, cur)} in this range: the prompt tokens the prefill "
+        st.caption(f"{md_text(fmt_money(total_miss, cur))} in this range: the prompt tokens the prefill "
                    "computed (not read from the cache) at input minus cached-input price. A "
                    "regression shows as a step up of its model's line; one chart per model, "
                    "each on its own linear axis (docs/metrics.md#cost-and-savings).")

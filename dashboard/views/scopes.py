@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_tokens
+from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_tokens, md_text
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = filters.NO_DECISIONS
@@ -51,12 +51,12 @@ with data.guard(db):
         st.info(f"Two figures for this traffic: {note}.", icon=":material/rule:")
     cols = st.columns(len(scoped))
     for col, (_, row) in zip(cols, scoped.iterrows()):
-        col.metric(f"{row['scope']} hit rate", fmt_pct(row["hit_rate"]), border=True,
+        col.metric(f"{md_text(row['scope'])} hit rate", fmt_pct(row["hit_rate"]), border=True,
                    help=f"{fmt_int(row['cached_tokens'])} of {fmt_int(row['reported_prompt_tokens'])}"
                         f" prompt tokens; {fmt_int(row['requests'])} requests")
     cols = st.columns(len(scoped))
     for col, (_, row) in zip(cols, scoped.iterrows()):
-        col.metric(f"{row['scope']} saved prefill tokens", fmt_tokens(row["saved_prefill_tokens"]),
+        col.metric(f"{md_text(row['scope'])} saved prefill tokens", fmt_tokens(row["saved_prefill_tokens"]),
                    border=True, help="Σ cached_tokens reported by the engine.")
 
     label, window_s = filters.window_picker("scopes_window", ("5m", "15m", "1h", "1d"), default="15m",

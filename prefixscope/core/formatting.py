@@ -146,14 +146,95 @@ def count_noun(n: int, noun: str) -> str:
 def price_label(shadow: object, source: object) -> str:
     """How a price is described, naming its kind and source: ``'shadow price: <source>'`` or
     ``'list price: <source>'`` (a source that already starts with its kind is not repeated);
-    the Savings page and ``ingest prices`` alike."""
+    the Savings page and ``ingest prices`` alike.
+
+    ``shadow`` is a bool, or missing (None, NaN, ``pd.NA``: the store's ``shadow`` of a model
+    without a price): missing with no source reads ``'no price'``, missing with a source
+    ``'price: <source>'``. A missing ``source`` reads ``'source not given'``. Plain text: a
+    page escapes it (:func:`md_text`) before it reaches Markdown.
+    """
+    src = "" if _missing(source) else str(source).strip()
+    if _missing(shadow):
+        return f"price: {src}" if src else "no price"
     kind = "shadow price" if bool(shadow) else "list price"
-    src = str(source).strip() if source is not None and source == source else ""
     if not src:
         return f"{kind}: source not given"
     if src.lower().startswith(kind):
         return src
     return f"{kind}: {src}"
+
+
+#: Characters :func:`md_text` escapes with a backslash wherever they are: inline Markdown
+#: (emphasis ``* _ ~``, code `````, links and images ``[ ] ( ) !``, headings ``#``, tables
+#: ``|``, the escape itself), raw HTML and entities (``< > &``) and Streamlit's LaTeX (``$``).
+MD_ESCAPED = frozenset("\\`*_[]()!#~|<>&$")
+#: U+2060 WORD JOINER (invisible): put after a ``:`` (before a letter or ``/``), after an
+#: ``@`` and inside ``www.`` of data,
+#: it breaks the patterns Streamlit matches in the text AFTER the Markdown is parsed (so a
+#: backslash cannot stop them): icons ``:material/x:``, ``:streamlit:``, emoji ``:smile:``,
+#: colour directives ``:red[...]``, GFM's bare links ``https://...``, ``www.x`` and e-mail
+#: addresses (Streamlit 1.67 ``StreamlitMarkdown``; mdast-util-gfm-autolink-literal).
+MD_BREAK = "\u2060"
+# Line breaks and other C0/C1 controls, and the bidirectional overrides that make text read
+# other than it is stored (Trojan Source): none belongs in a label.
+_MD_SPACES = re.compile(r"[\t\n\v\f\r\x1c-\x1f\x85\u2028\u2029]+")
+_MD_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u061c\u200e\u200f"
+                          r"\u202a-\u202e\u2066-\u2069]")
+# a ``:`` before a letter, ``/``, ``_``, ``+`` or ``-`` (an icon, emoji, directive or link can
+# follow; a digit cannot start a directive or icon: ``host:8000`` and ``09:30`` stay as they
+# are), an ``@`` before anything but a space (an e-mail address)
+_MD_BREAK_AFTER = re.compile(r"(:)(?=[A-Za-z/_+-])|(@)(?=\S)")
+_MD_WWW = re.compile(r"(www)(?=\.)", re.IGNORECASE)
+# At the start of the text: a list item (``- x``, ``+ x``, ``1. x``, ``1) x``)
+_MD_LEADING_LIST = re.compile(r"^(\s*)(?:([-+])|(\d+)([.)]))")
+
+
+def md_text(value: object, *, code: bool = False) -> str:
+    """``value`` as text that Streamlit shows exactly as written wherever it takes Markdown
+    (``st.markdown``, captions, ``st.info``/``warning``/``error``/``success``, metric labels
+    and help, headings, expander and tab labels, widget labels and help): THE rule for every
+    string from data or from the URL (names, labels, sources, query parameters) that reaches
+    a page. Nothing from the data is ever Markdown, HTML, LaTeX, a directive, an icon or a link.
+
+    - Every character of :data:`MD_ESCAPED` gets a backslash; a leading list marker too
+      (``-``, ``+``, ``1.``, ``1)``).
+    - Line breaks, tabs and other whitespace controls become one space; other control
+      characters and bidirectional overrides become U+FFFD.
+    - :data:`MD_BREAK` (invisible) goes after a ``:`` followed by a letter, ``/``, ``_``,
+      ``+`` or ``-``, after an ``@`` followed by a character, and between ``www`` and ``.``:
+      Streamlit matches icons, emoji and bare links in the parsed text, where a backslash no
+      longer is. (``host:8000`` and ``09:30`` read as written: no icon, directive or link
+      starts with a digit.)
+
+    ``code=True``: the text as an inline code span instead (shown in monospace; no escapes
+    inside, which code spans would show): a backtick fence longer than any run of backticks
+    in the text, padded with a space when the text starts or ends with one; the same control
+    and :data:`MD_BREAK` rules.
+
+    Args:
+        value: any object; ``str(value)`` is escaped (None -> ``'None'``: format missing
+            values first, e.g. with :data:`MISSING`).
+
+    Returns:
+        The escaped text, for an f-string of Markdown. Not for a place that is not Markdown
+        (``st.dataframe`` cells, ``st.text``, ``st.code``, metric values): there it would show
+        the backslashes.
+    """
+    text = _MD_SPACES.sub(" ", str(value))
+    text = _MD_CONTROLS.sub("\ufffd", text)
+    text = _MD_WWW.sub(r"\1" + MD_BREAK,
+                       _MD_BREAK_AFTER.sub(lambda m: m.group(0) + MD_BREAK, text))
+    if code:
+        longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+        fence = "`" * (longest + 1)
+        pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else ""
+        return f"{fence}{pad}{text}{pad}{fence}" if text else "` `"
+    out = "".join("\\" + ch if ch in MD_ESCAPED else ch for ch in text)
+    m = _MD_LEADING_LIST.match(out)
+    if m:
+        lead, sign, digits, delim = m.groups()
+        out = lead + ("\\" + sign if sign else f"{digits}\\{delim}") + out[m.end():]
+    return out
 
 
 def fmt_ms(value: float | None) -> str:
