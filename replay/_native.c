@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
@@ -460,9 +461,541 @@ done:
     return result;
 }
 
+
+/* -- 3. the miss ledger's content index ------------------------------------------------------ */
+
+/* ContentIndex: a set of 64-bit block content keys (replay/ledger.py _block_hashes: the random
+ * linear hash sum_i tokens[j*B + i] * coef[i] + salt mod 2^64), open addressing with linear
+ * probing. The keys are computed here from the token list, so a block costs a few
+ * multiply-adds and one probe, with no Python int or set entry per block. The Python
+ * reference (replay/ledger.py _PyContentIndex: the same keys in a set of ints) must give the
+ * same counts (tests/test_replay_native.py). */
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t *slots;   /* 0 = empty; the key 0 is held by has_zero */
+    Py_ssize_t mask;   /* len(slots) - 1, a power of two minus one */
+    Py_ssize_t used;   /* keys in slots (has_zero not counted) */
+    int has_zero;
+} ContentIndex;
+
+static inline Py_ssize_t
+ci_slot(uint64_t v, Py_ssize_t mask)
+{
+    return (Py_ssize_t)((v * 0x9E3779B97F4A7C15ULL) >> 17) & mask;
+}
+
+static inline int
+ci_contains(const ContentIndex *s, uint64_t v)
+{
+    if (v == 0)
+        return s->has_zero;
+    Py_ssize_t i = ci_slot(v, s->mask);
+    for (;;) {
+        uint64_t x = s->slots[i];
+        if (x == v)
+            return 1;
+        if (x == 0)
+            return 0;
+        i = (i + 1) & s->mask;
+    }
+}
+
+static int
+ci_grow(ContentIndex *s)
+{
+    Py_ssize_t n = (s->mask + 1) * 2;
+    uint64_t *ns = PyMem_Calloc((size_t)n, sizeof(uint64_t));
+    if (ns == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k <= s->mask; k++) {
+        uint64_t v = s->slots[k];
+        if (v == 0)
+            continue;
+        Py_ssize_t i = ci_slot(v, n - 1);
+        while (ns[i] != 0)
+            i = (i + 1) & (n - 1);
+        ns[i] = v;
+    }
+    PyMem_Free(s->slots);
+    s->slots = ns;
+    s->mask = n - 1;
+    return 0;
+}
+
+static inline int
+ci_add(ContentIndex *s, uint64_t v)
+{
+    if (v == 0) {
+        s->has_zero = 1;
+        return 0;
+    }
+    if ((s->used + 1) * 2 > s->mask + 1 && ci_grow(s) < 0)
+        return -1;
+    Py_ssize_t i = ci_slot(v, s->mask);
+    for (;;) {
+        uint64_t x = s->slots[i];
+        if (x == v)
+            return 0;
+        if (x == 0) {
+            s->slots[i] = v;
+            s->used++;
+            return 0;
+        }
+        i = (i + 1) & s->mask;
+    }
+}
+
+static PyObject *
+ci_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    if (!PyArg_ParseTuple(args, ""))
+        return NULL;
+    ContentIndex *s = (ContentIndex *)type->tp_alloc(type, 0);
+    if (s == NULL)
+        return NULL;
+    s->slots = PyMem_Calloc(1024, sizeof(uint64_t));
+    if (s->slots == NULL) {
+        Py_DECREF(s);
+        return PyErr_NoMemory();
+    }
+    s->mask = 1023;
+    return (PyObject *)s;
+}
+
+static void
+ci_dealloc(ContentIndex *s)
+{
+    PyMem_Free(s->slots);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static Py_ssize_t
+ci_len(ContentIndex *s)
+{
+    return s->used + s->has_zero;
+}
+
+static Py_ssize_t
+content_keys(PyObject *tokens, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t bs,
+             Py_buffer *coef, uint64_t salt, uint64_t **out)
+{
+    *out = NULL;
+    if (!PyList_Check(tokens) && !PyTuple_Check(tokens)) {
+        PyErr_SetString(PyExc_TypeError, "tokens must be a list or a tuple");
+        return -1;
+    }
+    if (bs < 1 || start < 0 || coef->len < (Py_ssize_t)(bs * sizeof(uint64_t))) {
+        PyErr_SetString(PyExc_ValueError, "block_size >= 1, start >= 0, a coefficient a token");
+        return -1;
+    }
+    if (stop <= start)
+        return 0;
+    Py_ssize_t ntok = PySequence_Fast_GET_SIZE(tokens);
+    if (stop > ntok / bs) {
+        PyErr_SetString(PyExc_IndexError, "blocks run past the end of tokens");
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(tokens);
+    const uint64_t *c = (const uint64_t *)coef->buf;
+    uint64_t *keys = PyMem_Malloc((size_t)(stop - start) * sizeof(uint64_t));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t b = start; b < stop; b++) {
+        uint64_t h = 0;
+        PyObject **t = items + b * bs;
+        for (Py_ssize_t i = 0; i < bs; i++) {
+            int overflow = 0;
+            long long v = PyLong_Check(t[i]) ? PyLong_AsLongLongAndOverflow(t[i], &overflow)
+                                             : (PyErr_SetString(PyExc_TypeError,
+                                                                "tokens must be ints"), -1);
+            if (overflow) {
+                PyErr_SetString(PyExc_OverflowError, "a token id outside int64");
+                PyMem_Free(keys);
+                return -1;
+            }
+            if (v == -1 && PyErr_Occurred()) {
+                PyMem_Free(keys);
+                return -1;
+            }
+            h += (uint64_t)v * c[i];
+        }
+        keys[b - start] = h + salt;
+    }
+    *out = keys;
+    return stop - start;
+}
+
+PyDoc_STRVAR(ci_count_doc,
+"count(tokens, start, stop, block_size, coef, salt) -> (n_in, first_in)\n\n"
+"How many of the content keys of blocks start .. stop-1 of ``tokens`` the index holds, and\n"
+"whether the first one is held (False when there are none). ``coef``: block_size uint64\n"
+"multipliers (native byte order); ``salt``: added mod 2^64.");
+
+static PyObject *
+ci_count(ContentIndex *s, PyObject *args)
+{
+    PyObject *tokens;
+    Py_ssize_t start, stop, bs;
+    Py_buffer coef;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "Onnny*K", &tokens, &start, &stop, &bs, &coef, &salt))
+        return NULL;
+    uint64_t *keys;
+    Py_ssize_t n = content_keys(tokens, start, stop, bs, &coef, (uint64_t)salt, &keys);
+    PyBuffer_Release(&coef);
+    if (n < 0)
+        return NULL;
+    Py_ssize_t hits = 0;
+    int first = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int in = ci_contains(s, keys[k]);
+        hits += in;
+        if (k == 0)
+            first = in;
+    }
+    PyMem_Free(keys);
+    return Py_BuildValue("nO", hits, first ? Py_True : Py_False);
+}
+
+PyDoc_STRVAR(ci_add_doc,
+"add(tokens, start, stop, block_size, coef, salt) -> None\n\n"
+"Add the content keys of blocks start .. stop-1 of ``tokens`` (arguments as count).");
+
+static PyObject *
+ci_add_blocks(ContentIndex *s, PyObject *args)
+{
+    PyObject *tokens;
+    Py_ssize_t start, stop, bs;
+    Py_buffer coef;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "Onnny*K", &tokens, &start, &stop, &bs, &coef, &salt))
+        return NULL;
+    uint64_t *keys;
+    Py_ssize_t n = content_keys(tokens, start, stop, bs, &coef, (uint64_t)salt, &keys);
+    PyBuffer_Release(&coef);
+    if (n < 0)
+        return NULL;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (ci_add(s, keys[k]) < 0) {
+            PyMem_Free(keys);
+            return NULL;
+        }
+    PyMem_Free(keys);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ci_methods[] = {
+    {"count", (PyCFunction)ci_count, METH_VARARGS, ci_count_doc},
+    {"add", (PyCFunction)ci_add_blocks, METH_VARARGS, ci_add_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods ci_as_sequence = {
+    .sq_length = (lenfunc)ci_len,
+};
+
+static PyTypeObject ContentIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "prefixscope.replay._native.ContentIndex",
+    .tp_doc = "The miss ledger's content index: a set of 64-bit block content keys.",
+    .tp_basicsize = sizeof(ContentIndex),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = ci_new,
+    .tp_dealloc = (destructor)ci_dealloc,
+    .tp_methods = ci_methods,
+    .tp_as_sequence = &ci_as_sequence,
+};
+
+/* -- 4. Belady's MIN for the capacity sweep ----------------------------------------------------- */
+
+/* min_hits: replay/belady.py _min_hits_python (and compute_next_use) over the interned keys:
+ * the same evictions in the same order (the cached block with the largest (next use << 20 |
+ * depth, key) first, the request's hits pinned), with arrays indexed by key instead of dicts
+ * and a binary heap of (priority, key) pairs with lazy deletion. */
+
+typedef struct {
+    uint64_t prio;
+    uint32_t key;
+} HeapEntry;
+
+static inline int
+he_gt(HeapEntry a, HeapEntry b)
+{
+    return a.prio > b.prio || (a.prio == b.prio && a.key > b.key);
+}
+
+static void
+heap_up(HeapEntry *h, Py_ssize_t i)
+{
+    HeapEntry e = h[i];
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!he_gt(e, h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = e;
+}
+
+static void
+heap_down(HeapEntry *h, Py_ssize_t n, Py_ssize_t i)
+{
+    HeapEntry e = h[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && he_gt(h[c + 1], h[c]))
+            c++;
+        if (!he_gt(h[c], e))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = e;
+}
+
+PyDoc_STRVAR(min_hits_doc,
+"min_hits(keys, num_lookup, num_blocks, cap) -> list of hit blocks per request (-1: skipped)\n\n"
+"Belady's MIN over an AccessTrace (replay/belady.py): ``keys`` a list of lists of ints in\n"
+"[0, 2^32) (under 2^31: interned keys; from 2^31: fresh decode keys), ``cap`` the usable\n"
+"blocks (num_gpu_blocks - 1). Requests with num_blocks > cap are skipped (-1).");
+
+#define FRESH_BASE 0x80000000ULL
+
+static PyObject *
+min_hits(PyObject *self, PyObject *args)
+{
+    PyObject *keys_l, *nl_l, *nb_l;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "O!O!O!n", &PyList_Type, &keys_l, &PyList_Type, &nl_l,
+                          &PyList_Type, &nb_l, &cap))
+        return NULL;
+    Py_ssize_t R = PyList_GET_SIZE(keys_l);
+    if (PyList_GET_SIZE(nl_l) != R || PyList_GET_SIZE(nb_l) != R) {
+        PyErr_SetString(PyExc_ValueError, "min_hits: lists of different lengths");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t *off = NULL, *nl = NULL, *nb = NULL;
+    uint32_t *kx = NULL;       /* flat keys, as slots */
+    int64_t *nu = NULL;        /* flat next use (R = never) */
+    int64_t *nxt = NULL;       /* per slot: next request looking it up */
+    int64_t *res = NULL;       /* per slot: resident priority, -1 = not resident */
+    int32_t *pin = NULL;       /* per slot: request index + 1 while pinned */
+    HeapEntry *heap = NULL, *kept = NULL;
+    uint32_t *slot_key = NULL; /* per slot: the key */
+    Py_ssize_t hn = 0, hcap = 0;
+    off = PyMem_Malloc((size_t)(R + 1) * sizeof(Py_ssize_t));
+    nl = PyMem_Malloc((size_t)(R + 1) * sizeof(Py_ssize_t));
+    nb = PyMem_Malloc((size_t)(R + 1) * sizeof(Py_ssize_t));
+    if (!off || !nl || !nb) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    off[0] = 0;
+    uint64_t max_dense = 0, max_fresh = 0;
+    int any_dense = 0, any_fresh = 0;
+    for (Py_ssize_t r = 0; r < R; r++) {
+        PyObject *kl = PyList_GET_ITEM(keys_l, r);
+        if (!PyList_Check(kl)) {
+            PyErr_SetString(PyExc_TypeError, "min_hits: keys must be lists");
+            goto done;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(kl);
+        nl[r] = PyLong_AsSsize_t(PyList_GET_ITEM(nl_l, r));
+        nb[r] = PyLong_AsSsize_t(PyList_GET_ITEM(nb_l, r));
+        if (PyErr_Occurred())
+            goto done;
+        if (nl[r] < 0 || nl[r] > n || n >= (1 << 20)) {
+            PyErr_SetString(PyExc_ValueError, "min_hits: 0 <= num_lookup <= len(keys) < 2^20");
+            goto done;
+        }
+        off[r + 1] = off[r] + n;
+    }
+    Py_ssize_t total = off[R];
+    kx = PyMem_Malloc((size_t)(total + 1) * sizeof(uint32_t));
+    nu = PyMem_Malloc((size_t)(total + 1) * sizeof(int64_t));
+    if (!kx || !nu) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* keys -> slots: under 2^31 the key itself, from 2^31 after the largest such key */
+    for (Py_ssize_t r = 0; r < R; r++) {
+        PyObject *kl = PyList_GET_ITEM(keys_l, r);
+        Py_ssize_t n = off[r + 1] - off[r];
+        if (PyList_GET_SIZE(kl) != n) {
+            PyErr_SetString(PyExc_RuntimeError, "min_hits: a key list changed");
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(kl, j));
+            if (v == (unsigned long long)-1 && PyErr_Occurred())
+                goto done;
+            if (v >= (1ULL << 32)) {
+                PyErr_SetString(PyExc_ValueError, "min_hits: keys must be below 2^32");
+                goto done;
+            }
+            if (v < FRESH_BASE) {
+                any_dense = 1;
+                if (v > max_dense)
+                    max_dense = v;
+            } else {
+                any_fresh = 1;
+                if (v - FRESH_BASE > max_fresh)
+                    max_fresh = v - FRESH_BASE;
+            }
+            kx[off[r] + j] = (uint32_t)v;
+        }
+    }
+    Py_ssize_t ndense = any_dense ? (Py_ssize_t)max_dense + 1 : 0;
+    Py_ssize_t nslots = ndense + (any_fresh ? (Py_ssize_t)max_fresh + 1 : 0);
+    slot_key = PyMem_Malloc((size_t)(nslots + 1) * sizeof(uint32_t));
+    nxt = PyMem_Malloc((size_t)(nslots + 1) * sizeof(int64_t));
+    res = PyMem_Malloc((size_t)(nslots + 1) * sizeof(int64_t));
+    pin = PyMem_Calloc((size_t)(nslots + 1), sizeof(int32_t));
+    if (!slot_key || !nxt || !res || !pin) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < total; k++) {
+        uint32_t v = kx[k];
+        uint32_t sl = v < FRESH_BASE ? v : (uint32_t)(ndense + (v - FRESH_BASE));
+        slot_key[sl] = v;
+        kx[k] = sl;
+    }
+    /* next use (compute_next_use): one backward pass, skipping requests the cache cannot hold */
+    for (Py_ssize_t k = 0; k < nslots; k++) {
+        nxt[k] = R;
+        res[k] = -1;
+    }
+    for (Py_ssize_t r = R - 1; r >= 0; r--) {
+        if (nb[r] > cap)
+            continue;
+        for (Py_ssize_t j = off[r]; j < off[r + 1]; j++)
+            nu[j] = nxt[kx[j]];
+        for (Py_ssize_t j = off[r]; j < off[r] + nl[r]; j++)
+            nxt[kx[j]] = r;
+    }
+    result = PyList_New(R);
+    if (result == NULL)
+        goto done;
+    Py_ssize_t nres = 0, nkept = 0, kcap = 0;
+    for (Py_ssize_t r = 0; r < R; r++) {
+        if (nb[r] > cap) {
+            PyList_SET_ITEM(result, r, PyLong_FromLong(-1));
+            continue;
+        }
+        const uint32_t *ks = kx + off[r];
+        Py_ssize_t n = off[r + 1] - off[r];
+        Py_ssize_t h = 0;
+        while (h < nl[r] && res[ks[h]] >= 0)
+            h++;
+        PyObject *hv = PyLong_FromSsize_t(h);
+        if (hv == NULL)
+            goto fail;
+        PyList_SET_ITEM(result, r, hv);
+        Py_ssize_t need = (nb[r] - h) - (cap - nres);
+        if (need > 0) {
+            for (Py_ssize_t j = 0; j < h; j++)
+                pin[ks[j]] = (int32_t)(r + 1);
+            nkept = 0;
+            while (need > 0) {
+                if (hn == 0) {
+                    PyErr_SetString(PyExc_RuntimeError, "min_hits: nothing left to evict");
+                    goto fail;
+                }
+                HeapEntry e = heap[0];
+                heap[0] = heap[--hn];
+                if (hn)
+                    heap_down(heap, hn, 0);
+                uint32_t sl = e.key;
+                if (res[sl] != (int64_t)e.prio)
+                    continue;  /* stale */
+                if (pin[sl] == (int32_t)(r + 1)) {
+                    if (nkept == kcap) {
+                        kcap = kcap ? 2 * kcap : 64;
+                        HeapEntry *nk = PyMem_Realloc(kept, (size_t)kcap * sizeof(HeapEntry));
+                        if (nk == NULL) {
+                            PyErr_NoMemory();
+                            goto fail;
+                        }
+                        kept = nk;
+                    }
+                    kept[nkept++] = e;
+                    continue;
+                }
+                res[sl] = -1;
+                nres--;
+                need--;
+            }
+            for (Py_ssize_t k = 0; k < nkept; k++) {
+                heap[hn] = kept[k];  /* room: they were popped from the heap */
+                heap_up(heap, hn++);
+            }
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int64_t u = nu[off[r] + j];
+            int64_t prio = (u << 20) | j;
+            uint32_t sl = ks[j];
+            if (res[sl] != prio) {
+                if (res[sl] < 0)
+                    nres++;
+                res[sl] = prio;
+                if (hn == hcap) {
+                    hcap = hcap ? 2 * hcap : 1024;
+                    HeapEntry *nh = PyMem_Realloc(heap, (size_t)hcap * sizeof(HeapEntry));
+                    if (nh == NULL) {
+                        PyErr_NoMemory();
+                        goto fail;
+                    }
+                    heap = nh;
+                }
+                heap[hn].prio = (uint64_t)prio;
+                heap[hn].key = sl;
+                heap_up(heap, hn++);
+            }
+        }
+        if (hn > 4 * nres + 1024) {  /* drop stale entries */
+            hn = 0;
+            for (Py_ssize_t k = 0; k < nslots; k++)
+                if (res[k] >= 0) {
+                    heap[hn].prio = (uint64_t)res[k];
+                    heap[hn].key = (uint32_t)k;
+                    hn++;
+                }
+            for (Py_ssize_t i = hn / 2 - 1; i >= 0; i--)
+                heap_down(heap, hn, i);
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    PyMem_Free(off);
+    PyMem_Free(nl);
+    PyMem_Free(nb);
+    PyMem_Free(kx);
+    PyMem_Free(nu);
+    PyMem_Free(nxt);
+    PyMem_Free(res);
+    PyMem_Free(pin);
+    PyMem_Free(heap);
+    PyMem_Free(kept);
+    PyMem_Free(slot_key);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"sha256_pickle_chain", sha256_pickle_chain, METH_VARARGS, sha256_pickle_chain_doc},
     {"run_alone", run_alone, METH_VARARGS, run_alone_doc},
+    {"min_hits", min_hits, METH_VARARGS, min_hits_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -479,5 +1012,16 @@ PyInit__native(void)
     MINUS_TWO = PyLong_FromLong(-2);
     if (MINUS_ONE == NULL || MINUS_TWO == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&ContentIndexType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&ContentIndexType);
+    if (PyModule_AddObject(m, "ContentIndex", (PyObject *)&ContentIndexType) < 0) {
+        Py_DECREF(&ContentIndexType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

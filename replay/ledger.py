@@ -49,12 +49,16 @@ from __future__ import annotations
 
 from array import array as _array
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import filterfalse as _filterfalse
+from itertools import islice as _islice
+from itertools import takewhile as _takewhile
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from prefixscope.replay.block_pool import BlockPool
 from prefixscope.replay.hashing import BlockHasher
 from prefixscope.replay.kv_cache_manager import SimRequest
+from prefixscope.replay.native import NATIVE
 from prefixscope.replay.types import SimConfig, TraceRequest
 
 #: Token classes in the order they are tested (most specific first); they partition each
@@ -206,7 +210,7 @@ class _Pending:
 
     instance: int
     identity: Any
-    content: list[int] | None
+    content: bool  # token trace: the blocks' content is indexed
     free_keys: list[Hashable] | None
     hit_blocks: int
     stored_end: int  # first missed block never stored before (all later ones neither)
@@ -236,7 +240,8 @@ class MissLedger:
         self._maps = [p._first for p in self.pools]  # key -> block: the map lookups read
         self.ever: set[Hashable] = set()  # every key stored on some instance so far
         self.free_index: dict[Hashable, Any] = {}  # salt-free key of salted blocks -> identity
-        self.content: set[int] = set()
+        #: content keys of every stored block (token traces): compiled when built
+        self.content: ContentIndex = new_content_index()
         self._free_hasher: BlockHasher | None = None
         self._pending: _Pending | None = None
 
@@ -269,34 +274,43 @@ class MissLedger:
         while h < num_lookup and keys[h] in mine:
             h += 1
         identity = _identity(tr)
-        num_full = p // bs
-        content = self._content_keys(tr, req, identity, h, num_full)
+        content = self._has_content(tr, req)
         free_keys = self._free_keys(tr, req, identity) if identity is not None else None
         counts = dict.fromkeys(MISS_CLASSES, 0)
         ever = self.ever
-        classes: list[str] = []  # classes of the blocks of the first two runs, in order
-        # Run 1: blocks stored before.
+        first_class: str | None = None  # the break's class when it is in run 1 or 2
+        # Run 1: blocks stored before (prefix-closed: a scan to the first key never stored).
         s = h
         if s < num_lookup and keys[s] in ever:
+            s = h + _run_length(ever, keys, h, num_lookup)
             others = [m for i, m in enumerate(self._maps) if i != instance]
-            while s < num_lookup and keys[s] in ever:
-                key = keys[s]
-                if s > h and key in mine:
-                    cls = classes[0]
-                else:
-                    cls = "capacity"
-                    for m in others:
-                        if key in m:
-                            cls = "routing"
-                            break
-                classes.append(cls)
-                s += 1
+            key = keys[h]
+            first_class = "capacity"
+            for m in others:
+                if key in m:
+                    first_class = "routing"
+                    break
+            # After the break: resident here -> the break's class; else routing when another
+            # instance holds it, else capacity. Each a filter pass over the run.
+            rest = keys[h + 1:s]
+            here = len(rest)
+            rest = list(_filterfalse(mine.__contains__, rest))
+            here -= len(rest)
+            elsewhere = len(rest)
+            for m in others:
+                if not rest:
+                    break
+                rest = list(_filterfalse(m.__contains__, rest))
+            elsewhere -= len(rest)
+            counts[first_class] += (1 + here) * bs
+            counts["routing"] += elsewhere * bs
+            counts["capacity"] += len(rest) * bs
         # Run 2: never stored, the same prefix under another salt or adapter.
         t = s
         fi = self.free_index
         if identity is None:
-            while t < num_lookup and keys[t] in fi:
-                t += 1
+            if t < num_lookup and keys[t] in fi:
+                t += _run_length(fi, keys, t, num_lookup)
         else:
             assert free_keys is not None
             while t < num_lookup:
@@ -305,22 +319,24 @@ class MissLedger:
                 if not (fk in ever or (owner is not None and owner != identity)):
                     break
                 t += 1
-        classes.extend(["isolation"] * (t - s))
-        for c in classes:
-            counts[c] += bs
+        if t > s:
+            counts["isolation"] += (t - s) * bs
+            if first_class is None:
+                first_class = "isolation"
         # Run 3: content seen before (prompt change) or not (cold).
         n_rest = num_lookup - t
         if n_rest:
-            if content is not None:
-                n_pc = sum(map(self.content.__contains__, content[t - h:num_lookup - h]))
-                first_rest = "prompt_change" if content[t - h] in self.content else "cold"
+            if content:
+                n_pc, first_in = self.content.count(_tokens(req.prompt), t, num_lookup, bs,
+                                                    _coef_bytes(bs), _salt(identity))
+                first_rest = "prompt_change" if first_in else "cold"
             else:
                 n_pc, first_rest = 0, "cold"
             counts["prompt_change"] += n_pc * bs
             counts["cold"] += (n_rest - n_pc) * bs
         break_class = None
         if h < num_lookup:
-            break_class = classes[0] if classes else first_rest
+            break_class = first_class if first_class is not None else first_rest
         self._pending = _Pending(instance, identity, content, free_keys, h, s)
         return LedgerRecord(
             request_id=tr.request_id, instance=self.names[instance], prompt_tokens=p,
@@ -328,16 +344,12 @@ class MissLedger:
             day=int(tr.arrival_s // 86400),
             break_block=h if h < num_lookup else None, break_class=break_class, **counts)
 
-    def _content_keys(self, tr: TraceRequest, req: SimRequest, identity: Any, start: int,
-                      stop: int) -> list[int] | None:
-        """Content keys of prompt blocks ``start .. stop-1`` (None for hash-id traces): a random
-        linear hash of each block's tokens modulo 2^64 plus the identity's hash (two different
-        blocks collide with probability at most 2^-33), computed with numpy in one pass."""
-        if tr.block_keys is not None or req.prompt is None:
-            return None
-        if start >= stop:
-            return []
-        return _block_hashes(req.prompt, start, stop, self.block_size, hash(identity))
+    @staticmethod
+    def _has_content(tr: TraceRequest, req: SimRequest) -> bool:
+        """Whether the request's blocks have content keys (token traces; not hash-id traces):
+        a random linear hash of each block's tokens modulo 2^64 plus the identity's hash (two
+        different blocks collide with probability at most 2^-33), :func:`_block_hashes`."""
+        return tr.block_keys is None and req.prompt is not None
 
     def _free_keys(self, tr: TraceRequest, req: SimRequest, identity: Any) -> list[Hashable]:
         """The request's prompt block keys without salt and adapter (the ``isolation`` chain)."""
@@ -373,8 +385,7 @@ class MissLedger:
         but is not counted, as in vLLM's counters)."""
         identity = _identity(tr)
         h = hit_tokens // self.block_size
-        num_full = req.num_prompt_tokens // self.block_size
-        pend = _Pending(instance, identity, self._content_keys(tr, req, identity, h, num_full),
+        pend = _Pending(instance, identity, self._has_content(tr, req),
                         self._free_keys(tr, req, identity) if identity is not None else None, h,
                         h)
         self.register(instance, req, h, pend)
@@ -396,27 +407,61 @@ class MissLedger:
                     fi[fk] = pend.identity
                 elif owner is not _MULTI and owner != pend.identity:
                     fi[fk] = _MULTI
-        if pend.content is not None:
-            self.content.update(pend.content)
+        if pend.content:
+            salt = _salt(pend.identity)
+            coef = _coef_bytes(bs)
+            self.content.add(_tokens(req.prompt), h, num_full, bs, coef, salt)
             if req.output_token_ids is not None and num_keyed > num_full:
                 # Decode blocks of a known reply: a later prompt may re-send it.
                 toks = [*req.prompt[num_full * bs:], *req.outputs]
-                self.content.update(_block_hashes(toks, 0, num_keyed - num_full, bs,
-                                                  hash(pend.identity)))
+                self.content.add(toks, 0, num_keyed - num_full, bs, coef, salt)
+
+
+def _run_length(held: Any, keys: Sequence[Hashable], start: int, stop: int) -> int:
+    """How many of ``keys[start:stop]`` from the first are in ``held`` (up to the first not)."""
+    return len(list(_takewhile(held.__contains__, _islice(keys, start, stop))))
 
 
 _COEF: Any = None  # odd 64-bit multipliers per token position (a fixed seed: reproducible)
+_COEF_BYTES: dict[int, bytes] = {}  # block size -> its multipliers as native uint64 bytes
+_MASK64 = (1 << 64) - 1
 
 
-def _block_hashes(ids: Sequence[int], start: int, stop: int, block_size: int,
-                  salt: int) -> list[int]:
-    """``sum(ids[j*B + i] * R_i) + salt mod 2^64`` for blocks ``start .. stop-1`` (ints)."""
+def _salt(identity: Any) -> int:
+    """The content keys' per-identity offset (``hash(identity)`` mod 2^64)."""
+    return hash(identity) & _MASK64
+
+
+def _tokens(ids: Sequence[int]) -> Sequence[int]:
+    """``ids`` as a list or tuple (what the compiled index reads)."""
+    return ids if type(ids) is list or type(ids) is tuple else list(ids)
+
+
+def _coef_bytes(block_size: int) -> bytes:
+    """The first ``block_size`` multipliers of :func:`_block_hashes`, native uint64 bytes."""
+    b = _COEF_BYTES.get(block_size)
+    if b is None:
+        _coefficients(block_size)
+        b = _COEF_BYTES[block_size] = _COEF[:block_size].tobytes()
+    return b
+
+
+def _coefficients(block_size: int) -> Any:
     global _COEF
     import numpy as np
 
     if _COEF is None or len(_COEF) < block_size:
         rng = np.random.default_rng(0x5EED)
         _COEF = rng.integers(0, 2**63, size=max(block_size, 64), dtype=np.uint64) * 2 + 1
+    return _COEF
+
+
+def _block_hashes(ids: Sequence[int], start: int, stop: int, block_size: int,
+                  salt: int) -> list[int]:
+    """``sum(ids[j*B + i] * R_i) + salt mod 2^64`` for blocks ``start .. stop-1`` (ints)."""
+    import numpy as np
+
+    coef = _coefficients(block_size)
     part = ids[start * block_size:stop * block_size]
     try:  # array('q') reads a list of ints several times faster than numpy does
         arr = np.frombuffer(_array("q", part), dtype=np.uint64)
@@ -424,8 +469,45 @@ def _block_hashes(ids: Sequence[int], start: int, stop: int, block_size: int,
         arr = np.asarray(part, dtype=np.int64).view(np.uint64)
     arr = arr.reshape(stop - start, block_size)
     with np.errstate(over="ignore"):
-        h = (arr * _COEF[:block_size]).sum(axis=1, dtype=np.uint64) + np.uint64(salt & (2**64 - 1))
+        h = (arr * coef[:block_size]).sum(axis=1, dtype=np.uint64) + np.uint64(salt & (2**64 - 1))
     return h.tolist()
+
+
+class PyContentIndex:
+    """The content index in Python: the keys of :func:`_block_hashes` in a set of ints. The
+    reference the compiled ``ContentIndex`` (``replay/_native.c``) must equal; both take
+    ``(tokens, start, stop, block_size, coef, salt)`` for blocks ``start .. stop-1``."""
+
+    def __init__(self) -> None:
+        self.keys: set[int] = set()
+
+    def count(self, ids: Sequence[int], start: int, stop: int, block_size: int, coef: bytes,
+              salt: int) -> tuple[int, bool]:
+        """``(how many of the blocks' keys are held, whether the first one is)``."""
+        if start >= stop:
+            return 0, False
+        keys = _block_hashes(ids, start, stop, block_size, salt)
+        held = self.keys.__contains__
+        return sum(map(held, keys)), held(keys[0])
+
+    def add(self, ids: Sequence[int], start: int, stop: int, block_size: int, coef: bytes,
+            salt: int) -> None:
+        """Hold the blocks' keys."""
+        if start < stop:
+            self.keys.update(_block_hashes(ids, start, stop, block_size, salt))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+ContentIndex = PyContentIndex  # the interface (the compiled class has the same methods)
+
+
+def new_content_index() -> ContentIndex:
+    """An empty content index: the compiled one when the extension is built, else Python's."""
+    if NATIVE is not None:
+        return NATIVE.ContentIndex()  # type: ignore[no-any-return]
+    return PyContentIndex()
 
 
 def check_record(r: LedgerRecord) -> None:
