@@ -32,6 +32,7 @@ from typing import Any
 from prefixscope.core.errors import SimulationError
 from prefixscope.replay.block_pool import BlockPool
 from prefixscope.replay.kv_cache_manager import cdiv
+from prefixscope.replay.native import NATIVE
 from prefixscope.replay.sim import _RequestFactory
 from prefixscope.replay.types import SimConfig, TraceRequest
 
@@ -154,6 +155,23 @@ def lru_hits(acc: AccessTrace, num_gpu_blocks: int) -> list[int]:
 def min_hits(acc: AccessTrace, num_gpu_blocks: int) -> list[int]:
     """Hit tokens per request under Belady's MIN (module docstring) with ``num_gpu_blocks``
     (null block included); -1 for a request the cache cannot hold.
+
+    Runs in C when the extension is built (``replay/_native.c`` ``min_hits``: next use and the
+    evictions with arrays indexed by key and a heap of (priority, key) pairs);
+    :func:`_min_hits_python` is the reference it is tested against (equal hits,
+    tests/test_replay_native.py).
+    """
+    if num_gpu_blocks < 2:
+        raise SimulationError("num_gpu_blocks must be >= 2 (block 0 is vLLM's null block)")
+    if NATIVE is not None:
+        bs = acc.block_size
+        return [h * bs if h >= 0 else -1 for h in
+                NATIVE.min_hits(acc.keys, acc.num_lookup, acc.num_blocks, num_gpu_blocks - 1)]
+    return _min_hits_python(acc, num_gpu_blocks)
+
+
+def _min_hits_python(acc: AccessTrace, num_gpu_blocks: int) -> list[int]:
+    """:func:`min_hits` in Python: the reference the compiled loop must equal.
 
     The heap holds one int per entry, ``-((next use << 20 | depth) << 32 | key)``: the smallest
     is the farthest next use, then the deepest block (stale entries are skipped when popped).

@@ -380,3 +380,175 @@ def test_expanded_tokens_in_bulk_equal_token_by_token(s, data, vocab, serial):
         BlockHasher(block_size=s).extend(k1, e)
         BlockHasher(block_size=s).extend(k2, ref)
         assert k1 == k2
+
+
+# -- the miss ledger's content index and Belady's MIN (replay/ledger.py, replay/belady.py) ------
+
+_I64 = st.integers(-2**63, 2**63 - 1)
+
+
+@SETTINGS
+@given(bs=st.sampled_from([1, 2, 4, 16]), data=st.data(),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 6),
+                              st.integers(0, 3)), min_size=1, max_size=40))
+def test_content_index_equals_the_python_reference(native, bs, data, ops):
+    """count/add over blocks of token lists drawn from a small alphabet (repeated content),
+    int64 extremes included, under a few salts (one chosen to make a key 0, the empty slot's
+    value): the same counts as the set of ints of ``_block_hashes``, and the same size."""
+    from prefixscope.replay.ledger import PyContentIndex, _block_hashes, _coef_bytes
+
+    alphabet = data.draw(st.lists(_I64, min_size=1, max_size=4))
+    toks = data.draw(st.lists(st.sampled_from(alphabet), min_size=6 * bs, max_size=6 * bs))
+    zero_salt = (-_block_hashes(toks, 0, 1, bs, 0)[0]) & (2**64 - 1)
+    salts = [0, 1, 2**64 - 1, zero_salt]
+    coef = _coef_bytes(bs)
+    c, py = native.ContentIndex(), PyContentIndex()
+    for add, a, b, si in ops:
+        a, b = min(a, b), max(a, b)
+        args = (toks, a, b, bs, coef, salts[si])
+        if add:
+            assert c.add(*args) is py.add(*args) is None
+        else:
+            assert c.count(*args) == py.count(*args)
+        assert len(c) == len(py)
+
+
+def test_content_index_grows_and_refuses_what_it_cannot_read(native):
+    from prefixscope.replay.ledger import _coef_bytes
+
+    c = native.ContentIndex()
+    toks = list(range(40_000))
+    c.add(toks, 0, 40_000 // 4, 4, _coef_bytes(4), 7)
+    assert len(c) == 10_000 and c.count(toks, 0, 10_000, 4, _coef_bytes(4), 7) == (10_000, True)
+    assert c.count(toks, 0, 10_000, 4, _coef_bytes(4), 8)[0] < 10
+    with pytest.raises(IndexError):
+        c.count(toks, 0, 10_001, 4, _coef_bytes(4), 7)
+    with pytest.raises(OverflowError):
+        c.add([2**63] * 4, 0, 1, 4, _coef_bytes(4), 0)
+    with pytest.raises(TypeError):
+        c.add(["a"] * 4, 0, 1, 4, _coef_bytes(4), 0)
+    with pytest.raises(ValueError):
+        c.add(toks, 0, 1, 8, _coef_bytes(4), 0)  # fewer multipliers than tokens a block
+
+
+_SEGS = [list(range(k * 10, k * 10 + n)) for k, n in enumerate([4, 4, 6, 8, 3, 5, 12])]
+
+
+@st.composite
+def _fleet_traces(draw):
+    from prefixscope.replay.types import TraceRequest
+
+    out = []
+    for k in range(draw(st.integers(1, 24))):
+        segs = draw(st.lists(st.integers(0, len(_SEGS) - 1), min_size=1, max_size=5))
+        ids = [t for s in segs for t in _SEGS[s]]
+        known = draw(st.booleans())
+        n_out = draw(st.integers(0, 9))
+        out.append(TraceRequest(
+            request_id=f"r{k}", arrival_s=float(k), num_prompt_tokens=len(ids),
+            prompt_token_ids=ids, output_tokens=n_out,
+            output_token_ids=[_SEGS[k % 7][0]] * n_out if known and n_out else None,
+            cache_salt=draw(st.sampled_from([None, None, "s"])),
+            skip_reading=draw(st.booleans()) and k % 6 == 5))
+    return out
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=_fleet_traces(), instances=st.integers(1, 3), cap=st.sampled_from([None, 6, 12]),
+       router=st.sampled_from(["round-robin", "longest-prefix", "random"]))
+def test_the_ledger_is_the_same_with_and_without_the_extension(native, trace, instances, cap,
+                                                                router):
+    from prefixscope.replay import ledger
+    from prefixscope.replay.fleet import replay_fleet
+
+    cfg = SimConfig(block_size=4, num_gpu_blocks=cap, hash_algo="sha256")
+    out = {}
+    for on in (True, False):
+        saved = ledger.NATIVE
+        ledger.NATIVE = ledger.NATIVE if on else None
+        try:
+            run = replay_fleet(trace, cfg, instances=instances, router=router)
+            out[on] = (list(run), run.result.ledger.as_dict())
+            assert isinstance(run.ledger.content, ledger.PyContentIndex) is (not on)
+        finally:
+            ledger.NATIVE = saved
+    assert out[True] == out[False]
+
+
+def test_the_ledger_on_a_mooncake_fleet_is_the_same_with_and_without_the_extension(native):
+    from prefixscope.replay import ledger
+    from prefixscope.replay.fleet import replay_fleet
+
+    reqs = list(mooncake_requests(mooncake_path(), 0, 150, block_size=16, mode="tokens"))
+    cfg = SimConfig(block_size=16, num_gpu_blocks=3000)
+    out = {}
+    for on in (True, False):
+        saved = ledger.NATIVE
+        ledger.NATIVE = ledger.NATIVE if on else None
+        try:
+            out[on] = run = replay_fleet(reqs, cfg, instances=3, router="round-robin").run()
+        finally:
+            ledger.NATIVE = saved
+    led = out[True].ledger
+    assert led.routing and led.capacity and led.cold
+    assert out[True].ledger == out[False].ledger and run.ledger == led
+
+
+@st.composite
+def _accesses(draw):
+    from prefixscope.replay.belady import AccessTrace
+
+    acc = AccessTrace(block_size=1)
+    fresh = 1 << 31
+    for _ in range(draw(st.integers(0, 30))):
+        keys = draw(st.lists(st.integers(0, 12), min_size=0, max_size=8, unique=True))
+        n_fresh = draw(st.integers(0, 3))
+        nl = draw(st.integers(0, len(keys)))
+        keys = keys + list(range(fresh, fresh + n_fresh))
+        fresh += n_fresh
+        acc.keys.append(keys)
+        acc.num_lookup.append(nl)
+        acc.num_blocks.append(len(keys) + draw(st.integers(0, 2)))
+        acc.prompt_tokens.append(len(keys) + 1)
+        acc.counted.append(True)
+    return acc
+
+
+@SETTINGS
+@given(acc=_accesses(), size=st.integers(2, 16))
+def test_min_hits_equals_the_python_reference(native, acc, size):
+    """Random access traces (keys from a small alphabet: many shared, evicted, re-used; fresh
+    decode keys from 2^31): the compiled MIN gives the reference's hits at every size."""
+    from prefixscope.replay.belady import _min_hits_python, min_hits
+
+    assert min_hits(acc, size) == _min_hits_python(acc, size)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=_fleet_traces(), size=st.integers(2, 30), algo=st.sampled_from(["sha256", "fast"]))
+def test_min_hits_on_hashed_traces_equals_the_python_reference(native, trace, size, algo):
+    from prefixscope.replay.belady import _min_hits_python, collect_accesses, min_hits
+
+    acc = collect_accesses(trace, SimConfig(block_size=4, hash_algo=algo))
+    assert min_hits(acc, size) == _min_hits_python(acc, size)
+
+
+def test_min_hits_on_a_mooncake_slice_equals_the_python_reference(native):
+    from prefixscope.replay.belady import _min_hits_python, collect_accesses, min_hits
+
+    reqs = list(mooncake_requests(mooncake_path(), 0, 300, block_size=16, mode="keys"))
+    acc = collect_accesses(reqs, SimConfig(block_size=16, hash_algo="fast"))
+    for size in (300, 1000, 4000):
+        mn = min_hits(acc, size)
+        assert mn == _min_hits_python(acc, size)
+        assert sum(m for m in mn if m > 0) > 0
+
+
+def test_min_hits_checks_its_arguments(native):
+    with pytest.raises(ValueError):
+        native.min_hits([[1, 2]], [3], [2], 4)  # num_lookup past the keys
+    with pytest.raises(ValueError):
+        native.min_hits([[2**32]], [1], [1], 4)
+    with pytest.raises(ValueError):
+        native.min_hits([[1]], [1, 1], [1], 4)
+    assert native.min_hits([], [], [], 4) == []
