@@ -474,6 +474,8 @@ done:
 typedef struct {
     PyObject_HEAD
     uint64_t *slots;   /* 0 = empty; the key 0 is held by has_zero */
+    uint32_t *stamps;  /* per slot: the count_add call that entered the key */
+    uint32_t zero_stamp, epoch;
     Py_ssize_t mask;   /* len(slots) - 1, a power of two minus one */
     Py_ssize_t used;   /* keys in slots (has_zero not counted) */
     int has_zero;
@@ -506,7 +508,10 @@ ci_grow(ContentIndex *s)
 {
     Py_ssize_t n = (s->mask + 1) * 2;
     uint64_t *ns = PyMem_Calloc((size_t)n, sizeof(uint64_t));
-    if (ns == NULL) {
+    uint32_t *nt = PyMem_Malloc((size_t)n * sizeof(uint32_t));
+    if (ns == NULL || nt == NULL) {
+        PyMem_Free(ns);
+        PyMem_Free(nt);
         PyErr_NoMemory();
         return -1;
     }
@@ -518,18 +523,26 @@ ci_grow(ContentIndex *s)
         while (ns[i] != 0)
             i = (i + 1) & (n - 1);
         ns[i] = v;
+        nt[i] = s->stamps[k];
     }
     PyMem_Free(s->slots);
+    PyMem_Free(s->stamps);
     s->slots = ns;
+    s->stamps = nt;
     s->mask = n - 1;
     return 0;
 }
 
+/* Enter v (stamped ``stamp`` when new). Returns 1 when v was held under another stamp (entered
+ * by an earlier call), 0 when it is new or entered under this stamp, -1 on error. */
 static inline int
-ci_add(ContentIndex *s, uint64_t v)
+ci_add(ContentIndex *s, uint64_t v, uint32_t stamp)
 {
     if (v == 0) {
+        if (s->has_zero)
+            return s->zero_stamp != stamp;
         s->has_zero = 1;
+        s->zero_stamp = stamp;
         return 0;
     }
     if ((s->used + 1) * 2 > s->mask + 1 && ci_grow(s) < 0)
@@ -538,9 +551,10 @@ ci_add(ContentIndex *s, uint64_t v)
     for (;;) {
         uint64_t x = s->slots[i];
         if (x == v)
-            return 0;
+            return s->stamps[i] != stamp;
         if (x == 0) {
             s->slots[i] = v;
+            s->stamps[i] = stamp;
             s->used++;
             return 0;
         }
@@ -557,7 +571,8 @@ ci_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (s == NULL)
         return NULL;
     s->slots = PyMem_Calloc(1024, sizeof(uint64_t));
-    if (s->slots == NULL) {
+    s->stamps = PyMem_Calloc(1024, sizeof(uint32_t));
+    if (s->slots == NULL || s->stamps == NULL) {
         Py_DECREF(s);
         return PyErr_NoMemory();
     }
@@ -569,6 +584,7 @@ static void
 ci_dealloc(ContentIndex *s)
 {
     PyMem_Free(s->slots);
+    PyMem_Free(s->stamps);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -680,8 +696,9 @@ ci_add_blocks(ContentIndex *s, PyObject *args)
     PyBuffer_Release(&coef);
     if (n < 0)
         return NULL;
+    uint32_t stamp = ++s->epoch;
     for (Py_ssize_t k = 0; k < n; k++)
-        if (ci_add(s, keys[k]) < 0) {
+        if (ci_add(s, keys[k], stamp) < 0) {
             PyMem_Free(keys);
             return NULL;
         }
@@ -689,9 +706,57 @@ ci_add_blocks(ContentIndex *s, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(ci_count_add_doc,
+"count_add(tokens, start, stop, count_from, count_to, block_size, coef, salt)\n"
+"    -> (n_in, first_in)\n\n"
+"count(tokens, count_from, count_to, ...) then add(tokens, start, stop, ...), in one pass\n"
+"(start <= count_from <= count_to <= stop): a block counts when an earlier call entered its\n"
+"key, not when an earlier block of this call did.");
+
+static PyObject *
+ci_count_add(ContentIndex *s, PyObject *args)
+{
+    PyObject *tokens;
+    Py_ssize_t start, stop, cfrom, cto, bs;
+    Py_buffer coef;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "Onnnnny*K", &tokens, &start, &stop, &cfrom, &cto, &bs, &coef,
+                          &salt))
+        return NULL;
+    if (!(start <= cfrom && cfrom <= cto && cto <= stop) && cfrom < cto) {
+        PyBuffer_Release(&coef);
+        PyErr_SetString(PyExc_ValueError, "count_add: start <= count_from <= count_to <= stop");
+        return NULL;
+    }
+    uint64_t *keys;
+    Py_ssize_t n = content_keys(tokens, start, stop, bs, &coef, (uint64_t)salt, &keys);
+    PyBuffer_Release(&coef);
+    if (n < 0)
+        return NULL;
+    uint32_t stamp = ++s->epoch;
+    Py_ssize_t hits = 0;
+    int first = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int in = ci_add(s, keys[k], stamp);
+        if (in < 0) {
+            PyMem_Free(keys);
+            return NULL;
+        }
+        Py_ssize_t b = start + k;
+        if (b >= cfrom && b < cto) {
+            hits += in;
+            if (b == cfrom)
+                first = in;
+        }
+    }
+    PyMem_Free(keys);
+    return Py_BuildValue("nO", hits, first ? Py_True : Py_False);
+}
+
 static PyMethodDef ci_methods[] = {
     {"count", (PyCFunction)ci_count, METH_VARARGS, ci_count_doc},
     {"add", (PyCFunction)ci_add_blocks, METH_VARARGS, ci_add_doc},
+    {"count_add", (PyCFunction)ci_count_add, METH_VARARGS, ci_count_add_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -992,10 +1057,61 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(intern_keys_doc,
+"intern_keys(intern, keys, n) -> list of ints\n\n"
+"The ids of keys[:n] in the dict ``intern`` (key -> id), a key not in it getting the next id,\n"
+"len(intern), and entered: replay/belady.py collect_accesses's loop.");
+
+static PyObject *
+intern_keys(PyObject *self, PyObject *args)
+{
+    PyObject *intern, *keys;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyDict_Type, &intern, &PyList_Type, &keys, &n))
+        return NULL;
+    if (n < 0 || n > PyList_GET_SIZE(keys)) {
+        PyErr_SetString(PyExc_ValueError, "intern_keys: 0 <= n <= len(keys)");
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (j >= PyList_GET_SIZE(keys)) {  /* a key's __eq__ shrank the list */
+            PyErr_SetString(PyExc_RuntimeError, "intern_keys: the keys changed");
+            goto fail;
+        }
+        PyObject *k = PyList_GET_ITEM(keys, j);
+        Py_INCREF(k);
+        PyObject *v = PyDict_GetItemWithError(intern, k);
+        if (v != NULL) {
+            Py_INCREF(v);
+        } else {
+            if (PyErr_Occurred()) {
+                Py_DECREF(k);
+                goto fail;
+            }
+            v = PyLong_FromSsize_t(PyDict_GET_SIZE(intern));
+            if (v == NULL || PyDict_SetItem(intern, k, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(k);
+                goto fail;
+            }
+        }
+        Py_DECREF(k);
+        PyList_SET_ITEM(out, j, v);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"sha256_pickle_chain", sha256_pickle_chain, METH_VARARGS, sha256_pickle_chain_doc},
     {"run_alone", run_alone, METH_VARARGS, run_alone_doc},
     {"min_hits", min_hits, METH_VARARGS, min_hits_doc},
+    {"intern_keys", intern_keys, METH_VARARGS, intern_keys_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,9 +22,10 @@ passes to the pool). Keys depend only on tokens, so one trace serves every capac
 
 from __future__ import annotations
 
+import gc
 import heapq
 import os
-from itertools import count
+from itertools import count, islice
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,16 +98,10 @@ def collect_accesses(requests: Iterable[TraceRequest], config: SimConfig) -> Acc
         if num_keyed >= 1 << 20:
             raise SimulationError(f"request {tr.request_id}: {num_keyed} blocks (the capacity "
                                   "sweep handles up to 2^20 per request)")
-        ids = []
-        for j in range(num_keyed):
-            k = keys[j]
-            if req.prompt is None and j >= p // bs:  # fresh decode keys: never looked up
-                ids.append(next(fresh))
-                continue
-            v = intern.get(k)
-            if v is None:
-                v = intern[k] = len(intern)
-            ids.append(v)
+        # fresh decode keys of block-key traces: never looked up, never interned
+        n_int = num_keyed if req.prompt is not None else min(num_keyed, p // bs)
+        ids = _intern(intern, keys, n_int)
+        ids.extend(islice(fresh, num_keyed - n_int))
         acc.keys.append(ids)
         acc.num_lookup.append(0 if req.skip_reading else (p - 1) // bs)
         acc.num_blocks.append(cdiv(num_tokens, bs))
@@ -114,6 +109,20 @@ def collect_accesses(requests: Iterable[TraceRequest], config: SimConfig) -> Acc
         acc.counted.append(not req.skip_reading)
         req.release_tokens()
     return acc
+
+
+def _intern(intern: dict[Any, int], keys: list[Any], n: int) -> list[int]:
+    """The ids of ``keys[:n]``, a new key getting the next id (``len(intern)``); in C when the
+    extension is built (``_native.intern_keys``, the same ids)."""
+    if NATIVE is not None and type(keys) is list:
+        return NATIVE.intern_keys(intern, keys, n)  # type: ignore[no-any-return]
+    ids = []
+    for k in islice(keys, n):
+        v = intern.get(k)
+        if v is None:
+            v = intern[k] = len(intern)
+        ids.append(v)
+    return ids
 
 
 def compute_next_use(acc: AccessTrace, num_gpu_blocks: int | None = None) -> list[list[int]]:
@@ -304,8 +313,13 @@ def capacity_sweep(acc: AccessTrace, sizes: Sequence[int], *, jobs: int | None =
     if jobs <= 1 or "fork" not in mp.get_all_start_methods():
         return [capacity_row(acc, s) for s in sizes]
     _SHARED = acc
+    # Frozen, the objects alive now are never traversed by the workers' collector: a full
+    # collection in a worker would otherwise read every object of the parent (a replay's
+    # token lists: gigabytes) and copy the pages it writes.
+    gc.freeze()
     try:
         with mp.get_context("fork").Pool(jobs) as pool:
             return pool.map(_row_in_worker, list(sizes), chunksize=1)
     finally:
+        gc.unfreeze()
         _SHARED = None

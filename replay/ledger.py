@@ -211,6 +211,7 @@ class _Pending:
     instance: int
     identity: Any
     content: bool  # token trace: the blocks' content is indexed
+    content_added: bool  # the prompt blocks' content is in the index already (classify)
     free_keys: list[Hashable] | None
     hit_blocks: int
     stored_end: int  # first missed block never stored before (all later ones neither)
@@ -222,7 +223,9 @@ class MissLedger:
     Use: for each request in trace order, :meth:`classify` it against the instance it is routed
     to *before* that instance runs it, run it (``KVCacheManager.run_alone`` or
     ``scheduler.run_steps``), then call :meth:`stored` with the finished request (before
-    ``release_tokens``). Sequential replay only: nothing runs between the two calls.
+    ``release_tokens``). Sequential replay only: nothing runs between the two calls
+    (:meth:`classify` already enters the prompt blocks' content in the content index, so a
+    classified request must be stored).
 
     Args:
         pools: the instances' block pools (``KVCacheManager.block_pool``), index = instance.
@@ -324,20 +327,22 @@ class MissLedger:
             if first_class is None:
                 first_class = "isolation"
         # Run 3: content seen before (prompt change) or not (cold).
+        # The prompt blocks' content enters the index in the same pass (what stored() would
+        # add; a block counts only when an earlier request entered its content).
         n_rest = num_lookup - t
+        n_pc, first_rest = 0, "cold"
+        if content:
+            n_pc, first_in = self.content.count_add(_tokens(req.prompt), h, p // bs, t,
+                                                    num_lookup, bs, _coef_bytes(bs),
+                                                    _salt(identity))
+            first_rest = "prompt_change" if first_in else "cold"
         if n_rest:
-            if content:
-                n_pc, first_in = self.content.count(_tokens(req.prompt), t, num_lookup, bs,
-                                                    _coef_bytes(bs), _salt(identity))
-                first_rest = "prompt_change" if first_in else "cold"
-            else:
-                n_pc, first_rest = 0, "cold"
             counts["prompt_change"] += n_pc * bs
             counts["cold"] += (n_rest - n_pc) * bs
         break_class = None
         if h < num_lookup:
             break_class = first_class if first_class is not None else first_rest
-        self._pending = _Pending(instance, identity, content, free_keys, h, s)
+        self._pending = _Pending(instance, identity, content, content, free_keys, h, s)
         return LedgerRecord(
             request_id=tr.request_id, instance=self.names[instance], prompt_tokens=p,
             hit=h * bs, granularity=p - num_lookup * bs, model=tr.model, scope=scope_of(tr),
@@ -385,7 +390,7 @@ class MissLedger:
         but is not counted, as in vLLM's counters)."""
         identity = _identity(tr)
         h = hit_tokens // self.block_size
-        pend = _Pending(instance, identity, self._has_content(tr, req),
+        pend = _Pending(instance, identity, self._has_content(tr, req), False,
                         self._free_keys(tr, req, identity) if identity is not None else None, h,
                         h)
         self.register(instance, req, h, pend)
@@ -410,7 +415,8 @@ class MissLedger:
         if pend.content:
             salt = _salt(pend.identity)
             coef = _coef_bytes(bs)
-            self.content.add(_tokens(req.prompt), h, num_full, bs, coef, salt)
+            if not pend.content_added:
+                self.content.add(_tokens(req.prompt), h, num_full, bs, coef, salt)
             if req.output_token_ids is not None and num_keyed > num_full:
                 # Decode blocks of a known reply: a later prompt may re-send it.
                 toks = [*req.prompt[num_full * bs:], *req.outputs]
@@ -495,6 +501,14 @@ class PyContentIndex:
         """Hold the blocks' keys."""
         if start < stop:
             self.keys.update(_block_hashes(ids, start, stop, block_size, salt))
+
+    def count_add(self, ids: Sequence[int], start: int, stop: int, count_from: int,
+                  count_to: int, block_size: int, coef: bytes, salt: int) -> tuple[int, bool]:
+        """:meth:`count` of blocks ``count_from .. count_to-1``, then :meth:`add` of blocks
+        ``start .. stop-1`` (the compiled index does both in one pass)."""
+        out = self.count(ids, count_from, count_to, block_size, coef, salt)
+        self.add(ids, start, stop, block_size, coef, salt)
+        return out
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -389,8 +389,9 @@ _I64 = st.integers(-2**63, 2**63 - 1)
 
 @SETTINGS
 @given(bs=st.sampled_from([1, 2, 4, 16]), data=st.data(),
-       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 6),
-                              st.integers(0, 3)), min_size=1, max_size=40))
+       ops=st.lists(st.tuples(st.sampled_from(["add", "count", "count_add"]),
+                              st.integers(0, 6), st.integers(0, 6), st.integers(0, 3)),
+                    min_size=1, max_size=40))
 def test_content_index_equals_the_python_reference(native, bs, data, ops):
     """count/add over blocks of token lists drawn from a small alphabet (repeated content),
     int64 extremes included, under a few salts (one chosen to make a key 0, the empty slot's
@@ -403,13 +404,18 @@ def test_content_index_equals_the_python_reference(native, bs, data, ops):
     salts = [0, 1, 2**64 - 1, zero_salt]
     coef = _coef_bytes(bs)
     c, py = native.ContentIndex(), PyContentIndex()
-    for add, a, b, si in ops:
+    for op, a, b, si in ops:
         a, b = min(a, b), max(a, b)
         args = (toks, a, b, bs, coef, salts[si])
-        if add:
+        if op == "add":
             assert c.add(*args) is py.add(*args) is None
-        else:
+        elif op == "count":
             assert c.count(*args) == py.count(*args)
+        else:  # count a sub-range, add the whole range (repeated content within the call)
+            lo = data.draw(st.integers(a, b))
+            hi = data.draw(st.integers(lo, b))
+            cargs = (toks, a, b, lo, hi, bs, coef, salts[si])
+            assert c.count_add(*cargs) == py.count_add(*cargs)
         assert len(c) == len(py)
 
 
@@ -429,6 +435,8 @@ def test_content_index_grows_and_refuses_what_it_cannot_read(native):
         c.add(["a"] * 4, 0, 1, 4, _coef_bytes(4), 0)
     with pytest.raises(ValueError):
         c.add(toks, 0, 1, 8, _coef_bytes(4), 0)  # fewer multipliers than tokens a block
+    with pytest.raises(ValueError):
+        c.count_add(toks, 2, 4, 1, 3, 4, _coef_bytes(4), 0)  # counted blocks outside the added
 
 
 _SEGS = [list(range(k * 10, k * 10 + n)) for k, n in enumerate([4, 4, 6, 8, 3, 5, 12])]
