@@ -293,11 +293,19 @@ def _row_in_worker(num_gpu_blocks: int) -> CapacityRow:
     return capacity_row(_SHARED, num_gpu_blocks)
 
 
+#: Below this many block accesses (keys x sizes) a sweep runs in this process: forking costs
+#: more than it saves (about 0.1-0.3 s to start and join the workers).
+PARALLEL_MIN_ACCESSES = 4_000_000
+
+
 def capacity_sweep(acc: AccessTrace, sizes: Sequence[int], *, jobs: int | None = None
                    ) -> list[CapacityRow]:
-    """One :class:`CapacityRow` per size (in the order given), ``jobs`` processes at a time
-    (default: the CPUs, at most the sizes; 1 runs in this process). Workers are forked, so they
-    read ``acc`` without a copy; where ``fork`` is not available the sizes run here.
+    """One :class:`CapacityRow` per size (in the order given), on ``jobs`` processes (default:
+    the CPUs, at most the sizes; 1 runs in this process): this process computes sizes
+    ``0, jobs, 2 x jobs, ...`` while ``jobs - 1`` forked workers compute the others. Workers
+    are forked after hashing, so they read ``acc`` without a copy; where ``fork`` is not
+    available, or the sweep is small (under :data:`PARALLEL_MIN_ACCESSES` block accesses in
+    all), the sizes run here. The rows are the same either way.
 
     Raises:
         SimulationError: a size below 2.
@@ -310,7 +318,8 @@ def capacity_sweep(acc: AccessTrace, sizes: Sequence[int], *, jobs: int | None =
     jobs = min(jobs or os.cpu_count() or 1, len(sizes))
     import multiprocessing as mp
 
-    if jobs <= 1 or "fork" not in mp.get_all_start_methods():
+    accesses = sum(map(len, acc.keys)) * len(sizes)
+    if jobs <= 1 or accesses < PARALLEL_MIN_ACCESSES or "fork" not in mp.get_all_start_methods():
         return [capacity_row(acc, s) for s in sizes]
     _SHARED = acc
     # Frozen, the objects alive now are never traversed by the workers' collector: a full
@@ -318,8 +327,16 @@ def capacity_sweep(acc: AccessTrace, sizes: Sequence[int], *, jobs: int | None =
     # token lists: gigabytes) and copy the pages it writes.
     gc.freeze()
     try:
-        with mp.get_context("fork").Pool(jobs) as pool:
-            return pool.map(_row_in_worker, list(sizes), chunksize=1)
+        here = list(range(0, len(sizes), jobs))
+        there = [k for k in range(len(sizes)) if k % jobs]
+        rows: list[CapacityRow | None] = [None] * len(sizes)
+        with mp.get_context("fork").Pool(jobs - 1) as pool:
+            pending = pool.map_async(_row_in_worker, [sizes[k] for k in there], chunksize=1)
+            for k in here:
+                rows[k] = capacity_row(acc, sizes[k])
+            for k, row in zip(there, pending.get()):
+                rows[k] = row
+        return [r for r in rows if r is not None]
     finally:
         gc.unfreeze()
         _SHARED = None

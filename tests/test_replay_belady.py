@@ -72,3 +72,20 @@ def test_lru_equals_replay_sim_and_min_is_never_below_lru(trace, sizes, algo):
     for row in rows:
         assert row.min_cached_tokens >= row.lru_cached_tokens
         assert row.min_cached_tokens <= row.prompt_tokens
+
+
+def test_the_sweep_in_forked_workers_equals_the_sweep_here(monkeypatch):
+    """This process computes sizes 0, jobs, 2 x jobs ... and forked workers the others (the
+    small-sweep shortcut turned off): the rows equal those computed here, in the order given."""
+    from prefixscope.replay import belady
+
+    trace = [req(f"r{k}", [t for s in (k % 7, (k * 3) % 7, 6) for t in SEGMENTS[s]], out=k % 5)
+             for k in range(40)]
+    acc = collect_accesses(trace, SimConfig(block_size=B, hash_algo="sha256"))
+    sizes = [40, 3, 9, 17, 25, 6, 12]
+    here = capacity_sweep(acc, sizes, jobs=1)
+    monkeypatch.setattr(belady, "PARALLEL_MIN_ACCESSES", 0)
+    for jobs in (2, 3):
+        assert capacity_sweep(acc, sizes, jobs=jobs) == here
+    assert [r.num_gpu_blocks for r in here] == sizes
+    assert any(r.min_cached_tokens > r.lru_cached_tokens for r in here)
