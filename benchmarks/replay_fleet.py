@@ -10,8 +10,9 @@ the clock: token lists for sha256, block keys for fast):
   included) / one single replay at one size: <= 4x (also printed: the same sweep in one
   process, for a machine whose second core is busy).
 
-Wall seconds, best of ``--repeat``; the machine's load is printed (other processes share the
-CPUs: quote it with the figures).
+Wall seconds, best of ``--repeat`` (the five measurements run in turn, each round, so a load
+that changes during the run weighs on all alike); the machine's load is printed (other
+processes share the CPUs: quote it with the figures).
 
 Usage:
 
@@ -50,13 +51,17 @@ def load(trace: Path, count: int, block_size: int, algo: str) -> list:
     return reqs
 
 
-def best(fn, repeat: int) -> tuple[float, object]:
-    out, times = None, []
+def best_interleaved(fns: dict, repeat: int) -> dict:
+    """``{name: (best wall seconds, last result)}``, the functions run in turn ``repeat``
+    times (a load that changes during the run then weighs on every figure alike)."""
+    times: dict = {k: [] for k in fns}
+    outs: dict = {}
     for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return min(times), out
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            outs[k] = fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: (min(times[k]), outs[k]) for k in fns}
 
 
 def main() -> None:
@@ -93,11 +98,11 @@ def main() -> None:
             return capacity_sweep(acc, sizes, jobs=jobs)
         return run
 
-    t_one, s = best(single, a.repeat)
-    t_rr, rr = best(fleet("round-robin"), a.repeat)
-    t_lp, lp = best(fleet("longest-prefix"), a.repeat)
-    t_sw, rows = best(sweep(a.jobs), a.repeat)
-    t_sw1, rows1 = best(sweep(1), a.repeat)
+    res = best_interleaved({"one": single, "rr": fleet("round-robin"),
+                            "lp": fleet("longest-prefix"), "sw": sweep(a.jobs), "sw1": sweep(1)},
+                           a.repeat)
+    (t_one, s), (t_rr, rr), (t_lp, lp) = res["one"], res["rr"], res["lp"]
+    (t_sw, rows), (t_sw1, rows1) = res["sw"], res["sw1"]
     assert rows1 == rows
     print(f"single replay           {t_one:7.2f} s  hit rate {s.hit_rate:.4f}")
     print(f"fleet round-robin       {t_rr:7.2f} s  hit rate {rr.hit_rate:.4f}  "
