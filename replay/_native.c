@@ -1107,11 +1107,91 @@ fail:
     return NULL;
 }
 
+/* -- 5. the miss ledger's stored-before run ------------------------------------------------- */
+
+PyDoc_STRVAR(stored_run_doc,
+"stored_run(keys, start, stop, ever, mine, others) -> (end, break_routing, here, elsewhere,\n"
+"                                                      capacity)\n\n"
+"replay/ledger.py MissLedger.classify's run 1 in one pass: ``end`` the first index from\n"
+"``start`` (below ``stop``) whose key is not in the set ``ever``; for the run's first key,\n"
+"whether a dict of ``others`` holds it; for each later key of the run, counted once: held by\n"
+"``mine`` (here), else by one of ``others`` (elsewhere), else by none (capacity).");
+
+static PyObject *
+stored_run(PyObject *self, PyObject *args)
+{
+    PyObject *keys, *ever, *mine, *others;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "O!nnO!O!O!", &PyList_Type, &keys, &start, &stop, &PySet_Type,
+                          &ever, &PyDict_Type, &mine, &PyList_Type, &others))
+        return NULL;
+    Py_ssize_t nothers = PyList_GET_SIZE(others);
+    for (Py_ssize_t i = 0; i < nothers; i++)
+        if (!PyDict_Check(PyList_GET_ITEM(others, i))) {
+            PyErr_SetString(PyExc_TypeError, "stored_run: others must be dicts");
+            return NULL;
+        }
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "stored_run: start >= 0");
+        return NULL;
+    }
+    Py_ssize_t end = start, here = 0, elsewhere = 0, capacity = 0;
+    int break_routing = 0;
+    Py_INCREF(others);
+    for (; end < stop && end < PyList_GET_SIZE(keys); end++) {
+        PyObject *k = PyList_GET_ITEM(keys, end);
+        Py_INCREF(k);
+        int r = PySet_Contains(ever, k);
+        if (r <= 0) {
+            Py_DECREF(k);
+            if (r < 0)
+                goto fail;
+            break;
+        }
+        int held = 0;
+        if (end > start) {
+            held = PyDict_Contains(mine, k);
+            if (held < 0) {
+                Py_DECREF(k);
+                goto fail;
+            }
+        }
+        if (held) {
+            here++;
+        } else {
+            int found = 0;
+            for (Py_ssize_t i = 0; i < nothers && i < PyList_GET_SIZE(others); i++) {
+                found = PyDict_Contains(PyList_GET_ITEM(others, i), k);
+                if (found < 0) {
+                    Py_DECREF(k);
+                    goto fail;
+                }
+                if (found)
+                    break;
+            }
+            if (end == start)
+                break_routing = found;
+            else if (found)
+                elsewhere++;
+            else
+                capacity++;
+        }
+        Py_DECREF(k);
+    }
+    Py_DECREF(others);
+    return Py_BuildValue("nOnnn", end, break_routing ? Py_True : Py_False, here, elsewhere,
+                         capacity);
+fail:
+    Py_DECREF(others);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"sha256_pickle_chain", sha256_pickle_chain, METH_VARARGS, sha256_pickle_chain_doc},
     {"run_alone", run_alone, METH_VARARGS, run_alone_doc},
     {"min_hits", min_hits, METH_VARARGS, min_hits_doc},
     {"intern_keys", intern_keys, METH_VARARGS, intern_keys_doc},
+    {"stored_run", stored_run, METH_VARARGS, stored_run_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -285,29 +285,13 @@ class MissLedger:
         # Run 1: blocks stored before (prefix-closed: a scan to the first key never stored).
         s = h
         if s < num_lookup and keys[s] in ever:
-            s = h + _run_length(ever, keys, h, num_lookup)
             others = [m for i, m in enumerate(self._maps) if i != instance]
-            key = keys[h]
-            first_class = "capacity"
-            for m in others:
-                if key in m:
-                    first_class = "routing"
-                    break
-            # After the break: resident here -> the break's class; else routing when another
-            # instance holds it, else capacity. Each a filter pass over the run.
-            rest = keys[h + 1:s]
-            here = len(rest)
-            rest = list(_filterfalse(mine.__contains__, rest))
-            here -= len(rest)
-            elsewhere = len(rest)
-            for m in others:
-                if not rest:
-                    break
-                rest = list(_filterfalse(m.__contains__, rest))
-            elsewhere -= len(rest)
+            s, first_routing, here, elsewhere, capacity = _stored_run(
+                keys, h, num_lookup, ever, mine, others)
+            first_class = "routing" if first_routing else "capacity"
             counts[first_class] += (1 + here) * bs
             counts["routing"] += elsewhere * bs
-            counts["capacity"] += len(rest) * bs
+            counts["capacity"] += capacity * bs
         # Run 2: never stored, the same prefix under another salt or adapter.
         t = s
         fi = self.free_index
@@ -403,7 +387,8 @@ class MissLedger:
         num_keyed = req.num_computed_tokens // bs
         if req.prompt is None:  # block-key mode: decode keys are fresh objects, never read
             num_keyed = min(num_keyed, num_full)
-        self.ever.update(req.block_keys[h:num_keyed])
+        # keys[h:stored_end] were stored before (classify's run 1): already in the set.
+        self.ever.update(req.block_keys[max(h, pend.stored_end):num_keyed])
         if pend.free_keys is not None:
             fi = self.free_index
             for fk in pend.free_keys[h:num_full]:
@@ -421,6 +406,33 @@ class MissLedger:
                 # Decode blocks of a known reply: a later prompt may re-send it.
                 toks = [*req.prompt[num_full * bs:], *req.outputs]
                 self.content.add(toks, 0, num_keyed - num_full, bs, coef, salt)
+
+
+def _stored_run(keys: Sequence[Hashable], start: int, stop: int, ever: set[Hashable],
+                mine: dict, others: list[dict]) -> tuple[int, bool, int, int, int]:
+    """Run 1 of :meth:`MissLedger.classify` from ``start`` (whose key is in ``ever``): ``(end,
+    the break is routing, here, elsewhere, capacity)``: ``end`` the first index below ``stop``
+    whose key is not in ``ever``; whether another instance holds the first key; of the later
+    keys of the run, how many this instance holds (they take the break's class), else another
+    one (routing), else none (capacity). In C when the extension is built
+    (``_native.stored_run``, the same counts)."""
+    if NATIVE is not None and type(keys) is list and type(ever) is set:
+        return NATIVE.stored_run(keys, start, stop, ever, mine, others)  # type: ignore[no-any-return]
+    end = start + _run_length(ever, keys, start, stop)
+    key = keys[start]
+    first_routing = any(key in m for m in others)
+    # After the break: each a filter pass over the run.
+    rest = keys[start + 1:end]
+    here = len(rest)
+    rest = list(_filterfalse(mine.__contains__, rest))
+    here -= len(rest)
+    elsewhere = len(rest)
+    for m in others:
+        if not rest:
+            break
+        rest = list(_filterfalse(m.__contains__, rest))
+    elsewhere -= len(rest)
+    return end, first_routing, here, elsewhere, len(rest)
 
 
 def _run_length(held: Any, keys: Sequence[Hashable], start: int, stop: int) -> int:
