@@ -1,4 +1,4 @@
-/* prefixscope.replay._native: the two hot loops of sequential replay, in C.
+/* prefixscope.replay._native: the hot loops of sequential replay, in C.
  *
  * 1. sha256_pickle_chain: vLLM's chained block hashes with the sha256 algorithm,
  *    H_i = SHA-256(pickle.dumps((H_{i-1}, tuple(tokens of block i), None), protocol=5))
@@ -13,7 +13,12 @@
  *    state stays in Python objects, so every other path (step-by-step, concurrent, the
  *    invariant checks) sees exactly what the Python version leaves.
  *
- * Both are checked against the Python code by tests/test_replay_native.py (hypothesis).
+ * 3-5 (issue 26): the miss ledger's content index (ContentIndex) and its run of blocks stored
+ *    before (stored_run), Belady's MIN for the capacity sweep (min_hits) and the sweep's key
+ *    interning (intern_keys); their Python references are in replay/ledger.py and
+ *    replay/belady.py.
+ *
+ * All are checked against the Python code by tests/test_replay_native.py (hypothesis).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1197,7 +1202,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "The hot loops of sequential replay in C (block hashing, BlockPool.run_alone); "
+    "The hot loops of sequential replay in C (block hashing, BlockPool.run_alone, the miss "
+    "ledger's content index and stored run, Belady's MIN); "
     "see prefixscope.replay.native.", -1, methods,
 };
 

@@ -43,6 +43,10 @@ probability at most 2^-33 per pair of different blocks, would move one block fro
 
 Memory: one entry per distinct block key ever stored and per distinct block content, i.e.
 proportional to the distinct prompt blocks of the trace (what "never seen before" needs).
+
+Speed: the content index and run 1 run in C when the extension is built (``replay/_native.c``
+``ContentIndex``, ``stored_run``; :class:`PyContentIndex` and :func:`_stored_run` are the
+references, equal by test); the stored-before set takes only the keys not in it already.
 """
 
 from __future__ import annotations

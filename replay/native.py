@@ -7,6 +7,11 @@ Two loops dominate an exact replay, and both run in C when the extension is ther
   ``vllm/v1/core/kv_cache_utils.py`` ``hash_block_tokens``), one call per request;
 - ``BlockPool.run_alone``, one call per request, on the pool's own lists and dicts.
 
+The miss ledger and the capacity sweep (issue 26) add four: the ledger's content index
+(``ContentIndex``) and its run of blocks stored before (``stored_run``), Belady's MIN
+(``min_hits``) and the sweep's key interning (``intern_keys``), each with its Python reference
+(``replay/ledger.py``, ``replay/belady.py``).
+
 They compute exactly what the Python code computes (``tests/test_replay_native.py`` compares
 digests with ``pickle.dumps`` + ``hashlib`` and the whole pool state with the Python
 ``run_alone`` after random traces); only the speed differs (docs/benchmarks.md). Without a C
