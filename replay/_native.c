@@ -860,7 +860,6 @@ min_hits(PyObject *self, PyObject *args)
     int64_t *res = NULL;       /* per slot: resident priority, -1 = not resident */
     int32_t *pin = NULL;       /* per slot: request index + 1 while pinned */
     HeapEntry *heap = NULL, *kept = NULL;
-    uint32_t *slot_key = NULL; /* per slot: the key */
     Py_ssize_t hn = 0, hcap = 0;
     off = PyMem_Malloc((size_t)(R + 1) * sizeof(Py_ssize_t));
     nl = PyMem_Malloc((size_t)(R + 1) * sizeof(Py_ssize_t));
@@ -926,18 +925,16 @@ min_hits(PyObject *self, PyObject *args)
     }
     Py_ssize_t ndense = any_dense ? (Py_ssize_t)max_dense + 1 : 0;
     Py_ssize_t nslots = ndense + (any_fresh ? (Py_ssize_t)max_fresh + 1 : 0);
-    slot_key = PyMem_Malloc((size_t)(nslots + 1) * sizeof(uint32_t));
     nxt = PyMem_Malloc((size_t)(nslots + 1) * sizeof(int64_t));
     res = PyMem_Malloc((size_t)(nslots + 1) * sizeof(int64_t));
     pin = PyMem_Calloc((size_t)(nslots + 1), sizeof(int32_t));
-    if (!slot_key || !nxt || !res || !pin) {
+    if (!nxt || !res || !pin) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t k = 0; k < total; k++) {
         uint32_t v = kx[k];
         uint32_t sl = v < FRESH_BASE ? v : (uint32_t)(ndense + (v - FRESH_BASE));
-        slot_key[sl] = v;
         kx[k] = sl;
     }
     /* next use (compute_next_use): one backward pass, skipping requests the cache cannot hold */
@@ -1058,7 +1055,6 @@ done:
     PyMem_Free(pin);
     PyMem_Free(heap);
     PyMem_Free(kept);
-    PyMem_Free(slot_key);
     return result;
 }
 
