@@ -57,15 +57,15 @@ EVENT_KINDS = ("model_upgrade", "tokenizer_upgrade", "runtime_upgrade", "adapter
                "prompt_bundle_upgrade", "toolset_upgrade", "policy_revocation",
                "authorization_epoch_bump", "cache_epoch_bump", "worker_restart")
 
-NsDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
-ShortHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{0,64}$")]
+NsDigest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}\Z")]
+ShortHex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{0,64}\Z")]
 Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]  # summed by the scope rollup
 Epoch = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Scope = Literal["PUBLIC", "TENANT", "PRINCIPAL"]
 Reason = Literal[ALL_REASONS]  # type: ignore[valid-type]
-RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{0,128}$")]
-RequestId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,200}$")]
-Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:/@+-]{1,200}$")]
+RunId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{0,128}\Z")]
+RequestId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,200}\Z")]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:/@+-]{1,200}\Z")]
 
 
 class ShortIdentity(msgspec.Struct, forbid_unknown_fields=True):
@@ -157,7 +157,11 @@ def _msgspec_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> _Bad:
         return _Bad(where, "unknown key (not part of the decision-log format, docs/scopes.md)")
     if text.startswith("Invalid enum value"):
         text = "not one of the allowed values"  # msgspec quotes the value: never store it
-    elif "'" in text and "regex" not in text:
+    elif "regex" in text:
+        # the patterns end in \Z (a "$" would let a trailing newline in); the reason shows
+        # them as docs/scopes.md writes them
+        text = text.replace("\\\\Z'", "$'")
+    elif "'" in text:
         text = text.split("'", 1)[0].strip() or "invalid value"
     return _Bad(field, text[:200])
 
@@ -176,6 +180,9 @@ def _decision_row(rec: DecisionLine, *, source_id: str, line: int, run_id: str) 
             raise _Bad("reasons", f"must be empty for {rec.decision}")
     if rec.decision == "miss" and (rec.candidate_cached_tokens or rec.candidate is not None):
         raise _Bad("candidate", "a miss has no candidate")
+    if rec.bypass and rec.accepted_cached_tokens != 0:
+        # docs/scopes.md: with the bypass on the request went isolated, nothing was accepted
+        raise _Bad("accepted_cached_tokens", "must be 0 when bypass is true")
     if rec.accepted_cached_tokens > rec.candidate_cached_tokens:
         raise _Bad("accepted_cached_tokens", "exceeds candidate_cached_tokens")
     if not time_ok(rec.ts_unix_s):

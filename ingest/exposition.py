@@ -83,6 +83,7 @@ from prefixscope.core.bounds import (
     time_ok,
 )
 from prefixscope.core.errors import NothingIngested, SourceUnavailable, StoreLocked
+from prefixscope.ingest.privacy import CLOSED_LABELS, OTHER_LABEL_VALUE, closed_label_value
 from prefixscope.store.db import DEFAULT_LOCK_TIMEOUT_S
 from prefixscope.store.queries.ingest import ingest_transaction
 
@@ -145,6 +146,8 @@ _DROPPED_LABELS = frozenset({"instance", "job"})
 #: quarantined (privacy rule: no raw tenant id in a metric label, ``docs/ingest.md``).
 ALLOWED_LABELS = frozenset({"model_name", "engine", "source", "le", "finished_reason",
                             "quantile", "instance", "job"})
+#: Labels whose values are a closed vocabulary (``ingest/privacy.py`` CLOSED_LABELS, engine).
+_CLOSED_NAMES = frozenset(CLOSED_LABELS) | {"engine"}
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 
@@ -547,6 +550,11 @@ def normalise_sample(name: str, labels: dict[str, str], value: float | int,
         labels = dict(labels)
         for k in extra:
             labels[k] = "hmac:" + digest_tenant(labels[k], label_key) if labels[k] else ""
+    if name != CACHE_CONFIG_METRIC:
+        for k in _CLOSED_NAMES.intersection(labels):
+            v = labels[k]
+            if closed_label_value(k, v) != v:
+                labels = {**labels, k: OTHER_LABEL_VALUE}  # a tenant name is never stored here
     if not time_ok(ts_unix_s):
         return SampleVerdict(field=name, reason="sample " + TIME_RANGE)
     ts_unix_s = float(ts_unix_s)

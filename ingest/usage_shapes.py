@@ -55,7 +55,7 @@ Tok = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
 Ms = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 OptTok = Tok | None | UnsetType
 _VALID_SCOPES = frozenset({"PUBLIC", "TENANT", "PRINCIPAL"})
-_DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
+_DIGEST = re.compile(r"[0-9a-f]{8,64}")  # fullmatch: "$" would let a trailing newline in
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,11 +438,14 @@ def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOK
                              f"milliseconds above {MS_THRESHOLD:.0e})")
     ts_estimated = rec.ts_estimated is True
 
+    # an empty id is a missing id (else every later empty id would be "already stored")
     rid, rid_field = rec.request_id, "$.request_id"
-    if rid is None:
-        rid, rid_field = ((resp.id, "id") if resp.id is not None else
+    if rid is None or rid == "":
+        rid, rid_field = ((resp.id, "id") if resp.id is not None and resp.id != "" else
                           (resp.responseId, "responseId") if resp.responseId else
                           (rec.id, "$.id"))
+        if rid == "":
+            rid = None
     if rid is not None:
         rid = str(rid)
         if len(rid) > MAX_ID_CHARS:
@@ -474,7 +477,7 @@ def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOK
             flags += ",scope-invalid"
             scope = None
     digest = rec.tenant_digest
-    if digest is not None and not _DIGEST.match(digest):
+    if digest is not None and not _DIGEST.fullmatch(digest):
         flags += ",tenant-digest-invalid"  # could be a raw id: never stored
         digest = None
 
