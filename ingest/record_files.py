@@ -66,27 +66,77 @@ LineRows = tuple[list[dict[str, Any]], "tuple[str | None, str] | None"]
 __all__ = ["BadLine", "LineRows", "ToRow", "ingest_record_file", "ingest_record_lines"]
 
 
+def _is_envelope(obj: Any) -> bool:
+    """An API answer holding records: ``{"data": [...], "meta": {...}}`` (Langfuse's public
+    API, LiteLLM's paged ``/spend/logs``), not a record itself (a record has an ``id``)."""
+    return isinstance(obj, dict) and isinstance(obj.get("data"), list) and "id" not in obj \
+        and "request_id" not in obj
+
+
 def _kind_of_file(path: str) -> str:
+    """``csv``, ``jsonl`` or ``json`` (one or more whole documents) for a record file.
+
+    A ``{`` file is JSON lines when its first line (read up to the line bound,
+    :data:`MAX_LINE_BYTES`) is one complete record; a first line that is an API answer
+    (``{"data": [...], ...}`` on one line, as ``curl > obs.json`` saves it) or not complete
+    JSON (a pretty-printed document) makes it a document."""
     low = path.lower()
     if low.endswith(".csv"):
         return "csv"
     if low.endswith((".jsonl", ".ndjson")):
         return "jsonl"
     with open(path, "rb") as fh:
-        head = fh.read(4096).lstrip()
+        head = fh.read(MAX_LINE_BYTES + 1).lstrip()
     if head.startswith(b"["):
         return "json"
     if head.startswith(b"{"):
-        # One pretty-printed document, or one record a line?
+        # One pretty-printed document, one API answer on one line, or one record a line?
         first_line = head.split(b"\n", 1)[0].strip()
         if json_too_deep(first_line):  # json.loads would recurse past Python's limit
             return "jsonl"  # each line is then refused: JSON nested deeper than 64 levels
         try:
-            json.loads(first_line)
-            return "jsonl"
+            first = json.loads(first_line)
         except ValueError:
             return "json"
+        return "json" if _is_envelope(first) else "jsonl"
     return "jsonl"
+
+
+def _documents(data: bytes) -> list[Any]:
+    """The records of a whole-file read: one document (an array, an API answer
+    ``{"data": [...]}``, or one record), or several written one after another (API pages
+    appended with ``curl >> FILE``, or JSON lines whose first line is past the sniff bound).
+
+    Raises:
+        ValueError: not JSON (:func:`json.loads`' error, at the first bad document).
+        RecursionError: nested past Python's limit.
+    """
+    try:
+        docs = [json.loads(data)]
+    except json.JSONDecodeError as exc:
+        if not exc.msg.startswith("Extra data"):
+            raise
+        text = data.decode("utf-8-sig")
+        decoder, docs, at = json.JSONDecoder(), [], 0
+        while True:
+            while at < len(text) and text[at] in " \t\r\n":
+                at += 1
+            if at == len(text):
+                break
+            doc, at = decoder.raw_decode(text, at)
+            docs.append(doc)
+    records: list[Any] = []
+    for doc in docs:
+        if isinstance(doc, list):
+            records.extend(doc)
+        elif isinstance(doc, dict) and "data" in doc and not _is_envelope(doc) \
+                and "id" not in doc and "request_id" not in doc:
+            raise TypeError("data")  # {"data": <not an array>}
+        elif _is_envelope(doc):
+            records.extend(doc["data"])
+        else:
+            records.append(doc)
+    return records
 
 
 def _record_rows(to_row: ToRow, rec: Any) -> LineRows:
@@ -436,15 +486,14 @@ def _whole_file(con, location: str, form: str, kind: str, source_id: str, to_row
     except OSError as exc:
         raise SourceUnavailable(f"cannot read {location}: {exc.strerror or exc}") from exc
     try:
-        doc = json.loads(data)
+        records = _documents(data)
     except ValueError as exc:
         raise SourceUnavailable(f"{location}: {invalid_json_reason(exc)}") from None
     except RecursionError:
         raise SourceUnavailable(f"{location}: {TOO_DEEP}") from None
-    records = doc.get("data", []) if isinstance(doc, dict) else doc
-    if not isinstance(records, list):
+    except TypeError:
         raise SourceUnavailable(f"{location}: expected an array of records or "
-                                "{\"data\": [...]}")
+                                "{\"data\": [...]}") from None
     rows: list[dict[str, Any]] = []
     bad: list[Quarantined] = []
     skipped = 0
