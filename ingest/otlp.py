@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,19 +170,31 @@ class StoredRequest:
 
 
 def store_otlp_request(con: duckdb.DuckDBPyConnection, req, opts: SpanOptions, *,
-                       location: str) -> StoredRequest:
+                       location: str, rejected: Sequence[Any] = ()) -> StoredRequest:
     """Store one OTLP/HTTP request's spans in one transaction (rows, quarantine entries, the
     source row and an ``ingest_runs`` record), so the caller acknowledges only what is
     committed. Quarantine entries name ``<location> span <trace>/<span>`` and, as ``line``, a
     63-bit number of the span (:meth:`~prefixscope.ingest.genai_spans.SpanRef.number`): a
     retried bad span is kept once.
 
+    Args:
+        rejected: spans the body held that could not be decoded
+            (:class:`prefixscope.ingest.otlp_partial.RejectedSpan`): quarantined with the rest,
+            counted in ``rejected``.
+
     Raises:
         Whatever the store raises (nothing of the request is kept).
     """
+    from prefixscope.ingest.genai_spans import SpanRef
+
     started = time.time()
     source_id = source_id_for(KIND_HTTP, location)
     got = rows_from_request(req, opts, source_id=source_id)
+    # spans that could not be decoded first; a span without ids is keyed by its path, so a
+    # retried export quarantines it once
+    undecoded = [(SpanRef(r.trace_id, r.span_id or r.path, r.path), r.path, r.reason)
+                 for r in rejected]
+    got.problems[:0] = undecoded
     quarantined = [Quarantined(f"{location} span {ref.trace_id}/{ref.span_id}", ref.number(),
                                reason, field) for ref, field, reason in got.problems]
     read = len(got.rows)
