@@ -194,7 +194,8 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
-            timeout = max(header_timeout_s, body_timeout_s)  # per read; the reaper times phases
+            # per read, a safety net only: the reaper closes a phase past its time first
+            timeout = max(header_timeout_s, body_timeout_s) + 5.0
 
             def log_message(self, format, *args):  # noqa: A002 (stdlib signature)
                 return  # one line per problem instead (receiver._log)
@@ -503,8 +504,8 @@ class OtlpReceiver:
                     raise _Refuse(413, "body larger than 64 MiB after decompression")
             self._phase(h.request, "work")
             got = decode_request(body, is_json=is_json)
-        except _Gone:
-            h.close_connection = True
+        except (_Gone, TimeoutError):  # the reaper closed it (and answered 408), or a read
+            h.close_connection = True   # outlived even the safety net
             return
         except _Refuse as r:
             h.close_connection = True
