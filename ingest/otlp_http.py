@@ -231,6 +231,9 @@ class OtlpReceiver:
                         return
                 finally:
                     self.rfile = raw
+                if receiver._closed(self.request):  # closed for its time: what came is cut
+                    self.close_connection = True
+                    return
                 if self.command != "POST":
                     self.send_error(405, "only POST /v1/traces is received here")
                     return
@@ -331,6 +334,11 @@ class OtlpReceiver:
     def _forget(self, sock: socket.socket) -> None:
         with self._conns_lock:
             self._conns.pop(id(sock), None)
+
+    def _closed(self, sock: socket.socket) -> bool:
+        with self._conns_lock:
+            c = self._conns.get(id(sock))
+            return c is None or c.closed
 
     def _phase(self, sock: socket.socket, phase: str) -> None:
         now = time.monotonic()

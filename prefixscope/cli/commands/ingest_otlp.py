@@ -173,7 +173,10 @@ def _listen(db: str, listen: str, opts, lock_timeout: float, as_json: bool,
             print_json({"url": receiver.url, "requests": s.requests, "spans_added": s.spans_added,
                         "spans_duplicate": s.spans_duplicate, "spans_rejected": s.spans_rejected,
                         "answered_503": s.busy_503, "answered_429": s.busy_429,
-                        "answered_400": s.bad_400})
+                        "answered_400": s.bad_400, "answered_413": s.too_large_413,
+                        "answered_431": s.headers_431,
+                        "refused_connections": s.refused_connections,
+                        "closed_slow": s.closed_slow})
         else:
             out.print(f"{receiver.url}: {count_noun(s.requests, 'export')} stored, "
                       f"{count_noun(s.spans_added, 'request')} added, {s.spans_duplicate:,} "
