@@ -342,7 +342,7 @@ def _bounded_int_value(value: Any) -> Any:
     return {**value, "intValue": str(min(max(n, _INT64[0]), _INT64[1]))}
 
 
-def _hex_ids_to_base64(obj: Any) -> Any:
+def hex_ids_to_base64(obj: Any) -> Any:
     """OTLP/JSON writes trace and span ids as hex (not protobuf JSON's base64): convert them
     so ``json_format`` reads the right bytes (OTLP spec, "JSON Protobuf Encoding"). A token
     count attribute past int64 is clamped to its bound (:func:`_bounded_int_value`)."""
@@ -360,10 +360,10 @@ def _hex_ids_to_base64(obj: Any) -> Any:
                     raise OtlpDecodeError(f"{k}: {len(raw)} bytes, expected {_ID_KEYS[k]}")
                 out[k] = base64.b64encode(raw).decode()
             else:
-                out[k] = _hex_ids_to_base64(v)
+                out[k] = hex_ids_to_base64(v)
         return out
     if isinstance(obj, list):
-        return [_hex_ids_to_base64(x) for x in obj]
+        return [hex_ids_to_base64(x) for x in obj]
     return obj
 
 
@@ -390,7 +390,7 @@ def decode_json(body: bytes | str | dict) -> ExportTraceServiceRequest:
         raise OtlpDecodeError("not a JSON object")
     req = ExportTraceServiceRequest()
     try:
-        json_format.ParseDict(_hex_ids_to_base64(obj), req, ignore_unknown_fields=True)
+        json_format.ParseDict(hex_ids_to_base64(obj), req, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
         # The message names the field and the expected type; cut any quoted value.
         text = str(exc).split(":", 1)[0]

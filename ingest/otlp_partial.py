@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from prefixscope.ingest.genai_spans import OtlpDecodeError, _hex_ids_to_base64
+from prefixscope.ingest.genai_spans import OtlpDecodeError, hex_ids_to_base64
 
 __all__ = ["RejectedSpan", "PartialRequest", "decode_protobuf_partial", "decode_json_partial"]
 
@@ -238,7 +238,7 @@ def _json_reason(msg: Any, obj: Any) -> str | None:
     if not isinstance(obj, dict):
         return "not an OTLP span (not a JSON object)"
     try:
-        json_format.ParseDict(_hex_ids_to_base64(obj), msg, ignore_unknown_fields=True)
+        json_format.ParseDict(hex_ids_to_base64(obj), msg, ignore_unknown_fields=True)
     except OtlpDecodeError as exc:
         return f"not an OTLP span ({exc})"
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
