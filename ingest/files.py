@@ -13,12 +13,14 @@ resumes from the last committed checkpoint. Whether *nothing* was read (exit cod
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
+from prefixscope.core.bounds import NotReadable, source_stat
 from prefixscope.core.errors import NothingIngested, ParseError, SourceUnavailable
 from prefixscope.ingest.bookkeeping import IngestSummary, Quarantined
 from prefixscope.ingest.bookkeeping import SourceOutcome as FileOutcome
@@ -58,17 +60,25 @@ def expand_paths(paths: Sequence[str], *, folders: bool, folder_glob: str = "*.j
     files: list[str] = []
     errors: list[str] = []
     for given in paths:
-        p = Path(given)
-        if p.is_dir():
-            found = sorted(p.glob(folder_glob))
+        try:  # the one lookup of a given path (prefixscope.core.bounds.source_stat)
+            st = source_stat(given)
+        except NotReadable as exc:
+            errors.append(f"{given}: {exc}")
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            p = Path(given)
             if not folders:
                 errors.append(f"{given}: is a folder: give its .jsonl files (e.g. {p / '*.jsonl'})")
-            elif not found:
+                continue
+            try:
+                found = sorted(p.glob(folder_glob))
+            except OSError as exc:
+                errors.append(f"{given}: {NotReadable(exc.strerror or str(exc))}")
+                continue
+            if not found:
                 errors.append(f"{given}: a folder without {folder_glob} files")
             else:
                 files.extend(str(x) for x in found)
-        elif not p.exists():
-            errors.append(f"{given}: {_missing_reason(str(given))}")
         else:
             files.append(str(given))
     return files, errors
@@ -114,15 +124,3 @@ def quarantined_dicts(problems: Sequence[Quarantined]) -> list[dict]:
     """The ``quarantined`` entries of ``--json``: location, line, field, reason."""
     return [{"location": q.location, "line": q.line, "field": q.field, "reason": q.reason}
             for q in problems]
-
-
-def _missing_reason(path: str) -> str:
-    """Why a path that ``exists()`` denies cannot be read: ``no such file``, a symbolic link
-    to nothing, a loop of symbolic links (ELOOP), no permission on a folder above it."""
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        return "a symbolic link to a missing file" if os.path.islink(path) else "no such file"
-    except OSError as exc:
-        return (exc.strerror or "cannot be read").lower()
-    return "no such file"

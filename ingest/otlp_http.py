@@ -56,7 +56,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from prefixscope.core.errors import StoreLocked
+from prefixscope.core.errors import StoreFull, StoreLocked
 from prefixscope.ingest.genai_spans import OtlpDecodeError
 from prefixscope.ingest.otlp import SpanOptions, StoredRequest, store_otlp_request
 from prefixscope.ingest.otlp_partial import PartialRequest, decode_request
@@ -550,11 +550,11 @@ class OtlpReceiver:
             return
         try:
             stored = self._store(got)
-        except StoreLocked as exc:
+        except (StoreLocked, StoreFull) as exc:  # retryable: nothing of it was stored
             self.stats.busy_503 += 1
             self._log(f"503 {client}: {exc}")
-            self._reply(h, 503, _status_body("store locked, retry", is_json), out_type,
-                        retry_after=True)
+            why = "store full, retry" if isinstance(exc, StoreFull) else "store locked, retry"
+            self._reply(h, 503, _status_body(why, is_json), out_type, retry_after=True)
             return
         finally:
             with self._pending_lock:

@@ -25,6 +25,7 @@ See ``docs/architecture.md#concurrency``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import random
@@ -35,7 +36,7 @@ from pathlib import Path
 import duckdb
 
 from prefixscope.core.bounds import not_regular_reason
-from prefixscope.core.errors import SchemaMismatch, SourceUnavailable, StoreLocked
+from prefixscope.core.errors import SchemaMismatch, SourceUnavailable, StoreFull, StoreLocked
 from prefixscope.store.schema import MIGRATIONS
 
 DEFAULT_LOCK_TIMEOUT_S = 30.0
@@ -197,7 +198,10 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
             )
             con.execute("COMMIT")
         except Exception:
-            con.execute("ROLLBACK")
+            # a COMMIT that failed (a full disk) has ended the transaction: the first error is
+            # the one to raise, never "cannot rollback - no transaction is active"
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
             raise
         applied.append(m.number)
     return applied
@@ -212,6 +216,52 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> list[int]:
         return []
 
 
+#: The system's words for a full device or quota (``os.strerror``), as DuckDB's I/O errors
+#: quote them: an I/O error of DuckDB's type that carries one of them is :class:`StoreFull`.
+_FULL_WORDS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+_IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.FatalException)
+
+
+def store_full(path: str | os.PathLike[str], exc: BaseException) -> StoreFull | None:
+    """The :class:`StoreFull` error for a write of the store at ``path`` that failed because
+    its device or quota is full (DuckDB's I/O error types quoting the system's ``No space left
+    on device`` / ``Disk quota exceeded``), else None.
+
+    The one rule for a full disk: :func:`writer` and :func:`batch_writer` apply it to whatever
+    their unit of work raises, so every ingester (and the OTLP receiver) says the same."""
+    if not isinstance(exc, _IO_ERRORS):
+        return None
+    text = str(exc)
+    if not any(w in text for w in _FULL_WORDS):
+        return None
+    return StoreFull(f"cannot write the database {path}: no space left on its device (or "
+                     "quota); what was committed before is kept and the transaction in progress "
+                     "was rolled back: free space and run the same command again (an ingest "
+                     "continues from its checkpoint)")
+
+
+@contextlib.contextmanager
+def _full_is_an_error(path: str | os.PathLike[str], close) -> Iterator[None]:
+    """Run a unit of work; a full device (:func:`store_full`) becomes :class:`StoreFull`, also
+    at the closing checkpoint; a close after a failure never hides the failure."""
+    try:
+        yield
+    except BaseException as exc:
+        full = store_full(path, exc)
+        with contextlib.suppress(duckdb.Error):
+            close()
+        if full is not None:
+            raise full from None
+        raise
+    try:
+        close()
+    except duckdb.Error as exc:
+        full = store_full(path, exc)
+        if full is None:
+            raise
+        raise full from None
+
+
 @contextlib.contextmanager
 def writer(path: str | os.PathLike[str], *,
            lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -219,13 +269,13 @@ def writer(path: str | os.PathLike[str], *,
 
     Raises:
         StoreLocked, SchemaMismatch, SourceUnavailable: see :func:`connect`, :func:`migrate`.
+        StoreFull: the device or quota is full (:func:`store_full`).
     """
-    con = connect(path, read_only=False, lock_timeout_s=lock_timeout_s)
-    try:
-        migrate(con)
-        yield con
-    finally:
-        con.close()
+    opened: list[duckdb.DuckDBPyConnection] = []
+    with _full_is_an_error(path, lambda: opened and opened[0].close()):
+        opened.append(connect(path, read_only=False, lock_timeout_s=lock_timeout_s))
+        migrate(opened[0])
+        yield opened[0]
 
 
 class BatchConnection:
@@ -321,13 +371,12 @@ def batch_writer(path: str | os.PathLike[str], *,
     Raises:
         StoreLocked, SchemaMismatch, SourceUnavailable: at the first open or any reopen (see
             :func:`connect`, :func:`migrate`).
+        StoreFull: the device or quota is full (:func:`store_full`).
     """
     con = BatchConnection(path, lock_timeout_s=lock_timeout_s)
-    con.connection()
-    try:
+    with _full_is_an_error(path, con.close):
+        con.connection()
         yield con
-    finally:
-        con.close()
 
 
 def release_between_batches(con: object, *, only_if_waited: bool = False) -> bool:

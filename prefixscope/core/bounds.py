@@ -34,6 +34,7 @@ Bounds:
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -144,18 +145,61 @@ class NotReadable(OSError):
     """A path that is not a regular file or does not exist; ``str()`` is the reason."""
 
 
+#: Why a path whose name is not UTF-8 is refused: every source's location is stored as text.
+NAME_NOT_UTF8 = ("the file name is not UTF-8 text (it could not be stored as the source's "
+                 "location): rename the file, e.g. with convmv, and ingest it again")
+
+
+def _os_reason(exc: OSError, path: str | os.PathLike[str]) -> str:
+    """One sentence for an OSError of a path, the same for every reader (lowercase, the
+    system's words, with what to do where there is something to do)."""
+    if isinstance(exc, NotReadable):
+        return str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return "a symbolic link to a missing file" if os.path.islink(path) else "no such file"
+    if exc.errno == errno.ENAMETOOLONG:
+        return ("file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a "
+                "path)")
+    if exc.errno == errno.EACCES or isinstance(exc, PermissionError):
+        return ("permission denied (the file, or a folder above it, cannot be read or searched "
+                "by this user)")
+    if exc.errno == errno.ENOTDIR:
+        return "a part of the path above the file is not a folder"
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
+    """``os.stat(path)`` of a path given to read (symlinks followed), or the sentence why not.
+
+    The one place a source path is looked up: every ingester's files go through it (directly,
+    or through :func:`check_regular` / :func:`open_regular`). A name that is not UTF-8 is
+    refused before anything is read (:data:`NAME_NOT_UTF8`).
+
+    Raises:
+        NotReadable: ``no such file``, ``a symbolic link to a missing file``, ``file name too
+            long (...)``, ``permission denied (...)``, ``too many levels of symbolic links``,
+            :data:`NAME_NOT_UTF8`...
+    """
+    name = os.fspath(path)
+    if isinstance(name, str):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # a name of bytes that are not UTF-8 (surrogateescape)
+            raise NotReadable(NAME_NOT_UTF8) from None
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise NotReadable(_os_reason(exc, path)) from None
+
+
 def check_regular(path: str | os.PathLike[str]) -> None:
     """Refuse anything but an existing regular file (symlinks are followed), without opening it.
 
     Raises:
-        NotReadable: ``no such file``, ``not a regular file: it is a FIFO (named pipe)``...
+        NotReadable: ``no such file``, ``not a regular file: it is a FIFO (named pipe)``, the
+            reasons of :func:`source_stat`...
     """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise NotReadable("no such file") from None
-    except OSError as exc:
-        raise NotReadable(exc.strerror or str(exc)) from None
+    st = source_stat(path)
     why = not_regular_reason(st.st_mode)
     if why is not None:
         raise NotReadable(why)
@@ -171,13 +215,12 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         NotReadable: the path does not exist or is not a regular file (the reason names its
             kind); other OSError as raised by ``open``.
     """
+    check_regular(path)  # a name that is not UTF-8, too long, no permission on a folder...
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise NotReadable("no such file") from None
     except OSError as exc:  # a folder, a socket (ENXIO), no permission...
         check_regular(path)  # names the kind when it is not a regular file
-        raise NotReadable(exc.strerror or str(exc)) from None
+        raise NotReadable(_os_reason(exc, path)) from None
     try:
         why = not_regular_reason(os.fstat(fd).st_mode)
         if why is not None:
@@ -232,6 +275,8 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u20
 
 def _escape_one(m: re.Match[str]) -> str:
     c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:  # a byte of a file name that is not UTF-8 (surrogateescape)
+        return f"\\x{c - 0xDC00:02x}"
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 

@@ -134,3 +134,11 @@ class SimulationError(PrefixscopeError):
     """A replay configuration the exact simulator cannot model (names the unsupported feature)."""
 
     exit_code = 7
+
+
+class StoreFull(PrefixscopeError):
+    """The database could not be written: the device (or the user's quota) is full. What was
+    committed before is kept; the transaction in progress was rolled back."""
+
+    exit_code = 8
+

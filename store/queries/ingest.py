@@ -37,7 +37,10 @@ def ingest_transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDB
     try:
         yield con
     except BaseException:
-        con.execute("ROLLBACK")
+        # a COMMIT that failed (a full disk) has ended the transaction already: the first
+        # error is the one raised, never "cannot rollback - no transaction is active"
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
 
