@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 #: Nesting depths tried (the stdlib parser's recursion limit is about 1,000).
@@ -87,3 +88,33 @@ def string_attacks(obj: Any, path: str) -> Iterator[tuple[str, bytes]]:
     yield f"{path}=raw-invalid-utf8", set_path(obj, path, '"aX"').replace(b"aX", b"a\xc3\x28", 1)
     yield f"{path}=number", set_path(obj, path, "7")
 
+
+
+#: Bytes of a file name that are not UTF-8 (a Latin-1 name copied from an old system).
+NOT_UTF8_NAME = b"n\xff\xfe"
+
+
+def path_attacks(good: Path, tmp: Path) -> Iterator[tuple[str, str, str]]:
+    """Paths given to a file ingester that no file system lookup should turn into a traceback:
+    ``(case id, path as the CLI receives it, the reason its error line must give)``.
+
+    ``good`` is a valid input file of the ingester (its suffix is kept: some ingesters pick the
+    format by it); the cases are made under ``tmp``.
+    """
+    import os
+
+    yield ("path-5000-chars", "/" + "a" * 5000 + good.suffix,
+           "file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a path)")
+    deep = tmp / ("d" * 200) / ("e" * 200)
+    yield ("path-5000-bytes-of-folders", str(deep) + "/f" * 2400 + good.suffix,
+           "file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a path)")
+    raw = os.fsencode(tmp) + b"/" + NOT_UTF8_NAME + good.suffix.encode()
+    with open(raw, "wb") as fh:
+        fh.write(good.read_bytes())
+    yield ("name-not-utf8", os.fsdecode(raw),
+           "the file name is not UTF-8 text (it could not be stored as the source's location): "
+           "rename the file, e.g. with convmv, and ingest it again")
+    plain = tmp / "plain-file"
+    plain.write_text("x")
+    yield ("parent-is-a-file", str(plain / ("input" + good.suffix)),
+           "a part of the path above the file is not a folder")

@@ -209,3 +209,61 @@ GATEWAY_TARGETS: dict[str, GatewayTarget] = {t.path: t for t in (
     GatewayTarget("/admin/cache-epoch/bump", {}, admin=True),
     GatewayTarget("/admin/public/stop", {}, admin=True),
 )}
+
+
+# ---------------------------------------------------------------------------------------------
+# File ingesters as a whole: a good input file each, for attacks on the path and the store
+# (tests/hostile/test_file_errors.py). A new file ingester is covered by adding one line.
+# ---------------------------------------------------------------------------------------------
+
+_DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def _otlp_line() -> bytes:
+    span = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1", "name": "chat",
+            "startTimeUnixNano": "1764590000000000000", "attributes": [
+                {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "10"}},
+                {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "1"}}]}
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode() + b"\n"
+
+
+def _query_range() -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "vllm:prefix_cache_queries_total", "model_name": "m",
+                    "instance": "a"}, "values": [[1764590000, "10"], [1764590001, "20"]]}]}}
+    ).encode()
+
+
+@dataclass(frozen=True)
+class FileIngester:
+    """``prefixscope ingest <command> FILE``: a good input (bytes) under ``name`` and the exit
+    code when its only file cannot be read (4: nothing could be read; 3: the one file of a
+    command that reads one)."""
+
+    command: str
+    name: str
+    content: Callable[[], bytes]
+    unreadable_exit: int = 4
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / self.name
+        path.write_bytes(self.content())
+        return path
+
+
+FILE_INGESTERS: dict[str, FileIngester] = {f.command: f for f in (
+    FileIngester("requests", "usage.jsonl", lambda: json.dumps(_request(0)).encode() + b"\n"),
+    FileIngester("decisions", "decisions.jsonl",
+                 lambda: json.dumps(_decision(0)).encode() + b"\n"),
+    FileIngester("kv-events", "kv.jsonl", lambda: json.dumps(_kv(0)).encode() + b"\n"),
+    FileIngester("otlp", "otlp.jsonl", _otlp_line),
+    FileIngester("litellm", "spendlogs.jsonl",
+                 lambda: (_DATA / "litellm/spendlogs.jsonl").read_bytes()),
+    FileIngester("langfuse", "observations.json",
+                 lambda: (_DATA / "langfuse/observations.json").read_bytes()),
+    FileIngester("metrics", "metrics.txt",
+                 lambda: (_DATA / "vllm-cpu-0.32/metrics_bs32.txt").read_bytes()),
+    FileIngester("query-range", "range.json", _query_range),
+    FileIngester("prices", "prices.toml", lambda: (_DATA / "prices.toml").read_bytes(), 3),
+)}
