@@ -103,7 +103,7 @@ def _db_default_map() -> dict | None:
                     node[name] = child
         return node
 
-    return walk(typer.main.get_command(app)) or None
+    return walk(click_command()) or None
 
 
 def _settings_default_map(args: Sequence[str]) -> dict | None:
@@ -123,6 +123,20 @@ def _settings_default_map(args: Sequence[str]) -> dict | None:
         raise
 
 
+_COMMAND: list = []
+
+
+def click_command():
+    """The click command tree of :data:`app`, built once per process: typer builds it anew at
+    every ``app(...)`` call (0.3 to 0.5 s for the ~150 commands), which every in-process run
+    (tests, the demo) paid twice."""
+    if not _COMMAND:
+        import typer.main
+
+        _COMMAND.append(typer.main.get_command(app))
+    return _COMMAND[0]
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
@@ -133,8 +147,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     interrupted = _SigintWatch()
     try:
-        app(args=args, prog_name="prefixscope", standalone_mode=True,
-            default_map=_settings_default_map(args))
+        import typer.main
+
+        if sys.excepthook != typer.main.except_hook:  # what app(...) does before it runs
+            sys.excepthook = typer.main.except_hook
+        click_command()(args=args, prog_name="prefixscope", standalone_mode=True,
+                        default_map=_settings_default_map(args))
     except KeyboardInterrupt:
         return _interrupted()
     except SystemExit as exc:

@@ -134,3 +134,48 @@ def quarantine_rows(db: str) -> list[tuple]:
 def count(db: str, sql: str) -> int:
     with store_db.reader(db) as con:
         return con.execute(sql).fetchone()[0]
+
+
+class MemoryStore:
+    """One migrated in-memory DuckDB behind many in-process CLI runs (the hostile matrices).
+
+    While :meth:`serving`, :func:`prefixscope.store.db.batch_writer` (the writer of every file
+    ingester's CLI path, ``ingest/files.py``) yields this connection instead of opening the
+    ``--db`` file: the command, its parsing, quarantine, printing and exit code are the real
+    ones; only the opening, checkpoint and closing of a database file are left out (a few
+    whole-CLI runs on real files per command keep those: ``test_jsonl_records.py``).
+    :meth:`reset` empties what a case wrote.
+    """
+
+    def __init__(self) -> None:
+        self.con = store_db.memory()
+
+    @contextlib.contextmanager
+    def serving(self):
+        from unittest import mock
+
+        @contextlib.contextmanager
+        def batch_writer(path, **_kw):
+            yield self.con
+
+        with mock.patch.object(store_db, "batch_writer", batch_writer):
+            yield self
+
+    def count(self, sql: str) -> int:
+        return self.con.execute(sql).fetchone()[0]
+
+    def quarantine_rows(self) -> list[tuple]:
+        """(line, field, reason) of every stored quarantine entry, line order."""
+        return self.con.execute(
+            "SELECT line, field, reason FROM quarantine ORDER BY line").fetchall()
+
+    def reset(self) -> None:
+        """Empty every table a case wrote (the schema stays migrated)."""
+        for (name,) in self.con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND NOT "
+                "internal AND table_name <> 'schema_migrations' AND estimated_size > 0"
+                ).fetchall():
+            self.con.execute(f'DELETE FROM "{name}"')
+
+    def close(self) -> None:
+        self.con.close()

@@ -30,8 +30,11 @@ class Target:
         record: good record number ``i`` (a dict; every one distinct).
         numbers / strings: JSON paths of numeric fields / identifier and text fields attacked.
         rows_per_record: good rows one good record gives (KV events: one per block hash).
-        run: ``(file, tmp_path) -> (code, stdout, stderr, good rows, problems)`` where problems
-            are ``(line, field, reason)`` as stored (quarantine table or run.json).
+        run: ``(file, tmp_path, *, store=None, whole=False) -> (code, stdout, stderr, good
+            rows, problems)`` where problems are ``(line, field, reason)`` as stored
+            (quarantine table or run.json). The CLI runs in this process, over ``store`` (a
+            :class:`tests.hostile.support.MemoryStore`) when given, else over a fresh DuckDB
+            file; ``whole``: as a separate process on a fresh DuckDB file.
         prefix: the word before a problem on stderr (``quarantined`` or ``skipped``).
     """
 
@@ -60,20 +63,31 @@ class Target:
 
 
 def _ingest_runner(command: str, table: str) -> Callable:
-    def run(f: Path, tmp_path: Path):
-        from tests.hostile.support import fresh_db, quarantine_rows
+    def run(f: Path, tmp_path: Path, *, store=None, whole: bool = False):
+        from tests.hostile.support import fresh_db, quarantine_rows, run_cli_subprocess
 
+        if store is not None and not whole:
+            with store.serving():
+                code, out, err = run_cli(["ingest", command, str(f), "--db",
+                                          str(tmp_path / "unused.duckdb")])
+            got = store.count(f"SELECT count(*) FROM {table}"), store.quarantine_rows()
+            store.reset()
+            return (code, out, err, *got)
         db = fresh_db(tmp_path)
-        code, out, err = run_cli(["ingest", command, str(f), "--db", db])
+        code, out, err = (run_cli_subprocess if whole else run_cli)(
+            ["ingest", command, str(f), "--db", db])
         return code, out, err, count(db, f"SELECT count(*) FROM {table}"), quarantine_rows(db)
     return run
 
 
 def _sim_runner(fmt: str) -> Callable:
-    def run(f: Path, tmp_path: Path):
+    def run(f: Path, tmp_path: Path, *, store=None, whole: bool = False):
+        from tests.hostile.support import run_cli_subprocess
+
         out_dir = tmp_path / "sim-out"
-        code, out, err = run_cli(["replay", "sim", str(f), "--format", fmt, "--out", str(out_dir),
-                                  "--run-id", "hostile-sim", "--hash-id-block-size", "16"])
+        code, out, err = (run_cli_subprocess if whole else run_cli)(
+            ["replay", "sim", str(f), "--format", fmt, "--out", str(out_dir),
+             "--run-id", "hostile-sim", "--hash-id-block-size", "16"])
         run_json = out_dir / "run.json"
         if not run_json.exists():
             return code, out, err, 0, []
