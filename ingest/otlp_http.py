@@ -51,6 +51,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf import json_format
@@ -200,16 +201,25 @@ class OtlpReceiver:
             def log_message(self, format, *args):  # noqa: A002 (stdlib signature)
                 return  # one line per problem instead (receiver._log)
 
+            # a request line that cannot be parsed is answered with a status line, never as
+            # HTTP/0.9 (a bare body)
+            default_request_version = "HTTP/1.1"
+
             def send_error(self, code, message=None, explain=None):
-                if code in (413, 414, 431):
+                # the stdlib's messages quote the request line (input): neither the log nor
+                # the answer repeats it, only the status
+                if code in (414, 431):
                     receiver.stats.headers_431 += code == 431
-                    receiver._log(f"{code} {self.client_address[0]}: request line or headers "
-                                  f"over {MAX_HEADER_BYTES:,} bytes")
+                    why = f"request line or headers over {MAX_HEADER_BYTES:,} bytes"
+                elif code == 405:
+                    why = message or "method not allowed"
                 else:
-                    receiver._log(f"{code} {self.client_address[0]}: {message or 'refused'}")
+                    why = HTTPStatus(code).phrase.lower()
+                    receiver.stats.bad_400 += code == 400
+                receiver._log(f"{code} {self.client_address[0]}: {why}")
                 self.close_connection = True
                 try:
-                    super().send_error(code, message, explain)
+                    super().send_error(code, why if code == 405 else None)
                 except OSError:
                     pass
 

@@ -118,3 +118,31 @@ def path_attacks(good: Path, tmp: Path) -> Iterator[tuple[str, str, str]]:
     plain.write_text("x")
     yield ("parent-is-a-file", str(plain / ("input" + good.suffix)),
            "a part of the path above the file is not a folder")
+
+
+def http_attacks(path: str, ctype: str, good_body: bytes) -> Iterator[tuple[str, bytes, tuple[int, ...]]]:
+    """Raw HTTP/1.1 requests no server of the project may answer with a traceback, an unbounded
+    read or a hang: ``(case id, the bytes sent, the status codes allowed)``. ``path``/``ctype``
+    /``good_body`` are a valid request of the endpoint under attack. The client keeps its side
+    open after sending (no EOF), so a server that reads "to the end" hangs and fails the case.
+    """
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n").encode()
+    yield "chunk-size-minus-one", head + b"Transfer-Encoding: chunked\r\n\r\n-1\r\n" + b"x" * 64, \
+        (400,)
+    yield "chunk-size-not-hex", head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", (400,)
+    yield "chunk-size-0x-prefix", head + b"Transfer-Encoding: chunked\r\n\r\n0x10\r\n", (400,)
+    yield "chunk-size-huge", head + b"Transfer-Encoding: chunked\r\n\r\nffffffff\r\n", (413,)
+    yield "content-length-huge", head + b"Content-Length: 99999999999\r\n\r\n", (413,)
+    yield "content-length-negative", head + b"Content-Length: -5\r\n\r\n", (400,)
+    yield "content-length-not-a-number", head + b"Content-Length: ten\r\n\r\n", (400,)
+    yield "headers-90-kb", head + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000)
+                                           for i in range(90)) + b"\r\n", (431,)
+    yield "header-line-70-kb", head + b"X-Long: " + b"a" * (70 << 10) + b"\r\n\r\n", (431,)
+    yield "request-line-70-kb", b"POST /" + b"a" * (70 << 10) + b" HTTP/1.1\r\n\r\n", (414, 431)
+    yield "not-http", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64 + b"\r\n\r\n", \
+        (400, 431)
+    yield "wrong-method", (f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").encode(), (405, 501)
+    yield "wrong-path", (b"POST /other HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype.encode() +
+                         b"\r\nContent-Length: %d\r\n\r\n" % len(good_body) + good_body), (404,)
+    yield "wrong-content-type", (head.replace(ctype.encode(), b"text/html") +
+                                 b"Content-Length: %d\r\n\r\n" % len(good_body) + good_body), (415,)

@@ -281,3 +281,38 @@ FILE_INGESTERS: dict[str, FileIngester] = {f.command: f for f in (
     FileIngester("query-range", "range.json", _query_range),
     FileIngester("prices", "prices.toml", lambda: (_DATA / "prices.toml").read_bytes(), 3),
 )}
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP endpoints under attack (tests/hostile/test_endpoint_attacks.py): how to start one on
+# 127.0.0.1 and what a good request is. A new endpoint is covered by adding one line.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server of the project: ``start(tmp_path, log) -> (port, stop)``, and a good request."""
+
+    name: str
+    start: Callable[[Path, Callable[[str], None]], tuple[int, Callable[[], None]]]
+    path: str
+    ctype: str
+    good_body: Callable[[], bytes]
+    good_status: int = 200
+
+
+def _start_otlp(tmp: Path, log: Callable[[str], None]) -> tuple[int, Callable[[], None]]:
+    from prefixscope.ingest.otlp_http import OtlpReceiver
+
+    r = OtlpReceiver(str(tmp / "otlp.duckdb"), port=0, log=log)
+    thread = r.start()
+
+    def stop() -> None:
+        r.shutdown()
+        thread.join(10)
+    return r.port, stop
+
+
+ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (
+    Endpoint("otlp-receiver", _start_otlp, "/v1/traces", "application/json", _otlp_line),
+)}
