@@ -132,17 +132,18 @@ def ingest_otlp_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str
     source_id = source_id_for(KIND_FILE, str(path))
 
     def line_rows(raw: bytes) -> LineRows:
+        from prefixscope.ingest.otlp_partial import decode_request
+
         if len(raw) > MAX_LINE_BYTES and not _looks_like_export(raw):
             raise BadLine(None, LINE_TOO_LONG)  # the shared bound, for what is no export
-        try:
-            req = decode_json(raw)
+        try:  # a span that cannot be decoded is left out, the others kept (as over HTTP)
+            decoded = decode_request(raw, is_json=True)
         except OtlpDecodeError as exc:
             raise BadLine(None, str(exc)) from None
-        got = rows_from_request(req, opts, source_id=source_id)
-        if got.problems:
-            _, field, reason = got.problems[0]
-            return got.rows, (field, reason)
-        return got.rows, None
+        got = rows_from_request(decoded.request, opts, source_id=source_id)
+        problems = [(r.path, r.reason) for r in decoded.rejected] + \
+            [(field, reason) for _, field, reason in got.problems]
+        return got.rows, (problems[0] if problems else None)
 
     def note(counts) -> str | None:
         if counts.rows_read == 0 and counts.rows_quarantined == 0:

@@ -29,6 +29,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from prefixscope.core.bounds import TOO_DEEP
 from prefixscope.ingest.genai_spans import OtlpDecodeError, hex_ids_to_base64
 
 __all__ = ["RejectedSpan", "PartialRequest", "decode_protobuf_partial", "decode_json_partial"]
@@ -282,9 +283,11 @@ def decode_request(body: bytes | bytearray, *, is_json: bool) -> PartialRequest:
     except OtlpDecodeError as whole:
         import msgspec
 
+        if str(whole) == TOO_DEEP:  # never decoded again: the decoders recurse
+            raise whole from None
         try:
-            obj = msgspec.json.decode(body)  # decode_json checked depth and JSON already
-        except msgspec.DecodeError:
+            obj = msgspec.json.decode(body)
+        except (msgspec.DecodeError, RecursionError):
             raise whole from None
         if not isinstance(obj, dict):
             raise whole from None

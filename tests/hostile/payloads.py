@@ -141,6 +141,13 @@ def http_attacks(path: str, ctype: str, good_body: bytes) -> Iterator[tuple[str,
     yield "request-line-70-kb", b"POST /" + b"a" * (70 << 10) + b" HTTP/1.1\r\n\r\n", (414, 431)
     yield "not-http", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64 + b"\r\n\r\n", \
         (400, 431)
+    deep = b"[" * 100_000
+    yield "json-100000-deep", head + b"Content-Length: %d\r\n\r\n" % len(deep) + deep, (400,)
+    import zlib
+
+    bomb = zlib.compress(b"\0" * (70 << 20), 9)  # 70 MiB inflated, past every 64 MiB bound
+    yield "deflate-bomb", (head + b"Content-Encoding: deflate\r\nContent-Length: %d\r\n\r\n"
+                           % len(bomb) + bomb), (413,)
     yield "wrong-method", (f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").encode(), (405, 501)
     yield "wrong-path", (b"POST /other HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype.encode() +
                          b"\r\nContent-Length: %d\r\n\r\n" % len(good_body) + good_body), (404,)

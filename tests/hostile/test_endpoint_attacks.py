@@ -67,4 +67,4 @@ def test_endpoint_attack(name, cid, raw, allowed, servers, capfd):
 
 def test_every_endpoint_meets_every_attack_kind():
     kinds = {p.values[1] for p in CASES}
-    assert len(CASES) == len(ENDPOINTS) * len(kinds) >= 14
+    assert len(CASES) == len(ENDPOINTS) * len(kinds) >= 16

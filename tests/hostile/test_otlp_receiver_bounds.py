@@ -284,3 +284,21 @@ def test_a_body_that_is_no_export_at_all_is_still_400(running):
     r = running()
     assert r.post(b"\xff\xff\xff\xff", "application/x-protobuf").status_code == 400
     assert r.post(b'{"resourceSpans": 3}').status_code == 400
+
+
+def test_the_file_exporter_line_keeps_its_good_spans_too(tmp_path, cli):
+    """The same rule for ``ingest otlp FILE``: a line with an undecodable span quarantines the
+    line (its first problem) and stores the line's good spans."""
+    bad = span(2, **{"gen_ai.usage.input_tokens": {"intValue": "twelve"}})
+    f = tmp_path / "traces.jsonl"
+    f.write_bytes(export(span(1), bad, span(3)) + b"\n" + export(span(4)) + b"\n")
+    db = str(tmp_path / "f.duckdb")
+    code, out, err = cli(["ingest", "otlp", str(f), "--db", db])
+    assert code == 0, err
+    with store_db.reader(db) as con:
+        rows = [r[0] for r in con.execute(
+            "SELECT request_id FROM requests ORDER BY 1").fetchall()]
+        q = con.execute("SELECT line, field, reason FROM quarantine").fetchall()
+    assert rows == ["resp-1", "resp-3", "resp-4"]
+    assert q == [(1, "resourceSpans[0].scopeSpans[0].spans[1]",
+                  "not an OTLP span (Failed to parse attributes field)")]
