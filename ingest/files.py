@@ -12,7 +12,6 @@ resumes from the last committed checkpoint. Whether *nothing* was read (exit cod
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field

@@ -309,7 +309,7 @@ class OtlpDecodeError(ValueError):
     """The body is not an OTLP trace request (message safe to show: no values)."""
 
 
-def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
+def decode_protobuf(body: bytes | bytearray) -> ExportTraceServiceRequest:
     """OTLP/HTTP protobuf body -> request. Raises :class:`OtlpDecodeError`."""
     req = ExportTraceServiceRequest()
     try:
@@ -367,7 +367,7 @@ def hex_ids_to_base64(obj: Any) -> Any:
     return obj
 
 
-def decode_json(body: bytes | str | dict) -> ExportTraceServiceRequest:
+def decode_json(body: bytes | bytearray | str | dict) -> ExportTraceServiceRequest:
     """OTLP/JSON (one ``{"resourceSpans": [...]}`` object: an OTLP/HTTP JSON body or one line
     of the collector's file exporter) -> request. Unknown fields are ignored.
 

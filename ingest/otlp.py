@@ -34,7 +34,6 @@ from prefixscope.ingest.bookkeeping import (
 from prefixscope.ingest.genai_spans import (
     OtlpDecodeError,
     SpanProblem,
-    decode_json,
     iter_spans,
     normalise_span,
 )

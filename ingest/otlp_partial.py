@@ -59,11 +59,15 @@ class PartialRequest:
     rejected: list[RejectedSpan] = field(default_factory=list)
 
 
+#: A body or a part of it (the receiver reads bodies into a bytearray, never copied).
+Buf = bytes | bytearray
+
+
 class _WireError(Exception):
     pass
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
+def _varint(buf: Buf, i: int) -> tuple[int, int]:
     shift = result = 0
     while True:
         if i >= len(buf) or shift > 63:
@@ -76,10 +80,11 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: bytes) -> list[tuple[int, bytes | None, bytes]]:
+def _fields(buf: Buf) -> list[tuple[int, Buf | None, Buf]]:
     """``(field number, value of a length-delimited field or None, the field's raw bytes)``
     of one message, in wire order. Raises _WireError on a malformed wire format."""
-    out, i, n = [], 0, len(buf)
+    out: list[tuple[int, Buf | None, Buf]] = []
+    i, n = 0, len(buf)
     while i < n:
         start = i
         key, i = _varint(buf, i)
@@ -103,7 +108,7 @@ def _fields(buf: bytes) -> list[tuple[int, bytes | None, bytes]]:
     return out
 
 
-def _ids(raw: bytes) -> tuple[str, str]:
+def _ids(raw: Buf) -> tuple[str, str]:
     try:
         got = {f: v for f, v, _ in _fields(raw) if f in (1, 2) and v is not None}
     except _WireError:
@@ -111,12 +116,12 @@ def _ids(raw: bytes) -> tuple[str, str]:
     return (got.get(1) or b"").hex(), (got.get(2) or b"").hex()
 
 
-def _shell(raw: bytes, children: int) -> bytes:
+def _shell(raw: Buf, children: int) -> bytes:
     """A message's bytes without its field ``children`` (the repeated child messages)."""
     return b"".join(r for f, _, r in _fields(raw) if f != children)
 
 
-def decode_protobuf_partial(body: bytes) -> PartialRequest:
+def decode_protobuf_partial(body: Buf) -> PartialRequest:
     """An OTLP/HTTP protobuf body -> its decodable spans and the rejected ones.
 
     Raises:
@@ -131,14 +136,14 @@ def decode_protobuf_partial(body: bytes) -> PartialRequest:
     out = PartialRequest(req)
     try:
         top = _fields(body)
-        for i, (fno, rs_raw, _) in enumerate(f for f in top if f[0] == 1):
+        for i, (_, rs_raw, _) in enumerate(f for f in top if f[0] == 1):
             _resource_spans(out, i, rs_raw or b"")
     except _WireError:
         raise OtlpDecodeError("not an OTLP protobuf trace request: DecodeError") from None
     return out
 
 
-def _resource_spans(out: PartialRequest, i: int, raw: bytes) -> None:
+def _resource_spans(out: PartialRequest, i: int, raw: Buf) -> None:
     rs = ResourceSpans()
     try:
         rs.ParseFromString(raw)
@@ -170,7 +175,7 @@ def _resource_spans(out: PartialRequest, i: int, raw: bytes) -> None:
                                                  "not an OTLP span (DecodeError)"))
 
 
-def _parses(msg: Any, raw: bytes) -> bool:
+def _parses(msg: Any, raw: Buf) -> bool:
     try:
         msg.ParseFromString(raw)
         return True
@@ -231,7 +236,7 @@ def _json_ids(span: Any) -> tuple[str, str]:
             ok = isinstance(v, str) and len(bytes.fromhex(v)) == size
         except ValueError:
             ok = False
-        ids.append(v.lower() if ok else "")
+        ids.append(v.lower() if ok and isinstance(v, str) else "")
     return ids[0], ids[1]
 
 
@@ -252,7 +257,7 @@ def _json_parses(msg: Any, obj: dict[str, Any]) -> bool:
     return _json_reason(msg, obj) is None
 
 
-def decode_request(body: bytes | bytearray, *, is_json: bool) -> PartialRequest:
+def decode_request(body: Buf, *, is_json: bool) -> PartialRequest:
     """An OTLP/HTTP body (already decompressed) -> its decodable spans and the rejected ones.
 
     Args:

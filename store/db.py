@@ -272,7 +272,12 @@ def writer(path: str | os.PathLike[str], *,
         StoreFull: the device or quota is full (:func:`store_full`).
     """
     opened: list[duckdb.DuckDBPyConnection] = []
-    with _full_is_an_error(path, lambda: opened and opened[0].close()):
+
+    def close() -> None:
+        if opened:
+            opened[0].close()
+
+    with _full_is_an_error(path, close):
         opened.append(connect(path, read_only=False, lock_timeout_s=lock_timeout_s))
         migrate(opened[0])
         yield opened[0]

@@ -84,7 +84,6 @@ def _db_default_map() -> dict | None:
     command alike (:func:`run` prints it and exits 2), instead of silently falling back to the
     default database.
     """
-    import typer.main
 
     from prefixscope.core.config import DEFAULT_DB_PATH, load_settings
 

@@ -6,7 +6,6 @@ bounded, closes every slow client, and still stores a good export sent meanwhile
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
