@@ -201,7 +201,7 @@ def time_pages(db: str, workdir: Path, only: set[str] | None = None
 
     cfg = workdir / "prefixscope.toml"
     # Live off: with it on, the app re-runs every TTL (1 s here) and a page slower than that
-    # never goes quiet (run 4 in docs/benchmarks.md); a measured render is one run of the page
+    # never goes quiet (run 4 in docs/benchmarks-history.md); a measured render is one run of the page
     cfg.write_text("[dashboard]\ncache_ttl_s = 1\nlive = false\n", encoding="utf-8")
     times: dict[str, float] = {}
     problems: list[str] = []

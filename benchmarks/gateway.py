@@ -463,7 +463,7 @@ def pct(xs: list[float], q: float) -> float:
 
 #: Collections in this process (the client) while a round is measured: generation -> (count,
 #: longest ms). A full collection here walks every object of the client and stalls every
-#: request in flight, whichever path it measures (round 5 in docs/benchmarks.md).
+#: request in flight, whichever path it measures (round 5 in docs/benchmarks-history.md).
 CLIENT_GC: dict[int, list] = {}
 _gc_t0 = [0.0, False]  # start of the running collection, measuring now
 

@@ -1,5 +1,5 @@
 """An instrumented ``prefixscope gateway`` for ``benchmarks/gateway.py --trace DIR``: finds what
-stalls the event loop (docs/benchmarks.md, gateway round 5).
+stalls the event loop (docs/benchmarks-history.md, gateway round 5).
 
 Run as ``python benchmarks/gateway_trace.py CONFIG OUT.json``: the gateway of ``CONFIG``
 (one worker) with, in the same process,

@@ -1,5 +1,5 @@
 """Benchmark: a short live gateway run's 10 s windows on a month of production usage rows
-(session 8, issue 17; docs/benchmarks.md "Dashboard at scale").
+(session 8, issue 17; docs/benchmarks.md "A short gateway run's windows").
 
 Builds a month of production usage rows without decisions (UNSCOPED;
 ``tests/scale_support.build_deployment(..., decisions=False)``) and a 10-minute gateway run
