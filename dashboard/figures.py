@@ -13,6 +13,12 @@ window's start (``docs/metrics.md#window-placement``).
 
 An empty frame gives an empty figure with a "no data" note (pages normally show their own empty
 state before calling these).
+
+Text from the data (model, instance, run, reason, namespace digest, currency...) reaches a
+figure's text fields (titles, ticks, legend names, bar text, hover templates and the
+``customdata`` they show) only through :func:`prefixscope.core.formatting.plotly_text`, applied
+here where the data becomes figure text (:func:`series_label`, :func:`wrap_label`...); a
+``title`` argument is Plotly text already: a page escapes the data it puts in one.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from prefixscope.core.formatting import (breaker_position, currency_prefix, fmt_money, fmt_pct,
-                                         fmt_window, utc_times)
+                                         fmt_window, plotly_text, utc_times)
 
 # A fixed qualitative palette so that one series keeps its colour across figures of a page.
 PALETTE = (
@@ -162,6 +168,8 @@ def stepped_traces(starts_s: pd.Series, values: pd.DataFrame, *, window_s: float
         starts_s: window starts, Unix seconds, one per row of ``values`` (from
             :func:`window_grid`).
         values: the bar heights, one column per series.
+        names: column -> legend name (Plotly text); a column not in it is named by its own
+            value as Plotly text (:func:`plotly_text`: a reason, a scope from the data).
     """
     x = window_x(starts_s, window_s)
     start_text = window_from(starts_s)
@@ -170,7 +178,7 @@ def stepped_traces(starts_s: pd.Series, values: pd.DataFrame, *, window_s: float
         colour = (colours or {}).get(col)
         extra = [f[col] if col in f.columns else 0 for f in (custom or {}).get(col, ())]
         traces.append(go.Scatter(
-            x=x, y=values[col], name=(names or {}).get(col, col), mode="lines",
+            x=x, y=values[col], name=(names or {}).get(col, plotly_text(col)), mode="lines",
             line=dict(shape="hvh", color=colour, width=1 if stack else 1.5),
             fillcolor=colour if stack else None, stackgroup="bars" if stack else None,
             hoveron="points", customdata=_cells(*extra, start_text),
@@ -202,14 +210,16 @@ BAR_FILL = 0.9
 
 
 def series_label(df: pd.DataFrame, by: Sequence[str]) -> pd.Series:
-    """One text label per row joining the ``by`` columns: ``'tiny-llama / server-a'``.
+    """One text label per row joining the ``by`` columns: ``'tiny-llama / server-a'``, each
+    value as Plotly text (:func:`plotly_text`): the label is a legend name, tick or hover text.
 
     Missing values read ``'(none)'``. With no ``by`` columns every row is ``'all'``.
     """
     cols = [c for c in by if c in df.columns]
     if not cols:
         return pd.Series(["all"] * len(df), index=df.index, dtype="object")
-    parts = [df[c].astype("object").where(df[c].notna(), "(none)").astype(str) for c in cols]
+    parts = [df[c].astype("object").where(df[c].notna(), "(none)").astype(str).map(plotly_text)
+             for c in cols]
     label = parts[0]
     for p in parts[1:]:
         label = label + " / " + p
@@ -634,7 +644,7 @@ def ttft_by_band(df: pd.DataFrame, *, window_s: float, by: Sequence[str] = ("mod
 
 
 def _model_label(row: pd.Series) -> str:
-    label = str(row["model"])
+    label = plotly_text(row["model"])
     if bool(row.get("shadow", False)):
         label += " (shadow price)"
     return label
@@ -659,14 +669,14 @@ def savings_by_model_bars(df: pd.DataFrame, *, title: str = "Cost without and wi
     d["label"] = d.apply(_model_label, axis=1)
     currencies = sorted({str(c) for c in d["currency"].dropna()})
     cur = currencies[0] if len(currencies) == 1 else None
-    unit = currency_prefix(cur) if cur else "currency"
+    unit = plotly_text(currency_prefix(cur)) if cur else "currency"
     fig = go.Figure()
     for col, name, colour in (("cost_without_cache", "without cache", QUERY_COLOUR),
                               ("cost_with_cache", "with cache", HIT_COLOUR)):
         fig.add_trace(go.Bar(
             y=d["label"], x=d[col].astype("float64"), name=name, orientation="h",
             marker_color=colour,
-            text=[fmt_money(v, c) for c, v in zip(d["currency"], d[col])],
+            text=[plotly_text(fmt_money(v, c)) for c, v in zip(d["currency"], d[col])],
             textposition="auto",
             hovertemplate="%{y}<br>" + name + ": %{text}<extra></extra>",
         ))
@@ -693,7 +703,8 @@ def savings_over_time(df: pd.DataFrame, *, window_s: float = 86400.0,
     d = df[df["saved"].notna()].copy() if not df.empty else df
     if d.empty:
         return _empty(title, "no priced requests in this range")
-    d["series"] = d["model"].astype(str) + " (" + d["currency"].map(currency_prefix) + ")"
+    d["series"] = (d["model"].astype(str) + " (" + d["currency"].map(currency_prefix) + ")"
+                   ).map(plotly_text)
     d["t"] = window_x(d["window_start_s"], window_s)
     d["from"] = window_from(d["window_start_s"])
     colours = _colour_map(d["series"].tolist())
@@ -736,7 +747,7 @@ def scope_rate_figure(df: pd.DataFrame, *, series: str, title: str, window_s: fl
         fig.add_trace(go.Scatter(
             x=window_x(g["window_start_s"], window_s), y=g["hit_rate"].astype("float64"),
             mode=line_mode(int(g["hit_rate"].notna().sum())), connectgaps=False,
-            name=str(name), line=dict(color=(colours or {}).get(str(name))),
+            name=plotly_text(name), line=dict(color=(colours or {}).get(str(name))),
             customdata=_cells(g["cached_tokens"], g["reported_prompt_tokens"],
                               window_from(g["window_start_s"])),
             hovertemplate="window from %{customdata[2]} UTC<br>%{y:.1%} "
@@ -812,7 +823,7 @@ def rejection_reasons_figure(df: pd.DataFrame, *, window_s: float,
     for reason, g in (() if fig.data else
                       df.sort_values("window_start_s").groupby("reason", sort=True)):
         fig.add_trace(go.Bar(x=window_x(g["window_start_s"], window_s), y=g["rejects"],
-                             name=str(reason), width=_bar_width_ms(window_s),
+                             name=plotly_text(reason), width=_bar_width_ms(window_s),
                              customdata=_cells(g["lost_candidate_tokens"],
                                                window_from(g["window_start_s"])),
                              hovertemplate="window from %{customdata[1]} UTC<br>%{y:,} rejects, "
@@ -873,7 +884,8 @@ def miss_breakdown_figure(df: pd.DataFrame, *, window_s: float,
 
 def wrap_label(text: object, width: int = 28) -> str:
     """A bar label on lines of at most ``width`` characters (``<br>`` between words), so long
-    run labels do not take the plot's width away from the bars (Replay page at 1400 px)."""
+    run labels do not take the plot's width away from the bars (Replay page at 1400 px); each
+    line as Plotly text (:func:`plotly_text`: the ``<br>`` are the only markup)."""
     words, lines, line = str(text).split(), [], ""
     for w in words:
         if line and len(line) + 1 + len(w) > width:
@@ -882,7 +894,7 @@ def wrap_label(text: object, width: int = 28) -> str:
         else:
             line = f"{line} {w}".strip()
     lines.append(line)
-    return "<br>".join(lines)
+    return "<br>".join(plotly_text(x) for x in lines)
 
 
 def run_hit_rate_bars(df: pd.DataFrame) -> go.Figure:
@@ -917,8 +929,8 @@ def run_cost_bars(df: pd.DataFrame, currency: str) -> go.Figure:
     ])
     top = float(pd.concat([df["cost_without_cache"], df["cost_with_cache"]]).max() or 0.0)
     decimals = 2 if top >= 1 else max(2, 1 - math.floor(math.log10(top))) if top > 0 else 2
-    fig.update_layout(barmode="group", title=f"Cost per run ({currency})",
-                      xaxis=dict(nticks=4, tickprefix=currency_prefix(currency),
+    fig.update_layout(barmode="group", title=f"Cost per run ({plotly_text(currency)})",
+                      xaxis=dict(nticks=4, tickprefix=plotly_text(currency_prefix(currency)),
                                  tickformat=f",.{decimals}f", rangemode="tozero"),
                       yaxis=dict(autorange="reversed", automargin=True),
                       height=140 + 70 * len(df), margin=dict(t=80, b=10),
@@ -944,7 +956,7 @@ def run_windows_figure(df: pd.DataFrame, labels: dict[str, str], window_s: float
     for run_id, g in d.groupby("run_id", sort=False):
         fig.add_trace(go.Scatter(x=(g["window_start_s"] + window_s / 2) / unit_s,
                                  y=g["hit_rate"], mode=line_mode(len(g)), connectgaps=False,
-                                 name=labels.get(run_id, run_id)))
+                                 name=plotly_text(labels.get(run_id, run_id))))
     fig.update_layout(title=f"Hit rate over the run ({window_s / 60:g}-minute windows)",
                       xaxis_title=f"{unit} since the run's first request",
                       yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=420,
@@ -963,7 +975,8 @@ def breakers_lost_figure(df: pd.DataFrame) -> go.Figure:
             :func:`prefixscope.core.formatting.breaker_position`.
     """
     d = df.sort_values("rank", ascending=False)
-    names = [f"#{int(r['rank'])} {r['kind']} · {breaker_position(r)}" for _, r in d.iterrows()]
+    names = [plotly_text(f"#{int(r['rank'])} {r['kind']} · {breaker_position(r)}")
+             for _, r in d.iterrows()]
     fig = go.Figure(go.Bar(
         x=d["lost_tokens"], y=names, orientation="h",
         marker_color=["#1f77b4" if m else "#aec7e8" for m in d["lost_tokens_measured"]],

@@ -389,13 +389,16 @@ def app_tracebacks(log: str) -> list[str]:
 
 #: Appended to every name, label, source and message of :func:`build_hostile_db`: Markdown
 #: (emphasis, a link, images: one at a loopback port nobody serves, one at a foreign host),
-#: HTML, LaTeX, Streamlit's colour directive, icon and emoji, bare links, a list marker after a
-#: newline, and control characters (NUL, RLO).
+#: HTML, LaTeX, Streamlit's colour directive, icon and emoji, bare links, Plotly's pseudo-HTML
+#: (a link, a styled span, a line break) and a hover-template substitution, a list marker after
+#: a newline, and control characters (NUL, RLO).
 HOSTILE = (" evil **bold** [Re-login](https://evil.example/login) "
            "![p](http://127.0.0.1:9/p.png) ![q](https://evil.example/q.png) "
            "<img src=https://evil.example/h.png> <b>html</b> &amp; $x^2$ :red[red] "
            ":material/home: :smile: https://evil.example/bare www.evil.example "
-           "a@evil.example\n- item\r\n# head\x00\u202e|t|")
+           "a@evil.example <a href=\"https://evil.example/plotly\">plotly-link</a> "
+           "<span style=\"font-size:60px\">big</span> <br>brk %{y}pct\n- item\r\n# head"
+           "\x00\u202e|t|")
 
 #: Text columns :func:`build_hostile_db` rewrites (table -> columns): names that join keep
 #: joining (the same suffix everywhere), vocabularies the code reads (scope, status, kind,

@@ -16,7 +16,8 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_window, md_text
+from prefixscope.core.formatting import (fmt_int, fmt_ms, fmt_pct, fmt_time, fmt_window, md_text,
+                                         plotly_text)
 from prefixscope.dashboard.downloads import show_table
 
 
@@ -152,7 +153,7 @@ with data.guard(db):
                                                    end_s=f.end_s, models=(model,),
                                                    instances=f.instances, run_ids=f.run_ids)
                 cols[i % 2].plotly_chart(
-                    figures.latency_by_band(q, column=column, title=f"{title} · {model}"),
+                    figures.latency_by_band(q, column=column, title=f"{title} · {plotly_text(model)}"),
                     key=f"requests_{column.removesuffix('_ms')}_{i}")
         st.caption(f"{figures.BOX_RULE} "
                    "Bands by cached share, cached_tokens ÷ prompt_tokens, as in the TTFT "

@@ -14,7 +14,8 @@ import pandas as pd
 import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
-from prefixscope.core.formatting import fmt_int, fmt_money, fmt_pct, md_text, price_label
+from prefixscope.core.formatting import (fmt_int, fmt_money, fmt_pct, md_text, plotly_text,
+                                         price_label)
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest usage logs with `prefixscope ingest requests "
@@ -213,5 +214,6 @@ with data.guard(db):
         for k, model in enumerate(models):
             cols[k % len(cols)].plotly_chart(figures.window_lines(
                 misses[misses["model"] == model], series={"miss_cost": ""}, window_s=window_s,
-                by=("model",), title=f"{model}: cost of the misses ({cur})", y_title=cur,
+                by=("model",), title=f"{plotly_text(model)}: cost of the misses "
+                f"({plotly_text(cur)})", y_title=plotly_text(cur),
                 tickformat=",.2f", hover_format=",.4f"), key=f"savings_misses_{k}")

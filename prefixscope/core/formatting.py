@@ -237,6 +237,43 @@ def md_text(value: object, *, code: bool = False) -> str:
     return out
 
 
+#: What :func:`plotly_text` replaces, with the character reference Plotly turns back into the
+#: character when it draws the text: ``& < >`` (its pseudo-HTML: ``<a href>``, ``<b>``,
+#: ``<br>``, ``<span style>``... and its entities), ``$`` (a ``$...$`` text is typeset as TeX
+#: where MathJax is loaded) and ``%`` (``%{...}`` in a hover template is a substitution).
+PLOTLY_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "$": "&#36;", "%": "&#37;"}
+_PLOTLY_SPECIAL = re.compile("[&<>$%]")
+
+
+def plotly_text(value: object) -> str:
+    """``value`` as text that a Plotly figure shows exactly as written in any of its text
+    fields: THE rule for every string from data or from the URL (model, instance, run,
+    tenant-digest, reason, currency names...) that reaches a chart title, axis title, tick,
+    legend name, annotation, bar text, hover template or ``customdata``/``text`` shown by a
+    hover template. Nothing from the data is ever Plotly's pseudo-HTML (a clickable ``<a>``,
+    ``<b>``, a ``<br>`` line break, ``<span style>``), an entity, TeX or a hover substitution.
+
+    - Each character of :data:`PLOTLY_ESCAPES` becomes its character reference (the
+      plotly.js bundled with Streamlit 1.67, ``svg_text_utils``: tags are ``<[^<>]*>``, then
+      ``&name;``/``&#N;`` are converted back to characters; TeX is matched on the raw text;
+      ``%{...}`` is substituted in the template before either).
+    - Line breaks, tabs and other whitespace controls become one space; other control
+      characters and bidirectional overrides become U+FFFD (as :func:`md_text`).
+
+    Args:
+        value: any object; ``str(value)`` is escaped (None -> ``'None'``: format missing
+            values first).
+
+    Returns:
+        The escaped text, for a Plotly text field (the figure functions' own markup,
+        ``<br>`` and ``<extra>``, goes around it). Not for Markdown (:func:`md_text`) or a
+        table cell: there it would show the references. Idempotent it is not: escape once,
+        where the data becomes figure text.
+    """
+    text = _MD_CONTROLS.sub("\ufffd", _MD_SPACES.sub(" ", str(value)))
+    return _PLOTLY_SPECIAL.sub(lambda m: PLOTLY_ESCAPES[m.group(0)], text)
+
+
 def fmt_ms(value: float | None) -> str:
     """Milliseconds with one decimal and separators: ``1234.56 -> '1,234.6'``; None -> ``'—'``."""
     if _missing(value):
