@@ -1,7 +1,9 @@
 """Nothing from the data is ever Markdown, in a real headless Chromium (issue 27 #1): every page
 over the hostile store (:func:`tests.dashboard_support.build_hostile_db`) and the Alerts page
 with a hostile ``?tz=`` / ``?day=`` make no request to a host the page did not name (the
-dashboard's own ``127.0.0.1:PORT``), and show no link to the data's hosts.
+dashboard's own ``127.0.0.1:PORT``), and show no link to the data's hosts, in the page or
+drawn by Plotly inside a chart (a title, legend name or tick holding ``<a href>``: the charts
+show the names as text, :func:`prefixscope.core.formatting.plotly_text`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def test_no_request_leaves_for_a_host_the_page_did_not_name(hostile_db, tmp_path
                        and urlsplit(r.url).netloc != own else None)
             page = context.new_page()
             links: list[str] = []
+            chart_links: list[str] = []
+            shown: list[str] = []
+            charts = 0
             urls = [f"{url}/{ds.page_url_path(rel, first=(i == 0))}"
                     for i, (rel, _t, _i) in enumerate(entries)]
             urls += [f"{url}/alerts?tz=!%5Bp%5D(http://127.0.0.1:9/p.png)",
@@ -51,7 +56,21 @@ def test_no_request_leaves_for_a_host_the_page_did_not_name(hostile_db, tmp_path
                     "a[href]", "els => els.map(e => e.href).filter(h => h.startsWith('http')"
                     " && new URL(h).host !== location.host"
                     " && (h.includes('evil.example') || h.includes('127.0.0.1:9/')))")
+                # a link drawn inside a chart (Plotly's pseudo-HTML ``<a href>`` in a title,
+                # legend name or tick: an SVG ``<a>`` with an ``xlink:href``): the figures
+                # draw none, so any is from the data (issue 27 #1, plotly_text)
+                chart_links += [f"{target}: {h}" for h in page.eval_on_selector_all(
+                    ".js-plotly-plot svg a", "els => els.map(e => (e.href && e.href.baseVal"
+                    " !== undefined) ? e.href.baseVal : (e.getAttribute('href') || ''))")]
+                charts += page.locator(".js-plotly-plot").count()
+                shown += page.eval_on_selector_all(
+                    ".js-plotly-plot svg text", "els => els.map(e => e.textContent)"
+                    ".filter(t => t.includes('evil'))")
         log = (tmp_path / "server.log").read_text(errors="replace")
     assert not foreign, sorted(set(foreign))
     assert not links, links
+    assert not chart_links, chart_links
+    # the charts were drawn, with the data's names in them as text
+    assert charts > 5 and any("<a href=" in t and "<b>html</b>" in t for t in shown), (
+        charts, shown[:3])
     assert not ds.app_tracebacks(log), ds.app_tracebacks(log)[:1]
