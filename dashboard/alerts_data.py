@@ -91,7 +91,7 @@ def daily_email_html(db: str, *, day_iso: str, tz: str) -> str:
     return html
 
 
-@st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False, max_entries=64)
+@data._cached  # per TTL period of data.clock, which is also its "now" (tests move the clock)
 def daily_statuses(db: str, *, first_day_iso: str, last_day_iso: str, tz: str,
                    models: tuple[str, ...] | None = None,
                    instances: tuple[str, ...] | None = None,
@@ -100,7 +100,8 @@ def daily_statuses(db: str, *, first_day_iso: str, last_day_iso: str, tz: str,
     ``last_day_iso`` in ``tz`` with the ``[alerts]`` settings, as dicts: ``day`` (ISO date),
     ``model``, ``source``, ``cached_tokens``, ``prompt_tokens``, ``hit_rate`` (fraction or
     None), ``threshold``, ``status`` (OK / ALERT / NO DATA; STALE too with ``stale``: the
-    daily report's rule with "now" = the wall clock, as :func:`daily_report`)."""
+    daily report's rule with "now" = ``prefixscope.dashboard.data.clock()``, the wall clock
+    unless a test sets it). Cached per argument and TTL period of that clock."""
     from prefixscope.alerts.daily import daily_statuses as compute
     from prefixscope.core.config import load_settings
 
@@ -109,7 +110,7 @@ def daily_statuses(db: str, *, first_day_iso: str, last_day_iso: str, tz: str,
         rows = compute(con, first_day=date.fromisoformat(first_day_iso),
                        last_day=date.fromisoformat(last_day_iso), tz=tz, cfg=cfg,
                        models=models, instances=instances, run_ids=run_ids,
-                       now_unix_s=time.time() if stale else None)
+                       now_unix_s=data.clock() if stale else None)
     return [{"day": s.day.isoformat(), "model": s.model, "source": s.figures.source,
              "cached_tokens": s.figures.cached_tokens, "prompt_tokens": s.figures.prompt_tokens,
              "hit_rate": s.figures.hit_rate, "threshold": s.threshold, "status": s.status}

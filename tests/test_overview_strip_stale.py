@@ -56,8 +56,11 @@ def test_strip_statuses_are_the_daily_reports(tmp_path):
         **{k: v for k, v in got.items() if k != ("coder-7b", D3)}, ("coder-7b", D2): OK}
 
 
-def test_overview_strip_and_banner(tmp_path, use_db):
+def test_overview_strip_and_banner(tmp_path, use_db, monkeypatch):
+    from prefixscope.dashboard import data
+
     db = _db(tmp_path)
+    monkeypatch.setattr(data, "clock", lambda: NOW)  # the strip runs to "today": NOW's day
 
     def whole(at):
         at.radio(key="filter_range").set_value("all")

@@ -16,7 +16,8 @@ import streamlit as st
 
 from prefixscope.dashboard import data, figures, filters
 from prefixscope.core import report
-from prefixscope.core.formatting import fmt_int, fmt_pct, fmt_pct_vs, fmt_time, fmt_window, md_text
+from prefixscope.core.formatting import (fmt_age, fmt_int, fmt_pct, fmt_pct_vs, fmt_time,
+                                         fmt_window, md_text)
 from prefixscope.dashboard.downloads import show_table
 
 EMPTY = ("No data in this range — ingest with `prefixscope ingest metrics "
@@ -95,23 +96,47 @@ def _count_or_not_reported(x) -> str:
     return fmt_int(x) if _reported(x) else NOT_REPORTED
 
 
+def latest_window_when(start_s: float, window_s: float, now_s: float) -> str:
+    """When the latest window with data was: ``from 2026-12-06 23:00 UTC, ended 1 h ago``
+    (``in progress`` while ``now_s`` is inside it), so an old reading never reads as the
+    present one (issue 28 #3: a 24-hour-old window showed no time).
+
+    Args:
+        start_s: the window's start, Unix seconds; window_s: its length, seconds; now_s: now.
+    """
+    end = float(start_s) + float(window_s)
+    age = "in progress" if end > now_s else f"ended {fmt_age(now_s - end)} ago"
+    return f"from {fmt_time(start_s)}, {age}"
+
+
 #: At most this many days in the daily strip (the newest days of the range).
 STRIP_DAYS = 14
 
 
 
-def strip_days(start_s, end_s, first_ts, last_ts, tz: str) -> tuple[date, date] | None:
-    """The local days the daily strip shows: from the range's start (else the first sample)
-    to its end (else the last sample), at most :data:`STRIP_DAYS`, newest kept; None without
-    samples."""
+def strip_days(start_s, end_s, first_ts, last_ts, tz: str, *,
+               now_s: float) -> tuple[date, date] | None:
+    """The local days the daily strip shows: from the range's start (else the first sample;
+    never before the first sample) to its end, else ``now_s`` (never after ``now_s``), at most
+    :data:`STRIP_DAYS`, newest kept; None without samples.
+
+    The strip runs to today (or the range's end) whatever the last sample: the days after the
+    data stopped read what the daily report says of them (STALE when a source went silent,
+    issue 28 #3), never cut off at the last sample.
+
+    Args:
+        start_s, end_s: the range, Unix seconds (None: open).
+        first_ts, last_ts: the first and last sample of the range, Unix seconds (None or NaN
+            without samples).
+        tz: IANA zone of the days.
+        now_s: now, Unix seconds (``prefixscope.dashboard.data.clock()``).
+    """
     lo = start_s if start_s is not None else first_ts
-    hi = (end_s - 1e-3) if end_s is not None else last_ts
-    if lo is None or hi is None or lo != lo or hi != hi:
+    hi = min(end_s - 1e-3, now_s) if end_s is not None else now_s
+    if lo is None or lo != lo or last_ts is None or last_ts != last_ts:
         return None
     if first_ts is not None and first_ts == first_ts:
         lo = max(lo, first_ts)
-    if last_ts is not None and last_ts == last_ts:
-        hi = min(hi, last_ts)
     zone = ZoneInfo(tz)
     first = datetime.fromtimestamp(lo, tz=zone).date()
     last = datetime.fromtimestamp(hi, tz=zone).date()
@@ -130,10 +155,27 @@ def _starts_before(total: pd.DataFrame, day: date, tz: str) -> bool:
     return datetime.fromtimestamp(first, tz=ZoneInfo(tz)).date() < day
 
 
-def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
-    """Per model, the status of each day of the range (the daily report's rule, one window a
-    day) and a banner for every model whose latest days read ALERT: ``coder-7b below 50.0%
-    since 2026-11-28``."""
+def stale_banner(model: str, last_ts, now_s: float, day: date, alert: str = "") -> str:
+    """The banner of a model whose last strip day reads STALE (a metrics source went silent:
+    ``prefixscope.alerts.daily.stale_sources``, the daily report's rule): when its data
+    stopped and how long ago, then ``alert`` (what its last days with data read), Markdown.
+
+    Args:
+        model: model name (escaped here); last_ts: its last sample, Unix seconds (None: not
+            named); now_s: now, Unix seconds; day: the strip's last day.
+    """
+    since = ("" if last_ts is None or last_ts != last_ts else
+             f" since {fmt_time(last_ts)} ({fmt_age(now_s - float(last_ts))} ago)")
+    return (f":orange-badge[STALE] **{md_text(model)}: no data{since}**; the daily report of "
+            f"{day.isoformat()} reads STALE (a metrics source stopped reporting).{alert}")
+
+
+def daily_strip(db: str, f, shown: pd.DataFrame, now_s: float) -> None:
+    """Per model, the status of each day of the range up to today (the daily report's rule,
+    one window a day, STALE included; a day after the model's first without data reads NO
+    DATA) and a banner for every model whose latest days read ALERT: ``coder-7b below 50.0%
+    since 2026-11-28``, or STALE when its last day does (:func:`stale_banner`, the ALERT
+    after it)."""
     from prefixscope.alerts.daily import (ALERT as _ALERT, NO_DATA, STALE, DayStatus, Figures,
                                           alert_since)
     from prefixscope.dashboard import alerts_data
@@ -147,7 +189,7 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
         tz = "UTC"
     first_ts = shown["first_ts_unix_s"].min() if "first_ts_unix_s" in shown else None
     last_ts = shown["last_ts_unix_s"].max() if "last_ts_unix_s" in shown else None
-    span = strip_days(f.start_s, f.end_s, first_ts, last_ts, tz)
+    span = strip_days(f.start_s, f.end_s, first_ts, last_ts, tz, now_s=now_s)
     if span is None:
         return
     rows = alerts_data.daily_statuses(db, first_day_iso=span[0].isoformat(),
@@ -161,6 +203,14 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                           threshold=r["threshold"], status=r["status"]) for r in rows]
     alerting = alert_since(statuses)
     from prefixscope.alerts.daily import DayWindow
+
+    last_day = {s.model: s for s in statuses if s.day == span[1]}
+    stale_now = {m for m, s in last_day.items() if s.status == STALE}
+    last_ts_of = (dict(zip(shown["model"], shown["last_ts_unix_s"]))
+                  if "last_ts_unix_s" in shown else {})
+    for model in sorted(stale_now - set(alerting)):
+        st.warning(stale_banner(model, last_ts_of.get(model), now_s, span[1]),
+                   icon=":material/sensors_off:")
 
     for model, first in sorted(alerting.items()):
         hints = data.query(db, "alerts", "alert_hints", models=[model],
@@ -179,14 +229,18 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
                 s.model == model and s.day < first.day and s.status != NO_DATA
                 for s in statuses) or _starts_before(total, first.day, tz) else
                "the same days, pooled (the range holds no day before them)."))
-        st.warning(f":red-badge[ALERT] **{md_text(model)} below {fmt_pct(first.threshold)} since "
-                   f"{first.day.isoformat()}** (daily hit rate from the {' and '.join(sources)}: "
-                   f"{days}).{whole} {why_text(model, hints)}; the day's report: "
-                   "Alerts.", icon=":material/trending_down:")
+        text = (f":red-badge[ALERT] **{md_text(model)} below {fmt_pct(first.threshold)} since "
+                f"{first.day.isoformat()}** (daily hit rate from the {' and '.join(sources)}: "
+                f"{days}).{whole} {why_text(model, hints)}; the day's report: Alerts.")
+        if model in stale_now:  # its data stopped: the latest reading is old, say so first
+            text = stale_banner(model, last_ts_of.get(model), now_s, span[1],
+                                " Its last days with data: " + text)
+        st.warning(text, icon=":material/sensors_off:" if model in stale_now else
+                   ":material/trending_down:")
     st.markdown(f"**Daily status** (days in {md_text(tz)}, as the daily report: Δhits ÷ Δqueries of "
                 "each day from the counters, else the usage log)")
     seen = sorted({s.day for s in statuses})
-    days = [seen[0] + timedelta(days=k) for k in range((seen[-1] - seen[0]).days + 1)]
+    days = [seen[0] + timedelta(days=k) for k in range((span[1] - seen[0]).days + 1)]
     by_key = {(s.model, s.day): s for s in statuses}
     head = st.columns([2] + [1] * len(days))
     head[0].caption("Model")
@@ -195,10 +249,11 @@ def daily_strip(db: str, f, shown: pd.DataFrame) -> None:
     for model in sorted({s.model for s in statuses}):
         cols = st.columns([2] + [1] * len(days))
         cols[0].markdown(md_text(model, code=True))
+        first_day = min(s.day for s in statuses if s.model == model)
         for col, d in zip(cols[1:], days):
             s = by_key.get((model, d))
-            if s is None:
-                col.markdown("—")
+            if s is None:  # no data that day: NO DATA after the model's first day
+                col.markdown("—" if d < first_day else "—  \n:gray-badge[NO DATA]")
             else:
                 colour = ("red" if s.status == _ALERT else "green" if s.status == "OK" else
                           "orange" if s.status == STALE else "gray")  # the Alerts page's
@@ -218,6 +273,7 @@ TOKENS_SOURCE_HELP = (
 
 db = data.db_path()
 f = filters.current()
+now_s = data.clock()  # "now" of the STALE rule and of the latest window's age
 st.title("Overview")
 st.caption("Prefix-cache hit rate from vLLM's counters: hit tokens ÷ query tokens of each window "
            f"(`vllm:prefix_cache_hits_total`, `vllm:prefix_cache_queries_total`). {f.describe()}.")
@@ -315,14 +371,15 @@ with data.guard(db):
                         help=TOKENS_SOURCE_HELP)
             if model in latest.index:
                 last = latest.loc[model]
-                st.markdown(f"Latest {window_label} window: **{fmt_pct(last['hit_rate'])}** "
+                st.markdown(f"Latest {window_label} window, {latest_window_when(last['window_start_s'], window_s, now_s)}: "
+                            f"**{fmt_pct(last['hit_rate'])}** "
                             f"{status_badge(last['hit_tokens'], last['query_tokens'], threshold, low_volume)}",
                             help=f"The window from {fmt_time(last['window_start_s'])}: "
                                  f"{fmt_int(last['hit_tokens'])} of "
                                  f"{fmt_int(last['query_tokens'])} query tokens from cache.")
     if shown.empty:
         st.caption("No query tokens in this range.")
-    daily_strip(db, f, shown)
+    daily_strip(db, f, shown, now_s)
 
     left, right = st.columns(2)
     left.plotly_chart(figures.hit_rate_over_time(windows, by=by, threshold=data.alert_threshold(),
