@@ -139,7 +139,8 @@ def test_savings_figures_label_shadow_prices():
     fig = figures.savings_by_model_bars(df)
     assert list(fig.data[0].y) == ["tiny (shadow price)"]
     assert fig.data[0].text[0] == "Rs 68.40" and fig.data[1].text[0] == "Rs 19.76"
-    assert figures.savings_by_model_bars(df.assign(currency="USD")).layout.xaxis.title.text == "cost ($)"
+    # "$" as Plotly text (plotly_text: a currency is data), drawn as "cost ($)"
+    assert figures.savings_by_model_bars(df.assign(currency="USD")).layout.xaxis.title.text == "cost (&#36;)"
     assert fig.layout.xaxis.title.text == "cost (Rs)"
     w = pd.DataFrame({"window_start_s": [T0], "model": ["tiny"], "currency": ["INR"], "saved": [48.64],
                       "cost_without_cache": [68.4], "cost_with_cache": [19.76]})
