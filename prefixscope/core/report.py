@@ -324,9 +324,8 @@ class AlertHints:
         """:func:`alert_hint` of a report line: a model's (its diagnosis first), one of its
         scopes (the decision log only: a diagnosis is of the model), or the overall line
         (``model`` None: the decision log summed over the models)."""
-        mine = model is not None and scope is None
-        breaker = self.top_breakers.get(model) if mine else None
-        loss = self.largest_losses.get(model) if mine else None
+        breaker = self.top_breakers.get(model) if model is not None and scope is None else None
+        loss = self.largest_losses.get(model) if model is not None and scope is None else None
         return alert_hint(self.causes_of(model, scope), breaker, loss)
 
 
