@@ -232,3 +232,21 @@ def test_miss_ledger_page_on_an_empty_database(tmp_path, use_db):
     ds.assert_clean(at)
     assert any("prefixscope replay fleet TRACE --ingest" in t and
                "prefixscope diagnose TRACE --ingest" in t for t in ds.texts(at, "info"))
+
+
+def test_fleet_store_options_need_ingest(cli):
+    code, out, err = cli(["replay", "fleet", str(AIDER_TRACE), "--instances", "2",
+                          "--model", "m"])
+    assert code == 2, (out, err)
+    assert "--out, --model and --label name what --ingest stores: add --ingest" in err
+    assert "Traceback" not in err
+
+
+def test_fleet_ingest_text_names_the_page(cli, tmp_path):
+    db = str(tmp_path / "t.duckdb")
+    code, out, _ = cli(["replay", "fleet", str(AIDER_TRACE), "--instances", "2", "--router",
+                        "round-robin", "--ingest", "--db", db, "--out", str(tmp_path / "run")])
+    assert code == 0
+    assert f"stored in {db}: run fleet-chat-requests-" in out
+    assert "ledger rows (Miss ledger page)" in out
+    assert (tmp_path / "run" / "ledger.json").is_file()

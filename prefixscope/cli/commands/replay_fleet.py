@@ -138,9 +138,12 @@ def fleet_cmd(
 
       prefixscope replay fleet data/captures/aider/chat-requests.jsonl --instances 3 --router round-robin,longest-prefix --ingest
     """
+    from prefixscope.core.errors import UsageError
     from prefixscope.replay.fleet import RouterParams
     from prefixscope.replay.fleet_run import run_fleet
 
+    if not ingest and (out_dir is not None or model is not None or label is not None):
+        raise UsageError("--out, --model and --label name what --ingest stores: add --ingest")
     spec = sim_spec_from_options(
         trace, fmt=fmt, block_size=block_size, capacity_blocks=capacity_blocks, algo=algo,
         hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
