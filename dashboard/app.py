@@ -25,6 +25,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("views/alerts.py", "Alerts", ":material/notifications:"),
     ("views/savings.py", "Savings", ":material/savings:"),
     ("views/breakers.py", "Breakers", ":material/troubleshoot:"),
+    ("views/miss_ledger.py", "Miss ledger", ":material/waterfall_chart:"),
     ("views/replay.py", "Replay", ":material/replay:"),
     ("views/requests.py", "Requests", ":material/receipt_long:"),
     ("views/scopes.py", "Scopes", ":material/shield_person:"),

@@ -987,6 +987,48 @@ def breakers_lost_figure(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+#: The miss ledger's waterfall steps after the prompt tokens (``store.queries.ledger``
+#: columns, in the ledger's test order) and the words on the axis.
+LEDGER_STEPS = (("granularity_tokens", "engine granularity"), ("routing_tokens", "routing"),
+                ("capacity_tokens", "capacity"), ("isolation_tokens", "isolation"),
+                ("prompt_change_tokens", "prompt change"), ("cold_tokens", "cold"))
+
+
+def ledger_waterfall_figure(df: pd.DataFrame, *, title: str = "Where the prompt tokens went"
+                            ) -> go.Figure:
+    """The miss ledger as a waterfall, one group of bars per routing policy: prompt tokens,
+    minus each loss class (:data:`LEDGER_STEPS`), equals the tokens from cache.
+
+    Args:
+        df: ``store.queries.ledger.ledger_totals(..., by=("router",))`` rows (``router``,
+            ``prompt_tokens``, ``hit_tokens`` and the class columns; tokens), one per policy,
+            in rank order.
+        title: the figure's title.
+    """
+    fig = go.Figure()
+    if df.empty:
+        fig.update_layout(title=title, annotations=[dict(text="no data", showarrow=False)])
+        return fig
+    labels = ["prompt tokens", *(w for _, w in LEDGER_STEPS), "from cache"]
+    for k, (_, r) in enumerate(df.iterrows()):
+        p = int(r["prompt_tokens"])
+        ys = [p, *(-int(r[c]) for c, _ in LEDGER_STEPS), int(r["hit_tokens"])]
+        texts = [f"{abs(v):,}" + (f" ({100 * abs(v) / p:.1f}%)" if p else "") for v in ys]
+        fig.add_trace(go.Waterfall(
+            name=str(r["router"]), x=labels, y=ys, text=texts, textposition="outside",
+            measure=["absolute", *["relative"] * len(LEDGER_STEPS), "total"],
+            decreasing=dict(marker_color=MISS_COLOUR),
+            totals=dict(marker_color=HIT_COLOUR if k == 0 else PALETTE[(k + 1) % len(PALETTE)]),
+            increasing=dict(marker_color=QUERY_COLOUR),
+            connector=dict(line=dict(color="#bbbbbb", width=1)),
+            hovertemplate="%{x}: %{text}<extra>" + str(r["router"]).replace("<", "&lt;")
+                          + "</extra>"))
+    fig.update_layout(title=title, yaxis_title="tokens", waterfallgroupgap=0.25,
+                      showlegend=len(df) > 1, legend_title_text="router",
+                      margin=dict(l=10, r=10, t=50, b=10), height=420)
+    return fig
+
+
 def with_gaps(df: pd.DataFrame, *, window_s: float, keys: Sequence[str] = (),
               max_windows: int = 20_000) -> pd.DataFrame:
     """``df`` with a row of NaN values for every missing window between a series' first and

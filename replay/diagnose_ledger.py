@@ -15,6 +15,7 @@ from typing import Any
 from prefixscope.replay.diagnose_replay import DiagnoseSpec, open_trace
 from prefixscope.replay.fleet import replay_fleet
 from prefixscope.replay.ledger import CLASSES, LedgerTotals
+from prefixscope.replay.ledger_store import SINGLE, PolicyLedger, policy_ledger
 from prefixscope.replay.types import TraceRequest
 
 #: The waterfall's steps after the prompt tokens, in the ledger's test order, with the words a
@@ -48,7 +49,20 @@ def trace_ledger(spec: DiagnoseSpec) -> LedgerTotals:
     Raises:
         SourceUnavailable, UsageError, ParseError, SimulationError: as ``replay sim``.
     """
-    return replay_fleet(_requests(spec), spec.sim_config(), instances=1).run().ledger
+    return trace_ledger_groups(spec)[0]
+
+
+def trace_ledger_groups(spec: DiagnoseSpec) -> tuple[LedgerTotals, PolicyLedger]:
+    """:func:`trace_ledger` and the same ledger per (model, instance, day, scope), as
+    ``diagnose --ingest`` stores it (router :data:`~prefixscope.replay.ledger_store.SINGLE`,
+    one instance ``i0``). One replay.
+
+    Raises:
+        as :func:`trace_ledger`.
+    """
+    run = replay_fleet(_requests(spec), spec.sim_config(), instances=1)
+    pol = policy_ledger(SINGLE, 1, run)
+    return run.result.ledger, pol
 
 
 def ledger_doc(led: LedgerTotals, top_breaker: dict[str, Any] | None = None) -> dict[str, Any]:

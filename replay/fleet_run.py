@@ -13,6 +13,7 @@ from typing import Any
 
 from prefixscope.core.errors import UsageError
 from prefixscope.replay.fleet import DEFAULT_ROUTER_PARAMS, FleetResult, RouterParams, replay_fleet
+from prefixscope.replay.ledger_store import PolicyLedger, policy_ledger, write_ledger_file
 from prefixscope.replay.routers import ROUTERS
 from prefixscope.replay.runner import SimRunSpec
 from prefixscope.replay.trace_common import TraceProblem
@@ -33,6 +34,8 @@ class FleetReport:
         problems: trace records skipped (from the first policy's pass; every pass reads the
             same records).
         format: the trace format read.
+        ledgers: each policy's ledger per (model, instance, day, scope), same order as
+            ``results`` (only when :func:`run_fleet` was asked to ``group``; else empty).
     """
 
     spec: SimRunSpec
@@ -41,6 +44,24 @@ class FleetReport:
     results: list[FleetResult] = field(default_factory=list)
     problems: list[TraceProblem] = field(default_factory=list)
     format: str | None = None
+    ledgers: list[PolicyLedger] = field(default_factory=list)
+
+    def write_ledger(self, path: Any, *, run_id: str, label: str | None = None,
+                     model: str | None = None) -> Any:
+        """Write the grouped ledgers as ``ledger.json`` (``replay.ledger_store``; run kind
+        ``replay-fleet``, policies in the order asked) for ``prefixscope.ingest.ledger``;
+        returns its path. ``model`` replaces each request's model in the rows.
+
+        Raises:
+            ValueError: the report was made without ``group=True``.
+        """
+        if len(self.ledgers) != len(self.results):
+            raise ValueError("run_fleet(..., group=True) keeps the ledger per group")
+        s = self.spec
+        return write_ledger_file(path, self.ledgers, run_id=run_id, run_kind="replay-fleet",
+                                 label=label, block_size=s.block_size,
+                                 capacity_blocks=s.capacity_blocks, model=model,
+                                 trace=s.trace)
 
     def as_dict(self) -> dict[str, Any]:
         """The ``replay fleet --json`` document (docs/replay.md, "Fleet replay")."""
@@ -103,7 +124,7 @@ def trace_instances(spec: SimRunSpec) -> list[str] | None:
 
 
 def run_fleet(spec: SimRunSpec, *, instances: int, routers: str | None = None,
-              params: RouterParams = DEFAULT_ROUTER_PARAMS) -> FleetReport:
+              params: RouterParams = DEFAULT_ROUTER_PARAMS, group: bool = False) -> FleetReport:
     """Replay ``spec``'s trace through ``instances`` cache models once per policy.
 
     Args:
@@ -112,6 +133,8 @@ def run_fleet(spec: SimRunSpec, *, instances: int, routers: str | None = None,
         instances: N >= 1 (the ``recorded`` policy uses the trace's own instances).
         routers: ``--router``'s text (comma-separated policy names), None = all.
         params: router settings.
+        group: also keep each policy's ledger per (model, instance, day, scope)
+            (``FleetReport.ledgers``, what ``--ingest`` stores).
 
     Returns:
         :class:`FleetReport`.
@@ -134,7 +157,12 @@ def run_fleet(spec: SimRunSpec, *, instances: int, routers: str | None = None,
         inst_names = recorded if name == "recorded" else None
         run = replay_fleet(read.requests, config, instances=instances, router=name,
                            params=params, instance_names=inst_names)
-        res = run.run()
+        if group:
+            n = len(inst_names) if inst_names else instances
+            report.ledgers.append(policy_ledger(name, n, run))
+            res = run.result
+        else:
+            res = run.run()
         res.seconds = time.time() - started
         report.results.append(res)
         if k == 0:

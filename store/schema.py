@@ -9,7 +9,8 @@ Reserved numbers, one owner each, so that parallel work never collides:
 1 core tables, 2 metrics and KV events, 3 requests and prices, 4 replay runs,
 5 scopes and decisions, 6 alerts, 7 live replay, 8 run ids on metric samples,
 9 requests digest key, 10-19 counts you can trust (issue 11: metric_samples keyed by run),
-20-29 hostile input (issue 12; none used yet), 30-39 diagnose (issue 13: diagnoses and breakers),
+20-29 hostile input (issue 12; none used yet), 30-39 diagnose (issue 13: 30 diagnoses and
+breakers; issue 26: 31 miss ledger totals),
 40-49 first contact (issue 14: alert_sends.claimed_by),
 60-69 ecosystem ingest (OTLP, LiteLLM, Langfuse, genai-prices, residency),
 70-79 production scale (issue 17: 70 stored counter increases, 71-72 rollups, 73 retention and
@@ -732,6 +733,37 @@ MIGRATIONS: tuple[Migration, ...] = (
             what_if_cached_tokens BIGINT,
             value_digests         VARCHAR[],            -- up to 16 digests of the diverging values
             PRIMARY KEY (diagnosis_id, rank)
+        )
+        """,
+    )),
+    Migration(31, "miss ledger totals of a run", (
+        # One row per (run, router, model, instance, trace day, scope): the prompt tokens of
+        # the run's counted requests by ledger class (replay/ledger.py; docs/metrics.md "Miss
+        # ledger"), written by `diagnose --ingest` and `replay fleet --ingest` as ledger.json
+        # and stored by ingest/ledger.py. Counts only: no prompt text, no salt, no tenant id.
+        """
+        CREATE TABLE IF NOT EXISTS ledger_totals (
+            run_id                  VARCHAR NOT NULL,  -- runs.run_id
+            router                  VARCHAR NOT NULL,  -- routing policy; 'single' = one instance (diagnose)
+            policy_rank             INTEGER NOT NULL,  -- 0 = the first policy of the run (as deployed)
+            instances               INTEGER NOT NULL,  -- fleet size of the replay
+            model                   VARCHAR NOT NULL,  -- '' when the trace names none
+            instance                VARCHAR NOT NULL,  -- replica of the fleet (i0, i1, ... or recorded)
+            day                     INTEGER NOT NULL,  -- trace day: floor(arrival_s / 86400)
+            scope                   VARCHAR NOT NULL,  -- none, salted, PUBLIC, TENANT, PRINCIPAL, other
+            requests                BIGINT NOT NULL,   -- counted requests
+            prompt_tokens           BIGINT NOT NULL,   -- = the seven classes below summed
+            hit_tokens              BIGINT NOT NULL,
+            granularity_tokens      BIGINT NOT NULL,
+            routing_tokens          BIGINT NOT NULL,
+            capacity_tokens         BIGINT NOT NULL,
+            isolation_tokens        BIGINT NOT NULL,
+            prompt_change_tokens    BIGINT NOT NULL,
+            cold_tokens             BIGINT NOT NULL,
+            capacity_belady_tokens  BIGINT NOT NULL,   -- of capacity: what Belady's MIN would keep
+            created_unix_s          DOUBLE NOT NULL,
+            source_id               VARCHAR,           -- the ledger.json it came from
+            PRIMARY KEY (run_id, router, model, instance, day, scope)
         )
         """,
     )),

@@ -25,6 +25,7 @@ EMPTY_WORDS: dict[str, str] = {
     "views/alerts.py": "No prefix-cache data for this day",
     "views/replay.py": "No replay runs stored yet",
     "views/breakers.py": "No diagnosis stored",
+    "views/miss_ledger.py": "No miss ledger stored",
     "views/residency.py": "No KV residency data in this range",
 }
 

@@ -162,3 +162,30 @@ def test_open_the_dashboard_hint_works_without_the_venv_on_path(monkeypatch, tmp
     assert command_name().endswith("bin/prefixscope") and not command_name().startswith("/")
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     assert command_name() == "prefixscope"
+
+
+def test_demo_fleet_ledger_routing_is_the_largest_loss_and_longest_prefix_recovers_it(demo_db):
+    """The demo's fleet (issue 26 item 6): the aider chats on 3 replicas. Under round robin
+    routing is the largest loss class; the prefix-aware router (longest-prefix) has no routing
+    loss and serves what round robin lost to routing."""
+    from prefixscope.cli.demo_replay import FLEET_RUN_ID
+    from prefixscope.store.queries.ledger import LOSS_CLASSES, ledger_runs, ledger_totals
+
+    path, report = demo_db
+    assert any(s.startswith("fleet: 3 replicas, round-robin") for s in report.steps)
+    with store_db.reader(path) as con:
+        runs = ledger_runs(con)
+        t = ledger_totals(con, run_ids=[FLEET_RUN_ID], by=("router",)).set_index("router")
+    assert runs.iloc[0]["run_id"] == FLEET_RUN_ID  # the newest ledger: the page shows it first
+    assert runs.iloc[0]["routers"] == "round-robin,longest-prefix"
+    assert list(t.index) == ["round-robin", "longest-prefix"]
+    rr, lp = t.loc["round-robin"], t.loc["longest-prefix"]
+    assert rr["prompt_tokens"] == lp["prompt_tokens"] > 0
+    for row in (rr, lp):
+        assert sum(int(row[f"{c}_tokens"]) for c in ("hit", *LOSS_CLASSES)) == row["prompt_tokens"]
+    losses = {c: int(rr[f"{c}_tokens"]) for c in LOSS_CLASSES}
+    assert max(losses, key=losses.__getitem__) == "routing"
+    assert losses["routing"] > 0.5 * (rr["prompt_tokens"] - rr["hit_tokens"])
+    assert lp["routing_tokens"] == 0
+    # what round robin lost to routing, the prefix-aware router serves from cache
+    assert lp["hit_tokens"] - rr["hit_tokens"] == rr["routing_tokens"]

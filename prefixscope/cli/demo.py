@@ -19,6 +19,8 @@ What goes in, all through the normal ingest path (nothing is written around it):
 4. The price table ``data/prices.toml`` (shadow price for the self-hosted tiny model).
 5. Replay runs (Mooncake conversation trace at two cache sizes, a prompt-layout A/B on real
    chat captures) and the multi-tenant scope demo, when those modules are present.
+6. A fleet: the aider chats replayed on 3 replicas under round robin and the prefix-aware
+   longest-prefix router, each policy's miss ledger stored (Miss ledger page).
 
 The database is built in a temporary file and moved into place, so a running dashboard never
 sees a half-built demo.
@@ -209,6 +211,12 @@ def _build_demo(db_path: str, *, work_dir: str | None, with_replay: bool, with_s
             line = run_story_replays(str(tmp), work / "release-replays", story.chat_log, release)
             done(f"fix replay: {line}")
 
+    if with_replay:
+        # after the fix replays: the newest ledger, which the Miss ledger page shows first
+        from prefixscope.cli.demo_replay import run_demo_fleet
+
+        say("fleet: the aider chats on 3 replicas, round robin and longest-prefix")
+        done(f"fleet: {run_demo_fleet(str(tmp), str(work / 'fleet'))}")
     os.replace(tmp, dest)
     wal = Path(str(tmp) + ".wal")
     if wal.exists():

@@ -11,6 +11,11 @@ Replay pages all show them:
    ``date-at-end`` layout and with the ``date-in-first-user`` layout (block size 16, unbounded).
 
 About 30 to 60 s on 2 cores.
+
+:func:`run_demo_fleet` adds a fleet (issue 26): the same aider chats replayed by ``replay fleet``
+on :data:`FLEET_INSTANCES` replicas under round robin (routing is the largest loss) and under
+the prefix-aware ``longest-prefix`` router (which recovers it), stored as ``--ingest`` stores
+them (``ledger.json`` through ``ingest/ledger.py``) for the Miss ledger page. About a second.
 """
 
 from __future__ import annotations
@@ -74,3 +79,37 @@ def run_demo_replays(db_path: str, out_dir: str) -> str:
     rates = ", ".join(f"{r.run_id.removeprefix('demo-')} {r.summary.hit_rate:.1%}" for r in done)
     return (f"{len(done)} runs, {sum(r.summary.requests for r in done):,} requests "
             f"({rates}) in {time.monotonic() - started:.0f} s")
+
+
+#: The demo fleet: replicas, policies (in the order the Miss ledger page shows them), run id.
+FLEET_INSTANCES = 3
+FLEET_ROUTERS = "round-robin,longest-prefix"
+FLEET_RUN_ID = "demo-fleet-aider"
+FLEET_LABEL = f"aider chats on {FLEET_INSTANCES} replicas: round robin vs longest-prefix"
+
+
+def run_demo_fleet(db_path: str, out_dir: str) -> str:
+    """Replay the aider chats through a fleet of :data:`FLEET_INSTANCES` exact cache models
+    (block size 16, unbounded) under :data:`FLEET_ROUTERS` and store each policy's miss ledger
+    in ``db_path`` as run :data:`FLEET_RUN_ID` (``ledger.json`` in ``out_dir``).
+
+    Returns:
+        A one-line summary for the demo report (hit rates, routing's share of the missed
+        tokens under round robin, ledger rows).
+
+    Raises:
+        PrefixscopeError subclasses from the reader, the simulator or the store.
+    """
+    from prefixscope.cli.commands.replay_fleet import ingest_fleet
+    from prefixscope.replay.fleet_run import run_fleet
+
+    started = time.monotonic()
+    spec = SimRunSpec(trace=str(AIDER), format="chat", block_size=16, label=FLEET_LABEL)
+    report = run_fleet(spec, instances=FLEET_INSTANCES, routers=FLEET_ROUTERS, group=True)
+    ing = ingest_fleet(report, db=db_path, out_dir=Path(out_dir), label=FLEET_LABEL,
+                       run_id=FLEET_RUN_ID)
+    rr, best = report.results
+    share = rr.ledger.share_of_missed("routing") or 0.0
+    return (f"{FLEET_INSTANCES} replicas, round-robin {rr.hit_rate or 0:.1%} (routing "
+            f"{share:.1%} of missed), {best.router} {best.hit_rate or 0:.1%}; "
+            f"{ing['ledger_rows_added']} ledger rows in {time.monotonic() - started:.1f} s")

@@ -28,7 +28,8 @@ Rules (docs/alerts.md, product-brief.md):
   reads ALERT under a 0.5 threshold); ALERT adds a hint, :func:`alert_hint`: ``: check the
   top of the prompt``, naming the top breaker of a stored diagnosis when there is one, else
   what the gateway's decision log says of the misses (rejections after a cache-epoch bump or
-  a revocation, accepts not served) before it suggests the prompt. Every place that prints
+  a revocation, accepts not served) before it suggests the prompt; a stored miss ledger of
+  the model adds its largest loss class (:func:`loss_hint`). Every place that prints
   the hint (``prefixscope report``, the daily report, its email, the Alerts page, Overview's
   "Why") takes it from :class:`AlertHints` (built by
   :func:`prefixscope.store.queries.alerts.alert_hints`).
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 
 from prefixscope.core.config import AlertsConfig
 from prefixscope.core.errors import ConfigError
-from prefixscope.core.formatting import fmt_share, fmt_share_vs
+from prefixscope.core.formatting import fmt_pct, fmt_share, fmt_share_vs
 
 OK = "OK"
 ALERT = "ALERT"
@@ -169,6 +170,23 @@ def breaker_hint(b: Mapping[str, object]) -> str:
     return f"top breaker: {kind}{where}, see prefixscope diagnose"
 
 
+#: The ledger's loss classes in the hint's words (``store.queries.ledger.LOSS_CLASSES``).
+_LOSS_WORDS = {"granularity": "engine granularity", "routing": "routing",
+               "capacity": "capacity", "isolation": "isolation",
+               "prompt_change": "prompt change", "cold": "cold"}
+
+
+def loss_hint(loss: Mapping[str, object]) -> str:
+    """The largest loss class of a model's newest stored miss ledger, in words:
+    ``largest loss: routing (46.6% of missed)``; ``loss`` is a value of
+    ``prefixscope.store.queries.ledger.largest_loss_by_model`` (``class``,
+    ``share_of_missed`` a fraction in [0, 1])."""
+    cls = str(loss.get("class"))
+    share = loss.get("share_of_missed")
+    pct = fmt_pct(share if isinstance(share, (int, float)) else None)
+    return f"largest loss: {_LOSS_WORDS.get(cls, cls.replace('_', ' '))} ({pct} of missed)"
+
+
 #: What a rejection's first mismatching field means, in the hint's words (fields of
 #: ``prefixscope.core.identity``; the Rejections page names the same fields).
 _AFTER = {"cache_epoch": "a cache-epoch bump", "authorization_epoch": "a revocation",
@@ -224,7 +242,8 @@ class MissCauses:
 
 
 def alert_hint(causes: MissCauses | None = None,
-               top_breaker: Mapping[str, object] | None = None) -> str:
+               top_breaker: Mapping[str, object] | None = None,
+               largest_loss: Mapping[str, object] | None = None) -> str:
     """The words after ``ALERT: `` on a report line (the one rule for every place that prints
     it, docs/alerts.md "The hint").
 
@@ -238,11 +257,20 @@ def alert_hint(causes: MissCauses | None = None,
       the other 8: check the top of the prompt``. Shadow-mode accepts (forwarded with a salt
       unique to the request) read ``N accepts not served (shadow mode)``.
     - Else :data:`ALERT_HINT`.
+
+    A stored miss ledger of the model (``largest_loss``, a value of
+    ``store.queries.ledger.largest_loss_by_model``) adds its largest loss class, inside the
+    parentheses of the top breaker (``(top breaker: ..., see prefixscope diagnose; largest
+    loss: prompt change (81.0% of missed))``) or after the other hints (``check the top of the
+    prompt (largest loss: routing (78.0% of missed))``; ``...; largest loss: ...`` after the
+    decision log's words).
     """
+    loss = None if largest_loss is None else loss_hint(largest_loss)
     if top_breaker is not None:
-        return f"{ALERT_HINT} ({breaker_hint(top_breaker)})"
+        extra = f"; {loss}" if loss else ""
+        return f"{ALERT_HINT} ({breaker_hint(top_breaker)}{extra})"
     if causes is None or not (causes.rejected or causes.unserved_accepts or causes.bypassed):
-        return ALERT_HINT
+        return f"{ALERT_HINT} ({loss})" if loss else ALERT_HINT
     said = []
     if causes.rejected:
         afters = list(dict.fromkeys(_after(r) for r, _ in causes.rejects))
@@ -261,7 +289,7 @@ def alert_hint(causes: MissCauses | None = None,
     text += "".join(f" and {n:,} {w}" for n, w in rest) + ", per the decision log"
     if causes.ordinary:
         text += f"; for the other {causes.ordinary:,}: {ALERT_HINT}"
-    return text
+    return text + (f"; {loss}" if loss else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,10 +300,13 @@ class AlertHints:
         top_breakers: model -> the rank-1 breaker of its newest stored diagnosis.
         causes: ``(model, scope)`` -> :class:`MissCauses` of the range (scope None: the model
             over all scopes).
+        largest_losses: model -> the largest loss class of its newest stored miss ledger
+            (``store.queries.ledger.largest_loss_by_model``).
     """
 
     top_breakers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     causes: Mapping[tuple[str, str | None], MissCauses] = field(default_factory=dict)
+    largest_losses: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def causes_of(self, model: str | None, scope: str | None = None) -> MissCauses | None:
         """The decision log's causes of a model (None: every model summed), or of one scope."""
@@ -294,7 +325,8 @@ class AlertHints:
         scopes (the decision log only: a diagnosis is of the model), or the overall line
         (``model`` None: the decision log summed over the models)."""
         breaker = self.top_breakers.get(model) if model is not None and scope is None else None
-        return alert_hint(self.causes_of(model, scope), breaker)
+        loss = self.largest_losses.get(model) if model is not None and scope is None else None
+        return alert_hint(self.causes_of(model, scope), breaker, loss)
 
 
 def _silent(stale: Sequence[SilentSource], zone: tzinfo | None) -> str:

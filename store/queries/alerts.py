@@ -252,13 +252,16 @@ def miss_causes(con: duckdb.DuckDBPyConnection, *, start_s: float | None,
 def alert_hints(con: duckdb.DuckDBPyConnection, *, start_s: float | None, end_s: float | None,
                 models: Sequence[str] | None = None, run_ids: Sequence[str] | None = ("",)):
     """The :class:`prefixscope.core.report.AlertHints` of a range: each model's newest stored
-    diagnosis (``breakers.top_breaker_by_model``) and :func:`miss_causes`. The one source of
+    diagnosis (``breakers.top_breaker_by_model``), the largest loss class of its newest stored
+    miss ledger (``ledger.largest_loss_by_model``) and :func:`miss_causes`. The one source of
     the words after ``ALERT:`` for ``prefixscope report``, the daily report and its email,
     the Alerts page and Overview's "Why" (rule: :func:`prefixscope.core.report.alert_hint`)."""
     from prefixscope.core.report import AlertHints
     from prefixscope.store.queries.breakers import top_breaker_by_model
+    from prefixscope.store.queries.ledger import largest_loss_by_model
 
-    return AlertHints(top_breakers=top_breaker_by_model(con, None if models is None
-                                                         else sorted(models)),
+    picked = None if models is None else sorted(models)
+    return AlertHints(top_breakers=top_breaker_by_model(con, picked),
                       causes=miss_causes(con, start_s=start_s, end_s=end_s, models=models,
-                                         run_ids=run_ids))
+                                         run_ids=run_ids),
+                      largest_losses=largest_loss_by_model(con, picked))

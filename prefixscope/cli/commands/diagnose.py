@@ -311,13 +311,14 @@ def diagnose_cmd(
         outd.mkdir(parents=True, exist_ok=True)
         layout_path = outd / "suggested-layout.yaml"
         layout_path.write_text(suggested_layout_file(d), encoding="utf-8")
-    from prefixscope.replay.diagnose_ledger import trace_ledger
+    from prefixscope.replay.diagnose_ledger import trace_ledger_groups
 
+    ledger, ledger_groups = trace_ledger_groups(spec)
     doc = diagnosis_doc(d, price=price, layout_path=str(layout_path) if layout_path else None,
-                        seconds=time.time() - started, ledger=trace_ledger(spec))
+                        seconds=time.time() - started, ledger=ledger)
     ingested = None
     if ingest:
-        ingested = _ingest(spec, d, doc, outd, model=model, db=db)
+        ingested = _ingest(spec, d, doc, outd, model=model, db=db, ledger=ledger_groups)
         doc["ingested"] = ingested
     if as_json:
         print_json(doc)
@@ -325,15 +326,19 @@ def diagnose_cmd(
     _print(doc, no_text=no_text)
     if ingested is not None:
         out.print(f"stored in {db}: run {ingested['run_id']}, {ingested['breakers_added']} "
-                  f"breakers (Breakers page)", markup=False, highlight=False)
+                  f"breakers (Breakers page), {ingested['ledger_rows_added']} ledger rows "
+                  f"(Miss ledger page)", markup=False, highlight=False)
 
 
 def _ingest(spec: Any, d: Any, doc: dict[str, Any], outd: Path, *, model: str | None,
-            db: str) -> dict[str, Any]:
+            db: str, ledger: Any) -> dict[str, Any]:
     """Replay the trace as recorded (a normal replay run) and store it with the breaker
-    summary: ``breakers.json`` in the run directory (structure, kinds, counts, digests, no
-    text) enters through ``prefixscope.ingest.breakers``."""
+    summary and the miss ledger: ``breakers.json`` (structure, kinds, counts, digests, no
+    text) and ``ledger.json`` (tokens per ledger class, ``replay.ledger_store``) in the run
+    directory enter through ``prefixscope.ingest.breakers`` and ``prefixscope.ingest.ledger``."""
     from prefixscope.ingest.breakers import ingest_breakers_file
+    from prefixscope.ingest.ledger import ingest_ledger_file
+    from prefixscope.replay.ledger_store import write_ledger_file
     from prefixscope.ingest.runs import ingest_run_dir
     from prefixscope.replay.diagnose_store import write_breakers_file
     from prefixscope.replay.runner import run_sim
@@ -344,11 +349,18 @@ def _ingest(spec: Any, d: Any, doc: dict[str, Any], outd: Path, *, model: str | 
     run = run_sim(sim, outd / "run")
     path = write_breakers_file(outd / "run" / "breakers.json", d, doc, run_id=run.run_id,
                                model=run.model)
+    lpath = write_ledger_file(outd / "run" / "ledger.json", [ledger], run_id=run.run_id,
+                              run_kind="replay-sim", label=sim.label,
+                              block_size=doc["block_size"],
+                              capacity_blocks=doc["capacity_blocks"], model=model,
+                              default_model=run.model, trace=spec.trace)
     with store_db.writer(db) as con:
         r = ingest_run_dir(con, run.out_dir)
         added = ingest_breakers_file(con, path)
+        ledger_added = ingest_ledger_file(con, lpath)
     return {"db": db, "run_id": run.run_id, "requests_added": r.usage.rows_added,
-            "breakers_added": added, "breakers_file": str(path)}
+            "breakers_added": added, "breakers_file": str(path),
+            "ledger_rows_added": ledger_added, "ledger_file": str(lpath)}
 
 
 def register(groups: dict[str, typer.Typer]) -> None:

@@ -7,9 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
-from prefixscope.cli.common import JsonOption, err, out, print_json
+from pathlib import Path
+
+from prefixscope.cli.common import DB_DEFAULT, DbOption, JsonOption, err, out, print_json
 from prefixscope.cli.options import (AlgoOption, BlockSizeOption, CapacityBlocksOption,
-                                     FormatOption, HashIdBlockSizeOption, LayoutOption,
+                                     FormatOption, HashIdBlockSizeOption, IngestOption,
+                                     LayoutOption,
                                      LimitOption, MaxModelLenOption, OutputTokensOption,
                                      SeedOption, StrictOption, TokenizerOption, TraceArg,
                                      sim_spec_from_options)
@@ -105,6 +108,17 @@ def fleet_cmd(
         "--load-window", min=0.001,
         help="longest-prefix-bounded: load = requests routed in this many seconds of "
              "trace time.")] = 60.0,
+    ingest: IngestOption = False,
+    db: DbOption = DB_DEFAULT,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="With --ingest: directory for ledger.json (default "
+                      "out/replay/fleet-<trace>-<time>Z-<hex>).")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="With --ingest: the model the stored ledger names for every request "
+                        "(default: each request's own).")] = None,
+    label: Annotated[str | None, typer.Option(
+        "--label", help="With --ingest: the run's label (default: trace, fleet and "
+                        "policies).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Replay a trace through N replicas under routing policies, side by side, with the ledger.
@@ -113,16 +127,23 @@ def fleet_cmd(
     requests replay sequentially in trace order. For each policy: hit rate, every prompt
     token's class (hit, engine granularity, routing, capacity, isolation, prompt change,
     cold; docs/metrics.md), routing's share of the missed tokens, and load balance.
+    --ingest stores each policy's ledger per model, instance and day (counts only, no text)
+    as one run: the Miss ledger page shows the policies side by side.
 
     Examples:
 
       prefixscope replay fleet data/traces/mooncake/conversation_trace.jsonl.gz --format mooncake --block-size 512 --algo fast --capacity-blocks 2000 --instances 4
 
       prefixscope replay fleet trace.jsonl --format token-ids --router round-robin,longest-prefix-bounded --json
+
+      prefixscope replay fleet data/captures/aider/chat-requests.jsonl --instances 3 --router round-robin,longest-prefix --ingest
     """
+    from prefixscope.core.errors import UsageError
     from prefixscope.replay.fleet import RouterParams
     from prefixscope.replay.fleet_run import run_fleet
 
+    if not ingest and (out_dir is not None or model is not None or label is not None):
+        raise UsageError("--out, --model and --label name what --ingest stores: add --ingest")
     spec = sim_spec_from_options(
         trace, fmt=fmt, block_size=block_size, capacity_blocks=capacity_blocks, algo=algo,
         hash_id_block_size=hash_id_block_size, output_tokens=output_tokens,
@@ -130,17 +151,53 @@ def fleet_cmd(
         layout_path=str(layout) if layout else None)
     report = run_fleet(spec, instances=instances, routers=router,
                        params=RouterParams(seed=router_seed, hash_blocks=hash_blocks,
-                                           load_factor=load_factor, load_window_s=load_window))
+                                           load_factor=load_factor, load_window_s=load_window),
+                       group=ingest)
     _report_problems(report.problems, quiet=as_json)
     if not report.results or report.results[0].requests == 0:
         first = f" (first: {report.problems[0]})" if report.problems else ""
         raise NothingIngested(f"{trace}: no usable requests; {len(report.problems)} records "
                               f"skipped{first}")
     doc = report.as_dict()
+    if ingest:
+        doc["ingested"] = ingest_fleet(report, db=db, out_dir=out_dir, model=model, label=label)
     if as_json:
         print_json(doc)
         return
     print_fleet(doc)
+    if ingest:
+        i = doc["ingested"]
+        out.print(f"stored in {db}: run {i['run_id']}, {i['ledger_rows_added']} ledger rows "
+                  "(Miss ledger page)", markup=False, highlight=False)
+
+
+def ingest_fleet(report: Any, *, db: str, out_dir: Path | None = None,
+                 model: str | None = None, label: str | None = None,
+                 run_id: str | None = None) -> dict[str, Any]:
+    """Store a grouped :class:`~prefixscope.replay.fleet_run.FleetReport` (``run_fleet(...,
+    group=True)``): ``ledger.json`` in the run directory (``out_dir``, default
+    ``out/replay/<run id>``), then ``prefixscope.ingest.ledger`` into ``db`` as one run of kind
+    ``replay-fleet``.
+
+    Returns:
+        ``{"db", "run_id", "ledger_rows_added", "ledger_file"}`` (the ``--json`` ``ingested``).
+
+    Raises:
+        the store's errors (``StoreLocked``...), ``ConfigError`` for a bad file.
+    """
+    from prefixscope.ingest.ledger import ingest_ledger_file
+    from prefixscope.replay.run_ids import default_run_dir, new_run_id
+    from prefixscope.store import db as store_db
+
+    stem = Path(str(report.spec.trace)).name.split(".")[0]
+    rid = run_id or new_run_id("fleet", stem)
+    outd = out_dir or default_run_dir(rid)
+    names = ", ".join(r.router for r in report.results)
+    label = label or f"{stem} fleet: {report.instances} instances, {names}"
+    path = report.write_ledger(outd / "ledger.json", run_id=rid, label=label, model=model)
+    with store_db.writer(db) as con:
+        added = ingest_ledger_file(con, path)
+    return {"db": db, "run_id": rid, "ledger_rows_added": added, "ledger_file": str(path)}
 
 
 def parse_capacities(text: str) -> list[int]:
