@@ -736,7 +736,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     )),
-    Migration(31, "miss ledger totals of a run", (
+    Migration(82, "miss ledger totals of a run", (
         # One row per (run, router, model, instance, trace day, scope): the prompt tokens of
         # the run's counted requests by ledger class (replay/ledger.py; docs/metrics.md "Miss
         # ledger"), written by `diagnose --ingest` and `replay fleet --ingest` as ledger.json
