@@ -18,6 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 from datetime import date
 from email.message import EmailMessage
@@ -389,17 +390,8 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
                 **base, status=SKIPPED,
                 error=f"already sent or being sent for {day_s} ({tz}) by another run"))
             continue
-        try:
-            result = deliver(msg, smtp, sleep=sleep)
-        except BaseException as exc:  # a bug or Ctrl-C: never leave the claim looking sent
-            with store_db.writer(db, lock_timeout_s=lock_s) as con:
-                q.finish_send(con, send_id=send_id, status=FAILED, attempts=1,
-                              error=f"interrupted: {type(exc).__name__}", now_unix_s=time.time())
-            raise
-        status = SENT if result.ok else FAILED
-        with store_db.writer(db, lock_timeout_s=lock_s) as con:
-            q.finish_send(con, send_id=send_id, status=status, attempts=result.attempts,
-                          error=result.error, now_unix_s=time.time())
+        status, result = _deliver_claimed(db, send_id, lock_s,
+                                          lambda msg=msg: deliver(msg, smtp, sleep=sleep))
         run.outcomes.append(SendOutcome(**base, status=status, attempts=result.attempts,
                                         message_id=msg["Message-ID"], error=result.error,
                                         send_id=send_id, eml_path=eml))
@@ -409,6 +401,27 @@ def run_daily(db: str, *, settings: Settings, day: date | None = None, tz: str |
             db, hook, report, cfg, day_s=day_s, tz=tz, active=active, sent_at=sent_at,
             resend=resend, dry_run=dry_run, dashboard_url=url, lock_s=lock_s, sleep=sleep))
     return run
+
+
+def _deliver_claimed(db: str, send_id: str, lock_s: float,
+                     attempt: Callable[[], Any]) -> tuple[str, Any]:
+    """Run ``attempt`` (an email's SMTP delivery or a webhook's POST, both returning an object
+    with ``ok``, ``attempts`` and ``error``) for the claimed send ``send_id`` and close the claim
+    as ``sent`` or ``failed``; a bug or Ctrl-C during it closes the claim as ``failed``
+    (``interrupted: ...``) and propagates: a claim never looks sent when it was not.
+    Returns (status, the attempt's result)."""
+    try:
+        result = attempt()
+    except BaseException as exc:
+        with store_db.writer(db, lock_timeout_s=lock_s) as con:
+            q.finish_send(con, send_id=send_id, status=FAILED, attempts=1,
+                          error=f"interrupted: {type(exc).__name__}", now_unix_s=time.time())
+        raise
+    status = SENT if result.ok else FAILED
+    with store_db.writer(db, lock_timeout_s=lock_s) as con:
+        q.finish_send(con, send_id=send_id, status=status, attempts=result.attempts,
+                      error=result.error, now_unix_s=time.time())
+    return status, result
 
 
 def _send_webhook(db: str, hook: Webhook, report: DailyReport, cfg: AlertsConfig, *, day_s: str,
@@ -444,19 +457,10 @@ def _send_webhook(db: str, hook: Webhook, report: DailyReport, cfg: AlertsConfig
         return SendOutcome(**base, status=SKIPPED,
                            error=f"already sent or being sent for {day_s} ({tz}) by another run")
     w = next(c for c in cfg.webhooks if c.name == hook.name)
-    try:
-        result = post(hook, payload, attempts=w.attempts or cfg.smtp_attempts,
-                      backoff_s=cfg.smtp_backoff_s if w.backoff_s is None else w.backoff_s,
-                      timeout_s=w.timeout_s or cfg.smtp_timeout_s, sleep=sleep)
-    except BaseException as exc:  # a bug or Ctrl-C: never leave the claim looking sent
-        with store_db.writer(db, lock_timeout_s=lock_s) as con:
-            q.finish_send(con, send_id=send_id, status=FAILED, attempts=1,
-                          error=f"interrupted: {type(exc).__name__}", now_unix_s=time.time())
-        raise
-    status = SENT if result.ok else FAILED
-    with store_db.writer(db, lock_timeout_s=lock_s) as con:
-        q.finish_send(con, send_id=send_id, status=status, attempts=result.attempts,
-                      error=result.error, now_unix_s=time.time())
+    status, result = _deliver_claimed(db, send_id, lock_s, lambda: post(
+        hook, payload, attempts=w.attempts or cfg.smtp_attempts,
+        backoff_s=cfg.smtp_backoff_s if w.backoff_s is None else w.backoff_s,
+        timeout_s=w.timeout_s or cfg.smtp_timeout_s, sleep=sleep))
     return SendOutcome(**base, status=status, attempts=result.attempts,
                        message_id=f"webhook-{send_id}", error=result.error, send_id=send_id)
 

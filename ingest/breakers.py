@@ -12,8 +12,8 @@ from pathlib import Path
 
 import duckdb
 
-from prefixscope.core.documents import DocumentError, parse_json, read_document
-from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
+from prefixscope.core.documents import load_summary_file
+from prefixscope.core.errors import ConfigError, problem_text
 
 _INT = ("rank", "level", "requests", "distinct_values", "lost_tokens")
 _TEXT = ("kind", "segment", "role", "transform_types", "schema_key_digest")
@@ -28,12 +28,7 @@ def ingest_breakers_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike
     from prefixscope.store.queries.breakers import insert_diagnosis
 
     p = Path(path)
-    try:
-        doc = parse_json(read_document(p))
-    except DocumentError as exc:
-        if exc.unreadable:
-            raise SourceUnavailable(f"{p}: {exc}") from None
-        raise ConfigError(problem_text(str(p), exc.line, str(exc))) from None
+    doc = load_summary_file(p)
     if not isinstance(doc, dict) or doc.get("kind") != "diagnosis":
         raise ConfigError(problem_text(str(p), 1, "not a diagnosis breakers file", "$.kind"))
     for key in ("diagnosis_id", "run_id"):

@@ -15,8 +15,8 @@ from typing import Any
 
 import duckdb
 
-from prefixscope.core.documents import DocumentError, parse_json, read_document
-from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
+from prefixscope.core.documents import load_summary_file
+from prefixscope.core.errors import ConfigError, problem_text
 
 _CLASS_FIELDS = ("hit_tokens", "granularity_tokens", "routing_tokens", "capacity_tokens",
                  "isolation_tokens", "prompt_change_tokens", "cold_tokens")
@@ -91,12 +91,7 @@ def ingest_ledger_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[s
     from prefixscope.store.queries.ledger import insert_ledger_rows
 
     p = Path(path)
-    try:
-        doc = parse_json(read_document(p))
-    except DocumentError as exc:
-        if exc.unreadable:
-            raise SourceUnavailable(f"{p}: {exc}") from None
-        raise ConfigError(problem_text(str(p), exc.line, str(exc))) from None
+    doc = load_summary_file(p)
     rows = _check(p, doc)
     label = doc.get("label") if isinstance(doc.get("label"), str) else None
     kind = doc.get("run_kind") if isinstance(doc.get("run_kind"), str) else "replay-fleet"

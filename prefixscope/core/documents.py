@@ -175,6 +175,24 @@ def load_json_file(path: str | os.PathLike[str], *, what: str = "file") -> Any:
         raise ParseError(str(path), exc.line, str(exc)) from None
 
 
+def load_summary_file(path: str | os.PathLike[str]) -> Any:
+    """Read and parse one JSON summary a replay run wrote for ingest (``breakers.json``,
+    ``ledger.json``).
+
+    Raises:
+        SourceUnavailable: missing, not a regular file, unreadable (exit 3; the reader's words).
+        ConfigError: too large, not UTF-8, not JSON, too deep (``file:line: reason``, exit 2).
+    """
+    from prefixscope.core.errors import problem_text
+
+    try:
+        return parse_json(read_document(path))
+    except DocumentError as exc:
+        if exc.unreadable:
+            raise SourceUnavailable(f"{path}: {exc}") from None
+        raise ConfigError(problem_text(str(path), exc.line, str(exc))) from None
+
+
 def load_config_file(path: str | os.PathLike[str], *, what: str = "file", parse=None,
                      limit: int = MAX_DOCUMENT_BYTES, **kwargs: Any) -> Any:
     """Read and parse one configuration document: TOML by default (``kwargs`` go to
@@ -197,5 +215,5 @@ def load_config_file(path: str | os.PathLike[str], *, what: str = "file", parse=
         raise ConfigError(f"{path}: {exc}") from None
 
 
-__all__ = ["load_config_file", "load_json_file", "DocumentError", "MAX_DEPTH", "parse_json",
+__all__ = ["load_config_file", "load_json_file", "load_summary_file", "DocumentError", "MAX_DEPTH", "parse_json",
            "parse_toml", "parse_yaml", "read_document"]
