@@ -217,6 +217,15 @@ def render_html(report: DailyReport, lines: Sequence[ReportLine] | None = None, 
             "<body style=\"font-family:sans-serif\">" + "".join(body) + "</body></html>")
 
 
+def chart_text(value: object) -> str:
+    """``value`` as literal text for a matplotlib label: a ``$`` escaped (``\\$``), so a name
+    from the data is never typeset as mathtext (``$x^2$``) nor a parse error (an unbalanced
+    ``$\\frac`` raised ``ValueError: ParseException`` on the Alerts page, the second attack on
+    issue 27), and control characters shown as U+FFFD (they have no glyph)."""
+    text = "".join("\ufffd" if ord(c) < 32 or 0x7f <= ord(c) < 0xa0 else c for c in str(value))
+    return text.replace("$", "\\$")
+
+
 def render_chart_png(report: DailyReport, lines: Sequence[ReportLine] | None = None) -> bytes | None:
     """A small horizontal bar chart (PNG bytes, about 640 px wide): hit rate per line for the
     day, the previous day and the same weekday a week earlier, with each line's threshold
@@ -258,7 +267,7 @@ def render_chart_png(report: DailyReport, lines: Sequence[ReportLine] | None = N
         r = rate(ln.figures)
         ax.text(min((r or 0) * 100 + 1, 101), i + height, "n/a" if r is None else _fmt_pct(r),
                 va="center", fontsize=7)
-    ax.set_yticks(range(n), [ln.label for ln in lines], fontsize=8)
+    ax.set_yticks(range(n), [chart_text(ln.label) for ln in lines], fontsize=8)
     ax.set_xlim(0, 110)
     ax.set_xticks([0, 25, 50, 75, 100], ["0%", "25%", "50%", "75%", "100%"], fontsize=8)
     ax.set_title("Prefix-cache hit rate (tokens); dashed: threshold", fontsize=9)

@@ -339,6 +339,14 @@ def hit_rate_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "insta
     return fig
 
 
+def _panel_spacing(n: int, most: float) -> float:
+    """The vertical gap between ``n`` stacked subplots, a fraction of the figure's height: at
+    most ``most``, and small enough that ``n`` panels fit (Plotly refuses a gap over
+    ``1 / (n - 1)``: ``ValueError: Vertical spacing cannot be greater than ...``, seen with 22
+    model x instance panels)."""
+    return min(most, 0.3 / max(n, 1))
+
+
 def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instance"),
                      window_s: float = 3600.0, title: str = "Query and hit tokens") -> go.Figure:
     """Query tokens and hit tokens per window as bars, one panel per series.
@@ -363,7 +371,7 @@ def tokens_over_time(df: pd.DataFrame, *, by: Sequence[str] = ("model", "instanc
     labels = sorted(d["series"].unique().tolist())
     n = len(labels)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, subplot_titles=labels,
-                        vertical_spacing=min(0.12, 0.3 / max(n, 1)))
+                        vertical_spacing=_panel_spacing(n, 0.12))
     width_ms = float(window_s) * 1000.0 * BAR_FILL / 2  # two bars side by side in their window
     for i, label in enumerate(labels, start=1):
         g = d[d["series"] == label]
@@ -612,7 +620,8 @@ def ttft_by_band(df: pd.DataFrame, *, window_s: float, by: Sequence[str] = ("mod
     d = df.copy()
     d["panel"] = series_label(d, by)
     panels = sorted(d["panel"].unique().tolist())
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True,
+                        vertical_spacing=_panel_spacing(len(panels), 0.08),
                         subplot_titles=panels if len(panels) > 1 else None)
     in_legend: set[str] = set()  # one legend entry per band, at its first line
     for row, panel in enumerate(panels, start=1):
@@ -1015,14 +1024,14 @@ def ledger_waterfall_figure(df: pd.DataFrame, *, title: str = "Where the prompt 
         ys = [p, *(-int(r[c]) for c, _ in LEDGER_STEPS), int(r["hit_tokens"])]
         texts = [f"{abs(v):,}" + (f" ({100 * abs(v) / p:.1f}%)" if p else "") for v in ys]
         fig.add_trace(go.Waterfall(
-            name=str(r["router"]), x=labels, y=ys, text=texts, textposition="outside",
+            name=plotly_text(str(r["router"])), x=labels, y=ys, text=texts,
+            textposition="outside",
             measure=["absolute", *["relative"] * len(LEDGER_STEPS), "total"],
             decreasing=dict(marker_color=MISS_COLOUR),
             totals=dict(marker_color=HIT_COLOUR if k == 0 else PALETTE[(k + 1) % len(PALETTE)]),
             increasing=dict(marker_color=QUERY_COLOUR),
             connector=dict(line=dict(color="#bbbbbb", width=1)),
-            hovertemplate="%{x}: %{text}<extra>" + str(r["router"]).replace("<", "&lt;")
-                          + "</extra>"))
+            hovertemplate="%{x}: %{text}<extra>" + plotly_text(str(r["router"])) + "</extra>"))
     fig.update_layout(title=title, yaxis_title="tokens", waterfallgroupgap=0.25,
                       showlegend=len(df) > 1, legend_title_text="router",
                       margin=dict(l=10, r=10, t=50, b=10), height=420)

@@ -418,6 +418,21 @@ def test_a_band_of_one_window_is_drawn_as_markers():
     assert sorted(v for t in fig.data for v in t.y) == [12.0, 20.0, 40.0, 55.0]
 
 
+def test_many_panels_fit_with_a_smaller_gap():
+    """22 model x instance panels raised Plotly's "Vertical spacing cannot be greater than
+    (1 / (rows - 1))" on Overview and Requests (the second attack on issue 27): the gap
+    shrinks with the number of panels, in both stacked figures."""
+    panels = [(f"m{i}", f"i{i}") for i in range(22)]
+    ttft = pd.DataFrame([{"window_start_s": T0, "model": m, "instance": i, "band": "cold",
+                          "requests": 3, "p50_ms": 40.0, "p90_ms": 55.0} for m, i in panels])
+    fig = figures.ttft_by_band(ttft, window_s=3600, by=("model", "instance"))
+    assert len(fig.data) == 2 * 22
+    tokens = pd.DataFrame([{"window_start_s": T0, "model": m, "instance": i,
+                            "query_tokens": 10, "hit_tokens": 5} for m, i in panels])
+    assert len(figures.tokens_over_time(tokens, window_s=3600).data) == 2 * 22
+    assert figures._panel_spacing(22, 0.08) < 1 / 21 and figures._panel_spacing(2, 0.08) == 0.08
+
+
 def test_scope_lines_break_at_windows_without_requests():
     """Scopes drew a diagonal across windows with no requests: the line now has a gap (a None
     point, connectgaps off) in each empty window between two with data."""

@@ -204,7 +204,12 @@ def _figures() -> dict:
                          "reported_requests": 3, "coverage": 0.75} for m in (M1, M2)])
     hist = pd.DataFrame([{"bin_start": 0.0, "bin_end": 0.5, "requests": 2},
                          {"bin_start": 0.5, "bin_end": 1.0, "requests": 3}])
+    ledger = pd.DataFrame([{"router": r, "prompt_tokens": 100, "hit_tokens": 40,
+                            "granularity_tokens": 5, "routing_tokens": 30, "capacity_tokens": 5,
+                            "isolation_tokens": 0, "prompt_change_tokens": 10,
+                            "cold_tokens": 10} for r in ("round-robin", f"policy{H}")])
     return {
+        "ledger_waterfall_figure": (f.ledger_waterfall_figure(ledger), True),
         "hit_rate_over_time": (f.hit_rate_over_time(rates, window_s=3600.0,
                                                     min_query_tokens=200), True),
         "tokens_over_time": (f.tokens_over_time(rates, window_s=3600.0), True),
