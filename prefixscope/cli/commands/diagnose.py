@@ -120,14 +120,14 @@ def _print(doc: dict[str, Any], *, no_text: bool) -> None:
     p(f"{_n(doc['requests'], 'request')}, {doc['prompt_tokens']:,} prompt tokens, "
       f"{doc['cached_tokens']:,} from cache ({_pct(doc['hit_rate'])}); exact model: block size "
       f"{doc['block_size']}, capacity {cap}, {doc['hash_algo']}")
-    if doc.get("ledger") is not None:
+    for note in doc["notes"]:  # a note (nothing shared, every request rejected) comes first
+        p(note)
+    if doc.get("ledger") is not None and doc["ledger"]["prompt_tokens"]:
         from prefixscope.replay.diagnose_ledger import waterfall_lines
 
         top = doc["breakers"][0] if doc["breakers"] else None
         for line in waterfall_lines(doc["ledger"], where=_where(top) if top else None):
             p(line)
-    for note in doc["notes"]:
-        p(note)
     if not doc["breakers"]:
         if not doc["notes"]:
             p("no breakers: every request hit the longest prefix an earlier request had; "
