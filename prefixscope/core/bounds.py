@@ -150,13 +150,14 @@ NAME_NOT_UTF8 = ("the file name is not UTF-8 text (it could not be stored as the
                  "location): rename the file, e.g. with convmv, and ingest it again")
 
 
-def _os_reason(exc: OSError, path: str | os.PathLike[str]) -> str:
+def _os_reason(exc: OSError, path: str | os.PathLike[str], what: str = "file") -> str:
     """One sentence for an OSError of a path, the same for every reader (lowercase, the
-    system's words, with what to do where there is something to do)."""
+    system's words, with what to do where there is something to do); ``what`` is what was
+    looked for (``file`` or ``folder``)."""
     if isinstance(exc, NotReadable):
         return str(exc)
     if isinstance(exc, FileNotFoundError):
-        return "a symbolic link to a missing file" if os.path.islink(path) else "no such file"
+        return f"a symbolic link to a missing {what}" if os.path.islink(path) else f"no such {what}"
     if exc.errno == errno.ENAMETOOLONG:
         return ("file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a "
                 "path)")
@@ -168,7 +169,7 @@ def _os_reason(exc: OSError, path: str | os.PathLike[str]) -> str:
     return (exc.strerror or type(exc).__name__).lower()
 
 
-def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
+def source_stat(path: str | os.PathLike[str], what: str = "file") -> os.stat_result:
     """``os.stat(path)`` of a path given to read (symlinks followed), or the sentence why not.
 
     The one place a source path is looked up: every ingester's files go through it (directly,
@@ -178,7 +179,7 @@ def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
     Raises:
         NotReadable: ``no such file``, ``a symbolic link to a missing file``, ``file name too
             long (...)``, ``permission denied (...)``, ``too many levels of symbolic links``,
-            :data:`NAME_NOT_UTF8`...
+            :data:`NAME_NOT_UTF8`... (``no such folder`` when ``what`` is ``folder``)
     """
     name = os.fspath(path)
     if isinstance(name, str):
@@ -189,7 +190,25 @@ def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
     try:
         return os.stat(path)
     except OSError as exc:
-        raise NotReadable(_os_reason(exc, path)) from None
+        raise NotReadable(_os_reason(exc, path, what)) from None
+
+
+#: Why a path given as a folder (a run directory) is refused when it is something else.
+NOT_A_FOLDER = "not a folder"
+
+
+def check_folder(path: str | os.PathLike[str]) -> None:
+    """Refuse anything but an existing folder (symlinks are followed): the folder equivalent of
+    :func:`check_regular`, through the same lookup (:func:`source_stat`), so a name too long,
+    a folder above it that cannot be searched or a name that is not UTF-8 is a sentence.
+
+    Raises:
+        NotReadable: ``no such folder``, :data:`NOT_A_FOLDER`, the reasons of
+            :func:`source_stat`...
+    """
+    st = source_stat(path, what="folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotReadable(NOT_A_FOLDER)
 
 
 def check_regular(path: str | os.PathLike[str]) -> None:

@@ -109,8 +109,13 @@ def path_attacks(good: Path, tmp: Path) -> Iterator[tuple[str, str, str]]:
     yield ("path-5000-bytes-of-folders", str(deep) + "/f" * 2400 + good.suffix,
            "file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a path)")
     raw = os.fsencode(tmp) + b"/" + NOT_UTF8_NAME + good.suffix.encode()
-    with open(raw, "wb") as fh:
-        fh.write(good.read_bytes())
+    if good.is_dir():  # a run directory
+        import shutil
+
+        shutil.copytree(good, os.fsdecode(raw))
+    else:
+        with open(raw, "wb") as fh:
+            fh.write(good.read_bytes())
     yield ("name-not-utf8", os.fsdecode(raw),
            "the file name is not UTF-8 text (it could not be stored as the source's location): "
            "rename the file, e.g. with convmv, and ingest it again")
