@@ -69,6 +69,9 @@ LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES:,} bytes (1 MiB)"
 TRACE_LINE_TOO_LONG = f"line longer than {MAX_TRACE_LINE_BYTES:,} bytes (16 MiB)"
 TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels"
 ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
+#: Why an identifier that is not one line of printable text is refused (the value is never quoted).
+ID_NOT_TEXT = ("not an identifier: control, invisible (format) or line-break characters, or "
+               "spaces before or after it")
 COUNT_RANGE = "not an integer from 0 to 2^62"
 TOKENS_OVER = f"over {MAX_TOKENS:,} tokens (2^32 - 1)"
 COUNTER_OVER = f"over {int(MAX_COUNTER_VALUE):,} (2^53)"
@@ -126,6 +129,21 @@ def time_ok(value: object) -> bool:
 def id_ok(value: str) -> bool:
     """True when an identifier is at most :data:`MAX_ID_CHARS` characters."""
     return len(value) <= MAX_ID_CHARS
+
+
+def id_blank(value: object) -> bool:
+    """True when an identifier is missing: None, ``""`` or only whitespace (``"   "``,
+    ``"\n"``). A blank id is a missing id, never a real one: else every later blank id would be
+    "already stored"."""
+    return value is None or (isinstance(value, str) and (value == "" or value.isspace()))
+
+
+def id_text_ok(value: str) -> bool:
+    """The rule of an identifier's characters (request and run ids of a usage log): printable
+    text (``str.isprintable``: no control, format such as a zero-width space, line or paragraph
+    separator, or surrogate characters; the one space allowed is U+0020) without a space before
+    or after it. Length is :func:`id_ok`'s; blank is :func:`id_blank`'s."""
+    return value.isprintable() and value[:1] != " " and value[-1:] != " "
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
