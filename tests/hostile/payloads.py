@@ -140,6 +140,16 @@ def http_attacks(path: str, ctype: str, good_body: bytes) -> Iterator[tuple[str,
     yield "content-length-huge", head + b"Content-Length: 99999999999\r\n\r\n", (413,)
     yield "content-length-negative", head + b"Content-Length: -5\r\n\r\n", (400,)
     yield "content-length-not-a-number", head + b"Content-Length: ten\r\n\r\n", (400,)
+    # two lengths that disagree: framing an attacker picks (request smuggling), never "the first"
+    yield "content-length-conflicting", (head + b"Content-Length: 2\r\nContent-Length: 20\r\n\r\n"
+                                         + b"{}" + b" " * 18), (400,)
+    yield "content-length-plus-sign", head + b"Content-Length: +2\r\n\r\n{}", (400,)
+    # an encoding the server does not decode: never read as plain bytes
+    for cid, enc in (("br", b"br"), ("zstd", b"zstd"), ("two", b"gzip, br"),
+                     ("control", b"x-\x1b[31m")):
+        yield (f"content-encoding-{cid}",
+               head + b"Content-Encoding: " + enc + b"\r\nContent-Length: %d\r\n\r\n"
+               % len(good_body) + good_body, (415,))
     yield "headers-90-kb", head + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000)
                                            for i in range(90)) + b"\r\n", (431,)
     yield "header-line-70-kb", head + b"X-Long: " + b"a" * (70 << 10) + b"\r\n\r\n", (431,)
