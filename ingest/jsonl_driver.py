@@ -410,7 +410,10 @@ def complete_json_tail(tail: bytes) -> bool:
     """Whether a file's final line without a newline is read now: only when it is complete
     JSON (a writer may still be writing it; then it is left for the next run and read whole
     once finished). The one rule of ``ingest requests`` and ``ingest decisions``. A line too
-    deeply nested to decode is left too (it cannot be told from a half-written one)."""
+    deeply nested to decode is left too (it cannot be told from a half-written one). A UTF-8
+    BOM before it (the file's only line) is skipped, as the line reader skips it."""
+    if tail.startswith(_BOM):
+        tail = tail[len(_BOM):]
     if not tail.strip():
         return False
     try:

@@ -26,7 +26,7 @@ import duckdb
 
 from prefixscope.ingest.bookkeeping import IngestSummary
 from prefixscope.core.documents import load_json_file
-from prefixscope.core.errors import ParseError, SourceUnavailable
+from prefixscope.core.errors import ParseError
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,16 +87,13 @@ def ingest_live_run(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[s
         ParseError: ``run.json`` is not valid JSON or lacks ``run_id``/``instance``.
     """
     from prefixscope.ingest.exposition import configured_label_key, ingest_exposition
+    from prefixscope.ingest.runs import check_run_dir
     from prefixscope.ingest.usage import ingest_usage_file
     from prefixscope.store.queries.replay_live import save_live_run
 
     d = Path(run_dir)
     manifest = d / "run.json"
-    if not d.is_dir():
-        raise SourceUnavailable(f"{d}: " + ("not a folder (give a live replay run directory)"
-                                            if d.exists() else "no such folder"))
-    if not manifest.exists() and not manifest.is_symlink():  # a FIFO: named by the reader
-        raise SourceUnavailable(f"{d}: no run.json (not a live replay run directory)")
+    check_run_dir(d, "run.json", "a live replay run directory")
     doc = load_json_file(manifest, what="manifest")
     _check_manifest(str(manifest), doc)
     run_id, instance = doc["run_id"], doc["instance"]

@@ -33,7 +33,10 @@ from a receiver (OTLP specification, "OTLP/HTTP"):
    ``max_inflight_bytes``: a request that would pass it -> 503 with ``Retry-After`` (retryable;
    nothing was stored).
 9. One log line per refused or closed client, never a traceback (a client gone before its
-   answer is one line too).
+   answer is one line too), written whole (:func:`log_line`: one write under a lock).
+10. Framing and encoding: ``Content-Length`` headers that disagree, or not plain digits ->
+   400; a ``Content-Encoding`` other than none, ``identity``, ``gzip``, ``deflate`` -> 415
+   naming it (the body is not read).
 
 One write at a time (a lock in this process): DuckDB allows one writer per file, and each
 request opens the store, commits and closes it (``store/db.py`` rule 1), so the dashboard can
@@ -102,6 +105,47 @@ class ReceiverStats:
     headers_431: int = 0
     refused_connections: int = 0
     closed_slow: int = 0
+
+
+_LOG_LOCK = threading.Lock()
+
+
+def log_line(line: str) -> None:
+    """Write one log line to stderr atomically: one ``write`` of the line with its newline,
+    under a lock (``print`` writes the text and the newline separately: under load lines of
+    several clients were glued together, then an empty line)."""
+    with _LOG_LOCK:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+#: Content-Encoding values read (none, ``identity``, ``gzip``, ``deflate``); any other is 415.
+ENCODINGS = ("", "identity", "gzip", "deflate")
+_TOKEN = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]{1,32}")  # an encoding named back, never raw input
+
+
+def _content_length(h: BaseHTTPRequestHandler) -> int:
+    """The one ``Content-Length`` of a request (0 when none); -1 when it is not a number or
+    two headers disagree (``2`` then ``20``: request smuggling by framing, RFC 9112 6.3: 400).
+    The same value repeated is one."""
+    values = {v.strip() for v in h.headers.get_all("Content-Length") or ()}
+    if not values:
+        return 0
+    if len(values) > 1:
+        return -1
+    v = values.pop()
+    return int(v) if v.isascii() and v.isdigit() else -1
+
+
+def _unsupported_encoding(h: BaseHTTPRequestHandler) -> str | None:
+    """The reason a request's Content-Encoding is refused (415), None when it is read."""
+    values = [v.strip().lower() for v in h.headers.get_all("Content-Encoding") or ()]
+    if len(values) > 1 or (values and values[0] not in ENCODINGS):
+        enc = ", ".join(values)
+        named = f"Content-Encoding {enc}" if _TOKEN.fullmatch(enc) else \
+            "this Content-Encoding"
+        return f"{named} is not supported (gzip, deflate or none)"
+    return None
 
 
 class _Refuse(Exception):
@@ -190,7 +234,7 @@ class OtlpReceiver:
         self._conns: dict[int, _Conn] = {}
         self._conns_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        self._log = log or log_line
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -485,10 +529,7 @@ class OtlpReceiver:
         out_type = "application/json" if is_json else "application/x-protobuf"
         chunked = "chunked" in (h.headers.get("Transfer-Encoding") or "").lower()
         client = h.client_address[0]
-        try:
-            length = int(h.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
+        length = _content_length(h)
         if path != "/v1/traces":
             h.close_connection = True  # its body is not read
             self._reply(h, 404, b"only /v1/traces is received here\n", "text/plain")
@@ -513,9 +554,15 @@ class OtlpReceiver:
             self._reply(h, 415, b"Content-Type must be application/x-protobuf or "
                                 b"application/json\n", "text/plain")
             return
+        bad_enc = _unsupported_encoding(h)
+        if bad_enc is not None:
+            h.close_connection = True  # its body is not read
+            self._log(f"415 {client}: {bad_enc}")
+            self._reply(h, 415, _status_body(bad_enc, is_json), out_type)
+            return
         try:
             body: bytes | bytearray = self._read_body(h, length, chunked, held)
-            enc = (h.headers.get("Content-Encoding") or "").strip().lower()
+            enc = (h.headers.get("Content-Encoding") or "").strip().lower()  # one, known
             if enc in ("gzip", "deflate"):
                 body = inflate_bounded(body, enc, reserve=self._reserver(held))
                 if body is None:  # a gzip bomb: the bound holds after decompression too

@@ -86,7 +86,10 @@ def _kind_of_file(path: str) -> str:
     if low.endswith((".jsonl", ".ndjson")):
         return "jsonl"
     with open(path, "rb") as fh:
-        head = fh.read(MAX_LINE_BYTES + 1).lstrip()
+        head = fh.read(MAX_LINE_BYTES + 1)
+    if head.startswith(_BOM):  # skipped as before JSON lines (_documents reads it as utf-8-sig)
+        head = head[len(_BOM):]
+    head = head.lstrip()
     if head.startswith(b"["):
         return "json"
     if head.startswith(b"{"):

@@ -79,6 +79,34 @@ def save_run(con: duckdb.DuckDBPyConnection, *, run_id: str, kind: str, label: s
                       created_unix_s=created_unix_s, params=params, source_id=source_id)
 
 
+def check_run_dir(run_dir: str | os.PathLike[str], manifest: str, kind: str) -> None:
+    """Refuse a run directory that is not a folder or has no ``manifest``, through the one path
+    lookup (:func:`prefixscope.core.bounds.check_folder` / ``source_stat``): a name too long, a
+    folder above it that cannot be searched, a name that is not UTF-8 is a sentence.
+
+    Args:
+        kind: what the folder should be, for the messages (``a replay run directory``).
+
+    Raises:
+        SourceUnavailable: ``DIR: no such folder``, ``DIR: not a folder (give KIND)``, ``DIR: no
+            MANIFEST (not KIND)``, ``DIR: permission denied (...)``... A manifest that exists but
+            cannot be read (a FIFO, a dangling link) is left to its reader to name.
+    """
+    from prefixscope.core.bounds import NOT_A_FOLDER, NotReadable, check_folder, source_stat
+    from prefixscope.core.errors import SourceUnavailable
+
+    try:
+        check_folder(run_dir)
+    except NotReadable as exc:
+        why = str(exc) + (f" (give {kind})" if str(exc) == NOT_A_FOLDER else "")
+        raise SourceUnavailable(f"{run_dir}: {why}") from None
+    try:
+        source_stat(Path(run_dir) / manifest)
+    except NotReadable as exc:
+        if str(exc) == "no such file":
+            raise SourceUnavailable(f"{run_dir}: no {manifest} (not {kind})") from None
+
+
 def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``run.json`` of a run directory (written by ``prefixscope.replay.runner``).
 
@@ -89,11 +117,7 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
 
     path = Path(run_dir) / RUN_MANIFEST
-    if not Path(run_dir).is_dir():
-        raise SourceUnavailable(f"{run_dir}: " + ("not a folder (give a replay run directory)"
-                                                  if Path(run_dir).exists() else "no such folder"))
-    if not path.exists() and not path.is_symlink():  # a FIFO or folder is named by the reader
-        raise SourceUnavailable(f"{run_dir}: no {RUN_MANIFEST} (not a replay run directory)")
+    check_run_dir(run_dir, RUN_MANIFEST, "a replay run directory")
     try:
         return parse_json(read_document(path))
     except DocumentError as exc:

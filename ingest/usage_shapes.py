@@ -36,8 +36,9 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from prefixscope.core.bounds import (ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS, TOKENS_OVER,
-                                     out_of_range_reason, token_bound_reason)
+from prefixscope.core.bounds import (ID_NOT_TEXT, ID_TOO_LONG, MAX_ID_CHARS, MAX_TOKENS,
+                                     TOKENS_OVER, id_blank, id_text_ok, out_of_range_reason,
+                                     token_bound_reason)
 from prefixscope.core.errors import ParseError, invalid_json_reason
 
 #: A number in ``ts``/``time``/``timestamp`` above this is taken as milliseconds.
@@ -438,18 +439,21 @@ def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOK
                              f"milliseconds above {MS_THRESHOLD:.0e})")
     ts_estimated = rec.ts_estimated is True
 
-    # an empty id is a missing id (else every later empty id would be "already stored")
+    # an empty or blank id is a missing id (else every later one would be "already stored");
+    # an id is printable text without spaces around it (bounds.id_text_ok), else quarantined
     rid, rid_field = rec.request_id, "$.request_id"
-    if rid is None or rid == "":
-        rid, rid_field = ((resp.id, "id") if resp.id is not None and resp.id != "" else
-                          (resp.responseId, "responseId") if resp.responseId else
+    if rid is None or rid == "" or (isinstance(rid, str) and rid.isspace()):
+        rid, rid_field = ((resp.id, "id") if not id_blank(resp.id) else
+                          (resp.responseId, "responseId") if not id_blank(resp.responseId) else
                           (rec.id, "$.id"))
-        if rid == "":
+        if id_blank(rid):
             rid = None
     if rid is not None:
         rid = str(rid)
         if len(rid) > MAX_ID_CHARS:
             raise _Bad(rid_field if rid_field[0] == "$" else prefix + rid_field, ID_TOO_LONG)
+        if not id_text_ok(rid):
+            raise _Bad(rid_field if rid_field[0] == "$" else prefix + rid_field, ID_NOT_TEXT)
 
     # The log record's own model (for a bare response: the response's), else the wrapped
     # response's, else the request body's (pydantic-ai captures).
@@ -463,8 +467,14 @@ def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOK
     # each name at most MAX_ID_CHARS (written out: a loop over pairs cost 0.15 us a line)
     if model is not None and len(model) > MAX_ID_CHARS:
         raise _Bad("$.model", ID_TOO_LONG)
-    if rec.run_id is not None and len(rec.run_id) > MAX_ID_CHARS:
-        raise _Bad("$.run_id", ID_TOO_LONG)
+    run_id = rec.run_id
+    if run_id is not None and run_id != "":
+        if len(run_id) > MAX_ID_CHARS:
+            raise _Bad("$.run_id", ID_TOO_LONG)
+        if run_id.isspace():
+            run_id = ""  # blank is as empty: production traffic
+        elif not id_text_ok(run_id):
+            raise _Bad("$.run_id", ID_NOT_TEXT)
     if rec.instance is not None and len(rec.instance) > MAX_ID_CHARS:
         raise _Bad("$.instance", ID_TOO_LONG)
     if endpoint is not None and len(endpoint) > MAX_ID_CHARS:
@@ -481,7 +491,7 @@ def _normalise(rec: _Record, UNSET: UnsetType = UNSET, MAX_TOKENS: int = MAX_TOK
         flags += ",tenant-digest-invalid"  # could be a raw id: never stored
         digest = None
 
-    return (rid, ts, ts_estimated, rec.run_id, model, rec.instance, endpoint, shape, prompt,
+    return (rid, ts, ts_estimated, run_id, model, rec.instance, endpoint, shape, prompt,
             cached, write, write_1h, completion, rec.ttft_ms, latency_ms, scope, digest,
             flags[1:] or None)
 

@@ -87,3 +87,34 @@ def test_a_data_key_that_is_not_an_array_is_still_refused(cli, tmp_path, db_path
     saved.write_text(json.dumps({"data": {"id": "x"}, "meta": {}}, indent=2))
     code, _, err = cli(["ingest", "langfuse", saved, "--db", db_path])
     assert code == 4 and 'expected an array of records or {"data": [...]}' in err, err
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_a_saved_answer_starting_with_a_bom_loads_as_without_it(cli, tmp_path, data_dir):
+    # a UTF-8 BOM (Windows editors, PowerShell's Out-File) before a JSON document is skipped as
+    # before a JSON-lines file: one line with or without the final newline, pretty-printed
+    docs = {"langfuse": {"data": _observations(data_dir), "meta": META},
+            "litellm": {"data": _spendlogs(data_dir), "meta": {"total": 4, "page": 1}}}
+    for command, doc in docs.items():
+        plain = tmp_path / f"{command}-plain.json"
+        plain.write_text(json.dumps(doc))
+        want = _rows(tmp_path / f"{command}-plain.duckdb") if _ingest(
+            cli, command, plain, tmp_path / f"{command}-plain.duckdb") else None
+        assert want
+        for form, text in (("one-line", json.dumps(doc)), ("newline", json.dumps(doc) + "\n"),
+                           ("pretty", json.dumps(doc, indent=2))):
+            saved = tmp_path / f"{command}-{form}.json"
+            saved.write_bytes(BOM + text.encode())
+            db = tmp_path / f"{command}-{form}.duckdb"
+            summary = _ingest(cli, command, saved, db)
+            assert summary["rows_quarantined"] == 0, (command, form, summary)
+            assert _rows(db) == want, (command, form)
+
+
+def test_a_one_line_json_lines_file_with_a_bom_and_no_newline_is_read(cli, tmp_path, data_dir):
+    saved = tmp_path / "one.jsonl"
+    saved.write_bytes(BOM + json.dumps(_spendlogs(data_dir)[0]).encode())
+    summary = _ingest(cli, "litellm", saved, tmp_path / "one.duckdb")
+    assert summary["rows_added"] == 1, summary

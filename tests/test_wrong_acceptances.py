@@ -42,6 +42,40 @@ def test_an_empty_request_id_falls_back_to_the_response_id(cli, tmp_path, db_pat
     assert _rows(db_path, "SELECT request_id FROM requests") == [("chatcmpl-1",)]
 
 
+def test_a_blank_request_id_is_a_missing_one(cli, tmp_path, db_path):
+    # "   " and "\n" are blank: missing, as "" (each its own request, none "already stored")
+    f = tmp_path / "usage.jsonl"
+    f.write_text("".join(json.dumps(_usage(rid, i)) + "\n"
+                         for i, rid in enumerate(["   ", "   ", "\n", "\t "])))
+    code, out, err = cli(["ingest", "requests", str(f), "--db", db_path])
+    assert code == 0, err
+    ids = [r[0] for r in _rows(db_path, "SELECT request_id FROM requests")]
+    assert len(ids) == 4 and len(set(ids)) == 4 and all(i.startswith("sha256:") for i in ids)
+
+
+ID_NOT_TEXT = ("not an identifier: control, invisible (format) or line-break characters, or "
+               "spaces before or after it")
+
+
+def test_ids_of_a_usage_log_are_printable_text_without_spaces_around(cli, tmp_path, db_path):
+    bad = ["id1\n", "id1 ", " id1", "id2\r", "id\x00x", "\u200b", "a\u2028b", "x\x1b[31m"]
+    good = ["chatcmpl-1", "req 7", "请求-1"]
+    recs = [_usage(rid, i) for i, rid in enumerate(bad + good)]
+    recs += [_usage(f"r-{i}", 20 + i, run_id=run) for i, run in enumerate(["run\n", "\trun"])]
+    recs += [_usage("r-blank-run", 30, run_id="   ")]
+    f = tmp_path / "usage.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    code, out, err = cli(["ingest", "requests", str(f), "--db", db_path])
+    assert code == 0, err
+    assert sorted(_rows(db_path, "SELECT request_id, run_id FROM requests")) == sorted(
+        [(g, "") for g in good] + [("r-blank-run", "")])
+    q = _rows(db_path, "SELECT line, field, reason FROM quarantine ORDER BY line")
+    assert q == [(i + 1, "$.request_id", ID_NOT_TEXT) for i in range(len(bad))] + [
+        (len(bad) + len(good) + 1, "$.run_id", ID_NOT_TEXT),
+        (len(bad) + len(good) + 2, "$.run_id", ID_NOT_TEXT)], q
+    assert "id1" not in err and "run\\n" not in err  # the reason names the field, never the value
+
+
 def test_a_tenant_digest_with_a_trailing_newline_is_not_stored(cli, tmp_path, db_path):
     f = tmp_path / "usage.jsonl"
     f.write_text(json.dumps(_usage("r-1", 0, tenant_digest="deadbeef\n")) + "\n"

@@ -69,6 +69,9 @@ LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES:,} bytes (1 MiB)"
 TRACE_LINE_TOO_LONG = f"line longer than {MAX_TRACE_LINE_BYTES:,} bytes (16 MiB)"
 TOO_DEEP = f"JSON nested deeper than {MAX_DEPTH} levels"
 ID_TOO_LONG = f"longer than {MAX_ID_CHARS} characters"
+#: Why an identifier that is not one line of printable text is refused (the value is never quoted).
+ID_NOT_TEXT = ("not an identifier: control, invisible (format) or line-break characters, or "
+               "spaces before or after it")
 COUNT_RANGE = "not an integer from 0 to 2^62"
 TOKENS_OVER = f"over {MAX_TOKENS:,} tokens (2^32 - 1)"
 COUNTER_OVER = f"over {int(MAX_COUNTER_VALUE):,} (2^53)"
@@ -128,6 +131,21 @@ def id_ok(value: str) -> bool:
     return len(value) <= MAX_ID_CHARS
 
 
+def id_blank(value: object) -> bool:
+    """True when an identifier is missing: None, ``""`` or only whitespace (``"   "``,
+    ``"\n"``). A blank id is a missing id, never a real one: else every later blank id would be
+    "already stored"."""
+    return value is None or (isinstance(value, str) and (value == "" or value.isspace()))
+
+
+def id_text_ok(value: str) -> bool:
+    """The rule of an identifier's characters (request and run ids of a usage log): printable
+    text (``str.isprintable``: no control, format such as a zero-width space, line or paragraph
+    separator, or surrogate characters; the one space allowed is U+0020) without a space before
+    or after it. Length is :func:`id_ok`'s; blank is :func:`id_blank`'s."""
+    return value.isprintable() and value[:1] != " " and value[-1:] != " "
+
+
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISDIR, "a folder"))
@@ -150,13 +168,14 @@ NAME_NOT_UTF8 = ("the file name is not UTF-8 text (it could not be stored as the
                  "location): rename the file, e.g. with convmv, and ingest it again")
 
 
-def _os_reason(exc: OSError, path: str | os.PathLike[str]) -> str:
+def _os_reason(exc: OSError, path: str | os.PathLike[str], what: str = "file") -> str:
     """One sentence for an OSError of a path, the same for every reader (lowercase, the
-    system's words, with what to do where there is something to do)."""
+    system's words, with what to do where there is something to do); ``what`` is what was
+    looked for (``file`` or ``folder``)."""
     if isinstance(exc, NotReadable):
         return str(exc)
     if isinstance(exc, FileNotFoundError):
-        return "a symbolic link to a missing file" if os.path.islink(path) else "no such file"
+        return f"a symbolic link to a missing {what}" if os.path.islink(path) else f"no such {what}"
     if exc.errno == errno.ENAMETOOLONG:
         return ("file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a "
                 "path)")
@@ -168,7 +187,7 @@ def _os_reason(exc: OSError, path: str | os.PathLike[str]) -> str:
     return (exc.strerror or type(exc).__name__).lower()
 
 
-def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
+def source_stat(path: str | os.PathLike[str], what: str = "file") -> os.stat_result:
     """``os.stat(path)`` of a path given to read (symlinks followed), or the sentence why not.
 
     The one place a source path is looked up: every ingester's files go through it (directly,
@@ -178,7 +197,7 @@ def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
     Raises:
         NotReadable: ``no such file``, ``a symbolic link to a missing file``, ``file name too
             long (...)``, ``permission denied (...)``, ``too many levels of symbolic links``,
-            :data:`NAME_NOT_UTF8`...
+            :data:`NAME_NOT_UTF8`... (``no such folder`` when ``what`` is ``folder``)
     """
     name = os.fspath(path)
     if isinstance(name, str):
@@ -189,7 +208,25 @@ def source_stat(path: str | os.PathLike[str]) -> os.stat_result:
     try:
         return os.stat(path)
     except OSError as exc:
-        raise NotReadable(_os_reason(exc, path)) from None
+        raise NotReadable(_os_reason(exc, path, what)) from None
+
+
+#: Why a path given as a folder (a run directory) is refused when it is something else.
+NOT_A_FOLDER = "not a folder"
+
+
+def check_folder(path: str | os.PathLike[str]) -> None:
+    """Refuse anything but an existing folder (symlinks are followed): the folder equivalent of
+    :func:`check_regular`, through the same lookup (:func:`source_stat`), so a name too long,
+    a folder above it that cannot be searched or a name that is not UTF-8 is a sentence.
+
+    Raises:
+        NotReadable: ``no such folder``, :data:`NOT_A_FOLDER`, the reasons of
+            :func:`source_stat`...
+    """
+    st = source_stat(path, what="folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotReadable(NOT_A_FOLDER)
 
 
 def check_regular(path: str | os.PathLike[str]) -> None:

@@ -109,8 +109,13 @@ def path_attacks(good: Path, tmp: Path) -> Iterator[tuple[str, str, str]]:
     yield ("path-5000-bytes-of-folders", str(deep) + "/f" * 2400 + good.suffix,
            "file name too long (over the system's limit: 255 bytes a name, 4,096 bytes a path)")
     raw = os.fsencode(tmp) + b"/" + NOT_UTF8_NAME + good.suffix.encode()
-    with open(raw, "wb") as fh:
-        fh.write(good.read_bytes())
+    if good.is_dir():  # a run directory
+        import shutil
+
+        shutil.copytree(good, os.fsdecode(raw))
+    else:
+        with open(raw, "wb") as fh:
+            fh.write(good.read_bytes())
     yield ("name-not-utf8", os.fsdecode(raw),
            "the file name is not UTF-8 text (it could not be stored as the source's location): "
            "rename the file, e.g. with convmv, and ingest it again")
@@ -135,6 +140,16 @@ def http_attacks(path: str, ctype: str, good_body: bytes) -> Iterator[tuple[str,
     yield "content-length-huge", head + b"Content-Length: 99999999999\r\n\r\n", (413,)
     yield "content-length-negative", head + b"Content-Length: -5\r\n\r\n", (400,)
     yield "content-length-not-a-number", head + b"Content-Length: ten\r\n\r\n", (400,)
+    # two lengths that disagree: framing an attacker picks (request smuggling), never "the first"
+    yield "content-length-conflicting", (head + b"Content-Length: 2\r\nContent-Length: 20\r\n\r\n"
+                                         + b"{}" + b" " * 18), (400,)
+    yield "content-length-plus-sign", head + b"Content-Length: +2\r\n\r\n{}", (400,)
+    # an encoding the server does not decode: never read as plain bytes
+    for cid, enc in (("br", b"br"), ("zstd", b"zstd"), ("two", b"gzip, br"),
+                     ("control", b"x-\x1b[31m")):
+        yield (f"content-encoding-{cid}",
+               head + b"Content-Encoding: " + enc + b"\r\nContent-Length: %d\r\n\r\n"
+               % len(good_body) + good_body, (415,))
     yield "headers-90-kb", head + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000)
                                            for i in range(90)) + b"\r\n", (431,)
     yield "header-line-70-kb", head + b"X-Long: " + b"a" * (70 << 10) + b"\r\n\r\n", (431,)

