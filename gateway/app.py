@@ -437,6 +437,7 @@ class Gateway:
 
     async def list_models(self, request: Request) -> Response:
         try:
+            self.auth.check_repeats(request.scope["headers"])
             auth = self.auth.authenticate(request.headers, _client_host(request))
         except BadIdentityHeader as exc:
             return _error(400, "bad_request", str(exc))
@@ -559,6 +560,7 @@ class Gateway:
                 hdrs[name] = v.decode("latin-1")
         client = scope.get("client")
         try:
+            self.auth.check_repeats(scope["headers"])
             auth = self.auth.authenticate(hdrs, client[0] if client else None)
         except BadIdentityHeader as exc:
             self._m_client_err("bad_request").inc()

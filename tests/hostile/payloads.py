@@ -153,3 +153,22 @@ def http_attacks(path: str, ctype: str, good_body: bytes) -> Iterator[tuple[str,
                          b"\r\nContent-Length: %d\r\n\r\n" % len(good_body) + good_body), (404,)
     yield "wrong-content-type", (head.replace(ctype.encode(), b"text/html") +
                                  b"Content-Length: %d\r\n\r\n" % len(good_body) + good_body), (415,)
+
+def identity_header_attacks(names: dict[str, str], base: dict[str, str]
+                            ) -> Iterator[tuple[str, list[tuple[str, bytes]], str]]:
+    """Identity headers a trusted proxy might pass on wrongly: ``(case id, the request's
+    headers in order, the header name the 400 must name)``. ``names`` maps each identity
+    header to a good value; ``base`` holds the headers a good request sends. Every header
+    repeated (a proxy that appends rather than replaces), in the same and in another case,
+    with the same or another value; an epoch header that is present but empty or blank."""
+    for name, good in names.items():
+        rest = [(k, v.encode()) for k, v in base.items() if k != name]
+        for how, second in (("same", name), ("upper", name.upper())):
+            for val in ("same-value", "other-value"):
+                v2 = good if val == "same-value" else good + "9"
+                yield (f"repeat-{name}-{how}-{val}",
+                       rest + [(name, good.encode()), (second, v2.encode())], name)
+    epoch = next(n for n in names if n.endswith("epoch"))
+    rest = [(k, v.encode()) for k, v in base.items() if k != epoch]
+    for case, value in (("empty", b""), ("blank", b"   "), ("tab", b"\t")):
+        yield f"{case}-{epoch}", rest + [(epoch, value)], epoch

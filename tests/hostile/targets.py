@@ -199,6 +199,13 @@ class GatewayTarget:
             yield from string_attacks(self.body, p)
 
 
+#: The identity headers a trusted proxy sets (gateway defaults), each with a good value: the
+#: header attacks (``payloads.identity_header_attacks``) run on every endpoint that reads them.
+IDENTITY_HEADERS = {"x-prefixscope-tenant": "acme", "x-prefixscope-principal": "p1",
+                    "x-prefixscope-scope": "TENANT", "x-prefixscope-auth-epoch": "1",
+                    "x-prefixscope-cache-handle": "h"}
+
+
 _GW_CHAT = {"model": "tiny-llama-random", "max_tokens": 4,
             "messages": [{"role": "user", "content": "Hello?"}]}
 
