@@ -4,9 +4,10 @@ range, huge and control-character strings), against one real gateway (uvicorn, t
 loopback upstream, real HTTP): never a 5xx, never a traceback in the answer or the log, a JSON
 error naming the field, and the gateway still serving. Then the exact answers of issue 27 #4:
 admin bodies ``[]``, ``null``, ``"acme"``, a non-string principal, 100,000-deep JSON; a
-trusted-proxy epoch header of ``²`` or 5,000 digits; ``from_epoch`` of ``"x"``, 1.5, NaN, -1. Then the generated refusals: an identity header
-repeated or an epoch header present but empty (400 naming it, on every endpoint that reads
-them)."""
+trusted-proxy epoch header of ``²`` or 5,000 digits; ``from_epoch`` of ``"x"``, 1.5, NaN, -1. Then the generated refusals: an admin body with a
+repeated key, a key its endpoint does not take, an id holding a control character (400 naming
+it, nothing changed); an identity header repeated or an epoch header present but empty (400
+naming it, on every endpoint that reads them)."""
 
 from __future__ import annotations
 
@@ -139,6 +140,45 @@ def test_a_trusted_proxy_epoch_header_of_digits_is_read(gw):
     h = {"x-prefixscope-tenant": "acme", "x-prefixscope-auth-epoch": "1"}
     r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h, timeout=30)
     assert r.status_code == 200
+
+
+# ------------------------------------------------- repeated keys, unknown keys, control chars
+
+REFUSED = [(path, case, raw, key) for path, t in GATEWAY_TARGETS.items()
+           for case, raw, key in t.refused_cases()]
+
+
+@pytest.mark.parametrize("path, case, raw, key", REFUSED,
+                         ids=[f"{p}:{c}" for p, c, _, _ in REFUSED])
+def test_an_admin_body_with_a_repeated_or_unknown_key_or_a_control_character_is_a_400(
+        gw, path, case, raw, key):
+    before = _admin_state(gw)
+    r = _admin(gw, path, raw)
+    assert r.status_code == 400, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["code"] == "bad_request" and key in err["message"], err
+    assert _admin_state(gw) == before  # nothing changed: no epoch bumped, no flag set
+
+
+def _admin_state(gw) -> dict:
+    r = httpx.get(gw.url + "/admin/state", timeout=30,
+                  headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    return {k: v for k, v in r.json().items() if k in ("cache_epoch", "public_stopped",
+                                                        "bypass")}
+
+
+def test_a_repeated_tenant_key_revokes_neither_tenant(gw):
+    r = _admin(gw, "/admin/revoke", b'{"tenant": "acme", "tenant": "globex"}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == 'admin body repeats the key "tenant": each key once'
+    r = _admin(gw, "/admin/cache-epoch/bump", b'{"tenant": "acme"}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ('admin body has an unknown key "tenant" '
+                                            '(/admin/cache-epoch/bump takes no keys)')
+    r = _admin(gw, "/admin/revoke", b'{"tenant": "a\\u0000b", "force": true}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("tenant holds a control character")
+
 
 # ------------------------------------------------- identity headers: repeated, present-empty
 
