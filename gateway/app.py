@@ -59,7 +59,7 @@ from typing import Any
 import httpx
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -478,11 +478,14 @@ class Gateway:
             return _error(401, "unauthorized", "admin token missing or wrong")
         path = request.url.path
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > ADMIN_MAX_BODY_BYTES:
-                return _error(413, "too_large", f"admin body above {ADMIN_MAX_BODY_BYTES:,} "
-                              "bytes")
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > ADMIN_MAX_BODY_BYTES:
+                    return _error(413, "too_large", f"admin body above "
+                                  f"{ADMIN_MAX_BODY_BYTES:,} bytes")
+        except ClientDisconnect:  # gone, or refused by the protocol (a chunk past the bound)
+            return _error(499, "client_disconnected", "the client closed the connection")
         body, problem = _admin_body(bytes(raw), path)
         if problem is not None:
             return _error(400, "bad_request", problem)
@@ -596,6 +599,9 @@ class Gateway:
                                   self.cfg.retry_after_s if bound else None)
                 return
             if prepared is _DISCONNECTED:
+                refused = scope.get(REFUSED_KEY)
+                if refused is not None:  # the protocol answered it (server.ChunkSizes)
+                    call.status, call.error, call.message = refused
                 return
             await self._forward(scope, receive, send, hdrs, call, *prepared)
         except Exception as exc:  # noqa: BLE001 (a bug: a JSON 500 and a record, no traceback)
@@ -1229,6 +1235,10 @@ def _discovery_error(url: str, exc: BaseException) -> str:
         return f"{url}/v1/models is not a JSON model list"
     return f"{url}: {type(exc).__name__}"
 
+
+#: Where the server's protocol (``server.bounded_protocol``) notes, in the ASGI scope, a
+#: request it refused while the body arrived: ``(status, code, message)``.
+REFUSED_KEY = "prefixscope.refused"
 
 #: Largest admin request body, bytes (the bodies are a few small fields; 1 MiB lets a
 #: 100,000-deep body be told it is too deep rather than too large).
