@@ -46,6 +46,7 @@ import hmac
 import itertools
 import json
 import logging
+import re
 import secrets
 import sys
 import time
@@ -58,7 +59,7 @@ from typing import Any
 import httpx
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -437,6 +438,7 @@ class Gateway:
 
     async def list_models(self, request: Request) -> Response:
         try:
+            self.auth.check_repeats(request.scope["headers"])
             auth = self.auth.authenticate(request.headers, _client_host(request))
         except BadIdentityHeader as exc:
             return _error(400, "bad_request", str(exc))
@@ -476,12 +478,15 @@ class Gateway:
             return _error(401, "unauthorized", "admin token missing or wrong")
         path = request.url.path
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > ADMIN_MAX_BODY_BYTES:
-                return _error(413, "too_large", f"admin body above {ADMIN_MAX_BODY_BYTES:,} "
-                              "bytes")
-        body, problem = _admin_body(bytes(raw))
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > ADMIN_MAX_BODY_BYTES:
+                    return _error(413, "too_large", f"admin body above "
+                                  f"{ADMIN_MAX_BODY_BYTES:,} bytes")
+        except ClientDisconnect:  # gone, or refused by the protocol (a chunk past the bound)
+            return _error(499, "client_disconnected", "the client closed the connection")
+        body, problem = _admin_body(bytes(raw), path)
         if problem is not None:
             return _error(400, "bad_request", problem)
         now = time.time()
@@ -494,6 +499,9 @@ class Gateway:
             if not _admin_id(tenant):
                 return _error(400, "bad_request", "revoke needs a tenant (and optionally "
                               "principal): a non-empty string of valid Unicode")
+            if _CONTROL.search(tenant):
+                return _error(400, "bad_request", "tenant holds a control character (C0, "
+                              "DEL or C1): an id is printable text")
             force = body.get("force", False)
             if not isinstance(force, bool):
                 return _error(400, "bad_request", "force must be true or false")
@@ -504,6 +512,9 @@ class Gateway:
             principal = body.get("principal")
             if principal is not None and not _admin_id(principal):
                 return _error(400, "bad_request", "principal must be a non-empty string")
+            if principal is not None and _CONTROL.search(principal):
+                return _error(400, "bad_request", "principal holds a control character (C0, "
+                              "DEL or C1): an id is printable text")
             from_epoch = body.get("from_epoch")
             if from_epoch is not None and (type(from_epoch) is not int
                                            or not 0 <= from_epoch <= MAX_COUNT):
@@ -559,6 +570,7 @@ class Gateway:
                 hdrs[name] = v.decode("latin-1")
         client = scope.get("client")
         try:
+            self.auth.check_repeats(scope["headers"])
             auth = self.auth.authenticate(hdrs, client[0] if client else None)
         except BadIdentityHeader as exc:
             self._m_client_err("bad_request").inc()
@@ -587,6 +599,9 @@ class Gateway:
                                   self.cfg.retry_after_s if bound else None)
                 return
             if prepared is _DISCONNECTED:
+                refused = scope.get(REFUSED_KEY)
+                if refused is not None:  # the protocol answered it (server.ChunkSizes)
+                    call.status, call.error, call.message = refused
                 return
             await self._forward(scope, receive, send, hdrs, call, *prepared)
         except Exception as exc:  # noqa: BLE001 (a bug: a JSON 500 and a record, no traceback)
@@ -1221,33 +1236,80 @@ def _discovery_error(url: str, exc: BaseException) -> str:
     return f"{url}: {type(exc).__name__}"
 
 
+#: Where the server's protocol (``server.bounded_protocol``) notes, in the ASGI scope, a
+#: request it refused while the body arrived: ``(status, code, message)``.
+REFUSED_KEY = "prefixscope.refused"
+
 #: Largest admin request body, bytes (the bodies are a few small fields; 1 MiB lets a
 #: 100,000-deep body be told it is too deep rather than too large).
 ADMIN_MAX_BODY_BYTES = 1 << 20
 
 
-def _admin_body(raw: bytes) -> tuple[dict, str | None]:
+#: The keys each admin endpoint takes; any other key is a 400 naming it (a typo such as
+#: ``{"tenant": "acme"}`` sent to ``/admin/cache-epoch/bump`` bumped the global epoch).
+ADMIN_KEYS: dict[str, frozenset[str]] = {
+    "/admin/state": frozenset(),
+    "/admin/cache-epoch/bump": frozenset(),
+    "/admin/revoke": frozenset({"tenant", "principal", "from_epoch", "force"}),
+    "/admin/public/stop": frozenset(),
+    "/admin/bypass": frozenset({"on"}),
+}
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a JSON object that repeats a key is refused (the stdlib keeps
+    the last one: ``{"tenant": "a", "tenant": "b"}`` revoked ``b``)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _RepeatedKey(k)
+        out[k] = v
+    return out
+
+
+def _key_name(key: str) -> str:
+    """A key of an admin body as a message may show it: JSON-quoted ASCII, at most 40
+    characters (a hostile key can be 1 MiB or hold control characters)."""
+    shown = json.dumps(key, ensure_ascii=True)
+    return shown if len(shown) <= 40 else shown[:36] + '..."'
+
+
+def _admin_body(raw: bytes, path: str = "") -> tuple[dict, str | None]:
     """The admin request body as an object (empty body: ``{}``), or ``({}, problem)`` with
     the sentence of the 400: not UTF-8 JSON, nested deeper than the ingester's bound (the
-    stdlib decoder recurses), or not a JSON object (``[]``, ``null``, ``"acme"``). The
-    problem never quotes the body."""
+    stdlib decoder recurses), not a JSON object (``[]``, ``null``, ``"acme"``), an object
+    that repeats a key, or a key ``path`` does not take (``ADMIN_KEYS``). The problem never
+    quotes the body (a key is named, quoted and cut short)."""
     if not raw.strip():
         return {}, None
     if json_too_deep(raw):
         return {}, f"admin body is {TOO_DEEP}"
     try:  # the stdlib decoder: NaN and 1e999 decode, so the field check below names them
-        body = json.loads(raw)
+        body = json.loads(raw, object_pairs_hook=_no_repeats)
+    except _RepeatedKey as exc:
+        return {}, f"admin body repeats the key {_key_name(exc.key)}: each key once"
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return {}, "admin body must be JSON"
     if not isinstance(body, dict):
         return {}, "admin body must be a JSON object, e.g. {\"tenant\": \"...\"}"
+    allowed = ADMIN_KEYS.get(path, frozenset())
+    for k in body:
+        if k not in allowed:
+            takes = ", ".join(sorted(allowed)) or "no keys"
+            return {}, f"admin body has an unknown key {_key_name(k)} ({path} takes {takes})"
     return body, None
 
 
 def _admin_id(value: Any) -> bool:
     """A tenant or principal id of an admin body: a non-empty string that is valid Unicode
     (the stdlib decoder keeps a lone surrogate such as ``"\\ud800"``, which cannot be hashed
-    as UTF-8)."""
+    as UTF-8). Control characters are checked after it (``_CONTROL``), with their own 400."""
     if not isinstance(value, str) or not value:
         return False
     try:
@@ -1255,6 +1317,10 @@ def _admin_id(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+#: A control character (C0, DEL, C1): never part of a tenant or principal id.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _client_host(request: Request) -> str | None:

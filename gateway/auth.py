@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from prefixscope.core.documents import DocumentError, parse_toml, read_document
@@ -120,6 +120,29 @@ class Authenticator:
             raise ConfigError(f"[gateway] trusted_proxies: {exc}") from None
         self.h_tenant, self.h_principal = tenant_header.lower(), principal_header.lower()
         self.h_scope, self.h_epoch = scope_header.lower(), epoch_header.lower()
+        self._identity_names = frozenset(
+            h.encode("latin-1") for h in (self.h_tenant, self.h_principal, self.h_scope,
+                                          self.h_epoch))
+
+    def check_repeats(self, raw_headers: Iterable[tuple[bytes, bytes]]) -> None:
+        """Refuse a request that repeats an identity header (the ASGI scope's raw list keeps
+        repeats; a mapping keeps one of them): any ``x-prefixscope-*`` header or a configured
+        identity header name, compared case-insensitively. A trusted proxy that appends
+        instead of replacing would otherwise let the client's own value win (the first one
+        was used: a client picked its tenant, or made a stale credential current).
+
+        Raises:
+            BadIdentityHeader: the first repeated name (the values are never quoted).
+        """
+        seen: set[bytes] = set()
+        for k, _v in raw_headers:
+            name = k.lower()
+            if not (name.startswith(b"x-prefixscope-") or name in self._identity_names):
+                continue
+            if name in seen:
+                raise BadIdentityHeader(name.decode("latin-1"), "repeated: an identity "
+                                        "header must appear once")
+            seen.add(name)
 
     def tenants(self) -> frozenset[str]:
         """The tenant ids of the API key file (trusted-proxy tenants are not known ahead)."""
@@ -139,9 +162,9 @@ class Authenticator:
         """The trusted context, or None (no valid credential: the caller answers 401).
 
         Raises:
-            BadIdentityHeader: from a trusted proxy, an epoch header that is not 1-18 ASCII
-                digits (a malformed epoch is never read as "current": that would make a stale
-                credential current).
+            BadIdentityHeader: from a trusted proxy, an epoch header that is present but not
+                1-18 ASCII digits, empty included (a malformed epoch is never read as
+                "current": that would make a stale credential current).
         """
         auth = headers.get("authorization", "")
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
@@ -168,7 +191,7 @@ class Authenticator:
                 return None
             raw_epoch = headers.get(self.h_epoch)
             epoch = None
-            if raw_epoch:
+            if raw_epoch is not None:  # present, even empty: never read as "current"
                 if not _EPOCH.fullmatch(raw_epoch):
                     raise BadIdentityHeader(self.h_epoch, "must be an authorization epoch: 1 "
                                             "to 18 ASCII digits")

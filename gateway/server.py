@@ -11,6 +11,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,7 +22,7 @@ from pathlib import Path
 from prefixscope.core.documents import DocumentError, read_document
 from prefixscope.core.errors import ConfigError
 from prefixscope.core.identity import PublicInventory, load_hmac_key
-from prefixscope.gateway.app import Faults, Gateway
+from prefixscope.gateway.app import ADMIN_MAX_BODY_BYTES, REFUSED_KEY, Faults, Gateway
 from prefixscope.gateway.auth import Authenticator, load_api_keys
 from prefixscope.gateway.config import GatewayConfig
 from prefixscope.gateway.store import open_store
@@ -80,7 +81,7 @@ def refusal_response(status: int, code: str, message: str, retry_after_s: int,
     """A complete HTTP/1.1 refusal (JSON error body, ``connection: close``,
     ``retry-after: <retry_after_s>``) written straight to a transport, before any ASGI
     request exists (header deadline, header size, connection cap)."""
-    reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+    reason = {408: b"Request Timeout", 413: b"Content Too Large", 431: b"Request Header Fields Too Large",
               503: b"Service Unavailable"}[status]
     body = (b'{"error":{"message":%s,"type":"gateway_error","code":"%s"}}'
             % (json.dumps(message).encode(), code.encode()))
@@ -90,6 +91,74 @@ def refusal_response(status: int, code: str, message: str, retry_after_s: int,
     head.append(b"content-type: application/json\r\ncontent-length: %d\r\n"
                 b"retry-after: %d\r\nconnection: close\r\n\r\n" % (len(body), retry_after_s))
     return b"".join(head) + body
+
+
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
+#: Longest chunk-size line read (llhttp refuses what is longer or malformed itself).
+_CHUNK_LINE_MAX = 4096
+
+
+class ChunkSizes:
+    """The chunk-size lines of one chunked request body, read as its bytes arrive: ``feed``
+    says when the sizes declared so far (a line not yet ended included: ``10000000000000000``
+    is past any bound before its CRLF) add up past ``limit``, so that a body that can only be
+    too large is refused at once, not after ``client_body_timeout_s``. A line that is not
+    hex (the parser's 400) or a framing it cannot follow stops the watch: it never refuses
+    what the parser would take."""
+
+    __slots__ = ("limit", "total", "state", "line", "left", "done")
+
+    def __init__(self, limit: int, *, done: bool = False) -> None:
+        self.limit, self.total, self.done = limit, 0, done
+        self.state, self.line, self.left = "size", b"", 0
+
+    def _over(self, line: bytes) -> bool:
+        digits = line.split(b";", 1)[0].strip(b" \t\r")
+        if not _HEX.fullmatch(digits):
+            return False
+        return self.total + int(digits, 16) > self.limit
+
+    def feed(self, data: bytes) -> bool:
+        """True when the declared sizes pass the limit."""
+        i, n = 0, len(data)
+        while i < n and not self.done:
+            if self.state == "data":
+                take = min(self.left, n - i)
+                self.left -= take
+                i += take
+                if self.left == 0:
+                    self.state, self.left = "crlf", 2
+            elif self.state == "crlf":
+                take = min(self.left, n - i)
+                self.left -= take
+                i += take
+                if self.left == 0:
+                    self.state = "size"
+            else:  # a chunk-size line or a trailer line
+                j = data.find(b"\n", i)
+                if j < 0:
+                    self.line += data[i:]
+                    if len(self.line) > _CHUNK_LINE_MAX:
+                        self.done = True
+                    return self.state == "size" and self._over(self.line)
+                line, self.line, i = self.line + data[i:j], b"", j + 1
+                if self.state == "trailer":
+                    if not line.strip(b"\r"):
+                        self.done = True  # the body's end
+                    continue
+                digits = line.split(b";", 1)[0].strip(b" \t\r")
+                if not _HEX.fullmatch(digits):
+                    self.done = True
+                    continue
+                size = int(digits, 16)
+                if size == 0:
+                    self.state = "trailer"
+                    continue
+                self.total += size
+                if self.total > self.limit:
+                    return True
+                self.state, self.left = "data", size
+        return False
 
 
 def bounded_protocol(cfg: GatewayConfig, on_refused=None):
@@ -110,6 +179,11 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
     - **Connection cap** (``max_connections``): a connection made while that many are open is
       answered ``503 overloaded`` and closed at once, before anything is read (uvicorn's
       ``limit_concurrency`` still answers requests past the cap of tasks).
+    - **Chunk sizes** (``max_body_bytes``, 1 MiB for ``/admin/*``): the chunk-size lines of
+      a chunked body are read as they arrive (:class:`ChunkSizes`); when the sizes declared
+      add up past the bound (a chunk of ``ffffffff`` or ``10000000000000000``), ``413
+      too_large`` at once, before the bytes are sent (they would otherwise be awaited until
+      ``client_body_timeout_s``); the request's decision record says ``too_large``.
 
     Every refusal carries ``retry-after: <retry_after_s>`` and ``connection: close``, calls
     ``on_refused(code)`` (the metric) and logs one line (status, code, peer address).
@@ -126,6 +200,8 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
         _in_headers = True   # the current request's headers are not complete
         _header_bytes = 0    # bytes received for them so far
         _tail = b""          # the last 3 bytes received while in headers (a split CRLFCRLF)
+        _chunks: ChunkSizes | None = None  # the current request's chunk sizes, when chunked
+        _completed = 0       # messages completed within the current data_received call
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -138,6 +214,7 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
+            body_at = 0  # where this data's body bytes begin (after the headers' end)
             if self._in_headers:
                 room = limit - self._header_bytes
                 if len(data) > room:
@@ -147,9 +224,16 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
                         self._refuse(431, "header_too_large", "the request line and headers "
                                      f"are above max_header_bytes ({limit:,} bytes)")
                         return
+                end = (self._tail + data).find(b"\r\n\r\n")
+                body_at = end + 4 - len(self._tail) if end >= 0 else len(data)
                 self._header_bytes += len(data)
                 self._tail = data[-3:]
+            self._completed = 0
             super().data_received(data)
+            watch = self._chunks
+            if watch is not None and not self._refused and watch.feed(data[body_at:]):
+                self._refuse(413, "too_large", "the chunk sizes of the request body add up "
+                             f"past its bound ({watch.limit:,} bytes)", body=True)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -162,9 +246,20 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
                 self._header_timer.cancel()
                 self._header_timer = None
             super().on_headers_complete()
+            chunked = any(k == b"transfer-encoding" and b"chunked" in v.lower()
+                          for k, v in self.headers)
+            if chunked:
+                bound = (ADMIN_MAX_BODY_BYTES if self.url.startswith(b"/admin")
+                         else cfg.max_body_bytes)
+                # a pipelined request after one completed in the same read: its body's start
+                # is not known here, so it is not watched (max_body_bytes and the body
+                # deadline still hold)
+                self._chunks = ChunkSizes(bound, done=self._completed > 0)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
+            self._chunks = None
+            self._completed += 1
             # a keep-alive or pipelined request's headers come next
             self._in_headers, self._header_bytes, self._tail = True, 0, b""
 
@@ -186,8 +281,11 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
             self._refuse(408, "client_timeout", "the request headers did not arrive within "
                          f"client_header_timeout_s ({timeout_s:g} s)")
 
-        def _refuse(self, status: int, code: str, message: str) -> None:
-            """Answer ``status`` at once and close (the connection is read no further)."""
+        def _refuse(self, status: int, code: str, message: str, *, body: bool = False) -> None:
+            """Answer ``status`` at once and close (the connection is read no further).
+            ``body``: refused while the current request's body arrives (its app has not
+            answered yet: it sees a disconnect, and the scope names the refusal for its
+            decision record)."""
             self._refused = True
             if self._header_timer is not None:
                 self._header_timer.cancel()
@@ -196,7 +294,12 @@ def bounded_protocol(cfg: GatewayConfig, on_refused=None):
                 on_refused(code)
             peer = "%s:%d" % tuple(self.client) if self.client else "unknown"
             _log.warning("gateway: refused client %s: %d %s", peer, status, code)
-            if self.cycle is not None and not self.cycle.response_complete:
+            cycle = self.cycle
+            if body and cycle is not None and not cycle.response_started:
+                cycle.scope[REFUSED_KEY] = (status, code, message)
+                cycle.disconnected = True  # its app's sends are dropped from here on
+                cycle.message_event.set()
+            elif cycle is not None and not cycle.response_complete:
                 self.transport.close()  # an answer is being written: never write into it
                 return
             self.transport.write(refusal_response(status, code, message, retry,

@@ -168,3 +168,49 @@ def http_attacks(path: str, ctype: str, good_body: bytes) -> Iterator[tuple[str,
                          b"\r\nContent-Length: %d\r\n\r\n" % len(good_body) + good_body), (404,)
     yield "wrong-content-type", (head.replace(ctype.encode(), b"text/html") +
                                  b"Content-Length: %d\r\n\r\n" % len(good_body) + good_body), (415,)
+
+
+def json_key_attacks(obj: dict[str, Any]) -> Iterator[tuple[str, bytes, str]]:
+    """A JSON object's keys under attack: ``(case id, body, the key the refusal must name)``.
+    Each key repeated with another value (the stdlib keeps the last one: a refusal must not
+    depend on which), a key no endpoint takes, and a key holding control characters."""
+    for k in obj:
+        first = json.dumps({k: obj[k]})[1:-1]
+        other = json.dumps({k: "other-value"})[1:-1]
+        rest = ", ".join(json.dumps({kk: v})[1:-1] for kk, v in obj.items() if kk != k)
+        yield (f"dup-key-{k}", ("{" + ", ".join(p for p in (first, rest, other) if p) + "}")
+               .encode(), k)
+    unknown = "tenant" if "tenant" not in obj else "tenant_id"  # {"tenant": ...} to a bump
+    yield "unknown-key", json.dumps({**obj, unknown: "acme"}).encode(), unknown
+    yield "unknown-key-nul", json.dumps({**obj, "a\x00b": 1}).encode(), "a\\u0000b"
+
+
+#: Control characters an identifier must never hold (C0, DEL, C1), as JSON string texts.
+CONTROL_STRINGS = {"nul": '"a\\u0000b"', "newline": '"a\\nb"', "esc": '"a\\u001bb"',
+                   "del": '"a\\u007fb"', "c1": '"a\\u0085b"', "only-nul": '"\\u0000"'}
+
+
+def control_attacks(obj: Any, path: str) -> Iterator[tuple[str, bytes]]:
+    """An identifier field set to text holding a control character."""
+    for name, raw in CONTROL_STRINGS.items():
+        yield f"{path}=ctl-{name}", set_path(obj, path, raw)
+
+
+def identity_header_attacks(names: dict[str, str], base: dict[str, str]
+                            ) -> Iterator[tuple[str, list[tuple[str, bytes]], str]]:
+    """Identity headers a trusted proxy might pass on wrongly: ``(case id, the request's
+    headers in order, the header name the 400 must name)``. ``names`` maps each identity
+    header to a good value; ``base`` holds the headers a good request sends. Every header
+    repeated (a proxy that appends rather than replaces), in the same and in another case,
+    with the same or another value; an epoch header that is present but empty or blank."""
+    for name, good in names.items():
+        rest = [(k, v.encode()) for k, v in base.items() if k != name]
+        for how, second in (("same", name), ("upper", name.upper())):
+            for val in ("same-value", "other-value"):
+                v2 = good if val == "same-value" else good + "9"
+                yield (f"repeat-{name}-{how}-{val}",
+                       rest + [(name, good.encode()), (second, v2.encode())], name)
+    epoch = next(n for n in names if n.endswith("epoch"))
+    rest = [(k, v.encode()) for k, v in base.items() if k != epoch]
+    for case, value in (("empty", b""), ("blank", b"   "), ("tab", b"\t")):
+        yield f"{case}-{epoch}", rest + [(epoch, value)], epoch

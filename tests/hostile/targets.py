@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.hostile.payloads import number_attacks, string_attacks, whole_line_attacks
+from tests.hostile.payloads import (
+    control_attacks,
+    json_key_attacks,
+    number_attacks,
+    string_attacks,
+    whole_line_attacks,
+)
 from tests.hostile.support import count, run_cli
 
 BAD_LINE = 4
@@ -179,7 +185,9 @@ class GatewayTarget:
         path: the route; ``method`` POST (a JSON body) or GET.
         body: a good body (the attacks replace it whole or one field of it).
         numbers / strings: JSON paths of numeric / identifier and text fields attacked.
-        admin: the admin bearer token is sent (else the tenant's API key).
+        admin: the admin bearer token is sent (else the tenant's API key); an admin body
+            that repeats a key or has one the endpoint does not take is a 400 naming it.
+        ids: JSON paths of identifiers that must hold no control character (400).
     """
 
     path: str
@@ -188,6 +196,7 @@ class GatewayTarget:
     strings: tuple[str, ...] = ()
     admin: bool = False
     method: str = "POST"
+    ids: tuple[str, ...] = ()
 
     def cases(self) -> Iterator[tuple[str, bytes]]:
         good = json.dumps(self.body).encode()
@@ -197,6 +206,27 @@ class GatewayTarget:
             yield from number_attacks(self.body, p)
         for p in self.strings:
             yield from string_attacks(self.body, p)
+        for case, raw, _key in json_key_attacks(self.body):
+            yield case, raw
+        for p in self.ids:
+            yield from control_attacks(self.body, p)
+
+    def refused_cases(self) -> Iterator[tuple[str, bytes, str]]:
+        """Admin bodies that must be a 400 whose message names ``key``: repeated keys,
+        unknown keys, identifiers holding control characters."""
+        if not self.admin:
+            return
+        yield from json_key_attacks(self.body)
+        for p in self.ids:
+            for case, raw in control_attacks(self.body, p):
+                yield case, raw, p
+
+
+#: The identity headers a trusted proxy sets (gateway defaults), each with a good value: the
+#: header attacks (``payloads.identity_header_attacks``) run on every endpoint that reads them.
+IDENTITY_HEADERS = {"x-prefixscope-tenant": "acme", "x-prefixscope-principal": "p1",
+                    "x-prefixscope-scope": "TENANT", "x-prefixscope-auth-epoch": "1",
+                    "x-prefixscope-cache-handle": "h"}
 
 
 _GW_CHAT = {"model": "tiny-llama-random", "max_tokens": 4,
@@ -218,7 +248,7 @@ GATEWAY_TARGETS: dict[str, GatewayTarget] = {t.path: t for t in (
                   ("max_tokens",), ("system", "messages[0].content")),
     GatewayTarget("/admin/revoke", {"tenant": "acme", "principal": "p", "from_epoch": 1,
                                     "force": False}, ("from_epoch",),
-                  ("tenant", "principal", "force"), admin=True),
+                  ("tenant", "principal", "force"), admin=True, ids=("tenant", "principal")),
     GatewayTarget("/admin/bypass", {"on": False}, (), ("on",), admin=True),
     GatewayTarget("/admin/cache-epoch/bump", {}, admin=True),
     GatewayTarget("/admin/public/stop", {}, admin=True),

@@ -4,12 +4,16 @@ range, huge and control-character strings), against one real gateway (uvicorn, t
 loopback upstream, real HTTP): never a 5xx, never a traceback in the answer or the log, a JSON
 error naming the field, and the gateway still serving. Then the exact answers of issue 27 #4:
 admin bodies ``[]``, ``null``, ``"acme"``, a non-string principal, 100,000-deep JSON; a
-trusted-proxy epoch header of ``²`` or 5,000 digits; ``from_epoch`` of ``"x"``, 1.5, NaN, -1."""
+trusted-proxy epoch header of ``²`` or 5,000 digits; ``from_epoch`` of ``"x"``, 1.5, NaN, -1. Then the generated refusals: an admin body with a
+repeated key, a key its endpoint does not take, an id holding a control character (400 naming
+it, nothing changed); an identity header repeated or an epoch header present but empty (400
+naming it, on every endpoint that reads them)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 
 import httpx
 import pytest
@@ -22,8 +26,8 @@ from tests.gateway_support import (
     headers_for,
     loopback_upstream,
 )
-from tests.hostile.payloads import HUGE
-from tests.hostile.targets import GATEWAY_TARGETS
+from tests.hostile.payloads import HUGE, identity_header_attacks
+from tests.hostile.targets import GATEWAY_TARGETS, IDENTITY_HEADERS
 
 CASES = [(path, case, raw) for path, t in GATEWAY_TARGETS.items() for case, raw in t.cases()]
 
@@ -136,3 +140,94 @@ def test_a_trusted_proxy_epoch_header_of_digits_is_read(gw):
     h = {"x-prefixscope-tenant": "acme", "x-prefixscope-auth-epoch": "1"}
     r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h, timeout=30)
     assert r.status_code == 200
+
+
+# ------------------------------------------------- repeated keys, unknown keys, control chars
+
+REFUSED = [(path, case, raw, key) for path, t in GATEWAY_TARGETS.items()
+           for case, raw, key in t.refused_cases()]
+
+
+@pytest.mark.parametrize("path, case, raw, key", REFUSED,
+                         ids=[f"{p}:{c}" for p, c, _, _ in REFUSED])
+def test_an_admin_body_with_a_repeated_or_unknown_key_or_a_control_character_is_a_400(
+        gw, path, case, raw, key):
+    before = _admin_state(gw)
+    r = _admin(gw, path, raw)
+    assert r.status_code == 400, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["code"] == "bad_request" and key in err["message"], err
+    assert _admin_state(gw) == before  # nothing changed: no epoch bumped, no flag set
+
+
+def _admin_state(gw) -> dict:
+    r = httpx.get(gw.url + "/admin/state", timeout=30,
+                  headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    return {k: v for k, v in r.json().items() if k in ("cache_epoch", "public_stopped",
+                                                        "bypass")}
+
+
+def test_a_repeated_tenant_key_revokes_neither_tenant(gw):
+    r = _admin(gw, "/admin/revoke", b'{"tenant": "acme", "tenant": "globex"}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == 'admin body repeats the key "tenant": each key once'
+    r = _admin(gw, "/admin/cache-epoch/bump", b'{"tenant": "acme"}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ('admin body has an unknown key "tenant" '
+                                            '(/admin/cache-epoch/bump takes no keys)')
+    r = _admin(gw, "/admin/revoke", b'{"tenant": "a\\u0000b", "force": true}')
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("tenant holds a control character")
+
+
+# ------------------------------------------------- identity headers: repeated, present-empty
+
+HEADER_CASES = [(path, case, hdrs, name) for path, t in GATEWAY_TARGETS.items() if not t.admin
+                for case, hdrs, name in identity_header_attacks(
+                    IDENTITY_HEADERS, {"x-prefixscope-tenant": "acme"})]
+
+
+@pytest.mark.parametrize("path, case, hdrs, name", HEADER_CASES,
+                         ids=[f"{p}:{c}" for p, c, _, _ in HEADER_CASES])
+def test_a_repeated_or_empty_identity_header_is_a_400_naming_it(gw, path, case, hdrs, name):
+    body = json.dumps(GATEWAY_TARGETS[path].body).encode()
+    status, err = _raw(gw, "POST", path, [("content-type", b"application/json"), *hdrs], body)
+    assert status == 400, (status, err)
+    assert err["code"] == "bad_request" and err["message"].startswith(name + ":"), err
+    status, err = _raw(gw, "GET", "/v1/models", hdrs, b"")
+    assert status == 400 and err["message"].startswith(name + ":"), (status, err)
+
+
+def _raw(gw, method: str, path: str, headers: list[tuple[str, bytes]], body: bytes
+         ) -> tuple[int, dict]:
+    """One request over a raw socket, the headers sent exactly as given (httpx refuses a
+    blank value): the status and the JSON error."""
+    head = [f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()]
+    head += [k.encode() + b": " + v + b"\r\n" for k, v in headers]
+    head.append(b"Content-Length: %d\r\n\r\n" % len(body))
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
+        s.sendall(b"".join(head) + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    status = int(out.split(b" ", 2)[1])
+    return status, json.loads(out.split(b"\r\n\r\n", 1)[1]).get("error", {})
+
+
+def test_two_tenant_headers_never_pick_one(gw):
+    h = [("x-prefixscope-tenant", b"acme"), ("x-prefixscope-tenant", b"globex")]
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ("x-prefixscope-tenant: repeated: an identity "
+                                            "header must appear once")
+    # one of each is served; an absent epoch stays "current"
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h[:1], timeout=30)
+    assert r.status_code == 200
+
+
+def test_an_empty_epoch_header_is_never_current(gw):
+    h = [("x-prefixscope-tenant", b"acme"), ("x-prefixscope-auth-epoch", b"")]
+    r = httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == ("x-prefixscope-auth-epoch: must be an "
+                                            "authorization epoch: 1 to 18 ASCII digits")

@@ -1,7 +1,8 @@
 """Slow, stalled and endless clients against a real gateway (uvicorn with the gateway's own
 protocol, ``gateway/server.py``) over raw sockets: headers trickled (slowloris), half-open
 connections, a body at a few bytes a second, a Content-Length above the body sent, endless
-chunks under and over the size limit, and the connection cap. Each ends with a 408/413/503
+chunks under and over the size limit, a chunk size past the bound (answered at once), and
+the connection cap. Each ends with a 408/413/503
 answer and the connection closed within the configured time, never a held connection."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tests.gateway_support import (
+    ADMIN_TOKEN,
     CHAT,
     TENANTS,
     RunningGateway,
@@ -171,6 +173,43 @@ def test_an_endless_chunked_body_gets_a_413_and_is_not_read_on(tmp_path, gw):
     assert sent["stopped"] is not None and sent["stopped"] < 10, sent
     gw.stop()
     assert [d["error"] for d in _decisions(tmp_path)] == ["too_large"]
+
+
+@pytest.mark.parametrize("case, sent, statuses", [
+    ("2p64", b"10000000000000000\r\n", (400, 413)),
+    ("2p64-no-crlf", b"10000000000000000", (400, 413)),
+    ("4-gib", b"ffffffff\r\n", (413,)),
+    ("4-gib-no-crlf", b"ffffffff", (413,)),
+    ("ext", b"ffffffff;name=value\r\n", (413,)),
+    ("sum-past", b"1000\r\n" + b"a" * 4096 + b"\r\n1\r\n", (413,)),
+    ("admin", b"ffffffff\r\n", (413,)),
+])
+def test_a_chunk_size_past_the_bound_is_refused_at_once(tmp_path, gw, case, sent, statuses):
+    head = HEAD if case != "admin" else (
+        b"POST /admin/revoke HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + ADMIN_TOKEN.encode() + b"\r\nContent-Type: application/json\r\n")
+    s = _connect(gw)
+    t0 = time.monotonic()
+    s.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + sent)  # then waits, open
+    out = _read_to_close(s)
+    took = time.monotonic() - t0
+    status = int(out.split(b" ", 2)[1])
+    assert status in statuses, out[:300]
+    assert took < BODY_S, took  # at once: never the body deadline
+    if status == 413:
+        err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
+        assert err["code"] == "too_large" and "past its bound" in err["message"]
+        assert b"retry-after: 1" in out.lower()
+    # a chunked body within the bound is still served
+    body = json.dumps(CHAT).encode()
+    s = _connect(gw)
+    s.sendall(HEAD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+              + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+    assert _read_to_close(s).startswith(b"HTTP/1.1 200 ")
+    gw.stop()
+    if status == 413 and case != "admin":
+        assert sorted(str(d.get("error")) for d in _decisions(tmp_path)) == ["None",
+                                                                           "too_large"]
 
 
 def test_above_max_connections_a_request_is_a_503_at_once(tmp_path, upstream):
