@@ -120,7 +120,9 @@ def test_overview_shows_the_regression_without_a_click(story, use_db):
     kpi = ds.metrics(at)
     whole = float(kpi["coder-7b · whole range"].rstrip("%"))
     assert 50.0 < whole < 70.0  # item 4: the KPI is the range's total (five good days in it)
-    assert any(re.search(r"Latest 1h window: \*\*\d+\.\d%\*\* :red-badge\[ALERT\]", m)
+    # "Latest 1h window, from <time> UTC, ended <age> ago: **5.3%** ALERT" (issue 28 #3: the
+    # latest window says when it was)
+    assert any(re.search(r"Latest 1h window\b.*?: \*\*\d+\.\d%\*\* :red-badge\[ALERT\]", m)
                for m in ds.texts(at, "markdown"))
 
 

@@ -73,7 +73,7 @@ def test_run_bars_wrap_long_labels_and_cost_ticks_do_not_crowd():
     assert all(len(line) <= 28 for lab in runs["label"]
                for line in figures.wrap_label(lab).split("<br>"))
     cost = figures.run_cost_bars(runs, "USD")
-    assert cost.layout.xaxis.nticks == 4 and cost.layout.xaxis.tickprefix == "$"
+    assert cost.layout.xaxis.nticks == 4 and cost.layout.xaxis.tickprefix == "&#36;"  # drawn as $ (plotly_text: a $ is never TeX)
     assert cost.layout.xaxis.tickformat == ",.3f"
     assert cost.layout.legend.y == 1.0  # above the plot, not over the ticks
     assert list(cost.data[0].y) == [figures.wrap_label(v) for v in runs["label"]]
