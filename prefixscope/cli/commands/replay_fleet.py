@@ -45,7 +45,7 @@ def _report_problems(problems: list, *, quiet: bool) -> None:
 def print_fleet(doc: dict[str, Any]) -> None:
     """The side-by-side table of ``replay fleet`` (one column per policy)."""
     pols = doc["policies"]
-    cap = "unbounded" if doc["capacity_blocks"] is None else f"{doc['capacity_blocks']:,} blocks"
+    cap = "unbounded capacity" if doc["capacity_blocks"] is None else f"{doc['capacity_blocks']:,} blocks"
     first = pols[0]
     out.print(f"{doc['trace']}: {first['requests']:,} requests ({first['rejected_requests']:,} "
               f"rejected, {doc['skipped_records']:,} trace records skipped); "
