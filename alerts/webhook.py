@@ -20,13 +20,14 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from prefixscope.alerts.daily import DailyReport, ReportLine, line_dict
 from prefixscope.alerts.render import dashboard_link, render_text, subject, worst_line
+from prefixscope.core.bounds import escape_line
 from prefixscope.core.config import AlertsConfig, WebhookConfig
+from prefixscope.core.documents import DocumentError, read_document
 from prefixscope.core.errors import ConfigError, SourceUnavailable
 
 #: The ``recipients`` key of a webhook in ``alert_sends``: ``webhook:NAME``.
@@ -35,6 +36,8 @@ KEY_PREFIX = "webhook:"
 FORMATS = ("slack", "json")
 #: The longest body text sent to Slack (its ``text`` field is cut past 40,000 characters).
 SLACK_TEXT_MAX = 39_000
+#: The largest ``url_file`` read, bytes (a URL is far shorter; anything larger is not one).
+MAX_URL_FILE_BYTES = 4096
 #: The longest answer body kept for an error message, characters.
 ERROR_BODY_MAX = 200
 
@@ -99,11 +102,10 @@ def resolve(cfg: WebhookConfig, *, env: Mapping[str, str] | None = None) -> Webh
         url, key = cfg.url, f"{where}.url"
     elif cfg.url_file:
         key = f"{where}.url_file"
-        try:
-            text = Path(cfg.url_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{key}: cannot read {cfg.url_file}: "
-                              f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+        try:  # a regular file of at most 4 KiB (a FIFO or a device is named, never read)
+            text = read_document(cfg.url_file, limit=MAX_URL_FILE_BYTES)
+        except DocumentError as exc:
+            raise ConfigError(f"{key}: cannot read {escape_line(cfg.url_file)}: {exc}") from None
         url = text.strip().splitlines()[0].strip() if text.strip() else ""
     else:
         key = f"{where}.url_env"

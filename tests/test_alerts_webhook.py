@@ -218,3 +218,27 @@ def test_the_report_daily_command_prints_the_webhook_outcome(report_db, hook, cl
     assert code == 0, err
     assert "sent to webhook:oncall: [prefixscope] ALERT tiny-llama" in out
     assert "s3cr3t" not in out + err and len(hook.delivered) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("kind", "reason"), [("fifo", "FIFO"), ("big", "larger than 4,096 bytes"),
+                                             ("binary", "not UTF-8 text"),
+                                             ("folder", "folder")])
+def test_a_url_file_that_is_no_small_text_file_is_a_config_error_not_a_hang(report_db, tmp_path,
+                                                                           kind, reason):
+    """Hostile ``url_file``s: a FIFO (read, it would block for ever), a large file, bytes
+    that are not UTF-8, a folder: each a ConfigError naming the key, at once."""
+    import os
+
+    path = tmp_path / "url"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "big":
+        path.write_text("http://127.0.0.1/" + "a" * 10_000)
+    elif kind == "binary":
+        path.write_bytes(b"http://127.0.0.1/\xff\xfe\n")
+    else:
+        path.mkdir()
+    with pytest.raises(ConfigError, match=r"alerts\.webhooks\['h'\]\.url_file: cannot read ") as exc:
+        _run(report_db, _settings({"name": "h", "url_file": str(path)}), send=True)
+    assert reason.lower() in str(exc.value).lower(), str(exc.value)
