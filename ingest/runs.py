@@ -113,17 +113,11 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         SourceUnavailable: no manifest there. ConfigError: not valid JSON.
     """
-    from prefixscope.core.documents import DocumentError, parse_json, read_document
-    from prefixscope.core.errors import ConfigError, SourceUnavailable, problem_text
+    from prefixscope.core.documents import load_summary_file
 
     path = Path(run_dir) / RUN_MANIFEST
     check_run_dir(run_dir, RUN_MANIFEST, "a replay run directory")
-    try:
-        return parse_json(read_document(path))
-    except DocumentError as exc:
-        if exc.unreadable:
-            raise SourceUnavailable(f"{path}: cannot read: {exc}") from None
-        raise ConfigError(problem_text(str(path), exc.line, str(exc))) from None
+    return load_summary_file(path, unreadable="cannot read: ")
 
 
 def check_manifest(path: Path, doc: Any) -> None:

@@ -175,9 +175,10 @@ def load_json_file(path: str | os.PathLike[str], *, what: str = "file") -> Any:
         raise ParseError(str(path), exc.line, str(exc)) from None
 
 
-def load_summary_file(path: str | os.PathLike[str]) -> Any:
+def load_summary_file(path: str | os.PathLike[str], *, unreadable: str = "") -> Any:
     """Read and parse one JSON summary a replay run wrote for ingest (``breakers.json``,
-    ``ledger.json``).
+    ``ledger.json``, ``run.json``); ``unreadable`` goes before the reader's words when the
+    file cannot be read (``run.json``: ``"cannot read: "``).
 
     Raises:
         SourceUnavailable: missing, not a regular file, unreadable (exit 3; the reader's words).
@@ -189,7 +190,7 @@ def load_summary_file(path: str | os.PathLike[str]) -> Any:
         return parse_json(read_document(path))
     except DocumentError as exc:
         if exc.unreadable:
-            raise SourceUnavailable(f"{path}: {exc}") from None
+            raise SourceUnavailable(f"{path}: {unreadable}{exc}") from None
         raise ConfigError(problem_text(str(path), exc.line, str(exc))) from None
 
 
